@@ -1,0 +1,193 @@
+//! The `tpu-runner` command line: argument parsing (clap), dispatch to commands, error
+//! rendering and exit codes. Data goes to stdout, diagnostics to stderr. The only module
+//! allowed to print or exit.
+
+mod exit_codes;
+mod output;
+mod validate;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser, Subcommand};
+
+pub use exit_codes::ExitStatus;
+
+const INIT_TEMPLATE: &str = include_str!("templates/deployment.yaml");
+
+/// tpu-runner keeps every chip of a Google Cloud TPU allocation busy.
+#[derive(Debug, Parser)]
+#[command(name = "tpu-runner", version, about, long_about = None, after_help = EXIT_CODES_HELP)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  success (the file is valid)
+  1  the input was read but is invalid
+  2  usage error (unknown command, bad flag)
+  3  a file could not be read or written";
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Write a commented example fleet file (never overwrites).
+    #[command(
+        after_help = "Example:\n  tpu-runner init deployment.yaml\n  tpu-runner validate-fleet deployment.yaml"
+    )]
+    Init {
+        /// Where to write the example.
+        #[arg(default_value = "deployment.yaml")]
+        path: PathBuf,
+    },
+    /// Validate a fleet file and print its normalised form.
+    #[command(
+        after_help = "Example:\n  tpu-runner validate-fleet deployment.yaml --json | jq '.tpus[].id'"
+    )]
+    ValidateFleet {
+        /// The fleet file.
+        #[arg(default_value = "deployment.yaml")]
+        path: PathBuf,
+        /// Print JSON instead of a summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate a job manifest and print its normalised form.
+    #[command(after_help = "Example:\n  tpu-runner validate-jobs job.yaml --fleet deployment.yaml")]
+    ValidateJobs {
+        /// The job manifest.
+        #[arg(default_value = "job.yaml")]
+        path: PathBuf,
+        /// Also check every job can run on this fleet.
+        #[arg(long, value_name = "DEPLOYMENT")]
+        fleet: Option<PathBuf>,
+        /// Print JSON instead of a summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Example:\n  tpu-runner completions bash > ~/.local/share/bash-completion/completions/tpu-runner"
+    )]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// Runs the CLI with the process arguments and returns the exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() {
+                ExitStatus::Usage as u8
+            } else {
+                0
+            });
+        }
+    };
+    match run(cli) {
+        Ok(status) => ExitCode::from(status as u8),
+        Err(failure) => {
+            eprint!("{}", failure.message);
+            ExitCode::from(failure.status as u8)
+        }
+    }
+}
+
+/// An expected failure: a message for stderr and the exit status.
+#[derive(Debug)]
+pub struct Failure {
+    /// Full text for stderr (ends with a newline).
+    pub message: String,
+    /// Exit status.
+    pub status: ExitStatus,
+}
+
+impl Failure {
+    fn io(what: &str, path: &Path, err: &std::io::Error, hint: Option<&str>) -> Failure {
+        let mut message = format!("error: cannot {what} `{}`: {err}\n", path.display());
+        if let Some(hint) = hint {
+            message.push_str(&format!("  = hint: {hint}\n"));
+        }
+        Failure {
+            message,
+            status: ExitStatus::Io,
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitStatus, Failure> {
+    match cli.command {
+        Command::Init { path } => init(&path),
+        Command::ValidateFleet { path, json } => validate::fleet(&path, json),
+        Command::ValidateJobs { path, fleet, json } => {
+            validate::jobs(&path, fleet.as_deref(), json)
+        }
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "tpu-runner", &mut out);
+            print_stdout(&String::from_utf8_lossy(&out));
+            Ok(ExitStatus::Ok)
+        }
+    }
+}
+
+fn init(path: &Path) -> Result<ExitStatus, Failure> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path);
+    let mut file = match file {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(Failure {
+                message: format!(
+                    "error: `{}` already exists; tpu-runner init never overwrites a file\n  = hint: pass another path, e.g. `tpu-runner init new-deployment.yaml`\n",
+                    path.display()
+                ),
+                status: ExitStatus::Io,
+            });
+        }
+        Err(e) => return Err(Failure::io("create", path, &e, None)),
+    };
+    file.write_all(INIT_TEMPLATE.as_bytes())
+        .map_err(|e| Failure::io("write", path, &e, None))?;
+    print_stdout(&format!("wrote {}\n", path.display()));
+    Ok(ExitStatus::Ok)
+}
+
+/// Reads a user file as UTF-8, with an actionable error.
+pub(crate) fn read_text(path: &Path, hint: Option<&str>) -> Result<String, Failure> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::NotFound {
+            hint
+        } else {
+            None
+        };
+        Failure::io("read", path, &e, hint)
+    })?;
+    String::from_utf8(bytes).map_err(|e| Failure {
+        message: format!(
+            "error: `{}` is not UTF-8 text (invalid byte at offset {})\n",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ),
+        status: ExitStatus::Invalid,
+    })
+}
+
+/// Writes to stdout, treating a closed pipe as success.
+pub(crate) fn print_stdout(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
+/// The example fleet that `init` writes.
+pub fn init_template() -> &'static str {
+    INIT_TEMPLATE
+}

@@ -1,0 +1,7 @@
+//! tpu-runner: keeps every chip of a Google Cloud TPU allocation busy.
+//!
+//! The library holds the pure parts (specs, engine) and the drivers (simulator harness, CLI).
+//! See ARCHITECTURE.md for the map and its invariants.
+
+pub mod cli;
+pub mod spec;

@@ -1,0 +1,105 @@
+//! Diagnostics for user-written files: where (file, line, column, field path), what was found,
+//! what was expected, and a hint. Collects every problem of a file; never stops at the first.
+//! Must not print anything itself: rendering returns a `String`.
+
+use std::fmt;
+
+/// One problem in a user file.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Diagnostic {
+    /// Field path such as `tpus[2].chip_limit`; empty for the document itself.
+    pub path: String,
+    /// 1-based line of the offending node.
+    pub line: usize,
+    /// 1-based column of the offending node.
+    pub column: usize,
+    /// What is wrong: usually "expected …, found …".
+    pub message: String,
+    /// How to fix it, when there is something useful to say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+}
+
+/// Every problem found in one file, with the source kept for rendering snippets.
+#[derive(Clone, Debug)]
+pub struct SpecErrors {
+    /// The file name as the user gave it.
+    pub file: String,
+    /// The file's text (for snippets).
+    pub source: String,
+    /// The problems, in file order.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl SpecErrors {
+    /// Builds the error set, sorting diagnostics by position so output is stable.
+    pub fn new(file: &str, source: &str, mut diagnostics: Vec<Diagnostic>) -> Self {
+        diagnostics.sort_by(|a, b| (a.line, a.column, &a.path).cmp(&(b.line, b.column, &b.path)));
+        diagnostics.dedup();
+        SpecErrors {
+            file: file.to_owned(),
+            source: source.to_owned(),
+            diagnostics,
+        }
+    }
+
+    /// Renders all diagnostics in a compiler-like plain-text format (no colour).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let lines: Vec<&str> = self.source.lines().collect();
+        for d in &self.diagnostics {
+            let location = if d.path.is_empty() {
+                String::new()
+            } else {
+                format!("{}: ", d.path)
+            };
+            out.push_str(&format!("error: {location}{}\n", d.message));
+            out.push_str(&format!("  --> {}:{}:{}\n", self.file, d.line, d.column));
+            if let Some(text) = d.line.checked_sub(1).and_then(|i| lines.get(i)) {
+                let gutter = d.line.to_string();
+                let pad = " ".repeat(gutter.len());
+                out.push_str(&format!("{pad} |\n{gutter} | {text}\n"));
+                let caret_col = d.column.saturating_sub(1).min(text.chars().count());
+                let width = token_width(text, caret_col);
+                out.push_str(&format!(
+                    "{pad} | {}{}\n",
+                    " ".repeat(caret_col),
+                    "^".repeat(width)
+                ));
+            }
+            if let Some(hint) = &d.hint {
+                out.push_str(&format!("  = hint: {hint}\n"));
+            }
+            out.push('\n');
+        }
+        let n = self.diagnostics.len();
+        out.push_str(&format!(
+            "{}: {n} error{} found\n",
+            self.file,
+            if n == 1 { "" } else { "s" }
+        ));
+        out
+    }
+}
+
+/// Width of the token starting at `col` (up to whitespace or a YAML separator), at least 1.
+fn token_width(text: &str, col: usize) -> usize {
+    let rest: String = text.chars().skip(col).collect();
+    let rest = rest.trim_end();
+    let width = if rest.starts_with('"') || rest.starts_with('\'') {
+        rest.len()
+    } else {
+        rest.chars()
+            .take_while(|c| !matches!(c, ' ' | ',' | '#' | ']' | '}'))
+            .count()
+    };
+    width.max(1)
+}
+
+impl fmt::Display for SpecErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.render())
+    }
+}
+
+impl std::error::Error for SpecErrors {}

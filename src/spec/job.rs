@@ -1,0 +1,642 @@
+//! The job manifest (`job.yaml`): one or more jobs, each validated with every rule of the
+//! original plus the fixes in ARCHITECTURE.md; optionally cross-checked against a fleet.
+//! Must not touch the network, the cloud or the bundle on disk.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::diagnostic::SpecErrors;
+use super::fleet::{EntryKind, FleetSpec, TpuEntry};
+use super::gcp::{self, TpuType};
+use super::names;
+use super::yaml::{self, Checker, Node, Value};
+
+/// A validated job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Job id (given, or generated from its index and fields).
+    pub id: String,
+    /// True when `id` was generated because the manifest gave none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub id_generated: bool,
+    /// Acceptable TPU types.
+    pub tpu: TpuRequest,
+    /// Code bundle: a local directory, a local tar archive, or a `gs://` URI.
+    pub bundle: String,
+    /// Shell command run with `bash -lc` on every TPU worker.
+    pub command: String,
+    /// Exact TPU to run on, if pinned.
+    pub tpu_name: Option<String>,
+    /// Zone to run in, if pinned.
+    pub zone: Option<String>,
+    /// Regional buckets, one per candidate region.
+    pub buckets: Vec<String>,
+    /// Opt-in caches kept on the TPU between jobs.
+    pub caches: Vec<Cache>,
+    /// Extra environment for the command.
+    pub env: BTreeMap<String, String>,
+    /// Scheduling priority.
+    pub priority: Priority,
+    /// Whether preemption or infrastructure failure requeues the job (true) or fails it.
+    pub retry_on_infrastructure_failure: bool,
+}
+
+/// The TPU types a job accepts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TpuRequest {
+    /// Any type (`tpu: any`).
+    Any,
+    /// Exactly one of these types (raced across every compatible entry).
+    OneOf(Vec<TpuType>),
+}
+
+impl TpuRequest {
+    /// True when `tpu_type` is acceptable.
+    pub fn accepts(&self, tpu_type: &TpuType) -> bool {
+        match self {
+            TpuRequest::Any => true,
+            TpuRequest::OneOf(types) => types.contains(tpu_type),
+        }
+    }
+}
+
+impl Serialize for TpuRequest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            TpuRequest::Any => serializer.serialize_str("any"),
+            TpuRequest::OneOf(types) => types.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TpuRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            One(String),
+            Many(Vec<TpuType>),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::One(s) if s == "any" => Ok(TpuRequest::Any),
+            Raw::One(s) => TpuType::parse(&s)
+                .map(|t| TpuRequest::OneOf(vec![t]))
+                .map_err(serde::de::Error::custom),
+            Raw::Many(types) => Ok(TpuRequest::OneOf(types)),
+        }
+    }
+}
+
+/// A cache directory kept on the TPU under `key`, linked into the job directory at `path`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cache {
+    /// Cache name on the TPU.
+    pub key: String,
+    /// Relative path in the job directory.
+    pub path: String,
+}
+
+/// Scheduling priority; higher runs first.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Runs after normal and high.
+    Low,
+    /// The default.
+    #[default]
+    Normal,
+    /// Runs first.
+    High,
+}
+
+impl Priority {
+    /// Rank used for ordering: low 0, normal 1, high 2.
+    pub fn rank(self) -> u8 {
+        self as u8
+    }
+
+    /// Parses `low`, `normal` or `high` (trimmed, any case).
+    pub fn parse(text: &str) -> Option<Priority> {
+        match text.trim().to_lowercase().as_str() {
+            "low" => Some(Priority::Low),
+            "normal" => Some(Priority::Normal),
+            "high" => Some(Priority::High),
+            _ => None,
+        }
+    }
+}
+
+/// Variables tpu-runner sets for the command; a job may not set them.
+pub const RESERVED_ENV: &[&str] = &[
+    "HOST",
+    "WORK_ROOT",
+    "SHM_ROOT",
+    "CACHE_ROOT",
+    "JOB_DIR",
+    "ATTEMPT_DIR",
+    "SHM_DIR",
+    "PROCESS_DIR",
+    "PID_FILE",
+    "CURRENT_ATTEMPT_ID",
+    "JOB_ID",
+    "ATTEMPT_ID",
+    "JOB_SHM_DIR",
+    "JOB_GCS_DIR",
+    "JOB_BUCKET",
+    "ATTEMPT_GCS_DIR",
+    "CHECKPOINT_GCS_DIR",
+    "RUNNER_PROJECT",
+    "BUNDLE_SHA256",
+    "TPU_WORKER_COUNT",
+    // Beyond the original, which overwrote these silently:
+    "TPU_NAME",
+    "TPU_ZONE",
+    "TPU_TYPE",
+    "TPU_WORKER_HOST",
+];
+
+/// The one `TPU_RUNNER_*` variable a job may set: the root-disk floor in KiB.
+pub const MIN_ROOT_FREE_KB: &str = "TPU_RUNNER_MIN_ROOT_FREE_KB";
+
+const JOB_FIELDS: &[&str] = &[
+    "id",
+    "tpu",
+    "bundle",
+    "command",
+    "tpu_name",
+    "zone",
+    "buckets",
+    "caches",
+    "env",
+    "priority",
+    "retry_on_infrastructure_failure",
+];
+
+const STORED_ONLY: &[(&str, &str)] = &[
+    (
+        "region",
+        "`region` is set by tpu-runner when the job is first placed; list candidate regions through `buckets`",
+    ),
+    (
+        "storage_region",
+        "`storage_region` is set by tpu-runner when the job is first placed; list candidate regions through `buckets`",
+    ),
+    (
+        "bucket",
+        "`bucket` is chosen by tpu-runner from `buckets` when the job is placed",
+    ),
+    (
+        "bucket_regions",
+        "`bucket_regions` is computed by tpu-runner at submit",
+    ),
+    (
+        "regional_bundles",
+        "`regional_bundles` is computed by tpu-runner at submit",
+    ),
+];
+
+/// Checks a job id: 1–128 letters, digits, `.`, `_` or `-`, starting with a letter or digit.
+/// Ids become Firestore document ids, GCS path segments and shell words.
+pub fn check_job_id(id: &str) -> Result<(), String> {
+    let ok = (1..=128).contains(&id.len())
+        && id.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err("a job id of 1 to 128 letters, digits, `.`, `_` or `-`, starting with a letter or digit".into())
+    }
+}
+
+/// Parses and validates a job manifest. With `fleet`, also checks every job can run on it.
+pub fn parse_jobs(
+    file: &str,
+    source: &str,
+    fleet: Option<&FleetSpec>,
+) -> Result<Vec<JobSpec>, SpecErrors> {
+    let root = yaml::parse(file, source)?;
+    let mut c = Checker::new(source);
+    let jobs = read_jobs(&mut c, &root, fleet);
+    c.finish(file, jobs)
+        .and_then(|j| j.ok_or_else(|| super::incomplete(file, source)))
+}
+
+fn read_jobs(c: &mut Checker<'_>, root: &Node, fleet: Option<&FleetSpec>) -> Option<Vec<JobSpec>> {
+    if matches!(root.value, Value::Null) {
+        c.error_hint(
+            root,
+            "",
+            "the file is empty; expected a mapping with `jobs:`",
+            "see the README for a job.yaml example",
+        );
+        return None;
+    }
+    let rejected = [(
+        "tpus",
+        "this looks like a fleet file; validate it with `tpu-runner validate-fleet`",
+    )];
+    let f = c.mapping(root, "", "the job manifest", &["jobs"], &rejected)?;
+    let list = f.required(c, "jobs", "a list of jobs")?;
+    let items = c.list(list, "jobs", "a non-empty list of jobs", false)?;
+    let mut jobs = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        if let Some(job) = read_job(c, item, i, fleet) {
+            jobs.push((job, item, i));
+        }
+    }
+    c.unique(
+        jobs.iter()
+            .map(|(j, n, i)| (j.id.clone(), *n, format!("{}.id", yaml::index("jobs", *i)))),
+        "job id",
+    );
+    Some(jobs.into_iter().map(|(j, _, _)| j).collect())
+}
+
+fn read_job(
+    c: &mut Checker<'_>,
+    node: &Node,
+    index: usize,
+    fleet: Option<&FleetSpec>,
+) -> Option<JobSpec> {
+    let path = yaml::index("jobs", index);
+    let f = c.mapping(node, &path, "a job", JOB_FIELDS, STORED_ONLY)?;
+    let errors_before = c.error_count();
+
+    let id = match f.get("id") {
+        Some(n) => c
+            .nonempty_string(n, &f.path("id"), "a job id (a string)")
+            .and_then(|id| {
+                check_job_id(&id)
+                    .map_err(|e| c.expected(n, &f.path("id"), &e))
+                    .ok()?;
+                Some((id, false))
+            }),
+        None => {
+            let raw = match yaml::to_json(node) {
+                serde_json::Value::Object(map) => map,
+                _ => serde_json::Map::new(),
+            };
+            Some((names::generated_job_id(index, &raw), true))
+        }
+    };
+    let tpu = f
+        .required(c, "tpu", "a TPU type, a list of acceptable types, or `any`")
+        .and_then(|n| read_tpu_request(c, n, &f.path("tpu")));
+    let bundle = match f.get("bundle") {
+        Some(n) => c
+            .nonempty_string(
+                n,
+                &f.path("bundle"),
+                "a directory, a tar archive or a `gs://` URI",
+            )
+            .and_then(|b| {
+                if let Some(rest) = b.strip_prefix("gs://") {
+                    let bucket = rest.split('/').next().unwrap_or("");
+                    if gcp::check_bucket_name(bucket).is_err()
+                        || !rest.contains('/')
+                        || rest.ends_with('/')
+                    {
+                        c.expected(
+                            n,
+                            &f.path("bundle"),
+                            "a bundle object URI such as `gs://my-bucket/bundles/code.tar.gz`",
+                        );
+                        return None;
+                    }
+                }
+                Some(b)
+            }),
+        None => Some(".".to_owned()),
+    };
+    let command = f
+        .required(c, "command", "the shell command to run on every worker")
+        .and_then(|n| c.nonempty_string(n, &f.path("command"), "a non-empty shell command"));
+    let tpu_name = f.get("tpu_name").and_then(|n| {
+        let name = c.nonempty_string(n, &f.path("tpu_name"), "a TPU name")?;
+        gcp::check_node_name(&name)
+            .map_err(|e| c.expected(n, &f.path("tpu_name"), &e))
+            .ok()?;
+        Some(name)
+    });
+    let zone = f.get("zone").and_then(|n| {
+        let z = c.nonempty_string(n, &f.path("zone"), "a zone such as `us-central2-b`")?;
+        gcp::zone_region(&z)
+            .map_err(|e| c.expected(n, &f.path("zone"), &e))
+            .ok()?;
+        Some(z)
+    });
+    let buckets = f
+        .required(
+            c,
+            "buckets",
+            "a list of regional buckets, e.g. `[gs://my-bucket-us-central2]`",
+        )
+        .and_then(|n| {
+            let items = c.list(
+                n,
+                &f.path("buckets"),
+                "a non-empty list of bucket URIs",
+                false,
+            )?;
+            let mut out = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                let p = yaml::index(&f.path("buckets"), i);
+                if let Some(b) = c.string(item, &p, "a bucket URI such as `gs://my-bucket`") {
+                    match gcp::normalize_bucket_uri(&b) {
+                        Ok(uri) => out.push((uri, item, p)),
+                        Err(e) => c.expected(item, &p, &e),
+                    }
+                }
+            }
+            c.unique(
+                out.iter().map(|(u, n, p)| (u.clone(), *n, p.clone())),
+                "bucket",
+            );
+            Some(out.into_iter().map(|(u, _, _)| u).collect::<Vec<_>>())
+        });
+    let caches = match f.get("caches") {
+        Some(n) => read_caches(c, n, &f.path("caches")),
+        None => Some(Vec::new()),
+    };
+    let env = match f.get("env") {
+        Some(n) => read_env(c, n, &f.path("env")),
+        None => Some(BTreeMap::new()),
+    };
+    let priority = match f.get("priority") {
+        Some(n) => c
+            .string(n, &f.path("priority"), "`low`, `normal` or `high`")
+            .and_then(|p| {
+                Priority::parse(&p).or_else(|| {
+                    c.expected(n, &f.path("priority"), "`low`, `normal` or `high`");
+                    None
+                })
+            }),
+        None => Some(Priority::Normal),
+    };
+    let retry = match f.get("retry_on_infrastructure_failure") {
+        Some(n) => c.boolean(n, &f.path("retry_on_infrastructure_failure")),
+        None => Some(true),
+    };
+
+    if c.error_count() > errors_before {
+        return None;
+    }
+    let (id, id_generated) = id?;
+    let job = JobSpec {
+        id,
+        id_generated,
+        tpu: tpu?,
+        bundle: bundle?,
+        command: command?,
+        tpu_name,
+        zone,
+        buckets: buckets?,
+        caches: caches?,
+        env: env?,
+        priority: priority?,
+        retry_on_infrastructure_failure: retry?,
+    };
+    if let Some(fleet) = fleet {
+        check_against_fleet(c, &f, &job, fleet);
+    }
+    Some(job)
+}
+
+fn read_tpu_request(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<TpuRequest> {
+    let parse_one = |c: &mut Checker<'_>, n: &Node, p: &str| -> Option<Result<TpuType, ()>> {
+        let t = c.nonempty_string(n, p, "a TPU type such as `v6e-16`")?;
+        if t == "any" {
+            return Some(Err(()));
+        }
+        match TpuType::parse(&t) {
+            Ok(t) => Some(Ok(t)),
+            Err(e) => {
+                c.error(n, p, format!("expected {e}, found {}", yaml::quote(&t)));
+                None
+            }
+        }
+    };
+    match &node.value {
+        Value::Seq(items) => {
+            if items.is_empty() {
+                c.expected(node, path, "a TPU type or a non-empty list of TPU types");
+                return None;
+            }
+            let mut types = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                let p = yaml::index(path, i);
+                match parse_one(c, item, &p) {
+                    Some(Ok(t)) => types.push((t, item, p)),
+                    Some(Err(())) => c.error_hint(
+                        item,
+                        &p,
+                        "`any` cannot be combined with other types",
+                        "write `tpu: any` on its own",
+                    ),
+                    None => {}
+                }
+            }
+            c.unique(
+                types.iter().map(|(t, n, p)| (t.to_string(), *n, p.clone())),
+                "TPU type",
+            );
+            Some(TpuRequest::OneOf(
+                types.into_iter().map(|(t, _, _)| t).collect(),
+            ))
+        }
+        _ => match parse_one(c, node, path)? {
+            Ok(t) => Some(TpuRequest::OneOf(vec![t])),
+            Err(()) => Some(TpuRequest::Any),
+        },
+    }
+}
+
+fn read_caches(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<Cache>> {
+    let items = c.list(
+        node,
+        path,
+        "a list of caches, each `{key: ..., path: ...}`",
+        true,
+    )?;
+    let mut caches = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let p = yaml::index(path, i);
+        let Some(f) = c.mapping(
+            item,
+            &p,
+            "a cache (`{key: ..., path: ...}`)",
+            &["key", "path"],
+            &[],
+        ) else {
+            continue;
+        };
+        let key = f.required(c, "key", "a cache name").and_then(|n| {
+            let key = c.nonempty_string(n, &f.path("key"), "a non-empty cache name")?;
+            let ok = key.len() <= 128
+                && key != "."
+                && key != ".."
+                && key
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-'));
+            if !ok {
+                c.expected(
+                    n,
+                    &f.path("key"),
+                    "a cache name of up to 128 letters, digits, `.`, `_` or `-` (not `.` or `..`)",
+                );
+                return None;
+            }
+            Some((key, n))
+        });
+        let cache_path = f
+            .required(c, "path", "a relative path in the job directory")
+            .and_then(|n| {
+                let raw = c.nonempty_string(n, &f.path("path"), "a non-empty relative path")?;
+                let trimmed = raw.trim_end_matches('/');
+                let components: Vec<&str> = trimmed
+                    .split('/')
+                    .filter(|s| !s.is_empty() && *s != ".")
+                    .collect();
+                let bad = raw.starts_with('/')
+                    || components.is_empty()
+                    || components.contains(&"..")
+                    || raw.chars().any(|ch| ch.is_control());
+                if bad {
+                    c.expected(
+                        n,
+                        &f.path("path"),
+                        "a relative path inside the job directory (not absolute, not `.`, no `..`)",
+                    );
+                    return None;
+                }
+                Some((components.join("/"), n))
+            });
+        if let (Some(key), Some(cache_path)) = (key, cache_path) {
+            caches.push((key, cache_path, p));
+        }
+    }
+    c.unique(
+        caches
+            .iter()
+            .map(|((k, n), _, p)| (k.clone(), *n, format!("{p}.key"))),
+        "cache key",
+    );
+    c.unique(
+        caches
+            .iter()
+            .map(|(_, (q, n), p)| (q.clone(), *n, format!("{p}.path"))),
+        "cache path",
+    );
+    Some(
+        caches
+            .into_iter()
+            .map(|((key, _), (path, _), _)| Cache { key, path })
+            .collect(),
+    )
+}
+
+fn read_env(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<BTreeMap<String, String>> {
+    let Value::Map(pairs) = &node.value else {
+        c.expected(node, path, "a mapping of variable names to values");
+        return None;
+    };
+    let mut env = BTreeMap::new();
+    for (key, value) in pairs {
+        let Some(name) = key.as_str() else {
+            c.expected(key, path, "a variable name (a string)");
+            continue;
+        };
+        let p = yaml::join(path, name);
+        let valid = name.starts_with(|ch: char| ch.is_ascii_alphabetic() || ch == '_')
+            && name
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
+        if !valid {
+            c.expected(key, &p, "a variable name matching `[A-Za-z_][A-Za-z0-9_]*`");
+            continue;
+        }
+        if RESERVED_ENV.contains(&name)
+            || (name.starts_with("TPU_RUNNER_") && name != MIN_ROOT_FREE_KB)
+        {
+            c.error_hint(
+                key,
+                &p,
+                format!("`{name}` is set by tpu-runner and cannot be overridden"),
+                "rename the variable",
+            );
+            continue;
+        }
+        let text = match &value.value {
+            Value::Str(s) => s.clone(),
+            Value::Int(_) | Value::Float(_) | Value::Bool(_) => c.raw_text(value),
+            _ => {
+                c.expected(value, &p, "a string, number or boolean value");
+                continue;
+            }
+        };
+        if name == MIN_ROOT_FREE_KB && !text.trim().parse::<u64>().is_ok_and(|kb| kb >= 1_048_576) {
+            c.expected(
+                value,
+                &p,
+                "an integer number of KiB, at least 1048576 (1 GiB)",
+            );
+            continue;
+        }
+        env.insert(name.to_owned(), text);
+    }
+    Some(env)
+}
+
+/// Which fleet entries could ever run `job` (type, zone and tpu_name rules; regions are
+/// checked at submit, when bucket locations are known).
+pub fn compatible_entries<'f>(job: &JobSpec, fleet: &'f FleetSpec) -> Vec<&'f TpuEntry> {
+    fleet
+        .tpus
+        .iter()
+        .filter(|e| job.tpu.accepts(&e.tpu_type))
+        .filter(|e| job.zone.as_ref().is_none_or(|z| *z == e.zone))
+        .filter(|e| match (&job.tpu_name, &e.kind) {
+            (None, EntryKind::Adopted { .. }) => true,
+            (None, EntryKind::Managed { count }) => *count > 0,
+            (Some(name), EntryKind::Adopted { existing }) => name == existing,
+            (Some(name), EntryKind::Managed { .. }) => {
+                e.declared_node_names(&fleet.name).contains(name)
+            }
+        })
+        .collect()
+}
+
+fn check_against_fleet(
+    c: &mut Checker<'_>,
+    f: &yaml::Fields<'_>,
+    job: &JobSpec,
+    fleet: &FleetSpec,
+) {
+    if !compatible_entries(job, fleet).is_empty() {
+        return;
+    }
+    let (node, field) = if job.tpu_name.is_some() {
+        ("tpu_name", "tpu_name")
+    } else if job.zone.is_some() {
+        ("zone", "zone")
+    } else {
+        ("tpu", "tpu")
+    };
+    let at = f.get(node).unwrap_or(f.node());
+    let types: Vec<String> = fleet
+        .tpus
+        .iter()
+        .map(|e| format!("{} in {}", e.tpu_type, e.zone))
+        .collect();
+    c.error_hint(
+        at,
+        &f.path(field),
+        format!("no entry of fleet `{}` can run this job", fleet.name),
+        format!("the fleet offers: {}", types.join(", ")),
+    );
+}

@@ -1,0 +1,282 @@
+//! Deterministic naming: slugs, stable ids, fleet entry ids, generated TPU node and
+//! queued-resource names, the default runner bucket and job ids. Bit-compatible with
+//! tpu-runner 0.1.12 wherever the original is correct (see ARCHITECTURE.md, "Naming").
+//! Must stay pure: no clock, no randomness (callers pass stamps and random bits in).
+
+use serde_json::Value as Json;
+use sha1::{Digest, Sha1};
+
+/// GCP's limit for the generated node base name (the original's 50 characters, kept so that
+/// `qr-` + base stays far below the 63-character resource-id limit).
+pub const NODE_NAME_MAX: usize = 50;
+
+/// Prefix of a managed queued-resource name.
+pub const QR_PREFIX: &str = "qr-";
+
+/// Lowercases, maps `_` to `-`, replaces every run of other characters outside `[a-z0-9-]`
+/// with `-`, collapses dashes and trims them; an empty result becomes `item`.
+pub fn slug(text: &str) -> String {
+    let lowered = text.trim().to_lowercase().replace('_', "-");
+    let mut out = String::with_capacity(lowered.len());
+    for c in lowered.chars() {
+        let c = if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' {
+            c
+        } else {
+            '-'
+        };
+        if c == '-' && out.ends_with('-') {
+            continue;
+        }
+        out.push(c);
+    }
+    let trimmed = out.trim_matches('-');
+    if trimmed.is_empty() {
+        "item".to_owned()
+    } else {
+        trimmed.to_owned()
+    }
+}
+
+/// Canonical JSON as the original writes it: sorted keys, `,`/`:` separators, non-ASCII as
+/// `\uXXXX` escapes (UTF-16 surrogate pairs above the BMP).
+pub fn canonical_json(value: &Json) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Json, out: &mut String) {
+    match value {
+        Json::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(key, out);
+                out.push(':');
+                write_canonical(&map[key], out);
+            }
+            out.push('}');
+        }
+        Json::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        Json::String(s) => write_string(s, out),
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+fn write_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 || (c as u32) > 0x7e => {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Lowercase hex SHA-1 of `bytes`.
+pub fn sha1_hex(bytes: &[u8]) -> String {
+    Sha1::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `prefix-<10 hex>`: SHA-1 of the canonical JSON of `value`.
+pub fn stable_id(prefix: &str, value: &Json) -> String {
+    format!(
+        "{prefix}-{}",
+        &sha1_hex(canonical_json(value).as_bytes())[..10]
+    )
+}
+
+/// Default entry id when `id` is absent: `slug(type)-slug(zone)-<1-based index>`.
+pub fn default_entry_id(tpu_type: &str, zone: &str, index_1based: usize) -> String {
+    format!("{}-{}-{index_1based}", slug(tpu_type), slug(zone))
+}
+
+/// The generated node name of ordinal `ordinal` (1-based) of a managed entry.
+///
+/// Same as the original when the untruncated name fits in [`NODE_NAME_MAX`]. When it does not,
+/// the original cut the whole name, ordinal and hash included, so long runner and entry names
+/// gave every ordinal the same name; here only the `<runner>-<entry>` prefix is shortened, so
+/// `-<ordinal>-<hash>` always survives and names stay unique per ordinal.
+pub fn managed_node_name(
+    runner: &str,
+    entry_id: &str,
+    tpu_type: &str,
+    zone: &str,
+    ordinal: u32,
+) -> String {
+    let hash = sha1_hex(
+        canonical_json(&serde_json::json!({
+            "entry": entry_id, "ordinal": ordinal, "type": tpu_type, "zone": zone,
+        }))
+        .as_bytes(),
+    );
+    let tail = format!("-{ordinal}-{}", &hash[..8]);
+    let full = slug(&format!("{runner}-{entry_id}{tail}"));
+    if full.len() <= NODE_NAME_MAX {
+        return full;
+    }
+    let prefix = slug(&format!("{runner}-{entry_id}"));
+    let keep = NODE_NAME_MAX.saturating_sub(tail.len());
+    let prefix = prefix[..keep.min(prefix.len())].trim_end_matches('-');
+    format!("{prefix}{tail}")
+}
+
+/// The queued-resource name that provisions `node_name`.
+pub fn queued_resource_name(node_name: &str) -> String {
+    format!("{QR_PREFIX}{node_name}")
+}
+
+/// The default runner bucket name (without `gs://`), as the original derives it.
+pub fn default_bucket_name(project: &str, runner: &str) -> String {
+    let full = slug(&format!("{project}-{runner}-us-central2"));
+    if full.len() <= 63 {
+        return full;
+    }
+    let head = full[..52].trim_end_matches('-');
+    format!("{head}-{}", &sha1_hex(full.as_bytes())[..10])
+}
+
+/// The id `validate-jobs` shows for a job without one: `job-<10 hex>` over the 0-based index
+/// and the job's raw fields (as the original does).
+pub fn generated_job_id(index: usize, raw_fields: &serde_json::Map<String, Json>) -> String {
+    let mut value = raw_fields.clone();
+    value.insert("index".into(), Json::from(index));
+    stable_id("job", &Json::Object(value))
+}
+
+/// The id `submit` gives a job without one: `slug(RUN_NAME or job-<i>)[:40]-<stamp>-<6 hex>`.
+/// `stamp` is `YYYYmmdd-HHMMSS` (UTC, one per run) and `random_hex` six hex digits; both come
+/// from the caller so this stays pure.
+pub fn submit_job_id(
+    run_name: Option<&str>,
+    index_1based: usize,
+    stamp: &str,
+    random_hex: &str,
+) -> String {
+    let base = slug(run_name.unwrap_or(&format!("job-{index_1based}")));
+    let base = base[..base.len().min(40)].trim_end_matches('-');
+    format!("{base}-{stamp}-{random_hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn vectors_from_the_original() {
+        assert_eq!(slug("  Hello_World!!x--y "), "hello-world-x-y");
+        assert_eq!(slug("!!!"), "item");
+        assert_eq!(
+            stable_id(
+                "attempt",
+                &json!({"job": "j", "previous": "", "resource": "r"})
+            ),
+            "attempt-7c8661d378"
+        );
+        assert_eq!(
+            managed_node_name(
+                "example-tpu-runner",
+                "us-east1d-v6e-spot",
+                "v6e-64",
+                "us-east1-d",
+                1
+            ),
+            "example-tpu-runner-us-east1d-v6e-spot-1-f79cf783"
+        );
+        assert_eq!(
+            managed_node_name(
+                "example-tpu-runner",
+                "us-east1d-v6e-spot",
+                "v6e-64",
+                "us-east1-d",
+                2
+            ),
+            "example-tpu-runner-us-east1d-v6e-spot-2-d7639adc"
+        );
+        assert_eq!(
+            default_bucket_name("your-gcp-project-id", "example-tpu-runner"),
+            "your-gcp-project-id-example-tpu-runner-us-central2"
+        );
+    }
+
+    #[test]
+    fn long_names_no_longer_collide() {
+        let a = managed_node_name(
+            "my-long-runner-name-x",
+            "a-very-long-fleet-entry-identifier",
+            "v6e-8",
+            "us-east1-d",
+            1,
+        );
+        let b = managed_node_name(
+            "my-long-runner-name-x",
+            "a-very-long-fleet-entry-identifier",
+            "v6e-8",
+            "us-east1-d",
+            2,
+        );
+        assert_ne!(a, b);
+        assert!(a.len() <= NODE_NAME_MAX && b.len() <= NODE_NAME_MAX);
+        assert!(a.starts_with("my-long-runner-name-x-a-very-long") && a.contains("-1-"));
+    }
+
+    #[test]
+    fn canonical_json_escapes_like_python() {
+        assert_eq!(
+            canonical_json(&json!({"b": 1, "a": "é😀"})),
+            r#"{"a":"\u00e9\ud83d\ude00","b":1}"#
+        );
+    }
+
+    #[test]
+    fn long_default_bucket_is_hashed() {
+        let name = default_bucket_name(
+            "a-really-long-project-identifier",
+            "and-an-even-longer-runner-name-here",
+        );
+        assert!(name.len() <= 63, "{name}");
+        assert_eq!(name.len(), 52 + 1 + 10);
+    }
+
+    #[test]
+    fn submit_ids() {
+        assert_eq!(
+            submit_job_id(None, 3, "20261130-010203", "abc123"),
+            "job-3-20261130-010203-abc123"
+        );
+        assert_eq!(
+            submit_job_id(Some("My Big_Run"), 1, "20261130-010203", "abc123"),
+            "my-big-run-20261130-010203-abc123"
+        );
+    }
+}

@@ -1,0 +1,523 @@
+//! A positioned YAML tree and a strict, error-collecting reader over it. Every spec file
+//! (fleet, jobs, scenarios) is read through here so all of them report problems the same way.
+//! Must not coerce types: a quoted `"1"` is a string, `64.7` is a float, never an integer.
+
+use std::collections::BTreeSet;
+
+use saphyr::{LoadableYamlNode, MarkedYamlOwned, ScalarOwned, YamlDataOwned};
+
+use super::diagnostic::{Diagnostic, SpecErrors};
+
+/// A YAML node with the position where it starts.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column.
+    pub column: usize,
+    /// Character offsets of the node in the source (for raw scalar text).
+    pub span: (usize, usize),
+    /// The value.
+    pub value: Value,
+}
+
+/// A YAML value after core-schema resolution.
+#[derive(Clone, Debug)]
+pub enum Value {
+    /// `~`, `null` or nothing.
+    Null,
+    /// `true` / `false`.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A string (quoted, or plain text that is not another type).
+    Str(String),
+    /// A sequence.
+    Seq(Vec<Node>),
+    /// A mapping, in file order.
+    Map(Vec<(Node, Node)>),
+    /// A construct this reader does not accept (custom tags, unresolved aliases).
+    Unsupported(String),
+}
+
+impl Node {
+    /// A short description of the value for "found …" messages.
+    pub fn describe(&self) -> String {
+        match &self.value {
+            Value::Null => "null".into(),
+            Value::Bool(b) => format!("boolean `{b}`"),
+            Value::Int(i) => format!("integer `{i}`"),
+            Value::Float(x) => format!("float `{x}`"),
+            Value::Str(s) if s.is_empty() => "an empty string".into(),
+            Value::Str(s) => format!("string {}", quote(s)),
+            Value::Seq(items) if items.is_empty() => "an empty list".into(),
+            Value::Seq(_) => "a list".into(),
+            Value::Map(pairs) if pairs.is_empty() => "an empty mapping".into(),
+            Value::Map(_) => "a mapping".into(),
+            Value::Unsupported(what) => what.clone(),
+        }
+    }
+
+    /// The string value, if the node is a string.
+    pub fn as_str(&self) -> Option<&str> {
+        match &self.value {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// Quotes a user value for a message, shortening very long ones.
+pub fn quote(s: &str) -> String {
+    let short: String = s.chars().take(60).collect();
+    if short.len() < s.len() {
+        format!("\"{short}…\"")
+    } else {
+        format!("{s:?}")
+    }
+}
+
+/// Parses `source` as exactly one YAML document. An empty file yields a `Null` root.
+pub fn parse(file: &str, source: &str) -> Result<Node, SpecErrors> {
+    let fail = |line, column, message: String, hint: Option<String>| {
+        SpecErrors::new(
+            file,
+            source,
+            vec![Diagnostic {
+                path: String::new(),
+                line,
+                column,
+                message,
+                hint,
+            }],
+        )
+    };
+    let docs = MarkedYamlOwned::load_from_str(source).map_err(|e| {
+        let m = e.marker();
+        fail(
+            m.line().max(1),
+            m.col() + 1,
+            format!("invalid YAML: {}", e.info()),
+            None,
+        )
+    })?;
+    match docs.len() {
+        0 => Ok(Node {
+            line: 1,
+            column: 1,
+            span: (0, 0),
+            value: Value::Null,
+        }),
+        1 => Ok(convert(docs.into_iter().next().expect("one document"))),
+        _ => {
+            let second = &docs[1];
+            Err(fail(
+                second.span.start.line(),
+                second.span.start.col() + 1,
+                format!("expected a single YAML document, found {}", docs.len()),
+                Some("remove the `---` separators; one file holds one document".into()),
+            ))
+        }
+    }
+}
+
+fn convert(node: MarkedYamlOwned) -> Node {
+    let line = node.span.start.line().max(1);
+    let column = node.span.start.col() + 1;
+    let span = (node.span.start.index(), node.span.end.index());
+    let value = match node.data {
+        YamlDataOwned::Value(scalar) => match scalar {
+            ScalarOwned::Null => Value::Null,
+            ScalarOwned::Boolean(b) => Value::Bool(b),
+            ScalarOwned::Integer(i) => Value::Int(i),
+            ScalarOwned::FloatingPoint(f) => Value::Float(f.into_inner()),
+            ScalarOwned::String(s) => Value::Str(s),
+        },
+        YamlDataOwned::Representation(s, _, _) => Value::Str(s),
+        YamlDataOwned::Sequence(items) => Value::Seq(items.into_iter().map(convert).collect()),
+        YamlDataOwned::Mapping(map) => Value::Map(
+            map.into_iter()
+                .map(|(k, v)| (convert(k), convert(v)))
+                .collect(),
+        ),
+        YamlDataOwned::Tagged(tag, _) => Value::Unsupported(format!("a value tagged `{tag}`")),
+        YamlDataOwned::Alias(_) => Value::Unsupported("an unresolved alias".into()),
+        YamlDataOwned::BadValue => Value::Unsupported("a malformed value".into()),
+    };
+    Node {
+        line,
+        column,
+        span,
+        value,
+    }
+}
+
+/// Collects diagnostics while a spec is read. One per file.
+pub struct Checker<'s> {
+    source: &'s str,
+    diagnostics: Vec<Diagnostic>,
+}
+
+impl<'s> Checker<'s> {
+    /// A checker over `source`.
+    pub fn new(source: &'s str) -> Self {
+        Checker {
+            source,
+            diagnostics: Vec::new(),
+        }
+    }
+
+    /// Records a problem at `node`.
+    pub fn error(&mut self, node: &Node, path: &str, message: impl Into<String>) {
+        self.push(node, path, message.into(), None);
+    }
+
+    /// Records a problem at `node` with a hint.
+    pub fn error_hint(
+        &mut self,
+        node: &Node,
+        path: &str,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) {
+        self.push(node, path, message.into(), Some(hint.into()));
+    }
+
+    fn push(&mut self, node: &Node, path: &str, message: String, hint: Option<String>) {
+        self.diagnostics.push(Diagnostic {
+            path: path.to_owned(),
+            line: node.line,
+            column: node.column,
+            message,
+            hint,
+        });
+    }
+
+    /// Records "expected X, found Y".
+    pub fn expected(&mut self, node: &Node, path: &str, expected: &str) {
+        let hint = match (&node.value, expected) {
+            (Value::Str(s), e) if e.contains("integer") && s.trim().parse::<i64>().is_ok() => {
+                Some("remove the quotes: numbers are written without them".to_owned())
+            }
+            (Value::Str(s), e) if e.contains("boolean") && matches!(s.trim(), "true" | "false") => {
+                Some("remove the quotes: booleans are written true or false".to_owned())
+            }
+            (Value::Str(s), e)
+                if e.contains("boolean")
+                    && matches!(
+                        s.trim().to_ascii_lowercase().as_str(),
+                        "yes" | "no" | "on" | "off"
+                    ) =>
+            {
+                Some("YAML 1.2 booleans are only true and false".to_owned())
+            }
+            (Value::Int(_) | Value::Float(_) | Value::Bool(_), e) if e.contains("string") => {
+                Some("quote the value to make it a string".to_owned())
+            }
+            _ => None,
+        };
+        let message = format!("expected {expected}, found {}", node.describe());
+        self.push(node, path, message, hint);
+    }
+
+    /// The raw source text of a scalar node (what the user typed).
+    pub fn raw_text(&self, node: &Node) -> String {
+        let (start, end) = node.span;
+        self.source
+            .chars()
+            .skip(start)
+            .take(end.saturating_sub(start))
+            .collect::<String>()
+            .trim()
+            .to_owned()
+    }
+
+    /// True when no problem has been recorded.
+    pub fn is_clean(&self) -> bool {
+        self.diagnostics.is_empty()
+    }
+
+    /// Number of problems recorded so far.
+    pub fn error_count(&self) -> usize {
+        self.diagnostics.len()
+    }
+
+    /// Finishes: `Ok(value)` when clean, else every problem.
+    pub fn finish<T>(self, file: &str, value: T) -> Result<T, SpecErrors> {
+        if self.diagnostics.is_empty() {
+            Ok(value)
+        } else {
+            Err(SpecErrors::new(file, self.source, self.diagnostics))
+        }
+    }
+
+    /// Reads `node` as a mapping whose keys are strings from `allowed`. Unknown keys are
+    /// reported (with a suggestion), `rejected` keys get their own explanation.
+    pub fn mapping<'n>(
+        &mut self,
+        node: &'n Node,
+        path: &str,
+        what: &str,
+        allowed: &[&str],
+        rejected: &[(&str, &str)],
+    ) -> Option<Fields<'n>> {
+        let Value::Map(pairs) = &node.value else {
+            self.expected(node, path, &format!("{what} (a mapping)"));
+            return None;
+        };
+        let mut fields = Vec::new();
+        for (key, value) in pairs {
+            let Some(name) = key.as_str() else {
+                self.expected(key, path, "a field name (a string key)");
+                continue;
+            };
+            let field_path = join(path, name);
+            if let Some((_, why)) = rejected.iter().find(|(k, _)| *k == name) {
+                self.error_hint(
+                    key,
+                    &field_path,
+                    format!("field `{name}` is not allowed here"),
+                    *why,
+                );
+            } else if allowed.contains(&name) {
+                fields.push((name, key, value));
+            } else {
+                let suggestion = allowed
+                    .iter()
+                    .map(|a| (strsim::jaro_winkler(a, name), *a))
+                    .filter(|(score, _)| *score > 0.8)
+                    .max_by(|a, b| a.0.total_cmp(&b.0))
+                    .map(|(_, a)| format!("did you mean `{a}`? "))
+                    .unwrap_or_default();
+                let mut sorted: Vec<&str> = allowed.to_vec();
+                sorted.sort_unstable();
+                self.error_hint(
+                    key,
+                    &field_path,
+                    format!("unknown field `{name}` in {what}"),
+                    format!("{suggestion}known fields: {}", sorted.join(", ")),
+                );
+            }
+        }
+        Some(Fields {
+            node,
+            path: path.to_owned(),
+            fields,
+        })
+    }
+
+    /// Reads a string; `None` (with an error) otherwise. Does not trim.
+    pub fn string(&mut self, node: &Node, path: &str, expected: &str) -> Option<String> {
+        match &node.value {
+            Value::Str(s) => Some(s.clone()),
+            _ => {
+                self.expected(node, path, expected);
+                None
+            }
+        }
+    }
+
+    /// Reads a trimmed, non-empty string.
+    pub fn nonempty_string(&mut self, node: &Node, path: &str, expected: &str) -> Option<String> {
+        let s = self.string(node, path, expected)?;
+        let trimmed = s.trim();
+        if trimmed.is_empty() {
+            self.expected(node, path, expected);
+            return None;
+        }
+        Some(trimmed.to_owned())
+    }
+
+    /// Reads an integer in `min..=max` (booleans and floats are errors).
+    pub fn integer(
+        &mut self,
+        node: &Node,
+        path: &str,
+        min: i64,
+        max: i64,
+        expected: &str,
+    ) -> Option<i64> {
+        match node.value {
+            Value::Int(i) if (min..=max).contains(&i) => Some(i),
+            _ => {
+                self.expected(node, path, expected);
+                None
+            }
+        }
+    }
+
+    /// Reads a boolean.
+    pub fn boolean(&mut self, node: &Node, path: &str) -> Option<bool> {
+        match node.value {
+            Value::Bool(b) => Some(b),
+            _ => {
+                self.expected(node, path, "a boolean (true or false)");
+                None
+            }
+        }
+    }
+
+    /// Reads a list; `allow_empty` false reports an empty one.
+    pub fn list<'n>(
+        &mut self,
+        node: &'n Node,
+        path: &str,
+        expected: &str,
+        allow_empty: bool,
+    ) -> Option<&'n [Node]> {
+        match &node.value {
+            Value::Seq(items) if allow_empty || !items.is_empty() => Some(items),
+            _ => {
+                self.expected(node, path, expected);
+                None
+            }
+        }
+    }
+
+    /// Reports duplicates among `(value, node, path)` triples, naming the first occurrence.
+    pub fn unique<'n>(
+        &mut self,
+        items: impl IntoIterator<Item = (String, &'n Node, String)>,
+        what: &str,
+    ) {
+        let mut seen: Vec<(String, String)> = Vec::new();
+        let mut set = BTreeSet::new();
+        for (value, node, path) in items {
+            if !set.insert(value.clone()) {
+                let first = seen
+                    .iter()
+                    .find(|(v, _)| *v == value)
+                    .map(|(_, p)| p.clone())
+                    .unwrap_or_default();
+                self.error(
+                    node,
+                    &path,
+                    format!(
+                        "duplicate {what} {}, already used at {first}",
+                        quote(&value)
+                    ),
+                );
+            } else {
+                seen.push((value, path));
+            }
+        }
+    }
+}
+
+/// The fields of a mapping that passed the key check.
+pub struct Fields<'n> {
+    node: &'n Node,
+    path: String,
+    fields: Vec<(&'n str, &'n Node, &'n Node)>,
+}
+
+impl<'n> Fields<'n> {
+    /// The value of `name`, if present and not null.
+    pub fn get(&self, name: &str) -> Option<&'n Node> {
+        self.fields
+            .iter()
+            .find(|(k, _, v)| *k == name && !matches!(v.value, Value::Null))
+            .map(|(_, _, v)| *v)
+    }
+
+    /// The value of `name` even when null (to tell "absent" from "null").
+    pub fn get_raw(&self, name: &str) -> Option<&'n Node> {
+        self.fields
+            .iter()
+            .find(|(k, _, _)| *k == name)
+            .map(|(_, _, v)| *v)
+    }
+
+    /// The key node of `name` (for errors about the field as a whole).
+    pub fn key(&self, name: &str) -> Option<&'n Node> {
+        self.fields
+            .iter()
+            .find(|(k, _, _)| *k == name)
+            .map(|(_, k, _)| *k)
+    }
+
+    /// The value of `name`, or an error "missing required field" at the mapping.
+    pub fn required(
+        &self,
+        checker: &mut Checker<'_>,
+        name: &str,
+        expected: &str,
+    ) -> Option<&'n Node> {
+        let value = self.get(name);
+        if value.is_none() {
+            let what = if self.get_raw(name).is_some() {
+                "is null"
+            } else {
+                "is missing"
+            };
+            checker.error_hint(
+                self.get_raw(name).unwrap_or(self.node),
+                &self.path(name),
+                format!("required field `{name}` {what}"),
+                format!("set `{name}` to {expected}"),
+            );
+        }
+        value
+    }
+
+    /// Path of a field of this mapping.
+    pub fn path(&self, name: &str) -> String {
+        join(&self.path, name)
+    }
+
+    /// The mapping node itself.
+    pub fn node(&self) -> &'n Node {
+        self.node
+    }
+}
+
+/// Joins a parent path and a field name: `tpus[2]` + `zone` = `tpus[2].zone`.
+pub fn join(parent: &str, name: &str) -> String {
+    if parent.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{parent}.{name}")
+    }
+}
+
+/// Path of a list element: `tpus` + 2 = `tpus[2]`.
+pub fn index(parent: &str, i: usize) -> String {
+    format!("{parent}[{i}]")
+}
+
+/// Converts a node to JSON (non-string keys are written as their description).
+pub fn to_json(node: &Node) -> serde_json::Value {
+    use serde_json::Value as Json;
+    match &node.value {
+        Value::Null | Value::Unsupported(_) => Json::Null,
+        Value::Bool(b) => Json::Bool(*b),
+        Value::Int(i) => Json::from(*i),
+        Value::Float(x) => serde_json::Number::from_f64(*x).map_or(Json::Null, Json::Number),
+        Value::Str(s) => Json::String(s.clone()),
+        Value::Seq(items) => Json::Array(items.iter().map(to_json).collect()),
+        Value::Map(pairs) => Json::Object(
+            pairs
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().map_or_else(|| k.describe(), str::to_owned),
+                        to_json(v),
+                    )
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// The value node of field `name` of a mapping node, if any.
+pub fn field<'n>(node: &'n Node, name: &str) -> Option<&'n Node> {
+    match &node.value {
+        Value::Map(pairs) => pairs
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(name))
+            .map(|(_, v)| v),
+        _ => None,
+    }
+}
