@@ -86,8 +86,11 @@ impl SpecErrors {
 fn token_width(text: &str, col: usize) -> usize {
     let rest: String = text.chars().skip(col).collect();
     let rest = rest.trim_end();
-    let width = if rest.starts_with('"') || rest.starts_with('\'') {
-        rest.len()
+    let width = if let Some(quote) = rest.chars().next().filter(|c| *c == '"' || *c == '\'') {
+        rest.chars()
+            .skip(1)
+            .position(|c| c == quote)
+            .map_or(rest.chars().count(), |end| end + 2)
     } else {
         rest.chars()
             .take_while(|c| !matches!(c, ' ' | ',' | '#' | ']' | '}'))
