@@ -4,4 +4,5 @@
 //! See ARCHITECTURE.md for the map and its invariants.
 
 pub mod cli;
+pub mod engine;
 pub mod spec;

@@ -43,7 +43,7 @@ pub struct JobSpec {
 }
 
 /// The TPU types a job accepts.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum TpuRequest {
     /// Any type (`tpu: any`).
     Any,

@@ -1,0 +1,314 @@
+//! The capacity step of a pass (§3.10): ask the policy for a desired TPU count per managed
+//! entry, then create or delete queued resources and nodes to follow it, within chip quotas,
+//! idle timeouts and refusal backoffs. Ordinals are recreated under their own names, never
+//! substituted.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::demand::Demand;
+use super::observe::{Action, NodeInfo};
+use super::policy::CapacityInput;
+use super::reconcile::Pass;
+use super::state::{JobStatus, Resource, ResourceStatus};
+use crate::spec::{ProvisioningModel, QuotaKey, names};
+
+impl<'a> Pass<'a> {
+    pub(super) fn capacity(&mut self) {
+        let n_entries = self.index.fleet.tpus.len();
+        let mut busy = vec![0u32; n_entries];
+        for r in self.state.resources.values() {
+            if r.is_busy()
+                && let Some(e) = self.index.owns_record(r)
+            {
+                busy[e] += 1;
+            }
+        }
+        let (desired, named): (Vec<u32>, BTreeSet<String>) = {
+            let pending = self.state.jobs.values().filter(|j| j.status == JobStatus::Pending);
+            let demand = Demand::build(self.index, pending, self.now);
+            let waiting = vec![true; demand.jobs.len()];
+            let idle_adopted: Vec<&Resource> = self
+                .state
+                .resources
+                .values()
+                .filter(|r| r.adopted && r.status == ResourceStatus::Idle && !r.is_busy() && self.index.is_declared(r))
+                .collect();
+            let desired = self.policy.desired_counts(&CapacityInput {
+                index: self.index,
+                demand: &demand,
+                waiting: &waiting,
+                busy: &busy,
+                idle_adopted: &idle_adopted,
+            });
+            let named = demand.jobs.iter().filter_map(|j| j.job.spec.tpu_name.clone()).collect();
+            (desired, named)
+        };
+        let mut remaining = self.remaining_chips();
+        for e in 0..n_entries {
+            if self.index.entry(e).is_adopted() {
+                continue;
+            }
+            let count = self.index.ordinals[e].len() as u32;
+            let want = desired.get(e).copied().unwrap_or(0).min(count);
+            if want != desired.get(e).copied().unwrap_or(0) {
+                self.violation(format!("policy {} asked for more than count on entry {}", self.policy.name(), self.index.entry(e).id));
+            }
+            self.size_entry(e, want, &named, &mut remaining);
+        }
+    }
+
+    /// Chips still free per limited quota key: the limit minus chips of live inventory.
+    fn remaining_chips(&self) -> BTreeMap<QuotaKey, i64> {
+        let mut reserved: BTreeMap<QuotaKey, i64> = BTreeMap::new();
+        let key = |spot: bool, t: &crate::spec::TpuType, zone: &str| QuotaKey {
+            model: if spot { ProvisioningModel::Spot } else { ProvisioningModel::OnDemand },
+            family: t.quota_family().to_owned(),
+            zone: zone.to_owned(),
+        };
+        let mut counted = BTreeSet::new();
+        for node in &self.obs.nodes {
+            let behind_terminal_qr = self.qr_by_node.get(node.name.as_str()).is_some_and(|q| !q.state.is_live());
+            if !node.state.is_terminal() && !behind_terminal_qr {
+                *reserved.entry(key(node.spot, &node.tpu_type, &node.zone)).or_default() += node.tpu_type.chips() as i64;
+                counted.insert(node.name.as_str());
+            }
+        }
+        for qr in &self.obs.queued_resources {
+            if qr.state.is_live() && !counted.contains(qr.node_id.as_str()) {
+                *reserved.entry(key(qr.spot, &qr.tpu_type, &qr.zone)).or_default() += qr.tpu_type.chips() as i64;
+            }
+        }
+        self.index
+            .chip_limits
+            .iter()
+            .map(|(k, limit)| (k.clone(), (*limit as i64 - reserved.get(k).copied().unwrap_or(0)).max(0)))
+            .collect()
+    }
+
+    fn idle_timeout_elapsed(&mut self, resource_id: &str) -> bool {
+        let timeout = self.index.fleet.idle_timeout_seconds as i64;
+        if timeout == 0 {
+            return true;
+        }
+        let now = self.now;
+        let Some(r) = self.state.resources.get_mut(resource_id) else { return true };
+        match r.idle_since {
+            Some(since) if now.elapsed_since(since, timeout) => true,
+            Some(since) => {
+                self.wake_at(since.plus_secs(timeout));
+                false
+            }
+            None => {
+                r.idle_since = Some(now);
+                self.wake_at(now.plus_secs(timeout));
+                false
+            }
+        }
+    }
+
+    fn mark_deleted(&mut self, resource_id: &str) {
+        let now = self.now;
+        if let Some(r) = self.state.resources.get_mut(resource_id)
+            && r.owner.is_none()
+        {
+            let _ = r.release(ResourceStatus::Deleted, now);
+            r.idle_since = None;
+        }
+    }
+
+    fn size_entry(&mut self, e: usize, desired: u32, named: &BTreeSet<String>, remaining: &mut BTreeMap<QuotaKey, i64>) {
+        let index = self.index;
+        let entry = index.entry(e);
+        let ordinals: &[String] = &index.ordinals[e];
+        let obs = self.obs;
+        let matching_nodes: Vec<&NodeInfo> = obs.nodes.iter().filter(|n| index.node_labelled_for(n, e)).collect();
+        let busy_name = |p: &Pass<'_>, name: &str| p.state.resources.get(name).is_some_and(Resource::is_busy);
+        let node_ready = |p: &Pass<'_>, name: &str| p.ordinal_ready(name, e);
+        let qr_of = |p: &Pass<'a>, name: &str| p.ordinal_qr(name, e);
+
+        // Ordinal preference: busy, named by a pending job, live, then the rest (minus ones
+        // behind a terminal queued resource, which must be cleaned up first).
+        let mut preference: Vec<&str> = Vec::with_capacity(ordinals.len());
+        let mut placed = BTreeSet::new();
+        let tiers: [&dyn Fn(&Pass<'a>, &str) -> bool; 4] = [
+            &|p, n| busy_name(p, n),
+            &|_, n| named.contains(n),
+            &|p, n| node_ready(p, n) || qr_of(p, n).is_some_and(|q| q.state.is_live()),
+            &|p, n| !qr_of(p, n).is_some_and(|q| !q.state.is_live()),
+        ];
+        for tier in tiers {
+            for name in ordinals {
+                if !placed.contains(name.as_str()) && tier(self, name) {
+                    placed.insert(name.as_str());
+                    preference.push(name);
+                }
+            }
+        }
+        let desired_set: BTreeSet<&str> = preference.iter().take(desired as usize).copied().collect();
+
+        if desired == 0 {
+            let mut just_deleted = BTreeSet::new();
+            for node in &matching_nodes {
+                if self.ready(node) && !busy_name(self, &node.name) && self.idle_timeout_elapsed(&node.name) {
+                    self.delete_node(&node.name, &node.zone);
+                    self.mark_deleted(&node.name);
+                    just_deleted.insert(node.name.clone());
+                    self.event("idle_spot_tpu_deleted", None, Some(&node.name), None, "reason=no_pending_or_running_jobs".into());
+                }
+            }
+            for qr in obs.queued_resources.iter().filter(|q| index.qr_labelled_for(q, e) && !q.state.is_deleting()) {
+                let node = self.nodes.get(qr.node_id.as_str());
+                let drop = match node {
+                    None => true,
+                    Some(n) => !self.ready(n) || just_deleted.contains(&n.name),
+                };
+                if drop && !busy_name(self, &qr.node_id) {
+                    self.delete_qr(&qr.name, &qr.zone);
+                    self.event("idle_spot_queued_resource_deleted", None, Some(&qr.node_id), None, String::new());
+                }
+            }
+            self.clear_notice(&format!("chip_limit:{}", entry.id));
+            return;
+        }
+
+        // Ready nodes outside the desired set: kept until their idle timeout.
+        let mut retained = BTreeSet::new();
+        for node in &matching_nodes {
+            if desired_set.contains(node.name.as_str()) || !self.ready(node) || busy_name(self, &node.name) {
+                continue;
+            }
+            if self.idle_timeout_elapsed(&node.name) {
+                self.delete_node(&node.name, &node.zone);
+                self.mark_deleted(&node.name);
+                self.event("undeclared_spot_tpu_deleted", None, Some(&node.name), None, "reason=capacity_target_reduced".into());
+            } else {
+                retained.insert(node.name.clone());
+            }
+        }
+        for qr in obs.queued_resources.iter().filter(|q| index.qr_labelled_for(q, e) && !q.state.is_deleting()) {
+            let outside = !desired_set.contains(qr.node_id.as_str()) || qr.name != names::queued_resource_name(&qr.node_id);
+            if outside && !retained.contains(&qr.node_id) && !busy_name(self, &qr.node_id) {
+                self.delete_qr(&qr.name, &qr.zone);
+                self.event("undeclared_spot_queued_resource_deleted", None, Some(&qr.node_id), None, String::new());
+            }
+        }
+        // Clean up desired ordinals whose TPU or request ended.
+        for name in &desired_set {
+            let node_terminal = self.nodes.get(name).is_some_and(|n| n.state.is_terminal());
+            if let Some(qr) = qr_of(self, name)
+                && !qr.state.is_deleting()
+                && (node_terminal || !qr.state.is_live())
+            {
+                self.delete_qr(&qr.name, &qr.zone);
+                let reason = if node_terminal { "reason=tpu_not_ready" } else { "reason=queued_resource_terminal" };
+                self.event("queued_resource_deleted", None, Some(name), None, reason.into());
+            }
+        }
+        let current = desired_set
+            .iter()
+            .filter(|n| node_ready(self, n) || (qr_of(self, n).is_some_and(|q| q.state.is_live()) && !self.was_deleted_qr(n)))
+            .count() as u32;
+        let mut missing = desired.saturating_sub(current);
+        if missing == 0 {
+            self.clear_notice(&format!("chip_limit:{}", entry.id));
+            return;
+        }
+        let chips = entry.chips_per_tpu() as i64;
+        let quota = index.chip_limit(e);
+        if let Some((key, limit)) = &quota {
+            let free = remaining.get(key).copied().unwrap_or(0);
+            let allowed = (free / chips.max(1)) as u32;
+            if missing > allowed {
+                self.notice(
+                    format!("chip_limit:{}", entry.id),
+                    format!("entry={}; chip_limit={limit}; available_chips={free}; wanted {missing} more TPUs", entry.id),
+                    "tpu_chip_limit_reached",
+                    None,
+                );
+                missing = allowed;
+            } else {
+                self.clear_notice(&format!("chip_limit:{}", entry.id));
+            }
+        }
+        if let Some(backoff) = self.state.entry_backoff.get(&entry.id).cloned() {
+            if backoff.until > self.now {
+                self.wake_at(backoff.until);
+                return;
+            }
+        }
+        for name in ordinals {
+            if missing == 0 {
+                break;
+            }
+            if !desired_set.contains(name.as_str()) {
+                continue;
+            }
+            let qr_name = names::queued_resource_name(name);
+            let present = self.nodes.contains_key(name.as_str())
+                || self.qrs.contains_key(qr_name.as_str())
+                || self.qr_by_node.contains_key(name.as_str())
+                || self.deleted.contains(name)
+                || self.deleted.contains(&qr_name);
+            if present {
+                continue;
+            }
+            let Some(runtime) = entry.runtime.clone() else { break };
+            self.out.actions.push(Action::CreateQueuedResource {
+                name: qr_name,
+                node_id: name.clone(),
+                zone: entry.zone.clone(),
+                tpu_type: entry.tpu_type.clone(),
+                runtime,
+                entry_id: entry.id.clone(),
+            });
+            self.track_provisioning(e, name);
+            if let Some((key, _)) = &quota {
+                *remaining.entry(key.clone()).or_default() -= chips;
+            }
+            self.event("queued_resource_created", None, Some(name), None, format!("entry={}", entry.id));
+            missing -= 1;
+        }
+    }
+
+    /// The ready, matching node of ordinal `name` of entry `e` (not behind a terminal request).
+    fn ordinal_ready(&self, name: &str, e: usize) -> bool {
+        self.nodes.get(name).is_some_and(|n| self.index.node_labelled_for(n, e) && self.ready(n))
+            && !self.qr_by_node.get(name).is_some_and(|q| !q.state.is_live())
+    }
+
+    /// The matching queued resource of ordinal `name` of entry `e`.
+    fn ordinal_qr(&self, name: &str, e: usize) -> Option<&'a super::observe::QueuedResourceInfo> {
+        self.qrs.get(names::queued_resource_name(name).as_str()).copied().filter(|q| self.index.qr_labelled_for(q, e))
+    }
+
+    fn was_deleted_qr(&self, node: &str) -> bool {
+        self.deleted.contains(&names::queued_resource_name(node))
+    }
+
+    /// Record a TPU being provisioned under `name` (new or reset).
+    fn track_provisioning(&mut self, e: usize, name: &str) {
+        let entry = self.index.entry(e);
+        let r = self.state.resources.entry(name.to_owned()).or_insert_with(|| Resource {
+            id: name.to_owned(),
+            tpu_name: name.to_owned(),
+            zone: entry.zone.clone(),
+            tpu_type: entry.tpu_type.clone(),
+            entry_id: entry.id.clone(),
+            adopted: false,
+            status: ResourceStatus::Provisioning,
+            owner: None,
+            worker_count: 1,
+            idle_since: None,
+            provisioning_node_seen_at: None,
+            provisioning_node_missing_since: None,
+            retryable_failures: None,
+            cancellation_failures: None,
+        });
+        if r.owner.is_none() {
+            r.status = ResourceStatus::Provisioning;
+            r.idle_since = None;
+            r.provisioning_node_seen_at = None;
+            r.provisioning_node_missing_since = None;
+        }
+    }
+}

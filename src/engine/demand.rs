@@ -1,0 +1,126 @@
+//! Pending work grouped by requirement: jobs with the same acceptable types, zone, TPU name
+//! and regions form one class, whose compatible fleet entries are computed once. Policies work
+//! on classes so a pass costs O(jobs + classes × entries), not O(jobs × entries).
+
+use std::collections::BTreeMap;
+
+use super::fleet_index::FleetIndex;
+use super::state::{Job, RegionChoice, Resource};
+use super::time::Timestamp;
+use crate::spec::{EntryKind, TpuEntry, TpuRequest, TpuType, gcp};
+
+/// Where a job may run, borrowed from the job (no allocation per job).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Requirement<'a> {
+    /// Acceptable types.
+    pub tpu: &'a TpuRequest,
+    /// Required zone.
+    pub zone: Option<&'a str>,
+    /// Required TPU name.
+    pub tpu_name: Option<&'a str>,
+    /// Allowed regions.
+    pub regions: RegionChoice<'a>,
+}
+
+impl<'a> Requirement<'a> {
+    /// The requirement of `job`.
+    pub fn of(job: &'a Job) -> Requirement<'a> {
+        Requirement {
+            tpu: &job.spec.tpu,
+            zone: job.spec.zone.as_deref(),
+            tpu_name: job.spec.tpu_name.as_deref(),
+            regions: job.candidate_regions(),
+        }
+    }
+
+    fn region_ok(&self, region: &str) -> bool {
+        match self.regions {
+            RegionChoice::Pinned(r) => r == region,
+            RegionChoice::AnyOf(list) => list.iter().any(|b| b.region == region),
+        }
+    }
+
+    fn place_ok(&self, tpu_type: &TpuType, zone: &str) -> bool {
+        self.tpu.accepts(tpu_type)
+            && self.zone.is_none_or(|z| z == zone)
+            && gcp::zone_region(zone).is_ok_and(|region| self.region_ok(region))
+    }
+
+    /// Job accepts entry (§3.9): type, zone and region rules on the entry's zone; with a TPU
+    /// name, the adopted entry's `existing` or one of a managed entry's ordinal nodes;
+    /// otherwise an adopted entry or a managed one with `count > 0`.
+    pub fn accepts_entry(&self, index: &FleetIndex, entry_index: usize) -> bool {
+        let entry: &TpuEntry = index.entry(entry_index);
+        if !self.place_ok(&entry.tpu_type, &entry.zone) {
+            return false;
+        }
+        match (self.tpu_name, &entry.kind) {
+            (None, EntryKind::Adopted { .. }) => true,
+            (None, EntryKind::Managed { count }) => *count > 0,
+            (Some(name), EntryKind::Adopted { existing }) => name == existing,
+            (Some(name), EntryKind::Managed { .. }) => index.ordinals[entry_index].iter().any(|n| n == name),
+        }
+    }
+
+    /// Job accepts resource (§3.9): type, zone, name and region.
+    pub fn accepts_resource(&self, resource: &Resource) -> bool {
+        self.place_ok(&resource.tpu_type, &resource.zone) && self.tpu_name.is_none_or(|n| n == resource.tpu_name)
+    }
+}
+
+/// One requirement and the fleet entries that satisfy it.
+#[derive(Clone, Debug)]
+pub struct DemandClass<'a> {
+    /// The requirement.
+    pub req: Requirement<'a>,
+    /// Compatible entries (fleet order).
+    pub entries: Vec<u32>,
+    /// How many of them are managed.
+    pub managed_entries: u32,
+}
+
+/// A pending job and its class.
+#[derive(Clone, Copy, Debug)]
+pub struct PendingJob<'a> {
+    /// The job.
+    pub job: &'a Job,
+    /// Index into [`Demand::classes`].
+    pub class: u32,
+    /// False while it backs off after an infrastructure failure (still counts as demand).
+    pub assignable: bool,
+}
+
+/// Every pending job of the state, grouped by requirement.
+#[derive(Clone, Debug, Default)]
+pub struct Demand<'a> {
+    /// Pending jobs in id order.
+    pub jobs: Vec<PendingJob<'a>>,
+    /// Requirement classes.
+    pub classes: Vec<DemandClass<'a>>,
+}
+
+impl<'a> Demand<'a> {
+    /// Groups `pending` (jobs with status pending) by requirement.
+    pub fn build(index: &FleetIndex, pending: impl IntoIterator<Item = &'a Job>, now: Timestamp) -> Demand<'a> {
+        let mut by_req: BTreeMap<Requirement<'a>, u32> = BTreeMap::new();
+        let mut demand = Demand::default();
+        for job in pending {
+            let req = Requirement::of(job);
+            let class = *by_req.entry(req).or_insert_with(|| {
+                let entries: Vec<u32> =
+                    (0..index.fleet.tpus.len()).filter(|&e| req.accepts_entry(index, e)).map(|e| e as u32).collect();
+                let managed_entries = entries.iter().filter(|&&e| !index.entry(e as usize).is_adopted()).count() as u32;
+                demand.classes.push(DemandClass { req, entries, managed_entries });
+                (demand.classes.len() - 1) as u32
+            });
+            let assignable = job.not_before.is_none_or(|t| t <= now);
+            demand.jobs.push(PendingJob { job, class, assignable });
+        }
+        demand
+    }
+
+    /// The class of a pending job.
+    pub fn class(&self, job: &PendingJob<'_>) -> &DemandClass<'a> {
+        &self.classes[job.class as usize]
+    }
+}

@@ -1,0 +1,189 @@
+//! Facts derived once from the fleet: declared node names per entry, which entry a node or
+//! queued resource belongs to (§3.2 entry match), chip quotas, and the inventory targets the
+//! drivers fetch by exact name. Pure and cheap to query.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::observe::{LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, QueuedResourceInfo};
+use super::state::{Resource, State};
+use crate::spec::{EntryKind, FleetSpec, ProvisioningModel, QuotaKey, TpuEntry, names};
+
+/// Where a declared node name comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Declared {
+    /// Index of the entry in `fleet.tpus`.
+    pub entry: usize,
+    /// Managed ordinal (1-based); 0 for an adopted TPU.
+    pub ordinal: u32,
+}
+
+/// The fleet plus everything derived from it.
+#[derive(Clone, Debug)]
+pub struct FleetIndex {
+    /// The fleet.
+    pub fleet: FleetSpec,
+    /// Declared node names: adopted `existing` names and managed ordinals `1..=count`.
+    pub declared: BTreeMap<String, Declared>,
+    /// Managed ordinal node names per entry (empty for adopted entries), ordinal order.
+    pub ordinals: Vec<Vec<String>>,
+    /// Entry index by id.
+    pub by_id: BTreeMap<String, usize>,
+    /// Chip limit per quota key.
+    pub chip_limits: BTreeMap<QuotaKey, u32>,
+}
+
+impl FleetIndex {
+    /// Builds the index.
+    pub fn new(fleet: FleetSpec) -> FleetIndex {
+        let mut declared = BTreeMap::new();
+        let mut ordinals = Vec::with_capacity(fleet.tpus.len());
+        for (i, entry) in fleet.tpus.iter().enumerate() {
+            match &entry.kind {
+                EntryKind::Adopted { existing } => {
+                    declared.insert(existing.clone(), Declared { entry: i, ordinal: 0 });
+                    ordinals.push(Vec::new());
+                }
+                EntryKind::Managed { count } => {
+                    let names: Vec<String> = (1..=*count).map(|k| entry.node_name(&fleet.name, k)).collect();
+                    for (k, name) in names.iter().enumerate() {
+                        declared.insert(name.clone(), Declared { entry: i, ordinal: k as u32 + 1 });
+                    }
+                    ordinals.push(names);
+                }
+            }
+        }
+        let by_id = fleet.tpus.iter().enumerate().map(|(i, e)| (e.id.clone(), i)).collect();
+        let chip_limits = fleet.chip_limits();
+        FleetIndex { fleet, declared, ordinals, by_id, chip_limits }
+    }
+
+    /// The entry at `index`.
+    pub fn entry(&self, index: usize) -> &TpuEntry {
+        &self.fleet.tpus[index]
+    }
+
+    /// The runner name.
+    pub fn runner(&self) -> &str {
+        &self.fleet.name
+    }
+
+    /// The entry index of `entry_id`.
+    pub fn entry_index(&self, entry_id: &str) -> Option<usize> {
+        self.by_id.get(entry_id).copied()
+    }
+
+    /// Entry match for a node (§3.2): managed entries need same zone, type, Spot model and
+    /// the runner's labels; adopted entries need the exact name, zone, type and model.
+    pub fn node_entry(&self, node: &NodeInfo) -> Option<usize> {
+        let declared = self.declared.get(&node.name)?;
+        let entry = self.entry(declared.entry);
+        let model_ok = match entry.provisioning_model {
+            ProvisioningModel::Spot => node.spot,
+            ProvisioningModel::OnDemand => !node.spot,
+        };
+        let same = entry.zone == node.zone && entry.tpu_type == node.tpu_type && model_ok;
+        let labels_ok = entry.is_adopted()
+            || (node.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(self.runner())
+                && node.labels.get(LABEL_FLEET_ENTRY) == Some(&entry.id));
+        (same && labels_ok).then_some(declared.entry)
+    }
+
+    /// Entry match for a queued resource: its node id must be a declared managed ordinal of
+    /// an entry with the same zone, type and labels, and the name must be `qr-<node>`.
+    pub fn queued_resource_entry(&self, qr: &QueuedResourceInfo) -> Option<usize> {
+        let declared = self.declared.get(&qr.node_id)?;
+        let entry = self.entry(declared.entry);
+        let ok = !entry.is_adopted()
+            && declared.ordinal > 0
+            && qr.name == names::queued_resource_name(&qr.node_id)
+            && entry.zone == qr.zone
+            && entry.tpu_type == qr.tpu_type
+            && qr.spot
+            && qr.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(self.runner())
+            && qr.labels.get(LABEL_FLEET_ENTRY) == Some(&entry.id);
+        ok.then_some(declared.entry)
+    }
+
+    /// True when a record still belongs to the fleet: its entry exists with the same zone and
+    /// type, and it is adopted exactly when the entry is (the record's name must match the
+    /// adopted entry's `existing`).
+    pub fn owns_record(&self, resource: &Resource) -> Option<usize> {
+        let index = self.entry_index(&resource.entry_id)?;
+        let entry = self.entry(index);
+        let ok = entry.zone == resource.zone
+            && entry.tpu_type == resource.tpu_type
+            && match &entry.kind {
+                EntryKind::Adopted { existing } => resource.adopted && *existing == resource.tpu_name,
+                EntryKind::Managed { .. } => !resource.adopted,
+            };
+        ok.then_some(index)
+    }
+
+    /// True when the record is declared: owned and, if managed, one of ordinals `1..=count`.
+    pub fn is_declared(&self, resource: &Resource) -> bool {
+        self.owns_record(resource).is_some()
+            && self.declared.get(&resource.tpu_name).is_some_and(|d| self.entry(d.entry).id == resource.entry_id)
+    }
+
+    /// The exact names the drivers fetch (never listing): declared nodes and ordinal queued
+    /// resources, plus records of the state that are not gone (including records whose entry
+    /// was removed, so their TPUs can be cleaned up instead of orphaned).
+    pub fn inventory_targets(&self, state: &State) -> InventoryTargets {
+        let mut nodes = BTreeSet::new();
+        let mut queued_resources = BTreeSet::new();
+        for (name, d) in &self.declared {
+            let entry = self.entry(d.entry);
+            nodes.insert((entry.zone.clone(), name.clone()));
+            if !entry.is_adopted() {
+                queued_resources.insert((entry.zone.clone(), names::queued_resource_name(name)));
+            }
+        }
+        for r in state.resources.values().filter(|r| !r.status.is_gone()) {
+            nodes.insert((r.zone.clone(), r.tpu_name.clone()));
+            if !r.adopted {
+                queued_resources.insert((r.zone.clone(), names::queued_resource_name(&r.tpu_name)));
+            }
+        }
+        InventoryTargets { nodes, queued_resources }
+    }
+
+    /// The quota key and chip limit of entry `index`, if limited.
+    pub fn chip_limit(&self, index: usize) -> Option<(QuotaKey, u32)> {
+        let key = self.entry(index).quota_key();
+        self.chip_limits.get(&key).map(|l| (key, *l))
+    }
+}
+
+/// Names to fetch, as `(zone, name)` pairs sorted by zone then name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InventoryTargets {
+    /// Node names.
+    pub nodes: BTreeSet<(String, String)>,
+    /// Queued resource names.
+    pub queued_resources: BTreeSet<(String, String)>,
+}
+
+impl FleetIndex {
+    /// True when `node` carries entry `entry_index`'s labels, zone, type and Spot model — any
+    /// ordinal, including ones above `count` (so a lowered count drains the extra TPUs).
+    pub fn node_labelled_for(&self, node: &NodeInfo, entry_index: usize) -> bool {
+        let entry = self.entry(entry_index);
+        !entry.is_adopted()
+            && node.spot
+            && entry.zone == node.zone
+            && entry.tpu_type == node.tpu_type
+            && node.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(self.runner())
+            && node.labels.get(LABEL_FLEET_ENTRY) == Some(&entry.id)
+    }
+
+    /// Same for a queued resource.
+    pub fn qr_labelled_for(&self, qr: &QueuedResourceInfo, entry_index: usize) -> bool {
+        let entry = self.entry(entry_index);
+        !entry.is_adopted()
+            && qr.spot
+            && entry.zone == qr.zone
+            && entry.tpu_type == qr.tpu_type
+            && qr.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(self.runner())
+            && qr.labels.get(LABEL_FLEET_ENTRY) == Some(&entry.id)
+    }
+}

@@ -1,0 +1,72 @@
+//! The reconcile engine: pure and deterministic. Given the fleet, the state, an observation
+//! of the cloud and `now`, a pass mutates the state and returns actions, events and when it
+//! next needs to run. It never reads the clock, never does IO, never uses an unseeded RNG,
+//! and depends on no async runtime, HTTP client or storage (a tidy test enforces this).
+//!
+//! Driver contract: `targets = engine.inventory_targets(&state)`; fetch exactly those names
+//! into an `Observation` (plus worker reports and the refusals of the previous actions); call
+//! `engine.reconcile(&mut state, &obs, now)`; persist the state; then carry out the actions
+//! in order. Actions are idempotent by name, so a crash between persisting and acting loses
+//! nothing: the next pass re-derives them.
+
+pub mod aggregate;
+mod capacity;
+pub mod config;
+pub mod demand;
+pub mod explain;
+pub mod fleet_index;
+pub mod observe;
+pub mod policy;
+mod reconcile;
+pub mod state;
+pub mod time;
+
+pub use config::EngineConfig;
+pub use fleet_index::{FleetIndex, InventoryTargets};
+pub use observe::{Action, CloudFailure, Event, Observation};
+pub use policy::Policy;
+pub use reconcile::PassOutput;
+pub use state::State;
+pub use time::Timestamp;
+
+use crate::spec::FleetSpec;
+
+/// The engine: a fleet index, constants and a policy.
+#[derive(Debug)]
+pub struct Engine {
+    index: FleetIndex,
+    config: EngineConfig,
+    policy: Box<dyn Policy>,
+}
+
+impl Engine {
+    /// An engine for `fleet` with `policy`.
+    pub fn new(fleet: FleetSpec, config: EngineConfig, policy: Box<dyn Policy>) -> Engine {
+        Engine { index: FleetIndex::new(fleet), config, policy }
+    }
+
+    /// The fleet index.
+    pub fn index(&self) -> &FleetIndex {
+        &self.index
+    }
+
+    /// The constants.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &dyn Policy {
+        &*self.policy
+    }
+
+    /// What the driver must fetch for the next observation.
+    pub fn inventory_targets(&self, state: &State) -> InventoryTargets {
+        self.index.inventory_targets(state)
+    }
+
+    /// One reconcile pass.
+    pub fn reconcile(&self, state: &mut State, observation: &Observation, now: Timestamp) -> PassOutput {
+        reconcile::Pass::new(&self.index, &self.config, &*self.policy, state, observation, now).run()
+    }
+}

@@ -1,0 +1,426 @@
+//! What the engine is told about the cloud (an observation) and what it asks for in return
+//! (actions and events). These are plain data shared by every backend: the simulator and
+//! GCP produce the same `Observation` and consume the same `Action`s. No behaviour here.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::time::Timestamp;
+use crate::spec::TpuType;
+
+/// Label naming the runner on managed TPUs and queued resources.
+pub const LABEL_MANAGED_BY: &str = "managed-by";
+/// Label naming the fleet entry on managed TPUs and queued resources.
+pub const LABEL_FLEET_ENTRY: &str = "fleet-entry";
+
+/// A snapshot of the cloud, taken once per pass.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    /// TPU nodes found among the inventory targets.
+    #[serde(default)]
+    pub nodes: Vec<NodeInfo>,
+    /// Queued resources found among the inventory targets.
+    #[serde(default)]
+    pub queued_resources: Vec<QueuedResourceInfo>,
+    /// What the workers report, by attempt id.
+    #[serde(default)]
+    pub attempts: BTreeMap<String, AttemptReport>,
+    /// Refusals of the previous pass's actions (stockout, quota, rate limit, …).
+    #[serde(default)]
+    pub failures: Vec<ActionFailure>,
+}
+
+/// A TPU VM as the TPU API describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Node id.
+    pub name: String,
+    /// Zone.
+    pub zone: String,
+    /// Accelerator type.
+    pub tpu_type: TpuType,
+    /// Lifecycle state.
+    pub state: NodeState,
+    /// Health.
+    #[serde(default)]
+    pub health: Health,
+    /// Spot (preemptible) capacity.
+    pub spot: bool,
+    /// Labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The queued resource that created it, if any.
+    #[serde(default)]
+    pub queued_resource: Option<String>,
+    /// Network endpoints (= workers).
+    pub worker_count: u32,
+    /// Some endpoint has a public IP.
+    #[serde(default)]
+    pub public_ip: bool,
+}
+
+/// TPU node states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum NodeState {
+    /// Being created.
+    Creating,
+    /// Ready.
+    Ready,
+    /// Restarting.
+    Restarting,
+    /// Being repaired.
+    Repairing,
+    /// Stopping.
+    Stopping,
+    /// Starting.
+    Starting,
+    /// Stopped.
+    Stopped,
+    /// Preempted.
+    Preempted,
+    /// Terminated.
+    Terminated,
+    /// Failed.
+    Failed,
+    /// Being deleted.
+    Deleting,
+    /// Suspending.
+    Suspending,
+    /// Suspended.
+    Suspended,
+}
+
+impl NodeState {
+    /// States that end a TPU (§ conventions): preempted, suspending, suspended, terminated,
+    /// stopped, failed, deleting.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            NodeState::Preempted
+                | NodeState::Suspending
+                | NodeState::Suspended
+                | NodeState::Terminated
+                | NodeState::Stopped
+                | NodeState::Failed
+                | NodeState::Deleting
+        )
+    }
+}
+
+/// TPU node health.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Health {
+    /// Healthy (also the default when the API omits it).
+    #[default]
+    Healthy,
+    /// Unhealthy for an unspecified reason.
+    Unhealthy,
+    /// Unhealthy because of maintenance.
+    UnhealthyMaintenance,
+    /// Unhealthy TensorFlow runtime.
+    UnhealthyTensorflow,
+    /// Timed out.
+    Timeout,
+}
+
+impl NodeInfo {
+    /// READY and HEALTHY.
+    pub fn is_operational(&self) -> bool {
+        self.state == NodeState::Ready && self.health == Health::Healthy
+    }
+}
+
+/// A queued resource as the TPU API describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedResourceInfo {
+    /// Queued resource id.
+    pub name: String,
+    /// Zone.
+    pub zone: String,
+    /// Node id it provisions.
+    pub node_id: String,
+    /// Accelerator type.
+    pub tpu_type: TpuType,
+    /// State.
+    pub state: QrState,
+    /// Spot tier.
+    pub spot: bool,
+    /// Labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Queued resource states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum QrState {
+    /// Being created.
+    Creating,
+    /// Accepted (older API).
+    Accepted,
+    /// Waiting for capacity.
+    WaitingForResources,
+    /// Capacity found; the node is being provisioned.
+    Provisioning,
+    /// The node exists.
+    Active,
+    /// Failed (stays until deleted).
+    Failed,
+    /// Being deleted.
+    Deleting,
+    /// Being suspended.
+    Suspending,
+    /// Suspended.
+    Suspended,
+    /// Validity window ended.
+    Expired,
+}
+
+impl QrState {
+    /// Live: accepted, waiting, provisioning, creating or active.
+    pub fn is_live(self) -> bool {
+        matches!(
+            self,
+            QrState::Creating | QrState::Accepted | QrState::WaitingForResources | QrState::Provisioning | QrState::Active
+        )
+    }
+
+    /// Being deleted or suspended.
+    pub fn is_deleting(self) -> bool {
+        matches!(self, QrState::Deleting | QrState::Suspending)
+    }
+}
+
+/// What the workers of one attempt report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AttemptReport {
+    /// Every expected worker acknowledged the launch.
+    #[serde(default)]
+    pub launched: bool,
+    /// The last launch failed.
+    #[serde(default)]
+    pub launch_error: Option<RemoteError>,
+    /// The result of the last cancel.
+    #[serde(default)]
+    pub cancel: Option<CancelOutcome>,
+    /// Final status objects, one per worker that finished.
+    #[serde(default)]
+    pub statuses: Vec<WorkerStatus>,
+    /// Last heartbeat of the slowest live worker (absent before launch).
+    #[serde(default)]
+    pub heartbeat_at: Option<Timestamp>,
+}
+
+/// A failed remote operation (launch or cancel).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteError {
+    /// How to treat it.
+    pub kind: RemoteErrorKind,
+    /// Error text.
+    pub message: String,
+}
+
+/// Classes of remote-operation errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemoteErrorKind {
+    /// Connection trouble; try again.
+    Temporary,
+    /// The TPU no longer exists.
+    NotFound,
+    /// Anything else.
+    Hard,
+}
+
+/// Result of a remote cancel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum CancelOutcome {
+    /// The signal was sent to a running process.
+    Sent,
+    /// No process of the attempt runs on any worker (confirmed).
+    NotRunning,
+    /// A worker runs a different attempt.
+    AttemptMismatch,
+    /// The cancel itself failed.
+    Error {
+        /// The error.
+        error: RemoteError,
+    },
+}
+
+/// The final status object a worker writes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    /// Worker host name.
+    pub host: String,
+    /// Final state.
+    pub state: WorkerState,
+    /// Exit code of the command (absent if it never ran).
+    #[serde(default)]
+    pub command_exit_code: Option<i32>,
+    /// When the worker finished.
+    #[serde(default)]
+    pub finished_at: Option<Timestamp>,
+    /// An infrastructure failure the runner detected (slice failure, device busy).
+    #[serde(default)]
+    pub infrastructure_failure: Option<String>,
+    /// Uploading logs failed.
+    #[serde(default)]
+    pub artifact_upload_error: Option<String>,
+}
+
+/// A worker's final state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerState {
+    /// The command exited 0.
+    Succeeded,
+    /// The command exited non-zero.
+    Failed,
+    /// The runner's set-up failed before the command ran.
+    FailedSetup,
+    /// The command ran but its logs could not be uploaded.
+    FailedArtifacts,
+}
+
+/// A refused action.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionFailure {
+    /// The action that failed.
+    pub action: Action,
+    /// Why.
+    pub failure: CloudFailure,
+}
+
+/// Why the cloud refused an action. Data the engine plans around, never a panic.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "message")]
+pub enum CloudFailure {
+    /// No capacity of that type in that zone now.
+    Stockout(String),
+    /// Project quota exhausted.
+    QuotaExhausted(String),
+    /// HTTP 429: too many requests.
+    RateLimited(String),
+    /// The object does not exist (deletes treat this as success).
+    NotFound(String),
+    /// The object already exists.
+    AlreadyExists(String),
+    /// 5xx or a timeout: the outcome is unknown.
+    Unavailable(String),
+    /// Anything else (permission, bad request).
+    Permanent(String),
+}
+
+/// A request to the cloud. Idempotent by name: repeating one is harmless.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "action")]
+pub enum Action {
+    /// Request a Spot TPU through a queued resource.
+    CreateQueuedResource {
+        /// Queued resource id.
+        name: String,
+        /// Node id.
+        node_id: String,
+        /// Zone.
+        zone: String,
+        /// Accelerator type.
+        tpu_type: TpuType,
+        /// Runtime version.
+        runtime: String,
+        /// Fleet entry (label).
+        entry_id: String,
+    },
+    /// Delete a queued resource (and its node).
+    DeleteQueuedResource {
+        /// Queued resource id.
+        name: String,
+        /// Zone.
+        zone: String,
+    },
+    /// Delete a node.
+    DeleteNode {
+        /// Node id.
+        name: String,
+        /// Zone.
+        zone: String,
+    },
+    /// Start an attempt on every worker of a TPU (idempotent per attempt id).
+    Launch(Box<LaunchRequest>),
+    /// Stop an attempt on every worker (confirms when nothing of it runs).
+    Cancel {
+        /// Attempt to stop.
+        attempt_id: String,
+        /// Its job.
+        job_id: String,
+        /// Node.
+        tpu_name: String,
+        /// Zone.
+        zone: String,
+    },
+}
+
+/// Everything the workers need to run an attempt.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LaunchRequest {
+    /// Attempt id.
+    pub attempt_id: String,
+    /// Job id.
+    pub job_id: String,
+    /// Resource id.
+    pub resource_id: String,
+    /// Node.
+    pub tpu_name: String,
+    /// Zone.
+    pub zone: String,
+    /// Accelerator type.
+    pub tpu_type: TpuType,
+    /// Expected workers.
+    pub worker_count: u32,
+    /// The job's command.
+    pub command: String,
+    /// The job's bucket (`JOB_BUCKET`).
+    pub bucket: String,
+    /// Stable across retries: `<bucket>/jobs/<job>/checkpoints`.
+    pub checkpoint_dir: String,
+    /// The job's environment.
+    pub env: BTreeMap<String, String>,
+}
+
+impl Action {
+    /// A short kind name (for API call counts).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Action::CreateQueuedResource { .. } => "create_queued_resource",
+            Action::DeleteQueuedResource { .. } => "delete_queued_resource",
+            Action::DeleteNode { .. } => "delete_node",
+            Action::Launch(_) => "launch",
+            Action::Cancel { .. } => "cancel",
+        }
+    }
+}
+
+/// Something that happened, for the event log (one JSON line each).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// When.
+    pub at: Timestamp,
+    /// What (snake_case, stable names shared with the original where they exist).
+    pub kind: String,
+    /// Job concerned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+    /// Resource concerned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_id: Option<String>,
+    /// Attempt concerned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_id: Option<String>,
+    /// Details.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}

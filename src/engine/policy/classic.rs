@@ -1,0 +1,138 @@
+//! `classic`: tpu-runner 0.1.12's policy. Assignment by priority, then most constrained
+//! (fewest compatible entries), then FIFO, with augmenting paths that never drop an earlier
+//! job; capacity races every pending job across every compatible managed entry:
+//! desired = min(count, max(keep_warm_count, busy + demand)).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::cmp::Reverse;
+
+use super::matching::{ClassGraph, greedy_match};
+use super::{AssignInput, CapacityInput, Pair, Policy};
+use crate::engine::demand::Demand;
+use crate::engine::fleet_index::FleetIndex;
+use crate::engine::state::Resource;
+use crate::spec::EntryKind;
+
+/// The original's policy.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Classic;
+
+impl Policy for Classic {
+    fn name(&self) -> &'static str {
+        "classic"
+    }
+
+    fn assign(&self, input: &AssignInput<'_>) -> Vec<Pair> {
+        let order = priority_order(input.demand, |j| input.demand.jobs[j].assignable);
+        match_in_order(input.demand, &order, input.tpus)
+    }
+
+    fn desired_counts(&self, input: &CapacityInput<'_>) -> Vec<u32> {
+        let demand = input.demand;
+        // (1) Jobs the matcher can place on idle adopted TPUs need no new capacity.
+        let order = priority_order(demand, |j| input.waiting[j]);
+        let on_adopted: BTreeSet<usize> = match_in_order(demand, &order, input.idle_adopted).into_iter().map(|(j, _)| j).collect();
+        // (2) Racing demand: each waiting job adds one to every compatible managed entry that
+        // still has room (count - busy). That is order-independent: an entry's demand is the
+        // number of compatible waiting jobs, capped by its room.
+        let mut per_class = vec![0u64; demand.classes.len()];
+        for (j, job) in demand.jobs.iter().enumerate() {
+            if input.waiting[j] && !on_adopted.contains(&j) {
+                per_class[job.class as usize] += 1;
+            }
+        }
+        let mut compatible = vec![0u64; input.index.fleet.tpus.len()];
+        for (class, n) in demand.classes.iter().zip(&per_class) {
+            for &e in &class.entries {
+                compatible[e as usize] += n;
+            }
+        }
+        desired_from(input.index, input.busy, &compatible)
+    }
+}
+
+/// (3) desired = min(count, max(keep_warm_count, busy + min(count - busy, demand))).
+pub(super) fn desired_from(index: &FleetIndex, busy: &[u32], compatible_jobs: &[u64]) -> Vec<u32> {
+    index
+        .fleet
+        .tpus
+        .iter()
+        .enumerate()
+        .map(|(e, entry)| match entry.kind {
+            EntryKind::Adopted { .. } => 1,
+            EntryKind::Managed { count } => {
+                let room = count.saturating_sub(busy[e]);
+                let demand = compatible_jobs[e].min(room as u64) as u32;
+                count.min(entry.keep_warm_count.max(busy[e] + demand))
+            }
+        })
+        .collect()
+}
+
+/// Indices of `demand.jobs` passing `keep`, in the original's order: jobs with a compatible
+/// entry first, higher priority first, fewer compatible entries first, then FIFO, then id.
+pub(super) fn priority_order(demand: &Demand<'_>, keep: impl Fn(usize) -> bool) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..demand.jobs.len()).filter(|&j| keep(j)).collect();
+    order.sort_by_cached_key(|&j| {
+        let job = &demand.jobs[j];
+        let class = demand.class(job);
+        (
+            class.entries.is_empty(),
+            Reverse(job.job.spec.priority.rank()),
+            class.entries.len(),
+            job.job.submitted_at,
+            job.job.id.as_str(),
+        )
+    });
+    order
+}
+
+/// Matches jobs (`order`, indices into `demand.jobs`) to `tpus` with the class-graph matcher,
+/// then picks concrete TPUs: preferred class first, adopted first, lowest id.
+pub(super) fn match_in_order(demand: &Demand<'_>, order: &[usize], tpus: &[&Resource]) -> Vec<Pair> {
+    if order.is_empty() || tpus.is_empty() {
+        return Vec::new();
+    }
+    // TPU classes: same type and zone (and name, when some job pins that name) are
+    // interchangeable for every job. Class ids follow preference: adopted first, lowest id.
+    let pinned: BTreeSet<&str> = demand.classes.iter().filter_map(|c| c.req.tpu_name).collect();
+    let mut class_of_key: BTreeMap<(&crate::spec::TpuType, &str, Option<&str>), usize> = BTreeMap::new();
+    let mut members: Vec<VecDeque<usize>> = Vec::new();
+    let mut ranked: Vec<usize> = (0..tpus.len()).collect();
+    ranked.sort_by(|&a, &b| (!tpus[a].adopted, &tpus[a].id).cmp(&(!tpus[b].adopted, &tpus[b].id)));
+    for t in ranked {
+        let r = tpus[t];
+        let name = pinned.contains(r.tpu_name.as_str()).then_some(r.tpu_name.as_str());
+        let c = *class_of_key.entry((&r.tpu_type, r.zone.as_str(), name)).or_insert_with(|| {
+            members.push(VecDeque::new());
+            members.len() - 1
+        });
+        members[c].push_back(t);
+    }
+    // Job classes: the demand classes that occur, with their compatible TPU classes.
+    let mut job_class_of: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut compat: Vec<Vec<u32>> = Vec::new();
+    let job_classes: Vec<u32> = order
+        .iter()
+        .map(|&j| {
+            let dc = demand.jobs[j].class;
+            *job_class_of.entry(dc).or_insert_with(|| {
+                let req = demand.classes[dc as usize].req;
+                compat.push(
+                    (0..members.len())
+                        .filter(|&c| req.accepts_resource(tpus[members[c][0]]))
+                        .map(|c| c as u32)
+                        .collect(),
+                );
+                (compat.len() - 1) as u32
+            })
+        })
+        .collect();
+    let graph = ClassGraph { compat, capacity: members.iter().map(|m| m.len() as u32).collect() };
+    let classes = greedy_match(&graph, &job_classes);
+    order
+        .iter()
+        .zip(classes)
+        .filter_map(|(&j, c)| c.map(|c| (j, members[c as usize].pop_front().expect("class has a free TPU"))))
+        .collect()
+}

@@ -1,0 +1,67 @@
+//! Assignment and capacity policies behind one trait, so the simulator can compare them on
+//! the same workload. `classic` reproduces tpu-runner 0.1.12's decisions; others are
+//! registered in [`by_name`]. Policies are pure functions of their inputs.
+
+mod classic;
+pub mod matching;
+
+use std::fmt;
+
+pub use classic::Classic;
+
+use super::demand::Demand;
+use super::fleet_index::FleetIndex;
+use super::state::Resource;
+
+/// What a policy sees when assigning: pending jobs (by class) and the idle TPUs.
+#[derive(Clone, Copy, Debug)]
+pub struct AssignInput<'a> {
+    /// The fleet.
+    pub index: &'a FleetIndex,
+    /// Pending jobs; only `assignable` ones may be assigned.
+    pub demand: &'a Demand<'a>,
+    /// Idle, declared, unowned TPUs (adopted first, then by id).
+    pub tpus: &'a [&'a Resource],
+}
+
+/// What a policy sees when sizing capacity.
+#[derive(Clone, Copy, Debug)]
+pub struct CapacityInput<'a> {
+    /// The fleet.
+    pub index: &'a FleetIndex,
+    /// Pending jobs.
+    pub demand: &'a Demand<'a>,
+    /// Per pending job (same order as `demand.jobs`): still waiting after this pass's
+    /// assignment.
+    pub waiting: &'a [bool],
+    /// Per entry: busy resources.
+    pub busy: &'a [u32],
+    /// Idle, declared, unowned adopted TPUs still free after assignment.
+    pub idle_adopted: &'a [&'a Resource],
+}
+
+/// A pair chosen by a policy: indices into `demand.jobs` and `tpus`.
+pub type Pair = (usize, usize);
+
+/// An assignment and capacity policy.
+pub trait Policy: fmt::Debug + Send + Sync {
+    /// Name used on the command line and in reports.
+    fn name(&self) -> &'static str;
+    /// Which pending jobs go to which idle TPUs. Must never give a TPU twice, never pair
+    /// incompatible ones and never pick a job that is not assignable.
+    fn assign(&self, input: &AssignInput<'_>) -> Vec<Pair>;
+    /// Desired TPU count per fleet entry (entry order); adopted entries are ignored. Must not
+    /// exceed the entry's `count`.
+    fn desired_counts(&self, input: &CapacityInput<'_>) -> Vec<u32>;
+}
+
+/// Names of every registered policy.
+pub const NAMES: &[&str] = &["classic"];
+
+/// The policy called `name`.
+pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
+    match name {
+        "classic" => Some(Box::new(Classic)),
+        _ => None,
+    }
+}

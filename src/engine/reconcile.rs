@@ -1,0 +1,1222 @@
+//! One reconcile pass (§3.3, in the original's order): refresh records from the inventory,
+//! handle cancellations and interruptions, judge attempts, recycle and retire unusable TPUs,
+//! assign pending jobs, size capacity, launch new attempts. Input: fleet, state, observation,
+//! `now`; output: mutated state, actions, events and the next time a pass is needed.
+//! Level-triggered and idempotent: a pass never depends on why it ran.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::aggregate::{self, EXIT_RETRYABLE, FailureKind, Graces, Verdict};
+use super::config::{EngineConfig, backoff_secs};
+use super::demand::Demand;
+use super::fleet_index::FleetIndex;
+use super::observe::{
+    Action, ActionFailure, AttemptReport, CancelOutcome, CloudFailure, Event, LaunchRequest, NodeInfo, Observation,
+    QueuedResourceInfo, RemoteErrorKind,
+};
+use super::policy::{AssignInput, Policy};
+use super::state::{
+    Attempt, AttemptStatus, Backoff, EndReason, FailureCounter, InterruptionStatus, Job, JobStatus, Placement, Resource,
+    ResourceStatus, State,
+};
+use super::time::Timestamp;
+use crate::spec::fleet::SshTransport;
+use crate::spec::{ProvisioningModel, gcp, names};
+
+/// What one pass decided.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PassOutput {
+    /// Cloud and worker actions to carry out, in order.
+    pub actions: Vec<Action>,
+    /// Events for the log.
+    pub events: Vec<Event>,
+    /// The latest time the next pass should run even if nothing is observed to change.
+    pub next_wake: Option<Timestamp>,
+    /// Broken invariants (a bug): illegal transitions the engine refused to make.
+    pub violations: Vec<String>,
+}
+
+/// How an attempt ends.
+struct Finish<'s> {
+    attempt_status: AttemptStatus,
+    reason: EndReason,
+    job_status: JobStatus,
+    resource_status: ResourceStatus,
+    exit_code: Option<i32>,
+    summary: &'s str,
+    /// Counts towards the TPU's retryable-failure counter and the job's infra retry cap.
+    retryable: bool,
+    /// Recycle the TPU when its counter reaches this (0 = never).
+    recycle_threshold: u32,
+    /// The job must be in this status (else the finish is a no-op).
+    expected: JobStatus,
+}
+
+pub(crate) struct Pass<'a> {
+    pub(super) index: &'a FleetIndex,
+    pub(super) config: &'a EngineConfig,
+    pub(super) policy: &'a dyn Policy,
+    pub(super) state: &'a mut State,
+    pub(super) obs: &'a Observation,
+    pub(super) now: Timestamp,
+    pub(super) out: PassOutput,
+    pub(super) nodes: BTreeMap<&'a str, &'a NodeInfo>,
+    pub(super) qrs: BTreeMap<&'a str, &'a QueuedResourceInfo>,
+    pub(super) qr_by_node: BTreeMap<&'a str, &'a QueuedResourceInfo>,
+    /// Node and QR names deleted during this pass.
+    pub(super) deleted: BTreeSet<String>,
+    /// Attempts created by this pass's assignment (launched at the end).
+    pub(super) new_attempts: Vec<String>,
+}
+
+impl<'a> Pass<'a> {
+    pub(crate) fn new(
+        index: &'a FleetIndex,
+        config: &'a EngineConfig,
+        policy: &'a dyn Policy,
+        state: &'a mut State,
+        obs: &'a Observation,
+        now: Timestamp,
+    ) -> Pass<'a> {
+        let nodes = obs.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+        let qrs = obs.queued_resources.iter().map(|q| (q.name.as_str(), q)).collect();
+        let qr_by_node = obs.queued_resources.iter().map(|q| (q.node_id.as_str(), q)).collect();
+        Pass {
+            index,
+            config,
+            policy,
+            state,
+            obs,
+            now,
+            out: PassOutput::default(),
+            nodes,
+            qrs,
+            qr_by_node,
+            deleted: BTreeSet::new(),
+            new_attempts: Vec::new(),
+        }
+    }
+
+    pub(crate) fn run(mut self) -> PassOutput {
+        self.action_failures();
+        self.refresh_from_queued_resources();
+        self.refresh_from_ready_nodes();
+        self.cancellations();
+        self.interruptions();
+        self.attempts();
+        self.recycles();
+        self.unusable_resources();
+        self.assignment();
+        self.capacity();
+        self.launch_new_attempts();
+        self.out
+    }
+
+    // ----- helpers -------------------------------------------------------------------
+
+    pub(super) fn event(&mut self, kind: &str, job: Option<&str>, resource: Option<&str>, attempt: Option<&str>, detail: String) {
+        self.out.events.push(Event {
+            at: self.now,
+            kind: kind.to_owned(),
+            job_id: job.map(str::to_owned),
+            resource_id: resource.map(str::to_owned),
+            attempt_id: attempt.map(str::to_owned),
+            detail,
+        });
+    }
+
+    /// Emits `kind` only when the condition `key` changes to `value` (no repeats every pass).
+    pub(super) fn notice(&mut self, key: String, value: String, kind: &str, resource: Option<&str>) {
+        if self.state.notices.get(&key) != Some(&value) {
+            self.state.notices.insert(key, value.clone());
+            self.event(kind, None, resource, None, value);
+        }
+    }
+
+    pub(super) fn clear_notice(&mut self, key: &str) {
+        self.state.notices.remove(key);
+    }
+
+    pub(super) fn wake_at(&mut self, at: Timestamp) {
+        let at = at.max(self.now);
+        self.out.next_wake = Some(self.out.next_wake.map_or(at, |w| w.min(at)));
+    }
+
+    pub(super) fn violation(&mut self, what: impl std::fmt::Display) {
+        self.out.violations.push(what.to_string());
+    }
+
+    fn resource_id_for(&self, entry: usize, node_name: &str) -> String {
+        if self.index.entry(entry).is_adopted() { format!("adopted-{node_name}") } else { node_name.to_owned() }
+    }
+
+    /// A node that counts: present and matching its declared entry.
+    pub(super) fn matching_node(&self, resource: &Resource) -> Option<&'a NodeInfo> {
+        let node = *self.nodes.get(resource.tpu_name.as_str())?;
+        let entry = self.index.node_entry(node)?;
+        (self.index.entry(entry).id == resource.entry_id).then_some(node)
+    }
+
+    pub(super) fn matching_qr(&self, resource: &Resource) -> Option<&'a QueuedResourceInfo> {
+        let qr = *self.qrs.get(names::queued_resource_name(&resource.tpu_name).as_str())?;
+        let entry = self.index.queued_resource_entry(qr)?;
+        (self.index.entry(entry).id == resource.entry_id).then_some(qr)
+    }
+
+    pub(super) fn transport_ok(&self, node: &NodeInfo) -> bool {
+        match self.index.fleet.ssh_transport {
+            SshTransport::Direct => node.public_ip,
+            SshTransport::Iap => true,
+        }
+    }
+
+    pub(super) fn ready(&self, node: &NodeInfo) -> bool {
+        node.is_operational() && self.transport_ok(node)
+    }
+
+    /// A non-adopted declared ordinal of a managed Spot entry (eligible for recycling).
+    fn recyclable(&self, resource: &Resource) -> bool {
+        !resource.adopted
+            && self.index.is_declared(resource)
+            && self.index.entry_index(&resource.entry_id).is_some_and(|e| {
+                let entry = self.index.entry(e);
+                !entry.is_adopted() && entry.provisioning_model == ProvisioningModel::Spot
+            })
+    }
+
+    pub(super) fn delete_qr(&mut self, name: &str, zone: &str) {
+        if self.deleted.insert(name.to_owned()) {
+            self.out.actions.push(Action::DeleteQueuedResource { name: name.to_owned(), zone: zone.to_owned() });
+        }
+    }
+
+    pub(super) fn delete_node(&mut self, name: &str, zone: &str) {
+        if self.deleted.insert(name.to_owned()) {
+            self.out.actions.push(Action::DeleteNode { name: name.to_owned(), zone: zone.to_owned() });
+        }
+    }
+
+    fn set_resource_status(&mut self, id: &str, to: ResourceStatus) {
+        if let Some(r) = self.state.resources.get_mut(id)
+            && let Err(e) = r.set_status(to)
+        {
+            self.violation(e);
+        }
+    }
+
+    /// finish_attempt (§2.1) plus the rewrite's retry cap and backoff.
+    fn finish(&mut self, job_id: &str, f: Finish<'_>) -> bool {
+        let now = self.now;
+        let config = *self.config;
+        let Some(job) = self.state.jobs.get_mut(job_id) else { return false };
+        if job.status != f.expected {
+            return false;
+        }
+        let (Some(attempt_id), Some(resource_id)) = (job.current_attempt.clone(), job.assigned_resource.clone()) else {
+            self.out.violations.push(format!("finish of job {job_id} without a current attempt and resource"));
+            return false;
+        };
+        let Some(attempt) = job.attempt_mut() else {
+            self.out.violations.push(format!("job {job_id} points at missing attempt {attempt_id}"));
+            return false;
+        };
+        if let Err(e) = attempt.end(f.attempt_status, f.reason, f.exit_code, f.summary, now) {
+            self.out.violations.push(e.to_string());
+            return false;
+        }
+        let interrupted = f.attempt_status == AttemptStatus::Interrupted;
+        let mut job_status = f.job_status;
+        let mut end_reason = None;
+        if interrupted {
+            job.interruptions += 1;
+        }
+        if job_status == JobStatus::Pending && interrupted && !job.spec.retry_on_infrastructure_failure {
+            job_status = JobStatus::Failed;
+            end_reason = Some("interrupted with retry_on_infrastructure_failure: false".to_owned());
+        }
+        if job_status == JobStatus::Pending && f.retryable && f.reason == EndReason::Lost {
+            job.infra_failures += 1;
+            if job.infra_failures > config.max_infra_retries {
+                job_status = JobStatus::Failed;
+                end_reason = Some(format!("infrastructure_retries_exhausted after {} failures", job.infra_failures));
+            } else {
+                let wait = backoff_secs(config.infra_backoff_secs, config.infra_backoff_max_secs, job.infra_failures);
+                job.not_before = Some(now.plus_secs(wait));
+            }
+        }
+        if let Err(e) = job.transition(job_status, now) {
+            self.out.violations.push(e.to_string());
+            return false;
+        }
+        if job_status.is_terminal() {
+            job.end_reason = end_reason.or_else(|| Some(format!("{:?}", f.reason).to_lowercase()));
+        }
+        job.assigned_resource = None;
+        let not_before = job.not_before;
+        if let Some(t) = not_before.filter(|_| job_status == JobStatus::Pending) {
+            self.wake_at(t);
+        }
+        // The resource.
+        let Some(resource) = self.state.resources.get_mut(&resource_id) else { return true };
+        if !resource.owned_by(job_id, &attempt_id) {
+            self.out.violations.push(format!("resource {resource_id} does not own attempt {attempt_id} of {job_id}"));
+            return true;
+        }
+        let mut to = f.resource_status;
+        if f.retryable {
+            let count = match &resource.retryable_failures {
+                Some(c) if c.job_id == job_id => c.count + 1,
+                _ => 1,
+            };
+            resource.retryable_failures = Some(FailureCounter { job_id: job_id.to_owned(), attempt_id: None, count });
+            if f.recycle_threshold > 0 && count >= f.recycle_threshold {
+                to = ResourceStatus::Recycling;
+            }
+        } else {
+            resource.retryable_failures = None;
+        }
+        if let Err(e) = resource.release(to, now) {
+            self.out.violations.push(e.to_string());
+        }
+        if to == ResourceStatus::Recycling {
+            let count = resource.retryable_failures.as_ref().map_or(0, |c| c.count);
+            self.event("retryable_infrastructure_recycle_scheduled", Some(job_id), Some(&resource_id), Some(&attempt_id), format!("failure_count={count}"));
+        }
+        true
+    }
+
+    /// Mark preempted (§3.8): an owned TPU loses its attempt; an unowned one is just gone.
+    pub(super) fn mark_preempted(&mut self, resource_id: &str) {
+        let Some(resource) = self.state.resources.get(resource_id) else { return };
+        if let Some(owner) = resource.owner.clone() {
+            let status = self.state.jobs.get(&owner.job_id).map(|j| j.status);
+            let attempt_ok = self.state.jobs.get(&owner.job_id).and_then(Job::attempt).is_some_and(|a| a.id == owner.attempt_id);
+            if attempt_ok && status == Some(JobStatus::Cancelling) {
+                let done = self.finish(&owner.job_id, Finish {
+                    attempt_status: AttemptStatus::Cancelled,
+                    reason: EndReason::Cancelled,
+                    job_status: JobStatus::Deactivated,
+                    resource_status: ResourceStatus::Preempted,
+                    exit_code: None,
+                    summary: "TPU lost while cancelling",
+                    retryable: false,
+                    recycle_threshold: 0,
+                    expected: JobStatus::Cancelling,
+                });
+                if done {
+                    self.event("job_cancelled", Some(&owner.job_id), Some(resource_id), Some(&owner.attempt_id), "tpu lost".into());
+                }
+                return;
+            }
+            if attempt_ok && status == Some(JobStatus::Running) {
+                let done = self.finish(&owner.job_id, Finish {
+                    attempt_status: AttemptStatus::Interrupted,
+                    reason: EndReason::Preempted,
+                    job_status: JobStatus::Pending,
+                    resource_status: ResourceStatus::Preempted,
+                    exit_code: None,
+                    summary: "TPU preempted or lost",
+                    retryable: false,
+                    recycle_threshold: 0,
+                    expected: JobStatus::Running,
+                });
+                if done {
+                    let requeued = self.state.jobs.get(&owner.job_id).is_some_and(|j| j.status == JobStatus::Pending);
+                    let detail = if requeued { "reason=preempted; requeued" } else { "reason=preempted; retry disabled" };
+                    self.event("job_interrupted", Some(&owner.job_id), Some(resource_id), Some(&owner.attempt_id), detail.into());
+                }
+                return;
+            }
+        }
+        let now = self.now;
+        if let Some(r) = self.state.resources.get_mut(resource_id) {
+            r.retryable_failures = None;
+            if let Err(e) = r.release(ResourceStatus::Preempted, now) {
+                self.out.violations.push(e.to_string());
+            }
+            r.idle_since = None;
+            r.provisioning_node_seen_at = None;
+            r.provisioning_node_missing_since = None;
+        }
+    }
+
+    // ----- step 0: refusals of the previous pass ---------------------------------------
+
+    fn action_failures(&mut self) {
+        let failures: &'a [ActionFailure] = &self.obs.failures;
+        for failure in failures {
+            if let Action::CreateQueuedResource { entry_id, name, .. } = &failure.action {
+                let (pause, reason) = match &failure.failure {
+                    CloudFailure::AlreadyExists(_) | CloudFailure::NotFound(_) => continue,
+                    CloudFailure::Stockout(m) => (true, format!("stockout: {m}")),
+                    CloudFailure::QuotaExhausted(m) => (true, format!("quota exhausted: {m}")),
+                    CloudFailure::RateLimited(m) => (true, format!("rate limited: {m}")),
+                    CloudFailure::Unavailable(m) => (true, format!("unavailable: {m}")),
+                    CloudFailure::Permanent(m) => (true, format!("refused: {m}")),
+                };
+                if pause {
+                    let failures = self.state.entry_backoff.get(entry_id).map_or(0, |b| b.failures) + 1;
+                    let wait = backoff_secs(self.config.create_backoff_secs, self.config.create_backoff_max_secs, failures);
+                    let until = self.now.plus_secs(wait);
+                    self.state.entry_backoff.insert(entry_id.clone(), Backoff { failures, until, reason: reason.clone() });
+                    self.event("queued_resource_create_failed", None, Some(name), None, format!("entry={entry_id}; {reason}; retry after {wait}s"));
+                    self.wake_at(until);
+                }
+            }
+        }
+    }
+
+    // ----- step 2: QR refresh ---------------------------------------------------------
+
+    fn refresh_from_queued_resources(&mut self) {
+        let qrs: &'a [QueuedResourceInfo] = &self.obs.queued_resources;
+        for qr in qrs {
+            if !qr.state.is_live() {
+                continue;
+            }
+            let Some(entry_index) = self.index.queued_resource_entry(qr) else { continue };
+            let entry = self.index.entry(entry_index);
+            // A request of this entry exists: a refusal backoff has done its job.
+            self.state.entry_backoff.remove(&entry.id);
+            match self.state.resources.get_mut(&qr.node_id) {
+                None => {
+                    self.state.resources.insert(qr.node_id.clone(), Resource {
+                        id: qr.node_id.clone(),
+                        tpu_name: qr.node_id.clone(),
+                        zone: entry.zone.clone(),
+                        tpu_type: entry.tpu_type.clone(),
+                        entry_id: entry.id.clone(),
+                        adopted: false,
+                        status: ResourceStatus::Provisioning,
+                        owner: None,
+                        worker_count: 1,
+                        idle_since: None,
+                        provisioning_node_seen_at: None,
+                        provisioning_node_missing_since: None,
+                        retryable_failures: None,
+                        cancellation_failures: None,
+                    });
+                }
+                // A new incarnation of a TPU that was gone. Records being recycled, drained or
+                // waited on are left alone (the original reset them, losing recycles: §9.1 #9).
+                Some(r) if r.status.is_gone() && r.owner.is_none() => {
+                    r.zone = entry.zone.clone();
+                    r.tpu_type = entry.tpu_type.clone();
+                    r.entry_id = entry.id.clone();
+                    r.status = ResourceStatus::Provisioning;
+                    r.idle_since = None;
+                    r.provisioning_node_seen_at = None;
+                    r.provisioning_node_missing_since = None;
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    // ----- step 3: ready refresh --------------------------------------------------------
+
+    fn refresh_from_ready_nodes(&mut self) {
+        let nodes: &'a [NodeInfo] = &self.obs.nodes;
+        let now = self.now;
+        for node in nodes {
+            let Some(entry_index) = self.index.node_entry(node) else { continue };
+            let entry = self.index.entry(entry_index);
+            let id = self.resource_id_for(entry_index, &node.name);
+            let ready = self.ready(node);
+            match self.state.resources.get_mut(&id) {
+                Some(r) if ready => {
+                    r.zone = entry.zone.clone();
+                    r.tpu_type = entry.tpu_type.clone();
+                    r.entry_id = entry.id.clone();
+                    r.adopted = entry.is_adopted();
+                    r.worker_count = node.worker_count.max(1);
+                    if r.owner.is_some() {
+                        if r.status != ResourceStatus::Busy {
+                            let _ = r.set_status(ResourceStatus::Busy);
+                        }
+                    } else if matches!(
+                        r.status,
+                        ResourceStatus::Deleted | ResourceStatus::Preempted | ResourceStatus::Provisioning | ResourceStatus::Unavailable
+                    ) {
+                        r.retryable_failures = None;
+                        r.cancellation_failures = None;
+                        if let Err(e) = r.release(ResourceStatus::Idle, now) {
+                            self.out.violations.push(e.to_string());
+                        }
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    let status = if ready { ResourceStatus::Idle } else { ResourceStatus::Unavailable };
+                    self.state.resources.insert(id.clone(), Resource {
+                        id: id.clone(),
+                        tpu_name: node.name.clone(),
+                        zone: entry.zone.clone(),
+                        tpu_type: entry.tpu_type.clone(),
+                        entry_id: entry.id.clone(),
+                        adopted: entry.is_adopted(),
+                        status,
+                        owner: None,
+                        worker_count: node.worker_count.max(1),
+                        idle_since: (ready && !entry.is_adopted()).then_some(now),
+                        provisioning_node_seen_at: None,
+                        provisioning_node_missing_since: None,
+                        retryable_failures: None,
+                        cancellation_failures: None,
+                    });
+                }
+            }
+        }
+    }
+
+    // ----- step 5: cancellations and interruptions --------------------------------------
+
+    fn report(&self, attempt_id: &str) -> Option<&'a AttemptReport> {
+        self.obs.attempts.get(attempt_id)
+    }
+
+    fn graces(&self) -> Graces {
+        Graces {
+            partial_failure_secs: self.config.partial_failure_grace_secs,
+            partial_success_secs: self.config.partial_success_grace_secs,
+        }
+    }
+
+    fn cancellations(&mut self) {
+        let cancelling: Vec<String> =
+            self.state.jobs.values().filter(|j| j.status == JobStatus::Cancelling).map(|j| j.id.clone()).collect();
+        for job_id in cancelling {
+            let job = &self.state.jobs[&job_id];
+            let (Some(attempt), Some(resource_id)) = (job.attempt().cloned(), job.assigned_resource.clone()) else { continue };
+            let Some(resource) = self.state.resources.get(&resource_id).cloned() else { continue };
+            let report = self.report(&attempt.id);
+            let statuses = report.map_or(&[][..], |r| &r.statuses[..]);
+            let verdict = aggregate::aggregate(statuses, resource.worker_count, self.now, self.graces());
+            let finished_remotely = !matches!(verdict, Verdict::Incomplete { .. });
+            let outcome = report.and_then(|r| r.cancel.clone());
+            let exit_code = match &verdict {
+                Verdict::Succeeded => Some(0),
+                Verdict::Failed { exit_code, .. } => Some(*exit_code),
+                Verdict::Retryable { .. } => Some(EXIT_RETRYABLE),
+                Verdict::Incomplete { .. } => None,
+            };
+            if finished_remotely || outcome == Some(CancelOutcome::NotRunning) {
+                let done = self.finish(&job_id, Finish {
+                    attempt_status: AttemptStatus::Cancelled,
+                    reason: EndReason::Cancelled,
+                    job_status: JobStatus::Deactivated,
+                    resource_status: ResourceStatus::Idle,
+                    exit_code,
+                    summary: "cancelled",
+                    retryable: false,
+                    recycle_threshold: 0,
+                    expected: JobStatus::Cancelling,
+                });
+                if done {
+                    self.event("job_cancelled", Some(&job_id), Some(&resource_id), Some(&attempt.id), String::new());
+                }
+                continue;
+            }
+            let failure = match &outcome {
+                None | Some(CancelOutcome::NotRunning) => None,
+                Some(CancelOutcome::Sent) => {
+                    if let Some(r) = self.state.resources.get_mut(&resource_id) {
+                        r.cancellation_failures = None;
+                    }
+                    None
+                }
+                Some(CancelOutcome::AttemptMismatch) => Some("attempt mismatch".to_owned()),
+                Some(CancelOutcome::Error { error }) => Some(error.message.clone()),
+            };
+            if let Some(error) = failure {
+                self.note_cancellation_failure(&job_id, &attempt, &resource, &error);
+                if self.state.jobs.get(&job_id).is_some_and(|j| j.status != JobStatus::Cancelling) {
+                    continue;
+                }
+            }
+            self.out.actions.push(Action::Cancel {
+                attempt_id: attempt.id.clone(),
+                job_id: job_id.clone(),
+                tpu_name: resource.tpu_name.clone(),
+                zone: resource.zone.clone(),
+            });
+        }
+    }
+
+    /// Counts a failed cancel; at the threshold the attempt is given up: the job is
+    /// deactivated and the TPU recycled (managed Spot) or, for adopted and on-demand TPUs
+    /// that cannot be recycled, released (the next launch kills leftovers). The original
+    /// never escalated those (§9.1 #8).
+    fn note_cancellation_failure(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource, error: &str) {
+        let count = match &resource.cancellation_failures {
+            Some(c) if c.job_id == job_id && c.attempt_id.as_deref() == Some(&attempt.id) => c.count + 1,
+            _ => 1,
+        };
+        if let Some(r) = self.state.resources.get_mut(&resource.id) {
+            r.cancellation_failures = Some(FailureCounter { job_id: job_id.into(), attempt_id: Some(attempt.id.clone()), count });
+        }
+        if count < self.config.cancel_escalation {
+            self.event("job_cancel_failure_recorded", Some(job_id), Some(&resource.id), Some(&attempt.id), format!("failure_count={count}; {error}"));
+            return;
+        }
+        let recyclable = self.recyclable(resource);
+        let to = if recyclable { ResourceStatus::Recycling } else { ResourceStatus::Unavailable };
+        let done = self.finish(job_id, Finish {
+            attempt_status: AttemptStatus::Cancelled,
+            reason: EndReason::Cancelled,
+            job_status: JobStatus::Deactivated,
+            resource_status: to,
+            exit_code: None,
+            summary: error,
+            retryable: false,
+            recycle_threshold: 0,
+            expected: JobStatus::Cancelling,
+        });
+        if done {
+            let kind = if recyclable { "job_cancel_recycle_scheduled" } else { "job_cancel_escalated" };
+            self.event(kind, Some(job_id), Some(&resource.id), Some(&attempt.id), format!("failure_count={count}; {error}"));
+        }
+    }
+
+    fn interruptions(&mut self) {
+        let requested: Vec<String> = self
+            .state
+            .interruption_requests
+            .values()
+            .filter(|r| r.status == InterruptionStatus::Requested)
+            .map(|r| r.id.clone())
+            .collect();
+        for id in requested {
+            let request = self.state.interruption_requests[&id].clone();
+            let rejection = self.validate_interruption(&request);
+            let now = self.now;
+            let req = self.state.interruption_requests.get_mut(&id).expect("listed above");
+            if let Err(reason) = rejection {
+                req.error_summary = reason.clone();
+                let _ = req.transition(InterruptionStatus::Rejected, now);
+                self.event("controlled_interruption_rejected", Some(&request.job_id), Some(&request.resource_id), Some(&request.attempt_id), reason);
+                continue;
+            }
+            let _ = req.transition(InterruptionStatus::Processing, now);
+            let qr_name = names::queued_resource_name(&self.state.resources[&request.resource_id].tpu_name);
+            let zone = self.state.resources[&request.resource_id].zone.clone();
+            self.delete_qr(&qr_name, &zone);
+            let req = self.state.interruption_requests.get_mut(&id).expect("listed above");
+            req.queued_resource_name = Some(qr_name);
+            let _ = req.transition(InterruptionStatus::DeletionRequested, now);
+            let done = self.finish(&request.job_id, Finish {
+                attempt_status: AttemptStatus::Interrupted,
+                reason: EndReason::Lost,
+                job_status: JobStatus::Pending,
+                resource_status: ResourceStatus::Draining,
+                exit_code: Some(EXIT_RETRYABLE),
+                summary: "controlled managed-Spot interruption",
+                retryable: false,
+                recycle_threshold: 0,
+                expected: JobStatus::Running,
+            });
+            let kind = if !done {
+                "controlled_interruption_attempt_requeue_failed"
+            } else if self.state.jobs[&request.job_id].status == JobStatus::Pending {
+                "controlled_interruption_attempt_requeued"
+            } else {
+                "controlled_interruption_attempt_retry_suppressed"
+            };
+            self.event(kind, Some(&request.job_id), Some(&request.resource_id), Some(&request.attempt_id), String::new());
+            self.event("controlled_interruption_deletion_requested", Some(&request.job_id), Some(&request.resource_id), None, String::new());
+        }
+    }
+
+    fn validate_interruption(&self, request: &super::state::InterruptionRequest) -> Result<(), String> {
+        let resource = self.state.resources.get(&request.resource_id).ok_or("unknown resource")?;
+        let entry = self.index.entry_index(&resource.entry_id).map(|e| self.index.entry(e)).ok_or("fleet entry no longer exists")?;
+        if entry.is_adopted() || entry.provisioning_model != ProvisioningModel::Spot || resource.adopted {
+            return Err("only managed Spot TPUs can be interrupted".into());
+        }
+        if entry.id != request.entry_id {
+            return Err("the TPU's fleet entry changed".into());
+        }
+        if !self.index.is_declared(resource) {
+            return Err("the TPU is not a declared ordinal".into());
+        }
+        let job = self.state.jobs.get(&request.job_id).ok_or("unknown job")?;
+        let attempt = job.attempt().ok_or("the job has no current attempt")?;
+        let reciprocal = resource.owned_by(&request.job_id, &request.attempt_id)
+            && job.status == JobStatus::Running
+            && job.assigned_resource.as_deref() == Some(&resource.id)
+            && attempt.id == request.attempt_id
+            && !attempt.status.is_terminal()
+            && attempt.resource_id == resource.id;
+        if !reciprocal {
+            return Err("the TPU does not run that attempt of that job".into());
+        }
+        let node = self.matching_node(resource).ok_or("no matching TPU VM")?;
+        if !self.ready(node) || node.state.is_terminal() || !node.spot {
+            return Err("the TPU VM is not ready".into());
+        }
+        let qr = self.matching_qr(resource).ok_or("no matching queued resource")?;
+        if !qr.state.is_live() || qr.state.is_deleting() {
+            return Err("the queued resource is not live".into());
+        }
+        if node.queued_resource.as_deref().is_some_and(|q| q != qr.name) {
+            return Err("the TPU points at a different queued resource".into());
+        }
+        Ok(())
+    }
+
+    // ----- step 6: attempts -------------------------------------------------------------
+
+    fn attempts(&mut self) {
+        let running: Vec<String> =
+            self.state.jobs.values().filter(|j| j.status == JobStatus::Running).map(|j| j.id.clone()).collect();
+        for job_id in running {
+            let job = &self.state.jobs[&job_id];
+            let (Some(attempt), Some(resource_id)) = (job.attempt().cloned(), job.assigned_resource.clone()) else {
+                self.violation(format!("running job {job_id} without attempt or resource"));
+                continue;
+            };
+            let Some(resource) = self.state.resources.get(&resource_id).cloned() else { continue };
+            if !resource.owned_by(&job_id, &attempt.id) || attempt.resource_id != resource_id {
+                self.violation(format!("running job {job_id} and resource {resource_id} disagree on ownership"));
+                continue;
+            }
+            match attempt.status {
+                AttemptStatus::Launching => self.launching(&job_id, &attempt, &resource),
+                AttemptStatus::Running => self.running(&job_id, &attempt, &resource),
+                _ => self.violation(format!("running job {job_id} has ended attempt {}", attempt.id)),
+            }
+        }
+    }
+
+    fn launch_action(&self, job_id: &str, attempt: &Attempt, resource: &Resource) -> Action {
+        let job = &self.state.jobs[job_id];
+        let bucket = job.placement.as_ref().map(|p| p.bucket.clone()).unwrap_or_default();
+        Action::Launch(Box::new(LaunchRequest {
+            attempt_id: attempt.id.clone(),
+            job_id: job_id.to_owned(),
+            resource_id: resource.id.clone(),
+            tpu_name: resource.tpu_name.clone(),
+            zone: resource.zone.clone(),
+            tpu_type: resource.tpu_type.clone(),
+            worker_count: resource.worker_count,
+            command: job.spec.command.clone(),
+            checkpoint_dir: format!("{bucket}/jobs/{job_id}/checkpoints"),
+            bucket,
+            env: job.spec.env.clone(),
+        }))
+    }
+
+    fn cancel_action(job_id: &str, attempt: &Attempt, resource: &Resource) -> Action {
+        Action::Cancel {
+            attempt_id: attempt.id.clone(),
+            job_id: job_id.to_owned(),
+            tpu_name: resource.tpu_name.clone(),
+            zone: resource.zone.clone(),
+        }
+    }
+
+    fn launching(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource) {
+        let report = self.report(&attempt.id);
+        if attempt.failed_launch {
+            // A hard launch failure waits for confirmed cleanup before it ends.
+            let confirmed = report.and_then(|r| r.cancel.as_ref()) == Some(&CancelOutcome::NotRunning);
+            let give_up = attempt.launch_failures >= self.config.max_launch_failures + self.config.max_cleanup_failures;
+            if confirmed || give_up {
+                let summary = attempt.error_summary.clone();
+                let to = if confirmed {
+                    ResourceStatus::Idle
+                } else if self.recyclable(resource) {
+                    ResourceStatus::Recycling
+                } else {
+                    ResourceStatus::Unavailable
+                };
+                if self.finish(job_id, Finish {
+                    attempt_status: AttemptStatus::FailedSetup,
+                    reason: EndReason::SetupFailed,
+                    job_status: JobStatus::Failed,
+                    resource_status: to,
+                    exit_code: Some(2),
+                    summary: &summary,
+                    retryable: false,
+                    recycle_threshold: 0,
+                    expected: JobStatus::Running,
+                }) {
+                    self.event("job_failed", Some(job_id), Some(&resource.id), Some(&attempt.id), "exit_code=2; launch failed".into());
+                }
+            } else {
+                self.bump_launch_failures(job_id);
+                self.event("failed_launch_cleanup_pending", Some(job_id), Some(&resource.id), Some(&attempt.id), String::new());
+                self.out.actions.push(Self::cancel_action(job_id, attempt, resource));
+            }
+            return;
+        }
+        let statuses_present = report.is_some_and(|r| !r.statuses.is_empty());
+        if report.is_some_and(|r| r.launched) || statuses_present {
+            let now = self.now;
+            if let Some(a) = self.state.jobs.get_mut(job_id).and_then(Job::attempt_mut)
+                && let Err(e) = a.start(now)
+            {
+                self.out.violations.push(e.to_string());
+            }
+            self.event("distributed_job_launched", Some(job_id), Some(&resource.id), Some(&attempt.id), format!("workers={}", resource.worker_count));
+            let started = self.state.jobs[job_id].attempt().cloned().expect("current attempt");
+            self.running(job_id, &started, resource);
+            return;
+        }
+        match report.and_then(|r| r.launch_error.clone()) {
+            None => self.out.actions.push(self.launch_action(job_id, attempt, resource)),
+            Some(err) if err.kind == RemoteErrorKind::NotFound && self.recyclable(resource) => {
+                let summary = format!("managed Spot TPU vanished during setup: {}", err.message);
+                self.retryable_failure(job_id, attempt, resource, &summary, 1);
+            }
+            Some(err) if err.kind == RemoteErrorKind::Hard => {
+                let summary = format!("failed_setup: {}", err.message);
+                if let Some(a) = self.state.jobs.get_mut(job_id).and_then(Job::attempt_mut) {
+                    a.failed_launch = true;
+                    a.error_summary = super::state::last_chars(&summary, 4000);
+                }
+                self.out.actions.push(Self::cancel_action(job_id, attempt, resource));
+            }
+            Some(err) => {
+                // Temporary (or NotFound on a TPU that cannot be recycled): retry, bounded.
+                let failures = self.bump_launch_failures(job_id);
+                let age_ok = !self.now.elapsed_since(attempt.created_at, self.config.stale_launch_secs);
+                self.event("controller_temporary_access_error", Some(job_id), Some(&resource.id), Some(&attempt.id), err.message.clone());
+                if failures < self.config.max_launch_failures && age_ok {
+                    self.out.actions.push(self.launch_action(job_id, attempt, resource));
+                    self.wake_at(attempt.created_at.plus_secs(self.config.stale_launch_secs));
+                } else {
+                    let summary = format!("launch kept failing ({failures} tries): {}", err.message);
+                    let threshold = if self.recyclable(resource) { 1 } else { 0 };
+                    self.retryable_failure(job_id, attempt, resource, &summary, threshold);
+                    if !self.recyclable(resource)
+                        && let Some(r) = self.state.resources.get_mut(&resource.id)
+                        && r.status == ResourceStatus::Idle
+                    {
+                        let _ = r.set_status(ResourceStatus::Unavailable);
+                    }
+                }
+            }
+        }
+    }
+
+    fn bump_launch_failures(&mut self, job_id: &str) -> u32 {
+        self.state.jobs.get_mut(job_id).and_then(Job::attempt_mut).map_or(0, |a| {
+            a.launch_failures += 1;
+            a.launch_failures
+        })
+    }
+
+    fn running(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource) {
+        let report = self.report(&attempt.id);
+        let statuses = report.map_or(&[][..], |r| &r.statuses[..]);
+        let verdict = aggregate::aggregate(statuses, resource.worker_count, self.now, self.graces());
+        let complete = !matches!(verdict, Verdict::Incomplete { .. });
+        if complete && statuses.len() < resource.worker_count as usize {
+            // Stop the workers that are still running before the TPU is reused.
+            self.out.actions.push(Self::cancel_action(job_id, attempt, resource));
+        }
+        match verdict {
+            Verdict::Incomplete { recheck_at } => {
+                if let Some(t) = recheck_at {
+                    self.wake_at(t);
+                }
+                let heartbeat = report.and_then(|r| r.heartbeat_at).or(attempt.started_at).unwrap_or(attempt.created_at);
+                let deadline = heartbeat.plus_secs(self.config.heartbeat_timeout_secs);
+                if self.now >= deadline {
+                    let summary = format!("no heartbeat from the workers since {heartbeat}");
+                    self.retryable_failure(job_id, attempt, resource, &summary, 0);
+                } else {
+                    self.wake_at(deadline);
+                }
+            }
+            Verdict::Succeeded => {
+                if self.finish(job_id, Finish {
+                    attempt_status: AttemptStatus::Succeeded,
+                    reason: EndReason::Succeeded,
+                    job_status: JobStatus::Succeeded,
+                    resource_status: ResourceStatus::Idle,
+                    exit_code: Some(0),
+                    summary: "",
+                    retryable: false,
+                    recycle_threshold: 0,
+                    expected: JobStatus::Running,
+                }) {
+                    self.event("job_succeeded", Some(job_id), Some(&resource.id), Some(&attempt.id), String::new());
+                }
+            }
+            Verdict::Failed { exit_code, kind, summary } => {
+                let (status, reason) = match kind {
+                    FailureKind::Setup => (AttemptStatus::FailedSetup, EndReason::SetupFailed),
+                    FailureKind::Command | FailureKind::Artifacts => (AttemptStatus::Failed, EndReason::ApplicationFailed),
+                };
+                if self.finish(job_id, Finish {
+                    attempt_status: status,
+                    reason,
+                    job_status: JobStatus::Failed,
+                    resource_status: ResourceStatus::Idle,
+                    exit_code: Some(exit_code),
+                    summary: &summary,
+                    retryable: false,
+                    recycle_threshold: 0,
+                    expected: JobStatus::Running,
+                }) {
+                    self.event("job_failed", Some(job_id), Some(&resource.id), Some(&attempt.id), format!("exit_code={exit_code}; {kind:?}").to_lowercase());
+                }
+            }
+            Verdict::Retryable { recycle, summary } => {
+                let threshold = if recycle {
+                    1
+                } else if self.recyclable(resource) {
+                    self.config.recycle_threshold
+                } else {
+                    0
+                };
+                self.retryable_failure(job_id, attempt, resource, &summary, threshold);
+            }
+        }
+    }
+
+    /// §3.4.1: requeue (pinned), count against the TPU and the job's retry cap.
+    fn retryable_failure(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource, summary: &str, threshold: u32) {
+        let threshold = if self.recyclable(resource) { threshold } else { 0 };
+        let done = self.finish(job_id, Finish {
+            attempt_status: AttemptStatus::Interrupted,
+            reason: EndReason::Lost,
+            job_status: JobStatus::Pending,
+            resource_status: ResourceStatus::Idle,
+            exit_code: Some(EXIT_RETRYABLE),
+            summary,
+            retryable: true,
+            recycle_threshold: threshold,
+            expected: JobStatus::Running,
+        });
+        if done {
+            let job = &self.state.jobs[job_id];
+            let detail = match job.status {
+                JobStatus::Pending => format!("reason=retryable_infrastructure; exit_code=75; requeued; {summary}"),
+                _ => format!("reason=retryable_infrastructure; exit_code=75; {}", job.end_reason.clone().unwrap_or_default()),
+            };
+            self.event("job_interrupted", Some(job_id), Some(&resource.id), Some(&attempt.id), detail);
+        }
+    }
+
+    // ----- step 7: recycles, unusable resources -----------------------------------------
+
+    fn recycles(&mut self) {
+        let ids: Vec<String> = self
+            .state
+            .resources
+            .values()
+            .filter(|r| matches!(r.status, ResourceStatus::Recycling | ResourceStatus::RecyclingRequested))
+            .map(|r| r.id.clone())
+            .collect();
+        for id in ids {
+            let resource = self.state.resources[&id].clone();
+            if !self.recyclable(&resource) {
+                // The original left these `recycling` and repeated the rejection every pass.
+                self.event("retryable_infrastructure_recycle_rejected", None, Some(&id), None, "not a declared managed Spot TPU".into());
+                self.set_resource_status(&id, ResourceStatus::Unavailable);
+                continue;
+            }
+            let reason = if resource.cancellation_failures.as_ref().is_some_and(|c| c.count >= self.config.cancel_escalation) {
+                "stuck_cancellation"
+            } else {
+                "repeated_retryable_infrastructure_failure"
+            };
+            if let Some(qr) = self.matching_qr(&resource) {
+                if !qr.state.is_deleting() && resource.status == ResourceStatus::Recycling {
+                    self.delete_qr(&qr.name, &qr.zone);
+                    self.event("retryable_infrastructure_recycle_requested", None, Some(&id), None, format!("reason={reason}"));
+                    self.set_resource_status(&id, ResourceStatus::RecyclingRequested);
+                }
+                continue;
+            }
+            if let Some(node) = self.matching_node(&resource) {
+                if !node.state.is_terminal() && resource.status == ResourceStatus::Recycling {
+                    self.delete_node(&node.name, &node.zone);
+                    self.event("retryable_infrastructure_tpu_recycle_requested", None, Some(&id), None, format!("reason={reason}:queued_resource_absent"));
+                    self.set_resource_status(&id, ResourceStatus::RecyclingRequested);
+                }
+                continue;
+            }
+            let now = self.now;
+            if let Some(r) = self.state.resources.get_mut(&id) {
+                r.retryable_failures = None;
+                r.cancellation_failures = None;
+                let _ = r.release(ResourceStatus::Preempted, now);
+            }
+            self.event("retryable_infrastructure_recycle_completed", None, Some(&id), None, String::new());
+        }
+    }
+
+    fn unusable_resources(&mut self) {
+        let ids: Vec<String> = self.state.resources.keys().cloned().collect();
+        for id in ids {
+            let resource = self.state.resources[&id].clone();
+            if matches!(resource.status, ResourceStatus::Recycling | ResourceStatus::RecyclingRequested) {
+                continue;
+            }
+            if self.index.owns_record(&resource).is_none() {
+                self.orphaned_record(&resource);
+                continue;
+            }
+            let qr = if resource.adopted { None } else { self.matching_qr(&resource) };
+            // (a) a terminal QR ends the TPU, even if the node still looks ready.
+            if let Some(qr) = qr
+                && !qr.state.is_live()
+                && !qr.state.is_deleting()
+            {
+                if !resource.status.is_gone() || resource.owner.is_some() {
+                    self.mark_preempted(&id);
+                }
+                continue;
+            }
+            let node = self.matching_node(&resource).filter(|_| self.index.is_declared(&resource));
+            // (b) healthy and in use: nothing to do.
+            if let Some(n) = node
+                && self.ready(n)
+                && resource.status != ResourceStatus::Draining
+            {
+                if resource.provisioning_node_seen_at.is_some() || resource.provisioning_node_missing_since.is_some() {
+                    let r = self.state.resources.get_mut(&id).expect("exists");
+                    r.provisioning_node_seen_at = None;
+                    r.provisioning_node_missing_since = None;
+                }
+                continue;
+            }
+            if resource.adopted {
+                // (c) adopted TPUs are never deleted.
+                match node {
+                    Some(n) if !n.state.is_terminal() => {
+                        if resource.owner.is_none() && resource.status != ResourceStatus::Unavailable {
+                            self.set_resource_status(&id, ResourceStatus::Unavailable);
+                        }
+                    }
+                    _ => {
+                        if resource.owner.is_some() {
+                            self.mark_preempted(&id);
+                        } else if resource.status != ResourceStatus::Unavailable {
+                            self.set_resource_status(&id, ResourceStatus::Unavailable);
+                        }
+                    }
+                }
+                continue;
+            }
+            let live_qr = qr.filter(|q| q.state.is_live());
+            match (node, live_qr) {
+                // (d) no node yet (or any more), live QR.
+                (None, Some(qr)) => {
+                    if resource.owner.is_some() {
+                        self.mark_preempted(&id);
+                        continue;
+                    }
+                    if resource.status == ResourceStatus::Draining {
+                        continue;
+                    }
+                    if qr.state == super::observe::QrState::Provisioning && resource.provisioning_node_seen_at.is_some() {
+                        let since = resource.provisioning_node_missing_since.unwrap_or(self.now);
+                        if self.now.elapsed_since(since, self.config.orphan_grace_secs) {
+                            self.delete_qr(&qr.name, &qr.zone);
+                            let r = self.state.resources.get_mut(&id).expect("exists");
+                            let _ = r.set_status(ResourceStatus::Draining);
+                            r.provisioning_node_seen_at = None;
+                            r.provisioning_node_missing_since = None;
+                            self.event("orphaned_provisioning_tpu_recycling", None, Some(&id), None, format!("missing_since={since}; grace_seconds={}", self.config.orphan_grace_secs));
+                            continue;
+                        }
+                        self.wake_at(since.plus_secs(self.config.orphan_grace_secs));
+                        self.state.resources.get_mut(&id).expect("exists").provisioning_node_missing_since = Some(since);
+                    }
+                    let r = self.state.resources.get_mut(&id).expect("exists");
+                    if r.status != ResourceStatus::Provisioning {
+                        let _ = r.release(ResourceStatus::Provisioning, self.now);
+                        r.idle_since = None;
+                    }
+                }
+                // (e) node present but not ready, live QR: wait for it.
+                (Some(n), Some(_)) if !n.is_operational() && !n.state.is_terminal() && resource.owner.is_none() => {
+                    let now = self.now;
+                    let r = self.state.resources.get_mut(&id).expect("exists");
+                    if r.status != ResourceStatus::Provisioning && r.status != ResourceStatus::Draining {
+                        let _ = r.release(ResourceStatus::Provisioning, now);
+                        r.idle_since = None;
+                    }
+                    r.provisioning_node_seen_at.get_or_insert(now);
+                    r.provisioning_node_missing_since = None;
+                }
+                // (f) node present otherwise.
+                (Some(n), live) => {
+                    if n.state.is_terminal() && resource.owner.is_some() {
+                        self.mark_preempted(&id);
+                        continue;
+                    }
+                    let draining = resource.status == ResourceStatus::Draining;
+                    if !draining && n.state == super::observe::NodeState::Ready && n.health == super::observe::Health::UnhealthyMaintenance {
+                        if resource.owner.is_none() && resource.status != ResourceStatus::Unavailable {
+                            self.set_resource_status(&id, ResourceStatus::Unavailable);
+                            self.event("spot_tpu_waiting_for_maintenance", None, Some(&id), None, String::new());
+                        }
+                        continue;
+                    }
+                    if !draining && !n.state.is_terminal() && n.state != super::observe::NodeState::Ready {
+                        if resource.owner.is_none() {
+                            self.set_resource_status(&id, ResourceStatus::Unavailable);
+                        }
+                        continue;
+                    }
+                    if n.state == super::observe::NodeState::Ready && resource.owner.is_some() && live.is_some() && n.is_operational() {
+                        continue; // ready but wrong transport while owned: let the run finish
+                    }
+                    if n.state != super::observe::NodeState::Deleting {
+                        self.delete_node(&n.name, &n.zone);
+                    }
+                    if !draining {
+                        if resource.owner.is_some() {
+                            self.mark_preempted(&id);
+                        }
+                        let r = self.state.resources.get_mut(&id).expect("exists");
+                        if r.owner.is_none() {
+                            let _ = r.set_status(ResourceStatus::Draining);
+                        }
+                        self.event("unusable_spot_tpu_deleting", None, Some(&id), None, format!("state={:?}; health={:?}", n.state, n.health));
+                    }
+                }
+                // (g) nothing left.
+                (None, None) => {
+                    if resource.owner.is_some() {
+                        self.mark_preempted(&id);
+                    } else if !resource.status.is_gone() {
+                        self.mark_preempted(&id);
+                        self.event("idle_spot_tpu_missing", None, Some(&id), None, String::new());
+                    }
+                }
+            }
+        }
+    }
+
+    /// A record whose entry was removed or changed (§9.1 #11: the original orphaned these).
+    fn orphaned_record(&mut self, resource: &Resource) {
+        if resource.status.is_gone() && resource.owner.is_none() {
+            return;
+        }
+        if resource.owner.is_some() {
+            self.mark_preempted(&resource.id);
+        }
+        if resource.adopted {
+            self.set_resource_status(&resource.id, ResourceStatus::Deleted);
+            return;
+        }
+        let qr = self.qrs.get(names::queued_resource_name(&resource.tpu_name).as_str()).copied();
+        let node = self.nodes.get(resource.tpu_name.as_str()).copied();
+        match (qr, node) {
+            (Some(q), _) if !q.state.is_deleting() => self.delete_qr(&q.name, &q.zone),
+            (None, Some(n)) if n.state != super::observe::NodeState::Deleting => self.delete_node(&n.name, &n.zone),
+            (None, None) => {
+                let now = self.now;
+                if let Some(r) = self.state.resources.get_mut(&resource.id) {
+                    let _ = r.release(ResourceStatus::Deleted, now);
+                    r.idle_since = None;
+                }
+                return;
+            }
+            _ => {}
+        }
+        if resource.status != ResourceStatus::Draining {
+            self.set_resource_status(&resource.id, ResourceStatus::Draining);
+            self.event("orphaned_entry_tpu_deleting", None, Some(&resource.id), None, format!("entry={} no longer in the fleet", resource.entry_id));
+        }
+    }
+
+    // ----- step 7: assignment -------------------------------------------------------------
+
+    fn assignment(&mut self) {
+        let (pairs, waits): (Vec<(String, String)>, Vec<Timestamp>) = {
+            let demand = Demand::build(self.index, self.state.jobs.values().filter(|j| j.status == JobStatus::Pending), self.now);
+            let waits = demand.jobs.iter().filter(|j| !j.assignable).filter_map(|j| j.job.not_before).collect();
+            let candidates: Vec<&Resource> = self
+                .state
+                .resources
+                .values()
+                .filter(|r| r.status == ResourceStatus::Idle && !r.is_busy() && self.index.is_declared(r))
+                .collect();
+            let pairs = self.policy.assign(&AssignInput { index: self.index, demand: &demand, tpus: &candidates });
+            (pairs.into_iter().map(|(j, t)| (demand.jobs[j].job.id.clone(), candidates[t].id.clone())).collect(), waits)
+        };
+        for t in waits {
+            self.wake_at(t);
+        }
+        for (job_id, resource_id) in pairs {
+            self.assign_job(&job_id, &resource_id);
+        }
+    }
+
+    /// assign_job (§2.1): re-checks everything, pins the placement, creates the attempt.
+    fn assign_job(&mut self, job_id: &str, resource_id: &str) {
+        let now = self.now;
+        let (Some(job), Some(resource)) = (self.state.jobs.get(job_id), self.state.resources.get(resource_id)) else { return };
+        let req = super::demand::Requirement::of(job);
+        if job.status != JobStatus::Pending || resource.status != ResourceStatus::Idle || resource.is_busy() || !req.accepts_resource(resource) {
+            self.violation(format!("policy {} paired job {job_id} with unusable TPU {resource_id}", self.policy.name()));
+            return;
+        }
+        let Ok(region) = gcp::zone_region(&resource.zone).map(str::to_owned) else { return };
+        let placement = match &job.placement {
+            Some(p) => p.clone(),
+            None => match job.bucket_regions.iter().find(|b| b.region == region) {
+                Some(b) => Placement { region: region.clone(), bucket: b.bucket.clone() },
+                None => return,
+            },
+        };
+        let previous = job.current_attempt.clone().unwrap_or_default();
+        let attempt_id = names::stable_id("attempt", &serde_json::json!({"job": job_id, "resource": resource_id, "previous": previous}));
+        let attempt = Attempt {
+            id: attempt_id.clone(),
+            resource_id: resource_id.to_owned(),
+            tpu_name: resource.tpu_name.clone(),
+            zone: resource.zone.clone(),
+            status: AttemptStatus::Launching,
+            created_at: now,
+            started_at: None,
+            ended_at: None,
+            end_reason: None,
+            exit_code: None,
+            error_summary: String::new(),
+            launch_failures: 0,
+            failed_launch: false,
+        };
+        let resource = self.state.resources.get_mut(resource_id).expect("checked");
+        if let Err(e) = resource.occupy(job_id, &attempt_id) {
+            self.out.violations.push(e.to_string());
+            return;
+        }
+        let job = self.state.jobs.get_mut(job_id).expect("checked");
+        if let Err(e) = job.transition(JobStatus::Running, now) {
+            self.out.violations.push(e.to_string());
+            return;
+        }
+        let detail = format!("tpu_name={}; region={}; bucket={}; priority={:?}", attempt.tpu_name, placement.region, placement.bucket, job.spec.priority).to_lowercase();
+        job.placement = Some(placement);
+        job.assigned_resource = Some(resource_id.to_owned());
+        job.current_attempt = Some(attempt_id.clone());
+        job.not_before = None;
+        job.attempts.push(attempt);
+        self.new_attempts.push(job_id.to_owned());
+        self.event("job_assigned", Some(job_id), Some(resource_id), Some(&attempt_id), detail);
+    }
+
+    fn launch_new_attempts(&mut self) {
+        for job_id in std::mem::take(&mut self.new_attempts) {
+            let job = &self.state.jobs[&job_id];
+            if job.status != JobStatus::Running {
+                continue;
+            }
+            let (Some(attempt), Some(resource)) = (job.attempt(), job.assigned_resource.as_ref().and_then(|r| self.state.resources.get(r))) else {
+                continue;
+            };
+            let action = self.launch_action(&job_id, attempt, resource);
+            self.out.actions.push(action);
+        }
+    }
+
+}

@@ -1,0 +1,730 @@
+//! The persistent state model: jobs (with their attempts), resources (TPUs), interruption
+//! requests and de-duplicated notices. Every status is an enum and every change of status
+//! goes through a transition method that refuses an illegal move, so an invalid state
+//! cannot be built by the engine. Serialised as versioned JSON (`SCHEMA_VERSION`); the same
+//! schema is what `plan --state` reads and `status --json` prints. No IO, no clock.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::time::Timestamp;
+use crate::spec::{JobSpec, TpuType};
+
+/// Version of the JSON state schema. Bump on any incompatible change.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// An attempt to move an object to a status it may not reach from where it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IllegalTransition {
+    /// `job`, `attempt`, `resource` or `interruption_request`.
+    pub kind: &'static str,
+    /// Object id.
+    pub id: String,
+    /// Status it was in.
+    pub from: String,
+    /// Status it was asked to take.
+    pub to: String,
+}
+
+impl fmt::Display for IllegalTransition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "illegal {} transition for {}: {} -> {}", self.kind, self.id, self.from, self.to)
+    }
+}
+
+impl std::error::Error for IllegalTransition {}
+
+/// Everything the controller remembers between passes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    /// Schema version of this document.
+    pub schema_version: u32,
+    /// Every job ever submitted, by id (terminal ones kept as history).
+    pub jobs: BTreeMap<String, Job>,
+    /// TPU records by resource id (node name, or `adopted-<name>`).
+    pub resources: BTreeMap<String, Resource>,
+    /// Controlled interruption requests by id.
+    #[serde(default)]
+    pub interruption_requests: BTreeMap<String, InterruptionRequest>,
+    /// Per fleet entry: no capacity request before this time (after a refusal).
+    #[serde(default)]
+    pub entry_backoff: BTreeMap<String, Backoff>,
+    /// Conditions already reported, so each event is emitted once per change, not every pass.
+    #[serde(default)]
+    pub notices: BTreeMap<String, String>,
+}
+
+impl State {
+    /// An empty state of the current schema.
+    pub fn new() -> State {
+        State { schema_version: SCHEMA_VERSION, ..State::default() }
+    }
+
+    /// Adds a job as submitted (status pending). Refuses an id already present.
+    pub fn submit(&mut self, job: Job) -> Result<(), String> {
+        if self.jobs.contains_key(&job.id) {
+            return Err(format!("job already exists: {}", job.id));
+        }
+        self.jobs.insert(job.id.clone(), job);
+        Ok(())
+    }
+}
+
+/// Capacity requests for an entry are paused until `until` after `failures` refusals.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backoff {
+    /// Consecutive refusals.
+    pub failures: u32,
+    /// No new request before this time.
+    pub until: Timestamp,
+    /// Why (the last refusal).
+    pub reason: String,
+}
+
+/// Status of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    /// Waiting for a TPU.
+    Pending,
+    /// Assigned; its current attempt is launching or running.
+    Running,
+    /// Cancel requested while running; waiting for the remote stop.
+    Cancelling,
+    /// Every worker exited 0.
+    Succeeded,
+    /// Failed (application, setup, artifacts, retries exhausted, or interrupted with retry off).
+    Failed,
+    /// Cancelled.
+    Deactivated,
+}
+
+impl JobStatus {
+    /// True for succeeded, failed and deactivated.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobStatus::Succeeded | JobStatus::Failed | JobStatus::Deactivated)
+    }
+
+    /// The legal moves of §2: pending → running | deactivated; running → cancelling |
+    /// succeeded | failed | pending; cancelling → deactivated.
+    pub fn can_become(self, to: JobStatus) -> bool {
+        use JobStatus::*;
+        matches!(
+            (self, to),
+            (Pending, Running)
+                | (Pending, Deactivated)
+                | (Running, Cancelling)
+                | (Running, Succeeded)
+                | (Running, Failed)
+                | (Running, Pending)
+                | (Cancelling, Deactivated)
+        )
+    }
+
+    /// Lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Pending => "pending",
+            JobStatus::Running => "running",
+            JobStatus::Cancelling => "cancelling",
+            JobStatus::Succeeded => "succeeded",
+            JobStatus::Failed => "failed",
+            JobStatus::Deactivated => "deactivated",
+        }
+    }
+}
+
+/// Where a job was first placed; every retry stays there (same bucket, same checkpoints).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// Exact region of the selected bucket (`storage_region`).
+    pub region: String,
+    /// The selected bucket (`JOB_BUCKET`).
+    pub bucket: String,
+}
+
+/// A bucket of the job and the region it lives in (found at submit).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct BucketRegion {
+    /// Exact region.
+    pub region: String,
+    /// `gs://` URI.
+    pub bucket: String,
+}
+
+/// A submitted job and its history.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// Job id.
+    pub id: String,
+    /// The validated specification.
+    pub spec: JobSpec,
+    /// Submission time (FIFO order).
+    pub submitted_at: Timestamp,
+    /// Current status.
+    pub status: JobStatus,
+    /// Candidate regions with their buckets (sorted by region).
+    pub bucket_regions: Vec<BucketRegion>,
+    /// Pinned placement, set by the first assignment.
+    #[serde(default)]
+    pub placement: Option<Placement>,
+    /// Resource running it (while running or cancelling).
+    #[serde(default)]
+    pub assigned_resource: Option<String>,
+    /// Current (or last) attempt id.
+    #[serde(default)]
+    pub current_attempt: Option<String>,
+    /// Every attempt, oldest first.
+    #[serde(default)]
+    pub attempts: Vec<Attempt>,
+    /// Retryable infrastructure failures so far (capped by the engine config).
+    #[serde(default)]
+    pub infra_failures: u32,
+    /// Preemptions and losses so far.
+    #[serde(default)]
+    pub interruptions: u32,
+    /// Not to be assigned before this time (backoff after an infrastructure failure).
+    #[serde(default)]
+    pub not_before: Option<Timestamp>,
+    /// When it reached a terminal status.
+    #[serde(default)]
+    pub ended_at: Option<Timestamp>,
+    /// Why it ended (for terminal jobs).
+    #[serde(default)]
+    pub end_reason: Option<String>,
+}
+
+impl Job {
+    /// A new pending job.
+    pub fn new(spec: JobSpec, submitted_at: Timestamp, bucket_regions: Vec<BucketRegion>) -> Job {
+        let mut bucket_regions = bucket_regions;
+        bucket_regions.sort();
+        Job {
+            id: spec.id.clone(),
+            spec,
+            submitted_at,
+            status: JobStatus::Pending,
+            bucket_regions,
+            placement: None,
+            assigned_resource: None,
+            current_attempt: None,
+            attempts: Vec::new(),
+            infra_failures: 0,
+            interruptions: 0,
+            not_before: None,
+            ended_at: None,
+            end_reason: None,
+        }
+    }
+
+    /// Moves to `to`, refusing illegal moves.
+    pub fn transition(&mut self, to: JobStatus, now: Timestamp) -> Result<(), IllegalTransition> {
+        if !self.status.can_become(to) {
+            return Err(IllegalTransition {
+                kind: "job",
+                id: self.id.clone(),
+                from: self.status.as_str().into(),
+                to: to.as_str().into(),
+            });
+        }
+        self.status = to;
+        if to.is_terminal() {
+            self.ended_at = Some(now);
+        }
+        Ok(())
+    }
+
+    /// The current attempt, if any.
+    pub fn attempt(&self) -> Option<&Attempt> {
+        let id = self.current_attempt.as_deref()?;
+        self.attempts.iter().rev().find(|a| a.id == id)
+    }
+
+    /// The current attempt, mutably.
+    pub fn attempt_mut(&mut self) -> Option<&mut Attempt> {
+        let id = self.current_attempt.clone()?;
+        self.attempts.iter_mut().rev().find(|a| a.id == id)
+    }
+
+    /// The regions this job may still run in: its pinned region, or all bucket regions.
+    pub fn candidate_regions(&self) -> RegionChoice<'_> {
+        match &self.placement {
+            Some(p) => RegionChoice::Pinned(&p.region),
+            None => RegionChoice::AnyOf(&self.bucket_regions),
+        }
+    }
+
+    /// True when the job may run in `region`.
+    pub fn accepts_region(&self, region: &str) -> bool {
+        match self.candidate_regions() {
+            RegionChoice::Pinned(r) => r == region,
+            RegionChoice::AnyOf(list) => list.iter().any(|b| b.region == region),
+        }
+    }
+}
+
+/// The regions a job may run in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RegionChoice<'a> {
+    /// Pinned by a previous attempt.
+    Pinned(&'a str),
+    /// Any region with one of its buckets.
+    AnyOf(&'a [BucketRegion]),
+}
+
+/// Status of an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptStatus {
+    /// Created; the command is being started on the workers.
+    Launching,
+    /// Started on every worker.
+    Running,
+    /// Every worker exited 0.
+    Succeeded,
+    /// Preempted or lost; the job is requeued (or failed when retry is off).
+    Interrupted,
+    /// Stopped by a cancel.
+    Cancelled,
+    /// The command failed.
+    Failed,
+    /// The runner's own set-up failed on a worker.
+    FailedSetup,
+}
+
+impl AttemptStatus {
+    /// True once the attempt has ended.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, AttemptStatus::Launching | AttemptStatus::Running)
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            AttemptStatus::Launching => "launching",
+            AttemptStatus::Running => "running",
+            AttemptStatus::Succeeded => "succeeded",
+            AttemptStatus::Interrupted => "interrupted",
+            AttemptStatus::Cancelled => "cancelled",
+            AttemptStatus::Failed => "failed",
+            AttemptStatus::FailedSetup => "failed_setup",
+        }
+    }
+}
+
+/// Why an attempt ended; each terminal status has its legal reasons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// All workers exited 0.
+    Succeeded,
+    /// The TPU was preempted or its capacity request ended.
+    Preempted,
+    /// The TPU or the workers were lost (retryable infrastructure failure).
+    Lost,
+    /// Cancelled by the user.
+    Cancelled,
+    /// The command failed.
+    ApplicationFailed,
+    /// The runner's set-up failed.
+    SetupFailed,
+}
+
+impl EndReason {
+    /// True when `reason` may end an attempt with `status` (§2).
+    pub fn fits(self, status: AttemptStatus) -> bool {
+        matches!(
+            (status, self),
+            (AttemptStatus::Succeeded, EndReason::Succeeded)
+                | (AttemptStatus::Interrupted, EndReason::Preempted | EndReason::Lost)
+                | (AttemptStatus::Cancelled, EndReason::Cancelled)
+                | (AttemptStatus::Failed, EndReason::ApplicationFailed)
+                | (AttemptStatus::FailedSetup, EndReason::SetupFailed)
+        )
+    }
+}
+
+/// One try of a job on one TPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// `attempt-<hash of job, resource, previous attempt>`.
+    pub id: String,
+    /// The resource it runs on.
+    pub resource_id: String,
+    /// Node name (denormalised for reports).
+    pub tpu_name: String,
+    /// Zone of the node.
+    pub zone: String,
+    /// Status.
+    pub status: AttemptStatus,
+    /// Created (assigned).
+    pub created_at: Timestamp,
+    /// Started on every worker.
+    #[serde(default)]
+    pub started_at: Option<Timestamp>,
+    /// Ended.
+    #[serde(default)]
+    pub ended_at: Option<Timestamp>,
+    /// Why it ended.
+    #[serde(default)]
+    pub end_reason: Option<EndReason>,
+    /// Aggregated exit code.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// Last error text (at most 4000 characters).
+    #[serde(default)]
+    pub error_summary: String,
+    /// Launch failures so far (bounded: a launch that keeps failing ends the attempt).
+    #[serde(default)]
+    pub launch_failures: u32,
+    /// True once a failed launch is waiting for confirmed cleanup before it ends.
+    #[serde(default)]
+    pub failed_launch: bool,
+}
+
+impl Attempt {
+    /// Marks the attempt running (from launching).
+    pub fn start(&mut self, now: Timestamp) -> Result<(), IllegalTransition> {
+        if self.status != AttemptStatus::Launching {
+            return Err(self.illegal(AttemptStatus::Running));
+        }
+        self.status = AttemptStatus::Running;
+        self.started_at.get_or_insert(now);
+        Ok(())
+    }
+
+    /// Ends the attempt with `status` and `reason`, refusing illegal pairs and second endings.
+    pub fn end(
+        &mut self,
+        status: AttemptStatus,
+        reason: EndReason,
+        exit_code: Option<i32>,
+        summary: &str,
+        now: Timestamp,
+    ) -> Result<(), IllegalTransition> {
+        if self.status.is_terminal() || !status.is_terminal() || !reason.fits(status) {
+            return Err(self.illegal(status));
+        }
+        self.status = status;
+        self.end_reason = Some(reason);
+        self.exit_code = exit_code;
+        if !summary.is_empty() {
+            self.error_summary = last_chars(summary, 4000);
+        }
+        self.ended_at = Some(now);
+        Ok(())
+    }
+
+    fn illegal(&self, to: AttemptStatus) -> IllegalTransition {
+        IllegalTransition { kind: "attempt", id: self.id.clone(), from: self.status.as_str().into(), to: to.as_str().into() }
+    }
+}
+
+/// The last `n` characters of `text`.
+pub fn last_chars(text: &str, n: usize) -> String {
+    let count = text.chars().count();
+    text.chars().skip(count.saturating_sub(n)).collect()
+}
+
+/// Status of a TPU record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResourceStatus {
+    /// Capacity requested; the node is not ready yet.
+    Provisioning,
+    /// Ready and free.
+    Idle,
+    /// Running an attempt.
+    Busy,
+    /// Present but not usable (unhealthy, maintenance, wrong state).
+    Unavailable,
+    /// Being deleted (capacity or unusable TPU).
+    Draining,
+    /// Scheduled for replacement after repeated infrastructure failures.
+    Recycling,
+    /// Deletion for replacement requested.
+    RecyclingRequested,
+    /// Gone (preempted, capacity ended or replaced).
+    Preempted,
+    /// Deleted because it was not needed.
+    Deleted,
+}
+
+impl ResourceStatus {
+    fn as_str(self) -> &'static str {
+        match self {
+            ResourceStatus::Provisioning => "provisioning",
+            ResourceStatus::Idle => "idle",
+            ResourceStatus::Busy => "busy",
+            ResourceStatus::Unavailable => "unavailable",
+            ResourceStatus::Draining => "draining",
+            ResourceStatus::Recycling => "recycling",
+            ResourceStatus::RecyclingRequested => "recycling_requested",
+            ResourceStatus::Preempted => "preempted",
+            ResourceStatus::Deleted => "deleted",
+        }
+    }
+
+    /// True for records whose TPU is gone.
+    pub fn is_gone(self) -> bool {
+        matches!(self, ResourceStatus::Preempted | ResourceStatus::Deleted)
+    }
+}
+
+/// Which job and attempt a resource runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    /// Job id.
+    pub job_id: String,
+    /// Attempt id.
+    pub attempt_id: String,
+}
+
+/// A failure counter tied to one job (and attempt).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureCounter {
+    /// Job the failures belong to.
+    pub job_id: String,
+    /// Attempt (for cancellation failures).
+    #[serde(default)]
+    pub attempt_id: Option<String>,
+    /// Consecutive failures.
+    pub count: u32,
+}
+
+/// A TPU the controller knows about.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Resource {
+    /// Node name for managed TPUs, `adopted-<name>` for adopted ones.
+    pub id: String,
+    /// Node name.
+    pub tpu_name: String,
+    /// Zone.
+    pub zone: String,
+    /// Accelerator type.
+    pub tpu_type: TpuType,
+    /// Fleet entry id.
+    pub entry_id: String,
+    /// Adopted (existing) TPU.
+    pub adopted: bool,
+    /// Status.
+    pub status: ResourceStatus,
+    /// The job and attempt running on it.
+    #[serde(default)]
+    pub owner: Option<Owner>,
+    /// Workers (hosts) in the slice, at least 1.
+    pub worker_count: u32,
+    /// Idle since (managed TPUs; drives the idle timeout).
+    #[serde(default)]
+    pub idle_since: Option<Timestamp>,
+    /// When the node of a provisioning TPU was first seen.
+    #[serde(default)]
+    pub provisioning_node_seen_at: Option<Timestamp>,
+    /// Since when a previously seen provisioning node is missing.
+    #[serde(default)]
+    pub provisioning_node_missing_since: Option<Timestamp>,
+    /// Retryable infrastructure failures of one job in a row on this TPU.
+    #[serde(default)]
+    pub retryable_failures: Option<FailureCounter>,
+    /// Failed cancellations of one attempt in a row on this TPU.
+    #[serde(default)]
+    pub cancellation_failures: Option<FailureCounter>,
+}
+
+impl Resource {
+    /// True when the resource runs an attempt (status busy or any owner).
+    pub fn is_busy(&self) -> bool {
+        self.status == ResourceStatus::Busy || self.owner.is_some()
+    }
+
+    /// Moves to `to`. Busy needs an owner; idle, provisioning, preempted and deleted need none
+    /// (use [`Resource::release`] first).
+    pub fn set_status(&mut self, to: ResourceStatus) -> Result<(), IllegalTransition> {
+        let needs_owner = to == ResourceStatus::Busy;
+        let forbids_owner = matches!(
+            to,
+            ResourceStatus::Idle | ResourceStatus::Provisioning | ResourceStatus::Preempted | ResourceStatus::Deleted
+        );
+        if (needs_owner && self.owner.is_none()) || (forbids_owner && self.owner.is_some()) {
+            return Err(IllegalTransition {
+                kind: "resource",
+                id: self.id.clone(),
+                from: format!("{}{}", self.status.as_str(), if self.owner.is_some() { " (owned)" } else { "" }),
+                to: to.as_str().into(),
+            });
+        }
+        self.status = to;
+        Ok(())
+    }
+
+    /// Takes ownership for `job_id`/`attempt_id` and becomes busy (from idle only).
+    pub fn occupy(&mut self, job_id: &str, attempt_id: &str) -> Result<(), IllegalTransition> {
+        if self.status != ResourceStatus::Idle || self.owner.is_some() {
+            return Err(IllegalTransition {
+                kind: "resource",
+                id: self.id.clone(),
+                from: self.status.as_str().into(),
+                to: "busy".into(),
+            });
+        }
+        self.owner = Some(Owner { job_id: job_id.into(), attempt_id: attempt_id.into() });
+        self.status = ResourceStatus::Busy;
+        self.idle_since = None;
+        self.cancellation_failures = None;
+        Ok(())
+    }
+
+    /// Drops ownership and moves to `to`; `idle_since` is stamped for managed TPUs that
+    /// become idle.
+    pub fn release(&mut self, to: ResourceStatus, now: Timestamp) -> Result<(), IllegalTransition> {
+        self.owner = None;
+        self.cancellation_failures = None;
+        self.set_status(to)?;
+        self.idle_since = (to == ResourceStatus::Idle && !self.adopted).then_some(now);
+        Ok(())
+    }
+
+    /// True when `job_id`/`attempt_id` own this resource.
+    pub fn owned_by(&self, job_id: &str, attempt_id: &str) -> bool {
+        self.owner.as_ref().is_some_and(|o| o.job_id == job_id && o.attempt_id == attempt_id)
+    }
+}
+
+/// Status of a controlled interruption request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InterruptionStatus {
+    /// Filed, not yet processed.
+    Requested,
+    /// Claimed by the controller.
+    Processing,
+    /// The queued resource deletion was requested; the job was requeued.
+    DeletionRequested,
+    /// Deleting the queued resource failed.
+    Failed,
+    /// The target was not a valid managed Spot TPU running that job.
+    Rejected,
+}
+
+impl InterruptionStatus {
+    /// Legal moves: requested → processing | rejected; processing → deletion_requested |
+    /// failed | rejected.
+    pub fn can_become(self, to: InterruptionStatus) -> bool {
+        use InterruptionStatus::*;
+        matches!(
+            (self, to),
+            (Requested, Processing) | (Requested, Rejected) | (Processing, DeletionRequested | Failed | Rejected)
+        )
+    }
+}
+
+/// A request to interrupt a managed Spot TPU (and requeue its job).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InterruptionRequest {
+    /// `interrupt-<hash of resource, job, attempt>`.
+    pub id: String,
+    /// Target resource.
+    pub resource_id: String,
+    /// Job it runs.
+    pub job_id: String,
+    /// Attempt it runs.
+    pub attempt_id: String,
+    /// Entry of the resource when filed.
+    pub entry_id: String,
+    /// Status.
+    pub status: InterruptionStatus,
+    /// Filed at.
+    pub requested_at: Timestamp,
+    /// Processed at.
+    #[serde(default)]
+    pub processed_at: Option<Timestamp>,
+    /// The queued resource whose deletion was requested.
+    #[serde(default)]
+    pub queued_resource_name: Option<String>,
+    /// Why it was rejected or failed.
+    #[serde(default)]
+    pub error_summary: String,
+}
+
+impl InterruptionRequest {
+    /// Moves to `to`, refusing illegal moves (finishing a terminal request is an error).
+    pub fn transition(&mut self, to: InterruptionStatus, now: Timestamp) -> Result<(), IllegalTransition> {
+        if !self.status.can_become(to) {
+            return Err(IllegalTransition {
+                kind: "interruption_request",
+                id: self.id.clone(),
+                from: format!("{:?}", self.status),
+                to: format!("{to:?}"),
+            });
+        }
+        self.status = to;
+        if to != InterruptionStatus::Processing {
+            self.processed_at = Some(now);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_transitions_follow_the_table() {
+        use JobStatus::*;
+        let all = [Pending, Running, Cancelling, Succeeded, Failed, Deactivated];
+        let legal: Vec<(JobStatus, JobStatus)> =
+            all.iter().flat_map(|a| all.iter().map(move |b| (*a, *b))).filter(|(a, b)| a.can_become(*b)).collect();
+        assert_eq!(
+            legal,
+            vec![
+                (Pending, Running),
+                (Pending, Deactivated),
+                (Running, Pending),
+                (Running, Cancelling),
+                (Running, Succeeded),
+                (Running, Failed),
+                (Cancelling, Deactivated)
+            ]
+        );
+        for terminal in [Succeeded, Failed, Deactivated] {
+            assert!(all.iter().all(|to| !terminal.can_become(*to)));
+        }
+    }
+
+    #[test]
+    fn end_reasons_pair_with_statuses() {
+        use AttemptStatus as S;
+        use EndReason as R;
+        assert!(R::Preempted.fits(S::Interrupted) && R::Lost.fits(S::Interrupted));
+        assert!(!R::Succeeded.fits(S::Failed));
+        assert!(!R::Cancelled.fits(S::Interrupted));
+    }
+
+    #[test]
+    fn busy_needs_an_owner_and_idle_forbids_one() {
+        let mut r = Resource {
+            id: "r".into(),
+            tpu_name: "r".into(),
+            zone: "us-east1-d".into(),
+            tpu_type: TpuType::parse("v6e-8").unwrap(),
+            entry_id: "e".into(),
+            adopted: false,
+            status: ResourceStatus::Idle,
+            owner: None,
+            worker_count: 2,
+            idle_since: None,
+            provisioning_node_seen_at: None,
+            provisioning_node_missing_since: None,
+            retryable_failures: None,
+            cancellation_failures: None,
+        };
+        assert!(r.set_status(ResourceStatus::Busy).is_err());
+        r.occupy("j", "a").unwrap();
+        assert!(r.occupy("j2", "a2").is_err(), "a TPU is never assigned twice");
+        assert!(r.set_status(ResourceStatus::Idle).is_err());
+        r.release(ResourceStatus::Idle, Timestamp(5)).unwrap();
+        assert_eq!(r.idle_since, Some(Timestamp(5)));
+    }
+}
