@@ -821,9 +821,15 @@ impl<'a> Pass<'a> {
                 if let Some(t) = recheck_at {
                     self.wake_at(t);
                 }
+                // Silence only means a lost attempt on a TPU that still looks healthy; a TPU
+                // that is gone is handled (as a preemption) by the unusable-resource step.
+                let tpu_up = self.matching_node(resource).is_some_and(|n| self.ready(n))
+                    && (resource.adopted || self.matching_qr(resource).is_some_and(|q| q.state.is_live()));
                 let heartbeat = report.and_then(|r| r.heartbeat_at).or(attempt.started_at).unwrap_or(attempt.created_at);
                 let deadline = heartbeat.plus_secs(self.config.heartbeat_timeout_secs);
-                if self.now >= deadline {
+                if !tpu_up {
+                    // judged below
+                } else if self.now >= deadline {
                     let summary = format!("no heartbeat from the workers since {heartbeat}");
                     self.retryable_failure(job_id, attempt, resource, &summary, 0);
                 } else {

@@ -23,23 +23,38 @@ pub struct JobSpec {
     /// Acceptable TPU types.
     pub tpu: TpuRequest,
     /// Code bundle: a local directory, a local tar archive, or a `gs://` URI.
+    #[serde(default = "default_bundle")]
     pub bundle: String,
     /// Shell command run with `bash -lc` on every TPU worker.
     pub command: String,
     /// Exact TPU to run on, if pinned.
+    #[serde(default)]
     pub tpu_name: Option<String>,
     /// Zone to run in, if pinned.
+    #[serde(default)]
     pub zone: Option<String>,
     /// Regional buckets, one per candidate region.
     pub buckets: Vec<String>,
     /// Opt-in caches kept on the TPU between jobs.
+    #[serde(default)]
     pub caches: Vec<Cache>,
     /// Extra environment for the command.
+    #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Scheduling priority.
+    #[serde(default)]
     pub priority: Priority,
     /// Whether preemption or infrastructure failure requeues the job (true) or fails it.
+    #[serde(default = "yes")]
     pub retry_on_infrastructure_failure: bool,
+}
+
+fn default_bundle() -> String {
+    ".".to_owned()
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The TPU types a job accepts.

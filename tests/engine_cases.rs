@@ -1,0 +1,102 @@
+//! Data-driven engine tests: every `tests/engine_cases/*.yaml` is one situation (fleet,
+//! state, observation, `now`); one pass runs (two with `again_at`) and a readable summary of
+//! actions, events and resulting state is snapshotted. A pass must never report a violation.
+
+mod support;
+
+use std::fmt::Write;
+
+use tpu_runner::engine::observe::Action;
+use tpu_runner::engine::policy::by_name;
+use tpu_runner::engine::{Engine, EngineConfig, FleetIndex, PassOutput, State};
+
+fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64) -> String {
+    let mut s = String::new();
+    writeln!(s, "actions:").unwrap();
+    for a in &out.actions {
+        let line = match a {
+            Action::CreateQueuedResource { name, tpu_type, zone, .. } => format!("create {name} ({tpu_type} in {zone})"),
+            Action::DeleteQueuedResource { name, .. } => format!("delete queued resource {name}"),
+            Action::DeleteNode { name, .. } => format!("delete node {name}"),
+            Action::Launch(l) => format!("launch {} of {} on {} ({} workers, bucket {})", l.attempt_id, l.job_id, l.tpu_name, l.worker_count, l.bucket),
+            Action::Cancel { attempt_id, job_id, tpu_name, .. } => format!("cancel {attempt_id} of {job_id} on {tpu_name}"),
+        };
+        writeln!(s, "  {line}").unwrap();
+    }
+    writeln!(s, "events:").unwrap();
+    for e in &out.events {
+        let mut line = e.kind.clone();
+        for (k, v) in [("job", &e.job_id), ("resource", &e.resource_id), ("attempt", &e.attempt_id)] {
+            if let Some(v) = v {
+                line.push_str(&format!(" {k}={v}"));
+            }
+        }
+        if !e.detail.is_empty() {
+            line.push_str(&format!(" ({})", e.detail));
+        }
+        writeln!(s, "  {line}").unwrap();
+    }
+    writeln!(s, "jobs:").unwrap();
+    for j in state.jobs.values() {
+        let mut line = format!("  {}: {}", j.id, j.status.as_str());
+        if let Some(r) = &j.assigned_resource {
+            line.push_str(&format!(" on {r}"));
+        }
+        if let Some(a) = j.attempt() {
+            line.push_str(&format!("; attempt {} {:?}", a.id, a.status).to_lowercase());
+            if let Some(reason) = a.end_reason {
+                let exit = a.exit_code.map_or("none".to_owned(), |c| c.to_string());
+                line.push_str(&format!(" ({reason:?}, exit {exit})").to_lowercase());
+            }
+        }
+        if let Some(p) = &j.placement {
+            line.push_str(&format!("; pinned {}", p.region));
+        }
+        if let Some(t) = j.not_before {
+            line.push_str(&format!("; not before +{}s", t.as_secs() - support::EPOCH));
+        }
+        if j.infra_failures > 0 {
+            line.push_str(&format!("; infra failures {}", j.infra_failures));
+        }
+        if let Some(r) = &j.end_reason {
+            line.push_str(&format!("; ended: {r}"));
+        }
+        writeln!(s, "{line}").unwrap();
+    }
+    writeln!(s, "resources:").unwrap();
+    for r in state.resources.values() {
+        let mut line = format!("  {}: {:?}", r.id, r.status).to_lowercase();
+        if let Some(o) = &r.owner {
+            line.push_str(&format!(" by {}/{}", o.job_id, o.attempt_id));
+        }
+        if let Some(t) = r.provisioning_node_missing_since {
+            line.push_str(&format!("; missing since +{}s", t.as_secs() - support::EPOCH));
+        }
+        if let Some(t) = r.provisioning_node_seen_at {
+            line.push_str(&format!("; seen at +{}s", t.as_secs() - support::EPOCH));
+        }
+        writeln!(s, "{line}").unwrap();
+    }
+    if let Some(w) = out.next_wake {
+        writeln!(s, "next wake: +{}s", w.as_secs() - support::EPOCH - now_secs).unwrap();
+    }
+    assert!(out.violations.is_empty(), "violations: {:?}\n{s}", out.violations);
+    support::shorten(index, &s)
+}
+
+#[test]
+fn engine_cases() {
+    insta::glob!("engine_cases/*.yaml", |path| {
+        let case = support::read_case(&std::fs::read_to_string(path).unwrap());
+        let engine = Engine::new(support::case_fleet(&case), EngineConfig::default(), by_name("classic").unwrap());
+        let naming = support::naming_index(&case);
+        let (mut state, obs) = support::build(&case, &naming);
+        let out = engine.reconcile(&mut state, &obs, support::at(case.now));
+        let mut text = format!("{}\n\npass at +{}s\n{}", case.about.trim(), case.now, summarize(&naming, &out, &state, case.now));
+        if let Some(t) = case.again_at {
+            let out = engine.reconcile(&mut state, &obs, support::at(t));
+            text.push_str(&format!("\npass again at +{t}s (same observation)\n{}", summarize(&naming, &out, &state, t)));
+        }
+        insta::assert_snapshot!(text);
+    });
+}

@@ -1,0 +1,339 @@
+//! A compact case language for engine tests: a fleet, jobs, resources, nodes, queued
+//! resources and worker reports written in a few lines of YAML, turned into a `State` and an
+//! `Observation`. Times are seconds after a fixed epoch. Shared by the engine test binaries.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use tpu_runner::engine::observe::{
+    AttemptReport, Health, NodeInfo, NodeState, QrState, QueuedResourceInfo, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY,
+};
+use tpu_runner::engine::state::{
+    Attempt, AttemptStatus, BucketRegion, FailureCounter, Job, JobStatus, Owner, Placement, Resource, ResourceStatus, State,
+};
+use tpu_runner::engine::{FleetIndex, Observation, Timestamp};
+use tpu_runner::spec::{self, FleetSpec, JobSpec, Priority, TpuRequest, TpuType};
+
+/// Seconds since this epoch are used throughout the cases (2026-01-01T00:00:00Z).
+pub const EPOCH: i64 = 1_767_225_600;
+
+pub fn at(secs: i64) -> Timestamp {
+    Timestamp::from_secs(EPOCH + secs)
+}
+
+/// A fleet with the usual header and the given entries (YAML flow mappings, one per line).
+pub fn fleet(entries: &str) -> FleetSpec {
+    let text = format!(
+        "name: runner\nproject: my-project-123\ncontroller_region: us-central1\ncontroller_timeout: 168h\nfirestore_location: nam5\nnetwork: default\nsubnetwork: default\nssh_transport: iap\ntpus:\n{entries}"
+    );
+    spec::parse_fleet("case-fleet.yaml", &text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Case {
+    /// What the case shows.
+    pub about: String,
+    /// Fleet entries (YAML text, one flow mapping per line, indented by two spaces).
+    pub fleet: String,
+    /// Optional fleet-level settings appended to the header (e.g. `idle_timeout_seconds: 0`).
+    #[serde(default)]
+    pub fleet_settings: String,
+    /// `now`, seconds after the epoch.
+    pub now: i64,
+    #[serde(default)]
+    pub jobs: Vec<CaseJob>,
+    #[serde(default)]
+    pub resources: Vec<CaseResource>,
+    #[serde(default)]
+    pub nodes: Vec<CaseNode>,
+    #[serde(default)]
+    pub qrs: Vec<CaseQr>,
+    #[serde(default)]
+    pub reports: BTreeMap<String, AttemptReport>,
+    /// Entries removed from the fleet whose records the state still holds (names only).
+    #[serde(default)]
+    pub removed: String,
+    /// Run a second pass at this time with the same observation (checks idempotence).
+    #[serde(default)]
+    pub again_at: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseJob {
+    pub id: String,
+    pub tpu: String,
+    #[serde(default = "pending")]
+    pub status: JobStatus,
+    #[serde(default)]
+    pub submitted_at: i64,
+    /// Regions with a bucket (bucket name derived: `gs://b-<region>`).
+    pub regions: Vec<String>,
+    #[serde(default)]
+    pub priority: Priority,
+    #[serde(default)]
+    pub zone: Option<String>,
+    #[serde(default)]
+    pub tpu_name: Option<String>,
+    #[serde(default = "yes")]
+    pub retry: bool,
+    #[serde(default)]
+    pub pinned: Option<String>,
+    #[serde(default)]
+    pub attempt: Option<CaseAttempt>,
+    #[serde(default)]
+    pub infra_failures: u32,
+    #[serde(default)]
+    pub not_before: Option<i64>,
+}
+
+fn pending() -> JobStatus {
+    JobStatus::Pending
+}
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseAttempt {
+    pub id: String,
+    /// Resource reference (see [`CaseResource::tpu`]).
+    pub tpu: String,
+    pub status: AttemptStatus,
+    #[serde(default)]
+    pub created_at: i64,
+    #[serde(default)]
+    pub started_at: Option<i64>,
+    #[serde(default)]
+    pub launch_failures: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseResource {
+    /// `entry#k` for managed ordinal k of `entry`, or `entry` for an adopted entry.
+    pub tpu: String,
+    pub status: ResourceStatus,
+    /// `[job, attempt]`.
+    #[serde(default)]
+    pub owner: Option<(String, String)>,
+    #[serde(default = "one")]
+    pub workers: u32,
+    #[serde(default)]
+    pub idle_since: Option<i64>,
+    #[serde(default)]
+    pub seen_at: Option<i64>,
+    #[serde(default)]
+    pub missing_since: Option<i64>,
+    /// `[job, count]`.
+    #[serde(default)]
+    pub retryable_failures: Option<(String, u32)>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseNode {
+    pub tpu: String,
+    #[serde(default = "ready")]
+    pub state: NodeState,
+    #[serde(default)]
+    pub health: Health,
+    #[serde(default = "one")]
+    pub workers: u32,
+}
+
+fn ready() -> NodeState {
+    NodeState::Ready
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseQr {
+    pub tpu: String,
+    pub state: QrState,
+}
+
+/// Parses a case file.
+pub fn read_case(text: &str) -> Case {
+    let node = spec::yaml::parse("case.yaml", text).unwrap_or_else(|e| panic!("{e}"));
+    serde_json::from_value(spec::yaml::to_json(&node)).unwrap_or_else(|e| panic!("bad case: {e}"))
+}
+
+/// The fleet of a case.
+pub fn case_fleet(case: &Case) -> FleetSpec {
+    fleet_text(case, &case.fleet)
+}
+
+/// The fleet plus the removed entries: only for naming records of removed entries.
+pub fn naming_index(case: &Case) -> FleetIndex {
+    FleetIndex::new(fleet_text(case, &format!("{}{}", case.fleet, case.removed)))
+}
+
+fn fleet_text(case: &Case, entries: &str) -> FleetSpec {
+    let text = format!(
+        "name: runner\nproject: my-project-123\ncontroller_region: us-central1\ncontroller_timeout: 168h\nfirestore_location: nam5\nnetwork: default\nsubnetwork: default\nssh_transport: iap\n{}\ntpus:\n{}",
+        case.fleet_settings, entries
+    );
+    spec::parse_fleet("case-fleet.yaml", &text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Resolves `entry#k` / `entry` to (entry index, node name, resource id).
+pub fn resolve(index: &FleetIndex, tpu: &str) -> (usize, String, String) {
+    let (entry_id, ordinal) = match tpu.split_once('#') {
+        Some((e, k)) => (e, Some(k.parse::<u32>().expect("ordinal"))),
+        None => (tpu, None),
+    };
+    let e = index.entry_index(entry_id).unwrap_or_else(|| panic!("unknown entry {entry_id}"));
+    let entry = index.entry(e);
+    match (ordinal, &entry.kind) {
+        (Some(k), _) => {
+            let name = entry.node_name(index.runner(), k);
+            (e, name.clone(), name)
+        }
+        (None, spec::EntryKind::Adopted { existing }) => (e, existing.clone(), format!("adopted-{existing}")),
+        (None, _) => panic!("{tpu}: managed entries need #ordinal"),
+    }
+}
+
+pub fn job_spec(id: &str, tpu: &str, zone: Option<String>, tpu_name: Option<String>, priority: Priority, retry: bool) -> JobSpec {
+    JobSpec {
+        id: id.into(),
+        id_generated: false,
+        tpu: if tpu == "any" {
+            TpuRequest::Any
+        } else {
+            TpuRequest::OneOf(tpu.split(',').map(|t| TpuType::parse(t.trim()).unwrap()).collect())
+        },
+        bundle: ".".into(),
+        command: "python train.py".into(),
+        tpu_name,
+        zone,
+        buckets: vec![],
+        caches: vec![],
+        env: BTreeMap::new(),
+        priority,
+        retry_on_infrastructure_failure: retry,
+    }
+}
+
+/// Builds the state and observation of a case.
+pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
+    let mut state = State::new();
+    for j in &case.jobs {
+        let mut spec = job_spec(&j.id, &j.tpu, j.zone.clone(), j.tpu_name.clone(), j.priority, j.retry);
+        let buckets: Vec<BucketRegion> =
+            j.regions.iter().map(|r| BucketRegion { region: r.clone(), bucket: format!("gs://b-{r}") }).collect();
+        spec.buckets = buckets.iter().map(|b| b.bucket.clone()).collect();
+        let mut job = Job::new(spec, at(j.submitted_at), buckets);
+        job.status = j.status;
+        job.infra_failures = j.infra_failures;
+        job.not_before = j.not_before.map(at);
+        if let Some(region) = &j.pinned {
+            job.placement = Some(Placement { region: region.clone(), bucket: format!("gs://b-{region}") });
+        }
+        if let Some(a) = &j.attempt {
+            let (_, name, rid) = resolve(index, &a.tpu);
+            let zone = index.entry(resolve(index, &a.tpu).0).zone.clone();
+            job.attempts.push(Attempt {
+                id: a.id.clone(),
+                resource_id: rid.clone(),
+                tpu_name: name,
+                zone,
+                status: a.status,
+                created_at: at(a.created_at),
+                started_at: a.started_at.map(at),
+                ended_at: None,
+                end_reason: None,
+                exit_code: None,
+                error_summary: String::new(),
+                launch_failures: a.launch_failures,
+                failed_launch: false,
+            });
+            job.current_attempt = Some(a.id.clone());
+            if matches!(j.status, JobStatus::Running | JobStatus::Cancelling) {
+                job.assigned_resource = Some(rid);
+            }
+        }
+        state.jobs.insert(job.id.clone(), job);
+    }
+    for r in &case.resources {
+        let (e, name, id) = resolve(index, &r.tpu);
+        let entry = index.entry(e);
+        state.resources.insert(id.clone(), Resource {
+            id,
+            tpu_name: name,
+            zone: entry.zone.clone(),
+            tpu_type: entry.tpu_type.clone(),
+            entry_id: entry.id.clone(),
+            adopted: entry.is_adopted(),
+            status: r.status,
+            owner: r.owner.as_ref().map(|(j, a)| Owner { job_id: j.clone(), attempt_id: a.clone() }),
+            worker_count: r.workers,
+            idle_since: r.idle_since.map(at),
+            provisioning_node_seen_at: r.seen_at.map(at),
+            provisioning_node_missing_since: r.missing_since.map(at),
+            retryable_failures: r.retryable_failures.as_ref().map(|(j, c)| FailureCounter { job_id: j.clone(), attempt_id: None, count: *c }),
+            cancellation_failures: None,
+        });
+    }
+    let mut obs = Observation::default();
+    for n in &case.nodes {
+        let (e, name, _) = resolve(index, &n.tpu);
+        let entry = index.entry(e);
+        let mut labels = BTreeMap::new();
+        if !entry.is_adopted() {
+            labels.insert(LABEL_MANAGED_BY.to_owned(), index.runner().to_owned());
+            labels.insert(LABEL_FLEET_ENTRY.to_owned(), entry.id.clone());
+        }
+        obs.nodes.push(NodeInfo {
+            name: name.clone(),
+            zone: entry.zone.clone(),
+            tpu_type: entry.tpu_type.clone(),
+            state: n.state,
+            health: n.health,
+            spot: entry.provisioning_model == spec::ProvisioningModel::Spot,
+            labels,
+            queued_resource: (!entry.is_adopted()).then(|| spec::names::queued_resource_name(&name)),
+            worker_count: n.workers,
+            public_ip: false,
+        });
+    }
+    for q in &case.qrs {
+        let (e, name, _) = resolve(index, &q.tpu);
+        let entry = index.entry(e);
+        let labels = BTreeMap::from([
+            (LABEL_MANAGED_BY.to_owned(), index.runner().to_owned()),
+            (LABEL_FLEET_ENTRY.to_owned(), entry.id.clone()),
+        ]);
+        obs.queued_resources.push(QueuedResourceInfo {
+            name: spec::names::queued_resource_name(&name),
+            zone: entry.zone.clone(),
+            node_id: name,
+            tpu_type: entry.tpu_type.clone(),
+            state: q.state,
+            spot: true,
+            labels,
+        });
+    }
+    obs.attempts = case.reports.clone();
+    (state, obs)
+}
+
+/// Replaces generated node names with `entry#k` so snapshots stay readable.
+pub fn shorten(index: &FleetIndex, text: &str) -> String {
+    let mut out = text.to_owned();
+    for (name, d) in &index.declared {
+        let entry = index.entry(d.entry);
+        if d.ordinal > 0 {
+            out = out.replace(name, &format!("{}#{}", entry.id, d.ordinal));
+        }
+    }
+    out
+}
