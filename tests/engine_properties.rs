@@ -1,0 +1,318 @@
+//! Properties of the engine on random small instances: the class-graph matcher assigns
+//! exactly the jobs the original's Kuhn matching assigns; no TPU is given twice or to an
+//! incompatible job; desired counts never exceed `count` and equal the original's racing
+//! loop; a pass is deterministic.
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use proptest::prelude::*;
+use tpu_runner::engine::demand::{Demand, Requirement};
+use tpu_runner::engine::observe::{Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo};
+use tpu_runner::engine::policy::matching::{ClassGraph, greedy_match, kuhn_reference};
+use tpu_runner::engine::policy::{AssignInput, CapacityInput, Classic, Policy};
+use tpu_runner::engine::state::{BucketRegion, Job, Resource, ResourceStatus, State};
+use tpu_runner::engine::{Engine, EngineConfig, FleetIndex, Observation};
+use tpu_runner::spec::{self, Priority};
+
+// ----- the matcher alone ------------------------------------------------------------------
+
+fn class_graph() -> impl Strategy<Value = (ClassGraph, Vec<u32>)> {
+    (1usize..6, 1usize..6).prop_flat_map(|(n_jc, n_tc)| {
+        (
+            proptest::collection::vec(proptest::collection::btree_set(0..n_tc as u32, 0..=n_tc), n_jc),
+            proptest::collection::vec(0u32..4, n_tc),
+            proptest::collection::vec(0..n_jc as u32, 0..25),
+        )
+            .prop_map(|(compat, capacity, jobs)| {
+                (ClassGraph { compat: compat.into_iter().map(|s| s.into_iter().collect()).collect(), capacity }, jobs)
+            })
+    })
+}
+
+proptest! {
+    #[test]
+    fn class_matcher_assigns_the_same_jobs_as_kuhn((graph, jobs) in class_graph()) {
+        let got = greedy_match(&graph, &jobs);
+        // Expand classes into single TPUs for the oracle.
+        let mut tpus_of_class = Vec::new();
+        let mut n_tpus = 0;
+        for &cap in &graph.capacity {
+            tpus_of_class.push((n_tpus..n_tpus + cap as usize).collect::<Vec<_>>());
+            n_tpus += cap as usize;
+        }
+        let compat: Vec<Vec<usize>> = jobs
+            .iter()
+            .map(|&jc| graph.compat[jc as usize].iter().flat_map(|&tc| tpus_of_class[tc as usize].clone()).collect())
+            .collect();
+        let want = kuhn_reference(&compat, n_tpus);
+        for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+            prop_assert_eq!(g.is_some(), w.is_some(), "job {} (class {})", j, jobs[j]);
+        }
+        // The class assignment is feasible.
+        let mut used = vec![0u32; graph.capacity.len()];
+        for (j, g) in got.iter().enumerate() {
+            if let Some(tc) = g {
+                prop_assert!(graph.compat[jobs[j] as usize].contains(tc));
+                used[*tc as usize] += 1;
+            }
+        }
+        for (u, c) in used.iter().zip(&graph.capacity) {
+            prop_assert!(u <= c);
+        }
+    }
+}
+
+// ----- classic policy on real jobs and TPUs -----------------------------------------------
+
+const TYPES: &[&str] = &["v6e-8", "v5litepod-8", "v4-16"];
+const ZONES: &[&str] = &["us-east1-d", "us-central1-a", "europe-west4-a"];
+
+#[derive(Clone, Debug)]
+struct EntryGen {
+    ty: usize,
+    zone: usize,
+    count: u32,
+    adopted: bool,
+    keep_warm: u32,
+}
+
+#[derive(Clone, Debug)]
+struct JobGen {
+    types: BTreeSet<usize>,
+    zone: Option<usize>,
+    regions: BTreeSet<usize>,
+    priority: u8,
+    submitted: i64,
+    pinned: Option<usize>,
+    backoff: bool,
+}
+
+fn entry_gen() -> impl Strategy<Value = EntryGen> {
+    (0..TYPES.len(), 0..ZONES.len(), 0u32..4, any::<bool>(), 0u32..2)
+        .prop_map(|(ty, zone, count, adopted, keep_warm)| EntryGen { ty, zone, count, adopted, keep_warm: keep_warm.min(count) })
+}
+
+fn job_gen() -> impl Strategy<Value = JobGen> {
+    (
+        proptest::collection::btree_set(0..TYPES.len(), 1..=3),
+        proptest::option::weighted(0.2, 0..ZONES.len()),
+        proptest::collection::btree_set(0..ZONES.len(), 1..=3),
+        0u8..3,
+        0i64..5,
+        proptest::option::weighted(0.2, 0..ZONES.len()),
+        proptest::bool::weighted(0.1),
+    )
+        .prop_map(|(types, zone, regions, priority, submitted, pinned, backoff)| JobGen { types, zone, regions, priority, submitted, pinned, backoff })
+}
+
+fn region(zone: usize) -> String {
+    spec::gcp::zone_region(ZONES[zone]).unwrap().to_owned()
+}
+
+fn build_fleet(entries: &[EntryGen]) -> FleetIndex {
+    let mut text = String::new();
+    for (i, e) in entries.iter().enumerate() {
+        if e.adopted {
+            text.push_str(&format!("  - {{id: e{i}, type: {}, zone: {}, existing: tpu-{i}}}\n", TYPES[e.ty], ZONES[e.zone]));
+        } else {
+            text.push_str(&format!(
+                "  - {{id: e{i}, type: {}, zone: {}, count: {}, runtime: r, keep_warm_count: {}}}\n",
+                TYPES[e.ty], ZONES[e.zone], e.count, e.keep_warm
+            ));
+        }
+    }
+    FleetIndex::new(support::fleet(&text))
+}
+
+fn build_jobs(jobs: &[JobGen]) -> Vec<Job> {
+    jobs.iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let tpu: Vec<&str> = g.types.iter().map(|&t| TYPES[t]).collect();
+            let priority = [Priority::Low, Priority::Normal, Priority::High][g.priority as usize];
+            let spec = support::job_spec(&format!("j{i:02}"), &tpu.join(","), g.zone.map(|z| ZONES[z].to_owned()), None, priority, true);
+            let buckets = g.regions.iter().map(|&z| BucketRegion { region: region(z), bucket: format!("gs://b-{}", region(z)) }).collect();
+            let mut job = Job::new(spec, support::at(g.submitted), buckets);
+            if let Some(z) = g.pinned {
+                job.placement = Some(tpu_runner::engine::state::Placement { region: region(z), bucket: format!("gs://b-{}", region(z)) });
+            }
+            if g.backoff {
+                job.not_before = Some(support::at(1000));
+            }
+            job
+        })
+        .collect()
+}
+
+/// Idle TPUs: adopted entries' TPU plus up to `count` ordinals of managed entries.
+fn build_tpus(index: &FleetIndex, idle: &[u32]) -> Vec<Resource> {
+    let mut out = Vec::new();
+    for (e, entry) in index.fleet.tpus.iter().enumerate() {
+        let names: Vec<String> = match &entry.kind {
+            spec::EntryKind::Adopted { existing } => vec![existing.clone()],
+            spec::EntryKind::Managed { count } => (1..=(*count).min(idle[e % idle.len()])).map(|k| entry.node_name(index.runner(), k)).collect(),
+        };
+        for name in names {
+            let id = if entry.is_adopted() { format!("adopted-{name}") } else { name.clone() };
+            out.push(Resource {
+                id,
+                tpu_name: name,
+                zone: entry.zone.clone(),
+                tpu_type: entry.tpu_type.clone(),
+                entry_id: entry.id.clone(),
+                adopted: entry.is_adopted(),
+                status: ResourceStatus::Idle,
+                owner: None,
+                worker_count: 1,
+                idle_since: None,
+                provisioning_node_seen_at: None,
+                provisioning_node_missing_since: None,
+                retryable_failures: None,
+                cancellation_failures: None,
+            });
+        }
+    }
+    out.sort_by(|a, b| (!a.adopted, &a.id).cmp(&(!b.adopted, &b.id)));
+    out
+}
+
+/// The original, literally: sort jobs by its key, then Kuhn over single TPUs.
+fn oracle_assigned(index: &FleetIndex, jobs: &[&Job], tpus: &[Resource]) -> BTreeSet<String> {
+    let n_entries = index.fleet.tpus.len();
+    let mut order: Vec<&Job> = jobs.iter().copied().filter(|j| j.not_before.is_none_or(|t| t <= support::at(100))).collect();
+    let compat_entries = |j: &Job| (0..n_entries).filter(|&e| Requirement::of(j).accepts_entry(index, e)).count();
+    order.sort_by_key(|j| (compat_entries(j) == 0, std::cmp::Reverse(j.spec.priority.rank()), compat_entries(j), j.submitted_at, j.id.clone()));
+    let compat: Vec<Vec<usize>> = order
+        .iter()
+        .map(|j| (0..tpus.len()).filter(|&t| Requirement::of(j).accepts_resource(&tpus[t])).collect())
+        .collect();
+    let matched = kuhn_reference(&compat, tpus.len());
+    order.iter().zip(matched).filter(|(_, m)| m.is_some()).map(|(j, _)| j.id.clone()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn classic_assignment_matches_the_original(
+        entries in proptest::collection::vec(entry_gen(), 1..5),
+        jobs in proptest::collection::vec(job_gen(), 0..12),
+        idle in proptest::collection::vec(0u32..4, 1..4),
+    ) {
+        let index = build_fleet(&entries);
+        let jobs = build_jobs(&jobs);
+        let tpus = build_tpus(&index, &idle);
+        let demand = Demand::build(&index, jobs.iter(), support::at(100));
+        let tpu_refs: Vec<&Resource> = tpus.iter().collect();
+        let pairs = Classic.assign(&AssignInput { index: &index, demand: &demand, tpus: &tpu_refs });
+
+        let mut seen_tpus = BTreeSet::new();
+        for &(j, t) in &pairs {
+            let job = demand.jobs[j].job;
+            prop_assert!(seen_tpus.insert(t), "TPU {} assigned twice", tpus[t].id);
+            prop_assert!(demand.jobs[j].assignable, "job {} is backing off", job.id);
+            prop_assert!(Requirement::of(job).accepts_resource(&tpus[t]), "{} cannot run on {}", job.id, tpus[t].id);
+        }
+        let got: BTreeSet<String> = pairs.iter().map(|&(j, _)| demand.jobs[j].job.id.clone()).collect();
+        let job_refs: Vec<&Job> = jobs.iter().collect();
+        prop_assert_eq!(got, oracle_assigned(&index, &job_refs, &tpus));
+    }
+
+    #[test]
+    fn desired_counts_follow_the_racing_rule(
+        entries in proptest::collection::vec(entry_gen(), 1..5),
+        jobs in proptest::collection::vec(job_gen(), 0..12),
+        busy in proptest::collection::vec(0u32..3, 5),
+    ) {
+        let index = build_fleet(&entries);
+        let jobs = build_jobs(&jobs);
+        let demand = Demand::build(&index, jobs.iter(), support::at(100));
+        let waiting = vec![true; demand.jobs.len()];
+        let busy: Vec<u32> = index.fleet.tpus.iter().enumerate().map(|(e, entry)| busy[e].min(entry.ceiling())).collect();
+        let desired = Classic.desired_counts(&CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[] });
+        // The original's loop: jobs in order add one to every compatible managed entry with room.
+        let mut add = vec![0u32; index.fleet.tpus.len()];
+        for job in &demand.jobs {
+            for &e in &demand.class(job).entries {
+                let entry = index.entry(e as usize);
+                if let spec::EntryKind::Managed { count } = entry.kind
+                    && add[e as usize] < count.saturating_sub(busy[e as usize])
+                {
+                    add[e as usize] += 1;
+                }
+            }
+        }
+        for (e, entry) in index.fleet.tpus.iter().enumerate() {
+            if let spec::EntryKind::Managed { count } = entry.kind {
+                prop_assert!(desired[e] <= count);
+                prop_assert_eq!(desired[e], count.min(entry.keep_warm_count.max(busy[e] + add[e])), "entry {}", entry.id);
+            }
+        }
+    }
+
+    #[test]
+    fn a_pass_is_deterministic_and_respects_limits(
+        entries in proptest::collection::vec(entry_gen(), 1..5),
+        jobs in proptest::collection::vec(job_gen(), 0..12),
+        idle in proptest::collection::vec(0u32..4, 1..4),
+    ) {
+        let index = build_fleet(&entries);
+        let engine = Engine::new(index.fleet.clone(), EngineConfig::default(), Box::new(Classic));
+        let mut state = State::new();
+        for job in build_jobs(&jobs) {
+            state.submit(job).unwrap();
+        }
+        let mut obs = Observation::default();
+        for r in build_tpus(&index, &idle) {
+            let entry = index.entry(index.entry_index(&r.entry_id).unwrap());
+            let mut labels = std::collections::BTreeMap::new();
+            if !r.adopted {
+                labels.insert(LABEL_MANAGED_BY.to_owned(), index.runner().to_owned());
+                labels.insert(LABEL_FLEET_ENTRY.to_owned(), r.entry_id.clone());
+                obs.queued_resources.push(QueuedResourceInfo {
+                    name: spec::names::queued_resource_name(&r.tpu_name),
+                    zone: r.zone.clone(),
+                    node_id: r.tpu_name.clone(),
+                    tpu_type: r.tpu_type.clone(),
+                    state: QrState::Active,
+                    spot: true,
+                    labels: labels.clone(),
+                });
+            }
+            obs.nodes.push(NodeInfo {
+                name: r.tpu_name.clone(),
+                zone: r.zone.clone(),
+                tpu_type: r.tpu_type.clone(),
+                state: NodeState::Ready,
+                health: Health::Healthy,
+                spot: entry.provisioning_model == spec::ProvisioningModel::Spot,
+                labels,
+                queued_resource: None,
+                worker_count: 1,
+                public_ip: false,
+            });
+        }
+        let mut again = state.clone();
+        let out = engine.reconcile(&mut state, &obs, support::at(100));
+        let out2 = engine.reconcile(&mut again, &obs, support::at(100));
+        prop_assert_eq!(&out, &out2);
+        prop_assert_eq!(&state, &again);
+        prop_assert!(out.violations.is_empty(), "{:?}", out.violations);
+        // Never more live requests per entry than its count.
+        for (e, entry) in index.fleet.tpus.iter().enumerate() {
+            let created = out.actions.iter().filter(|a| matches!(a, tpu_runner::engine::Action::CreateQueuedResource { entry_id, .. } if *entry_id == entry.id)).count();
+            let existing = obs.queued_resources.iter().filter(|q| index.qr_labelled_for(q, e)).count();
+            prop_assert!(created + existing <= entry.ceiling() as usize);
+        }
+        // No TPU runs two attempts; every running job owns its TPU.
+        let mut owners = BTreeSet::new();
+        for r in state.resources.values() {
+            if let Some(o) = &r.owner {
+                prop_assert!(owners.insert(o.job_id.clone()));
+                prop_assert_eq!(state.jobs[&o.job_id].assigned_resource.as_deref(), Some(r.id.as_str()));
+            }
+        }
+    }
+}
