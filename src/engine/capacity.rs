@@ -5,55 +5,43 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::demand::Demand;
-use super::observe::{Action, NodeInfo};
-use super::policy::CapacityInput;
+use super::observe::{Action, NodeInfo, QueuedResourceInfo};
 use super::reconcile::Pass;
-use super::state::{JobStatus, Resource, ResourceStatus};
+use super::state::{Resource, ResourceStatus};
 use crate::spec::{ProvisioningModel, QuotaKey, names};
 
 impl<'a> Pass<'a> {
     pub(super) fn capacity(&mut self) {
-        let n_entries = self.index.fleet.tpus.len();
-        let mut busy = vec![0u32; n_entries];
-        for r in self.state.resources.values() {
-            if r.is_busy()
-                && let Some(e) = self.index.owns_record(r)
-            {
-                busy[e] += 1;
+        let desired = std::mem::take(&mut self.desired);
+        let named = std::mem::take(&mut self.named);
+        let mut remaining = self.remaining_chips();
+        let mut nodes_by_entry: BTreeMap<&str, Vec<&'a NodeInfo>> = BTreeMap::new();
+        for n in &self.obs.nodes {
+            if let Some(entry) = n.labels.get(super::observe::LABEL_FLEET_ENTRY) {
+                nodes_by_entry.entry(entry).or_default().push(n);
             }
         }
-        let (desired, named): (Vec<u32>, BTreeSet<String>) = {
-            let pending = self.state.jobs.values().filter(|j| j.status == JobStatus::Pending);
-            let demand = Demand::build(self.index, pending, self.now);
-            let waiting = vec![true; demand.jobs.len()];
-            let idle_adopted: Vec<&Resource> = self
-                .state
-                .resources
-                .values()
-                .filter(|r| r.adopted && r.status == ResourceStatus::Idle && !r.is_busy() && self.index.is_declared(r))
-                .collect();
-            let desired = self.policy.desired_counts(&CapacityInput {
-                index: self.index,
-                demand: &demand,
-                waiting: &waiting,
-                busy: &busy,
-                idle_adopted: &idle_adopted,
-            });
-            let named = demand.jobs.iter().filter_map(|j| j.job.spec.tpu_name.clone()).collect();
-            (desired, named)
-        };
-        let mut remaining = self.remaining_chips();
-        for e in 0..n_entries {
-            if self.index.entry(e).is_adopted() {
+        let mut qrs_by_entry: BTreeMap<&str, Vec<&'a QueuedResourceInfo>> = BTreeMap::new();
+        for q in &self.obs.queued_resources {
+            if let Some(entry) = q.labels.get(super::observe::LABEL_FLEET_ENTRY) {
+                qrs_by_entry.entry(entry).or_default().push(q);
+            }
+        }
+        for e in 0..self.index.fleet.tpus.len() {
+            let entry = self.index.entry(e);
+            if entry.is_adopted() {
                 continue;
             }
             let count = self.index.ordinals[e].len() as u32;
-            let want = desired.get(e).copied().unwrap_or(0).min(count);
-            if want != desired.get(e).copied().unwrap_or(0) {
-                self.violation(format!("policy {} asked for more than count on entry {}", self.policy.name(), self.index.entry(e).id));
+            let asked = desired.get(e).copied().unwrap_or(0);
+            if asked > count {
+                self.violation(format!("policy {} asked for {asked} TPUs of entry {} (count {count})", self.policy.name(), entry.id));
             }
-            self.size_entry(e, want, &named, &mut remaining);
+            let nodes: Vec<&NodeInfo> =
+                nodes_by_entry.get(entry.id.as_str()).into_iter().flatten().copied().filter(|n| self.index.node_labelled_for(n, e)).collect();
+            let qrs: Vec<&QueuedResourceInfo> =
+                qrs_by_entry.get(entry.id.as_str()).into_iter().flatten().copied().filter(|q| self.index.qr_labelled_for(q, e)).collect();
+            self.size_entry(e, asked.min(count), &named, &nodes, &qrs, &mut remaining);
         }
     }
 
@@ -116,31 +104,52 @@ impl<'a> Pass<'a> {
         }
     }
 
-    fn size_entry(&mut self, e: usize, desired: u32, named: &BTreeSet<String>, remaining: &mut BTreeMap<QuotaKey, i64>) {
+    fn size_entry(
+        &mut self,
+        e: usize,
+        desired: u32,
+        named: &BTreeSet<String>,
+        matching_nodes: &[&'a NodeInfo],
+        matching_qrs: &[&'a QueuedResourceInfo],
+        remaining: &mut BTreeMap<QuotaKey, i64>,
+    ) {
         let index = self.index;
         let entry = index.entry(e);
         let ordinals: &[String] = &index.ordinals[e];
-        let obs = self.obs;
-        let matching_nodes: Vec<&NodeInfo> = obs.nodes.iter().filter(|n| index.node_labelled_for(n, e)).collect();
         let busy_name = |p: &Pass<'_>, name: &str| p.state.resources.get(name).is_some_and(Resource::is_busy);
-        let node_ready = |p: &Pass<'_>, name: &str| p.ordinal_ready(name, e);
         let qr_of = |p: &Pass<'a>, name: &str| p.ordinal_qr(name, e);
 
+        // What each ordinal has, looked up once.
+        struct Ordinal<'n> {
+            name: &'n str,
+            busy: bool,
+            named: bool,
+            live: bool,
+            behind_terminal_qr: bool,
+        }
+        let facts: Vec<Ordinal<'_>> = ordinals
+            .iter()
+            .map(|name| {
+                let qr = qr_of(self, name);
+                Ordinal {
+                    name,
+                    busy: busy_name(self, name),
+                    named: named.contains(name),
+                    live: self.ordinal_ready(name, e) || qr.is_some_and(|q| q.state.is_live()),
+                    behind_terminal_qr: qr.is_some_and(|q| !q.state.is_live()),
+                }
+            })
+            .collect();
         // Ordinal preference: busy, named by a pending job, live, then the rest (minus ones
         // behind a terminal queued resource, which must be cleaned up first).
         let mut preference: Vec<&str> = Vec::with_capacity(ordinals.len());
-        let mut placed = BTreeSet::new();
-        let tiers: [&dyn Fn(&Pass<'a>, &str) -> bool; 4] = [
-            &|p, n| busy_name(p, n),
-            &|_, n| named.contains(n),
-            &|p, n| node_ready(p, n) || qr_of(p, n).is_some_and(|q| q.state.is_live()),
-            &|p, n| !qr_of(p, n).is_some_and(|q| !q.state.is_live()),
-        ];
+        let mut placed = vec![false; facts.len()];
+        let tiers: [fn(&Ordinal<'_>) -> bool; 4] = [|o| o.busy, |o| o.named, |o| o.live, |o| !o.behind_terminal_qr];
         for tier in tiers {
-            for name in ordinals {
-                if !placed.contains(name.as_str()) && tier(self, name) {
-                    placed.insert(name.as_str());
-                    preference.push(name);
+            for (i, o) in facts.iter().enumerate() {
+                if !placed[i] && tier(o) {
+                    placed[i] = true;
+                    preference.push(o.name);
                 }
             }
         }
@@ -148,7 +157,7 @@ impl<'a> Pass<'a> {
 
         if desired == 0 {
             let mut just_deleted = BTreeSet::new();
-            for node in &matching_nodes {
+            for node in matching_nodes {
                 if self.ready(node) && !busy_name(self, &node.name) && self.idle_timeout_elapsed(&node.name) {
                     self.delete_node(&node.name, &node.zone);
                     self.mark_deleted(&node.name);
@@ -156,7 +165,7 @@ impl<'a> Pass<'a> {
                     self.event("idle_spot_tpu_deleted", None, Some(&node.name), None, "reason=no_pending_or_running_jobs".into());
                 }
             }
-            for qr in obs.queued_resources.iter().filter(|q| index.qr_labelled_for(q, e) && !q.state.is_deleting()) {
+            for qr in matching_qrs.iter().filter(|q| !q.state.is_deleting()) {
                 let node = self.nodes.get(qr.node_id.as_str());
                 let drop = match node {
                     None => true,
@@ -173,7 +182,7 @@ impl<'a> Pass<'a> {
 
         // Ready nodes outside the desired set: kept until their idle timeout.
         let mut retained = BTreeSet::new();
-        for node in &matching_nodes {
+        for node in matching_nodes {
             if desired_set.contains(node.name.as_str()) || !self.ready(node) || busy_name(self, &node.name) {
                 continue;
             }
@@ -185,7 +194,7 @@ impl<'a> Pass<'a> {
                 retained.insert(node.name.clone());
             }
         }
-        for qr in obs.queued_resources.iter().filter(|q| index.qr_labelled_for(q, e) && !q.state.is_deleting()) {
+        for qr in matching_qrs.iter().filter(|q| !q.state.is_deleting()) {
             let outside = !desired_set.contains(qr.node_id.as_str()) || qr.name != names::queued_resource_name(&qr.node_id);
             if outside && !retained.contains(&qr.node_id) && !busy_name(self, &qr.node_id) {
                 self.delete_qr(&qr.name, &qr.zone);
@@ -206,7 +215,7 @@ impl<'a> Pass<'a> {
         }
         let current = desired_set
             .iter()
-            .filter(|n| node_ready(self, n) || (qr_of(self, n).is_some_and(|q| q.state.is_live()) && !self.was_deleted_qr(n)))
+            .filter(|n| self.ordinal_ready(n, e) || (qr_of(self, n).is_some_and(|q| q.state.is_live()) && !self.was_deleted_qr(n)))
             .count() as u32;
         let mut missing = desired.saturating_sub(current);
         if missing == 0 {

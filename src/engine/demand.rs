@@ -2,7 +2,6 @@
 //! and regions form one class, whose compatible fleet entries are computed once. Policies work
 //! on classes so a pass costs O(jobs + classes × entries), not O(jobs × entries).
 
-use std::collections::BTreeMap;
 
 use super::fleet_index::FleetIndex;
 use super::state::{Job, RegionChoice, Resource};
@@ -102,7 +101,9 @@ pub struct Demand<'a> {
 impl<'a> Demand<'a> {
     /// Groups `pending` (jobs with status pending) by requirement.
     pub fn build(index: &FleetIndex, pending: impl IntoIterator<Item = &'a Job>, now: Timestamp) -> Demand<'a> {
-        let mut by_req: BTreeMap<Requirement<'a>, u32> = BTreeMap::new();
+        // Only looked up, never iterated: class ids follow job order, so hashing is safe
+        // for determinism and much cheaper than ordered keys at 100k jobs.
+        let mut by_req: rustc_hash::FxHashMap<Requirement<'a>, u32> = rustc_hash::FxHashMap::default();
         let mut demand = Demand::default();
         for job in pending {
             let req = Requirement::of(job);

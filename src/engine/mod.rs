@@ -18,6 +18,7 @@ pub mod fleet_index;
 pub mod observe;
 pub mod policy;
 mod reconcile;
+pub mod synthetic;
 pub mod state;
 pub mod time;
 

@@ -14,7 +14,7 @@ use super::observe::{
     Action, ActionFailure, AttemptReport, CancelOutcome, CloudFailure, Event, LaunchRequest, NodeInfo, Observation,
     QueuedResourceInfo, RemoteErrorKind,
 };
-use super::policy::{AssignInput, Policy};
+use super::policy::{AssignInput, CapacityInput, Policy};
 use super::state::{
     Attempt, AttemptStatus, Backoff, EndReason, FailureCounter, InterruptionStatus, Job, JobStatus, Placement, Resource,
     ResourceStatus, State,
@@ -67,6 +67,10 @@ pub(crate) struct Pass<'a> {
     pub(super) deleted: BTreeSet<String>,
     /// Attempts created by this pass's assignment (launched at the end).
     pub(super) new_attempts: Vec<String>,
+    /// Desired TPUs per entry, decided with the assignment.
+    pub(super) desired: Vec<u32>,
+    /// TPU names pending jobs ask for.
+    pub(super) named: BTreeSet<String>,
 }
 
 impl<'a> Pass<'a> {
@@ -94,6 +98,8 @@ impl<'a> Pass<'a> {
             qr_by_node,
             deleted: BTreeSet::new(),
             new_attempts: Vec::new(),
+            desired: Vec::new(),
+            named: BTreeSet::new(),
         }
     }
 
@@ -1136,22 +1142,64 @@ impl<'a> Pass<'a> {
 
     // ----- step 7: assignment -------------------------------------------------------------
 
+    /// Assignment, and the capacity plan for the state right after it: the demand is built
+    /// once per pass, before any job changes, and capacity sees it with the chosen pairs
+    /// already taken out.
     fn assignment(&mut self) {
-        let (pairs, waits): (Vec<(String, String)>, Vec<Timestamp>) = {
-            let demand = Demand::build(self.index, self.state.jobs.values().filter(|j| j.status == JobStatus::Pending), self.now);
-            let waits = demand.jobs.iter().filter(|j| !j.assignable).filter_map(|j| j.job.not_before).collect();
+        let index = self.index;
+        let now = self.now;
+        let (pairs, waits, desired, named) = {
+            let demand = Demand::build(index, self.state.jobs.values().filter(|j| j.status == JobStatus::Pending), now);
+            let waits: Vec<Timestamp> = demand.jobs.iter().filter(|j| !j.assignable).filter_map(|j| j.job.not_before).collect();
             let candidates: Vec<&Resource> = self
                 .state
                 .resources
                 .values()
-                .filter(|r| r.status == ResourceStatus::Idle && !r.is_busy() && self.index.is_declared(r))
+                .filter(|r| r.status == ResourceStatus::Idle && !r.is_busy() && index.is_declared(r))
                 .collect();
-            let pairs = self.policy.assign(&AssignInput { index: self.index, demand: &demand, tpus: &candidates });
-            (pairs.into_iter().map(|(j, t)| (demand.jobs[j].job.id.clone(), candidates[t].id.clone())).collect(), waits)
+            let pairs = self.policy.assign(&AssignInput { index, demand: &demand, tpus: &candidates });
+            let mut waiting = vec![true; demand.jobs.len()];
+            let mut taken = vec![false; candidates.len()];
+            let mut busy = vec![0u32; index.fleet.tpus.len()];
+            for r in self.state.resources.values() {
+                if r.is_busy()
+                    && let Some(e) = index.owns_record(r)
+                {
+                    busy[e] += 1;
+                }
+            }
+            for &(j, t) in &pairs {
+                waiting[j] = false;
+                taken[t] = true;
+                if let Some(e) = index.owns_record(candidates[t]) {
+                    busy[e] += 1;
+                }
+            }
+            let idle_adopted: Vec<&Resource> =
+                candidates.iter().zip(&taken).filter(|(r, taken)| r.adopted && !**taken).map(|(r, _)| *r).collect();
+            let desired = self.policy.desired_counts(&CapacityInput {
+                index,
+                demand: &demand,
+                waiting: &waiting,
+                busy: &busy,
+                idle_adopted: &idle_adopted,
+            });
+            let named: BTreeSet<String> = demand
+                .jobs
+                .iter()
+                .zip(&waiting)
+                .filter(|(_, w)| **w)
+                .filter_map(|(j, _)| j.job.spec.tpu_name.clone())
+                .collect();
+            let pairs: Vec<(String, String)> =
+                pairs.into_iter().map(|(j, t)| (demand.jobs[j].job.id.clone(), candidates[t].id.clone())).collect();
+            (pairs, waits, desired, named)
         };
         for t in waits {
             self.wake_at(t);
         }
+        self.desired = desired;
+        self.named = named;
         for (job_id, resource_id) in pairs {
             self.assign_job(&job_id, &resource_id);
         }
@@ -1175,7 +1223,7 @@ impl<'a> Pass<'a> {
             },
         };
         let previous = job.current_attempt.clone().unwrap_or_default();
-        let attempt_id = names::stable_id("attempt", &serde_json::json!({"job": job_id, "resource": resource_id, "previous": previous}));
+        let attempt_id = names::attempt_id(job_id, resource_id, &previous);
         let attempt = Attempt {
             id: attempt_id.clone(),
             resource_id: resource_id.to_owned(),
@@ -1201,7 +1249,8 @@ impl<'a> Pass<'a> {
             self.out.violations.push(e.to_string());
             return;
         }
-        let detail = format!("tpu_name={}; region={}; bucket={}; priority={:?}", attempt.tpu_name, placement.region, placement.bucket, job.spec.priority).to_lowercase();
+        let priority = ["low", "normal", "high"][job.spec.priority.rank() as usize];
+        let detail = format!("tpu_name={}; region={}; bucket={}; priority={priority}", attempt.tpu_name, placement.region, placement.bucket);
         job.placement = Some(placement);
         job.assigned_resource = Some(resource_id.to_owned());
         job.current_attempt = Some(attempt_id.clone());

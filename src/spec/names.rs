@@ -115,6 +115,20 @@ pub fn stable_id(prefix: &str, value: &Json) -> String {
     )
 }
 
+/// The attempt id: `stable_id("attempt", {"job", "previous", "resource"})`, written without
+/// building a JSON value (it is computed for every assignment).
+pub fn attempt_id(job: &str, resource: &str, previous: &str) -> String {
+    let mut canonical = String::with_capacity(48 + job.len() + resource.len() + previous.len());
+    canonical.push_str("{\"job\":");
+    write_string(job, &mut canonical);
+    canonical.push_str(",\"previous\":");
+    write_string(previous, &mut canonical);
+    canonical.push_str(",\"resource\":");
+    write_string(resource, &mut canonical);
+    canonical.push('}');
+    format!("attempt-{}", &sha1_hex(canonical.as_bytes())[..10])
+}
+
 /// Default entry id when `id` is absent: `slug(type)-slug(zone)-<1-based index>`.
 pub fn default_entry_id(tpu_type: &str, zone: &str, index_1based: usize) -> String {
     format!("{}-{}-{index_1based}", slug(tpu_type), slug(zone))

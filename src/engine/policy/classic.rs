@@ -30,8 +30,12 @@ impl Policy for Classic {
     fn desired_counts(&self, input: &CapacityInput<'_>) -> Vec<u32> {
         let demand = input.demand;
         // (1) Jobs the matcher can place on idle adopted TPUs need no new capacity.
-        let order = priority_order(demand, |j| input.waiting[j]);
-        let on_adopted: BTreeSet<usize> = match_in_order(demand, &order, input.idle_adopted).into_iter().map(|(j, _)| j).collect();
+        let on_adopted: BTreeSet<usize> = if input.idle_adopted.is_empty() {
+            BTreeSet::new()
+        } else {
+            let order = priority_order(demand, |j| input.waiting[j]);
+            match_in_order(demand, &order, input.idle_adopted).into_iter().map(|(j, _)| j).collect()
+        };
         // (2) Racing demand: each waiting job adds one to every compatible managed entry that
         // still has room (count - busy). That is order-independent: an entry's demand is the
         // number of compatible waiting jobs, capped by its room.
@@ -73,17 +77,15 @@ pub(super) fn desired_from(index: &FleetIndex, busy: &[u32], compatible_jobs: &[
 /// entry first, higher priority first, fewer compatible entries first, then FIFO, then id.
 pub(super) fn priority_order(demand: &Demand<'_>, keep: impl Fn(usize) -> bool) -> Vec<usize> {
     let mut order: Vec<usize> = (0..demand.jobs.len()).filter(|&j| keep(j)).collect();
-    order.sort_by_cached_key(|&j| {
+    // `demand.jobs` is in id order and the sort is stable, so ties end in id order without
+    // comparing strings.
+    let key = |j: usize| {
         let job = &demand.jobs[j];
-        let class = demand.class(job);
-        (
-            class.entries.is_empty(),
-            Reverse(job.job.spec.priority.rank()),
-            class.entries.len(),
-            job.job.submitted_at,
-            job.job.id.as_str(),
-        )
-    });
+        let n_entries = demand.class(job).entries.len();
+        (n_entries == 0, Reverse(job.job.spec.priority.rank()), n_entries, job.job.submitted_at)
+    };
+    let keys: Vec<_> = (0..demand.jobs.len()).map(key).collect();
+    order.sort_by_key(|&j| keys[j]);
     order
 }
 
@@ -110,13 +112,13 @@ pub(super) fn match_in_order(demand: &Demand<'_>, order: &[usize], tpus: &[&Reso
         members[c].push_back(t);
     }
     // Job classes: the demand classes that occur, with their compatible TPU classes.
-    let mut job_class_of: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut job_class_of: Vec<Option<u32>> = vec![None; demand.classes.len()];
     let mut compat: Vec<Vec<u32>> = Vec::new();
     let job_classes: Vec<u32> = order
         .iter()
         .map(|&j| {
             let dc = demand.jobs[j].class;
-            *job_class_of.entry(dc).or_insert_with(|| {
+            *job_class_of[dc as usize].get_or_insert_with(|| {
                 let req = demand.classes[dc as usize].req;
                 compat.push(
                     (0..members.len())

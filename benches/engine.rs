@@ -1,0 +1,28 @@
+//! One planning pass of the reconcile engine (`classic` policy) on synthetic queues: 1k, 10k
+//! and 100k pending jobs with one idle TPU per ten jobs, over 50 to 500 fleet entries. The
+//! state is cloned outside the timed section.
+
+use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
+use tpu_runner::engine::policy::Classic;
+use tpu_runner::engine::{Engine, EngineConfig, Timestamp, synthetic};
+
+fn planning_pass(c: &mut Criterion) {
+    let epoch = Timestamp::from_secs(1_767_225_600);
+    let mut group = c.benchmark_group("planning_pass");
+    group.sample_size(10);
+    for (n_jobs, n_entries) in [(1_000usize, 50usize), (10_000, 200), (100_000, 500)] {
+        let n_idle = n_jobs / 10;
+        let count = (n_idle / n_entries + 1) as u32;
+        let fleet = synthetic::fleet(n_entries, count);
+        let (state, obs) = synthetic::planning_instance(&fleet, n_jobs, n_idle, epoch);
+        let engine = Engine::new(fleet, EngineConfig::default(), Box::new(Classic));
+        let now = epoch.plus_secs(100_000);
+        group.bench_with_input(BenchmarkId::new("jobs", format!("{n_jobs}x{n_idle}tpus/{n_entries}entries")), &n_jobs, |b, _| {
+            b.iter_batched(|| state.clone(), |mut s| engine.reconcile(&mut s, &obs, now), BatchSize::LargeInput)
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, planning_pass);
+criterion_main!(benches);

@@ -1,0 +1,157 @@
+//! Deterministic synthetic fleets, queues and inventories for benches and scale tests: a
+//! fleet of many entries, many pending jobs, idle TPUs with ready nodes. Pure; a simple
+//! integer hash stands in for randomness so the same size always gives the same instance.
+
+use std::collections::BTreeMap;
+
+use super::observe::{Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo};
+use super::state::{BucketRegion, Job, Resource, ResourceStatus, State};
+use super::{Observation, Timestamp};
+use crate::spec::fleet::{EntryKind, FleetSpec, SshTransport, TpuEntry};
+use crate::spec::{JobSpec, Priority, ProvisioningModel, TpuRequest, TpuType};
+
+const TYPES: &[&str] = &["v6e-8", "v6e-16", "v5litepod-8", "v5litepod-16", "v4-8", "v5p-8"];
+const REGIONS: &[&str] = &[
+    "us-east1", "us-east5", "us-central1", "us-central2", "us-west1", "us-west4", "us-south1", "europe-west4",
+    "europe-west1", "asia-northeast1", "asia-southeast1", "asia-east1",
+];
+
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+/// A fleet of `n_entries` managed Spot entries spread over types and zones.
+pub fn fleet(n_entries: usize, count_per_entry: u32) -> FleetSpec {
+    let tpus = (0..n_entries)
+        .map(|i| {
+            let region = REGIONS[i % REGIONS.len()];
+            let zone = format!("{region}-{}", ["a", "b", "c", "d"][(i / REGIONS.len()) % 4]);
+            TpuEntry {
+                id: format!("entry-{i}"),
+                tpu_type: TpuType::parse(TYPES[(i / 7) % TYPES.len()]).expect("valid"),
+                zone,
+                provisioning_model: ProvisioningModel::Spot,
+                chip_limit: None,
+                keep_warm_count: 0,
+                runtime: Some("v2-alpha-tpuv6e".into()),
+                kind: EntryKind::Managed { count: count_per_entry },
+            }
+        })
+        .collect();
+    FleetSpec {
+        name: "bench".into(),
+        project: "bench-project".into(),
+        controller_region: "us-central1".into(),
+        controller_timeout: "168h".into(),
+        firestore_location: "nam5".into(),
+        network: "default".into(),
+        subnetwork: "default".into(),
+        bucket: "gs://bench-bucket".into(),
+        controller_memory: "1Gi".into(),
+        controller_max_retries: 3,
+        ssh_transport: SshTransport::Iap,
+        idle_timeout_seconds: 600,
+        worker_secrets: vec![],
+        tpus,
+    }
+}
+
+/// `n_jobs` pending jobs, each accepting one to three types in one to three regions.
+pub fn pending_jobs(n_jobs: usize, epoch: Timestamp) -> Vec<Job> {
+    (0..n_jobs)
+        .map(|i| {
+            let h = mix(i as u64);
+            let n_types = 1 + (h % 3) as usize;
+            let types: Vec<TpuType> = (0..n_types)
+                .map(|k| TpuType::parse(TYPES[((h >> 8) as usize + k * 2) % TYPES.len()]).expect("valid"))
+                .collect();
+            let n_regions = 1 + ((h >> 16) % 3) as usize;
+            let buckets: Vec<BucketRegion> = (0..n_regions)
+                .map(|k| {
+                    let region = REGIONS[((h >> 24) as usize + k * 5) % REGIONS.len()];
+                    BucketRegion { region: region.into(), bucket: format!("gs://bench-{region}") }
+                })
+                .collect();
+            let spec = JobSpec {
+                id: format!("job-{i:06}"),
+                id_generated: false,
+                tpu: TpuRequest::OneOf(types),
+                bundle: ".".into(),
+                command: "python train.py".into(),
+                tpu_name: None,
+                zone: None,
+                buckets: buckets.iter().map(|b| b.bucket.clone()).collect(),
+                caches: vec![],
+                env: BTreeMap::new(),
+                priority: [Priority::Low, Priority::Normal, Priority::Normal, Priority::High][((h >> 40) % 4) as usize],
+                retry_on_infrastructure_failure: true,
+            };
+            Job::new(spec, epoch.plus_secs((h >> 44) as i64 % 86_400), buckets)
+        })
+        .collect()
+}
+
+/// A state with `n_jobs` pending jobs and `n_idle` idle TPUs (ordinals spread over the
+/// entries), plus the observation showing those TPUs ready.
+pub fn planning_instance(fleet: &FleetSpec, n_jobs: usize, n_idle: usize, epoch: Timestamp) -> (State, Observation) {
+    let mut state = State::new();
+    for job in pending_jobs(n_jobs, epoch) {
+        state.jobs.insert(job.id.clone(), job);
+    }
+    let mut obs = Observation::default();
+    let per_entry = match fleet.tpus.first().map(|e| &e.kind) {
+        Some(EntryKind::Managed { count }) => *count as usize,
+        _ => 0,
+    };
+    for i in 0..n_idle.min(fleet.tpus.len() * per_entry) {
+        let entry = &fleet.tpus[i % fleet.tpus.len()];
+        let ordinal = (i / fleet.tpus.len()) as u32 + 1;
+        let name = entry.node_name(&fleet.name, ordinal);
+        let labels = BTreeMap::from([
+            (LABEL_MANAGED_BY.to_owned(), fleet.name.clone()),
+            (LABEL_FLEET_ENTRY.to_owned(), entry.id.clone()),
+        ]);
+        state.resources.insert(name.clone(), Resource {
+            id: name.clone(),
+            tpu_name: name.clone(),
+            zone: entry.zone.clone(),
+            tpu_type: entry.tpu_type.clone(),
+            entry_id: entry.id.clone(),
+            adopted: false,
+            status: ResourceStatus::Idle,
+            owner: None,
+            worker_count: 1,
+            idle_since: Some(epoch),
+            provisioning_node_seen_at: None,
+            provisioning_node_missing_since: None,
+            retryable_failures: None,
+            cancellation_failures: None,
+        });
+        obs.queued_resources.push(QueuedResourceInfo {
+            name: crate::spec::names::queued_resource_name(&name),
+            zone: entry.zone.clone(),
+            node_id: name.clone(),
+            tpu_type: entry.tpu_type.clone(),
+            state: QrState::Active,
+            spot: true,
+            labels: labels.clone(),
+        });
+        obs.nodes.push(NodeInfo {
+            name,
+            zone: entry.zone.clone(),
+            tpu_type: entry.tpu_type.clone(),
+            state: NodeState::Ready,
+            health: Health::Healthy,
+            spot: true,
+            labels,
+            queued_resource: None,
+            worker_count: 1,
+            public_ip: false,
+        });
+    }
+    (state, obs)
+}

@@ -1,0 +1,62 @@
+//! Code invariants checked as tests: the engine and the specs stay pure (no clock, no IO, no
+//! unseeded randomness, no async runtime, HTTP client or storage), every module states its
+//! purpose in a `//!` line, and the simulator crate knows nothing of the engine.
+
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn engine_and_spec_are_pure() {
+    let forbidden = [
+        "Instant::now", "SystemTime::now", "Timestamp::now", "Zoned::now", "thread_rng", "rand::rng(", "OsRng",
+        "tokio", "reqwest", "rusqlite", "std::fs", "std::net", "std::process", "std::env", "println!", "eprintln!",
+    ];
+    for dir in ["src/engine", "src/spec"] {
+        for file in rust_files(&root().join(dir)) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                for word in forbidden {
+                    assert!(!code.contains(word), "{}:{}: `{word}` is not allowed in a pure module:\n{line}", file.display(), n + 1);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_module_says_what_it_is_for() {
+    for dir in ["src", "sim/src"] {
+        for file in rust_files(&root().join(dir)) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            assert!(text.trim_start().starts_with("//!"), "{} does not open with a `//!` line", file.display());
+        }
+    }
+}
+
+#[test]
+fn the_simulator_does_not_know_the_engine() {
+    for file in rust_files(&root().join("sim/src")) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(!text.contains("tpu_runner::"), "{} uses the engine", file.display());
+    }
+    let manifest = std::fs::read_to_string(root().join("sim/Cargo.toml")).unwrap();
+    assert!(!manifest.contains("tpu-runner ="), "sim must not depend on the main crate");
+}
