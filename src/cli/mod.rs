@@ -4,6 +4,7 @@
 
 mod exit_codes;
 mod output;
+mod plan;
 mod validate;
 
 use std::io::Write;
@@ -67,6 +68,31 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run one reconcile pass on a state snapshot, without touching any cloud.
+    #[command(after_help = "Example:\n  tpu-runner plan --fleet docs/plan-example/deployment.yaml --state docs/plan-example/state.json --now 2026-01-01T12:00:00Z")]
+    Plan {
+        /// The fleet.
+        #[arg(long, default_value = "deployment.yaml")]
+        fleet: PathBuf,
+        /// A state snapshot (JSON, docs/state-schema.md).
+        #[arg(long)]
+        state: PathBuf,
+        /// An observation of the cloud (JSON); default: the cloud as the state believes it.
+        #[arg(long)]
+        observation: Option<PathBuf>,
+        /// The pass's time (RFC 3339); default: now.
+        #[arg(long)]
+        now: Option<String>,
+        /// Assignment and capacity policy.
+        #[arg(long, default_value = "classic")]
+        policy: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Write the state after the pass here.
+        #[arg(long, value_name = "PATH")]
+        write_state: Option<PathBuf>,
+    },
     /// Print a shell completion script.
     #[command(
         after_help = "Example:\n  tpu-runner completions bash > ~/.local/share/bash-completion/completions/tpu-runner"
@@ -128,6 +154,15 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
         Command::ValidateJobs { path, fleet, json } => {
             validate::jobs(&path, fleet.as_deref(), json)
         }
+        Command::Plan { fleet, state, observation, now, policy, json, write_state } => plan::run(plan::PlanArgs {
+            fleet: &fleet,
+            state: &state,
+            observation: observation.as_deref(),
+            now: now.as_deref(),
+            policy: &policy,
+            json,
+            write_state: write_state.as_deref(),
+        }),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "tpu-runner", &mut out);

@@ -1,0 +1,206 @@
+//! `plan`: one reconcile pass on a state snapshot, without touching any cloud. Prints the
+//! decisions (actions, events) and why each pending job still waits.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::exit_codes::ExitStatus;
+use super::validate::load_fleet;
+use super::{Failure, output, print_stdout, read_text};
+use crate::engine::explain::{Explanation, explain};
+use crate::engine::observe::{Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo};
+use crate::engine::policy;
+use crate::engine::state::{ResourceStatus, SCHEMA_VERSION};
+use crate::engine::{Action, Engine, EngineConfig, Event, FleetIndex, Observation, State, Timestamp};
+use crate::spec::names;
+
+/// Options of `plan`.
+pub(crate) struct PlanArgs<'a> {
+    pub fleet: &'a Path,
+    pub state: &'a Path,
+    pub observation: Option<&'a Path>,
+    pub now: Option<&'a str>,
+    pub policy: &'a str,
+    pub json: bool,
+    pub write_state: Option<&'a Path>,
+}
+
+#[derive(Serialize)]
+struct PlanReport<'a> {
+    schema_version: u32,
+    now: Timestamp,
+    policy: &'a str,
+    actions: &'a [Action],
+    events: &'a [Event],
+    waiting: &'a [Explanation],
+    next_wake: Option<Timestamp>,
+    violations: &'a [String],
+}
+
+fn json_error(path: &Path, what: &str, e: &serde_json::Error) -> Failure {
+    Failure {
+        message: format!(
+            "error: {what}: {e}\n  --> {}:{}:{}\n  = hint: see docs/state-schema.md for the format\n",
+            path.display(),
+            e.line(),
+            e.column()
+        ),
+        status: ExitStatus::Invalid,
+    }
+}
+
+/// Reads and checks a state snapshot.
+pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
+    let text = read_text(path, None)?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| json_error(path, "invalid JSON", &e))?;
+    let version = value.get("schema_version").and_then(serde_json::Value::as_u64);
+    if version != Some(SCHEMA_VERSION as u64) {
+        return Err(Failure {
+            message: format!(
+                "error: schema_version: expected {SCHEMA_VERSION}, found {}\n  --> {}\n",
+                version.map_or("none".to_owned(), |v| v.to_string()),
+                path.display()
+            ),
+            status: ExitStatus::Invalid,
+        });
+    }
+    serde_json::from_str(&text).map_err(|e| json_error(path, "invalid state", &e))
+}
+
+/// The cloud as the state believes it to be: ready TPUs for idle and busy records, waiting
+/// requests for provisioning ones, healthy workers for running attempts.
+fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Observation {
+    let mut obs = Observation::default();
+    for job in state.jobs.values() {
+        if let Some(a) = job.attempt().filter(|a| !a.status.is_terminal()) {
+            let report = crate::engine::observe::AttemptReport { launched: true, heartbeat_at: Some(now), ..Default::default() };
+            obs.attempts.insert(a.id.clone(), report);
+        }
+    }
+    for r in state.resources.values() {
+        let labels = std::collections::BTreeMap::from([
+            (LABEL_MANAGED_BY.to_owned(), index.runner().to_owned()),
+            (LABEL_FLEET_ENTRY.to_owned(), r.entry_id.clone()),
+        ]);
+        let up = matches!(r.status, ResourceStatus::Idle | ResourceStatus::Busy) || r.owner.is_some();
+        let spot = index.entry_index(&r.entry_id).is_some_and(|e| index.entry(e).provisioning_model == crate::spec::ProvisioningModel::Spot);
+        if !r.adopted && (up || r.status == ResourceStatus::Provisioning) {
+            obs.queued_resources.push(QueuedResourceInfo {
+                name: names::queued_resource_name(&r.tpu_name),
+                zone: r.zone.clone(),
+                node_id: r.tpu_name.clone(),
+                tpu_type: r.tpu_type.clone(),
+                state: if up { QrState::Active } else { QrState::WaitingForResources },
+                spot: true,
+                labels: labels.clone(),
+            });
+        }
+        if up {
+            obs.nodes.push(NodeInfo {
+                name: r.tpu_name.clone(),
+                zone: r.zone.clone(),
+                tpu_type: r.tpu_type.clone(),
+                state: NodeState::Ready,
+                health: Health::Healthy,
+                spot,
+                labels: if r.adopted { Default::default() } else { labels },
+                queued_resource: None,
+                worker_count: r.worker_count,
+                public_ip: true,
+            });
+        }
+    }
+    obs
+}
+
+pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
+    let fleet = load_fleet(args.fleet)?;
+    let mut state = load_state(args.state)?;
+    let Some(policy) = policy::by_name(args.policy) else {
+        return Err(Failure {
+            message: format!("error: unknown policy `{}`\n  = hint: known policies: {}\n", args.policy, policy::NAMES.join(", ")),
+            status: ExitStatus::Usage,
+        });
+    };
+    let now = match args.now {
+        Some(text) => Timestamp::parse(text).map_err(|e| Failure { message: format!("error: --now: {e}\n"), status: ExitStatus::Usage })?,
+        None => {
+            let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+            Timestamp(ms)
+        }
+    };
+    let engine = Engine::new(fleet, EngineConfig::default(), policy);
+    let observation = match args.observation {
+        Some(path) => {
+            let text = read_text(path, None)?;
+            serde_json::from_str(&text).map_err(|e| json_error(path, "invalid observation", &e))?
+        }
+        None => assumed_observation(engine.index(), &state, now),
+    };
+    let out = engine.reconcile(&mut state, &observation, now);
+    let waiting = explain(engine.index(), &state, &observation, &out, now);
+    if let Some(path) = args.write_state {
+        let text = serde_json::to_string_pretty(&state).expect("state serialises") + "\n";
+        std::fs::write(path, text).map_err(|e| Failure::io("write", path, &e, None))?;
+    }
+    if args.json {
+        let report = PlanReport {
+            schema_version: SCHEMA_VERSION,
+            now,
+            policy: engine.policy().name(),
+            actions: &out.actions,
+            events: &out.events,
+            waiting: &waiting,
+            next_wake: out.next_wake,
+            violations: &out.violations,
+        };
+        print_stdout(&(serde_json::to_string_pretty(&report).expect("report serialises") + "\n"));
+    } else {
+        print_stdout(&render(&engine, &out, &waiting, now));
+    }
+    Ok(if out.violations.is_empty() { ExitStatus::Ok } else { ExitStatus::Invalid })
+}
+
+fn render(engine: &Engine, out: &crate::engine::PassOutput, waiting: &[Explanation], now: Timestamp) -> String {
+    let mut s = format!("plan at {now} with policy `{}`\n\n", engine.policy().name());
+    s.push_str(&format!("actions ({}):\n", out.actions.len()));
+    let rows: Vec<Vec<String>> = out
+        .actions
+        .iter()
+        .map(|a| match a {
+            Action::CreateQueuedResource { name, zone, tpu_type, entry_id, .. } => {
+                vec!["create".into(), name.clone(), format!("{tpu_type} in {zone} (entry {entry_id})")]
+            }
+            Action::DeleteQueuedResource { name, zone } => vec!["delete".into(), name.clone(), format!("queued resource in {zone}")],
+            Action::DeleteNode { name, zone } => vec!["delete".into(), name.clone(), format!("TPU VM in {zone}")],
+            Action::Launch(l) => vec!["launch".into(), l.job_id.clone(), format!("on {} ({} workers), attempt {}", l.tpu_name, l.worker_count, l.attempt_id)],
+            Action::Cancel { job_id, tpu_name, attempt_id, .. } => vec!["cancel".into(), job_id.clone(), format!("on {tpu_name}, attempt {attempt_id}")],
+        })
+        .collect();
+    if !rows.is_empty() {
+        s.push_str(&output::table(&["ACTION", "TARGET", "DETAIL"], &rows));
+    }
+    s.push_str(&format!("\nevents ({}):\n", out.events.len()));
+    for e in &out.events {
+        let subject = e.job_id.as_deref().or(e.resource_id.as_deref()).unwrap_or("-");
+        s.push_str(&format!("  {:<40} {subject}{}\n", e.kind, if e.detail.is_empty() { String::new() } else { format!(": {}", e.detail) }));
+    }
+    s.push_str(&format!("\nwaiting jobs ({}):\n", waiting.len()));
+    for w in waiting {
+        s.push_str(&format!("  {}\n", w.job_id));
+        for r in &w.reasons {
+            s.push_str(&format!("    - {r}\n"));
+        }
+    }
+    if let Some(t) = out.next_wake {
+        s.push_str(&format!("\nnext pass needed by {t} at the latest\n"));
+    }
+    if !out.violations.is_empty() {
+        s.push_str("\ninvariant violations (a bug, please report):\n");
+        for v in &out.violations {
+            s.push_str(&format!("  {v}\n"));
+        }
+    }
+    s
+}
