@@ -1,3 +1,15 @@
 //! A deterministic discrete-event model of the Google Cloud TPU API (queued resources, nodes,
-//! capacity, preemptions). It knows nothing of tpu-runner's policies and never reads the wall
-//! clock or an unseeded RNG.
+//! spot capacity, preemptions, workers) plus workload generators and spot-trace loading. It
+//! knows nothing of tpu-runner's policies, never reads the wall clock and draws randomness only
+//! from streams seeded by the run seed.
+
+pub mod cloud;
+pub mod model;
+pub mod rng;
+pub mod trace;
+pub mod workload;
+
+pub use cloud::{Accounting, SimCloud};
+pub use model::{ApiConfig, Capacity, CloudConfig, JobBehaviour, Latency, PoolConfig, WorkerConfig};
+pub use rng::SimRng;
+pub use trace::SpotTrace;

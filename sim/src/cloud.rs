@@ -1,0 +1,1048 @@
+//! `SimCloud`: the discrete-event model of queued resources, TPU nodes, spot capacity,
+//! preemption and the workers running attempts. Single-threaded; time is virtual
+//! milliseconds since the start of the run; events are ordered by (time, sequence number);
+//! every collection that affects behaviour is ordered. It executes requests and answers
+//! questions; it never decides anything a scheduler would.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use crate::model::{ApiConfig, Capacity, CloudConfig, JobBehaviour, Latency};
+use crate::rng::SimRng;
+
+/// Virtual milliseconds since the start of the run.
+pub type Millis = u64;
+
+/// Queued resource states, as the TPU API names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum QrState {
+    /// Waiting for capacity.
+    WaitingForResources,
+    /// Capacity found; the node is being created.
+    Provisioning,
+    /// The node exists.
+    Active,
+    /// Failed.
+    Failed,
+    /// Its node was preempted or deleted.
+    Suspended,
+    /// Being deleted.
+    Deleting,
+}
+
+/// Node states, as the TPU API names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NodeState {
+    /// Being created.
+    Creating,
+    /// Ready.
+    Ready,
+    /// Preempted (stays until deleted).
+    Preempted,
+    /// Being deleted.
+    Deleting,
+}
+
+/// A queued resource as `get` returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QrView {
+    /// Name.
+    pub name: String,
+    /// Zone.
+    pub zone: String,
+    /// Node id.
+    pub node_id: String,
+    /// Accelerator type.
+    pub accelerator: String,
+    /// State.
+    pub state: QrState,
+    /// Labels given at creation.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A node as `get` returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeView {
+    /// Name.
+    pub name: String,
+    /// Zone.
+    pub zone: String,
+    /// Accelerator type.
+    pub accelerator: String,
+    /// State.
+    pub state: NodeState,
+    /// Hosts.
+    pub hosts: u32,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// The queued resource that made it.
+    pub queued_resource: Option<String>,
+}
+
+/// An API error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiError {
+    /// 429.
+    RateLimited,
+    /// 5xx before anything happened.
+    Unavailable,
+    /// No reply; the effect may have happened.
+    Timeout,
+    /// The object already exists.
+    AlreadyExists,
+    /// The object does not exist.
+    NotFound,
+    /// No pool of this type in this zone.
+    NoSuchPool,
+}
+
+/// Result of a remote command (launch).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RemoteError {
+    /// The TPU does not exist.
+    NotFound,
+    /// Could not connect (not ready).
+    Temporary,
+}
+
+/// Result of a remote cancel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelResult {
+    /// Signal sent to a running attempt.
+    Sent,
+    /// Nothing of the attempt runs.
+    NotRunning,
+    /// The TPU runs a different attempt.
+    Mismatch,
+}
+
+/// A worker's final status object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerStatusView {
+    /// Host.
+    pub host: String,
+    /// `succeeded`, `failed` or `failed_setup`.
+    pub state: &'static str,
+    /// Command exit code.
+    pub exit_code: Option<i32>,
+    /// When it finished.
+    pub finished_at: Millis,
+    /// Infrastructure failure marker.
+    pub infrastructure_failure: Option<&'static str>,
+}
+
+/// What the workers of an attempt show.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttemptView {
+    /// Launched on every worker.
+    pub launched: bool,
+    /// Final status objects present.
+    pub statuses: Vec<WorkerStatusView>,
+    /// Last heartbeat.
+    pub heartbeat_at: Option<Millis>,
+}
+
+/// Totals the metrics are computed from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Accounting {
+    /// Chip-seconds of ACTIVE capacity (from ACTIVE to deletion request or preemption).
+    pub allocated_chip_secs: f64,
+    /// Chip-seconds of commands running.
+    pub busy_chip_secs: f64,
+    /// Chip-seconds of progress lost at interruptions (since the last checkpoint).
+    pub lost_chip_secs: f64,
+    /// Preemptions (random, trace-driven or stockout).
+    pub preemptions: u64,
+    /// API calls by kind.
+    pub api_calls: BTreeMap<&'static str, u64>,
+    /// API calls that failed, by error.
+    pub api_errors: BTreeMap<&'static str, u64>,
+    /// Seconds from queued-resource creation to ACTIVE, one per provisioned request.
+    pub time_to_capacity_secs: Vec<f64>,
+    /// Discrete events processed.
+    pub events: u64,
+    /// Attempts killed because another attempt was launched on their TPU (should stay 0).
+    pub attempts_displaced: u64,
+    /// Chip-seconds of ACTIVE capacity per accelerator type (for cost).
+    pub allocated_chip_secs_by_type: BTreeMap<String, f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    CapacityChange { pool: usize },
+    Provisioned { serial: u64 },
+    DeletionDone { serial: u64 },
+    Preempt { serial: u64 },
+    SetupDone { attempt: String },
+    RunEnd { attempt: String },
+    SilentDeath { attempt: String },
+}
+
+#[derive(Clone, Debug)]
+struct Qr {
+    serial: u64,
+    name: String,
+    zone: String,
+    node_id: String,
+    accelerator: String,
+    pool: usize,
+    state: QrState,
+    created_at: Millis,
+    labels: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug)]
+struct Node {
+    serial: u64,
+    name: String,
+    zone: String,
+    accelerator: String,
+    pool: usize,
+    state: NodeState,
+    hosts: u32,
+    chips: u32,
+    labels: BTreeMap<String, String>,
+    queued_resource: Option<String>,
+    active_since: Option<Millis>,
+    run: Option<String>,
+    caches: BTreeSet<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunState {
+    Setup,
+    Running,
+    Ended,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Success,
+    AppFailure,
+    InfraFailure,
+    SetupFailure,
+    PartialFailure,
+}
+
+#[derive(Clone, Debug)]
+struct Run {
+    job_id: String,
+    node_serial: u64,
+    node_key: (String, String),
+    hosts: u32,
+    chips: u32,
+    state: RunState,
+    run_start: Millis,
+    outcome: Outcome,
+    alive: bool,
+    last_heartbeat: Millis,
+    statuses: Vec<WorkerStatusView>,
+}
+
+#[derive(Clone, Debug)]
+struct JobProgress {
+    behaviour: JobBehaviour,
+    checkpointed_secs: f64,
+    attempts: u32,
+}
+
+/// The simulated cloud.
+#[derive(Debug)]
+pub struct SimCloud {
+    config: CloudConfig,
+    now: Millis,
+    seq: u64,
+    serial: u64,
+    queue: BinaryHeap<Reverse<(Millis, u64, Event)>>,
+    qrs: BTreeMap<(String, String), Qr>,
+    nodes: BTreeMap<(String, String), Node>,
+    by_serial: BTreeMap<u64, (bool, (String, String))>,
+    runs: BTreeMap<String, Run>,
+    jobs: BTreeMap<String, JobProgress>,
+    available: Vec<u32>,
+    on: Vec<bool>,
+    pool_index: BTreeMap<(String, String), usize>,
+    rng_capacity: SimRng,
+    rng_provisioning: SimRng,
+    rng_preemption: SimRng,
+    rng_api: SimRng,
+    rng_workers: SimRng,
+    accounting: Accounting,
+    /// Bumped on every change visible through `get`/`attempt` (lets drivers skip idle passes).
+    version: u64,
+}
+
+const UNLIMITED: u32 = u32::MAX;
+
+impl SimCloud {
+    /// A cloud at time 0.
+    pub fn new(config: CloudConfig) -> SimCloud {
+        let seed = config.seed;
+        let pool_index = config.pools.iter().enumerate().map(|(i, p)| ((p.zone.clone(), p.accelerator.clone()), i)).collect();
+        let n = config.pools.len();
+        let mut cloud = SimCloud {
+            now: 0,
+            seq: 0,
+            serial: 0,
+            queue: BinaryHeap::new(),
+            qrs: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            by_serial: BTreeMap::new(),
+            runs: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            available: vec![0; n],
+            on: vec![true; n],
+            pool_index,
+            rng_capacity: SimRng::new(seed, "capacity"),
+            rng_provisioning: SimRng::new(seed, "provisioning"),
+            rng_preemption: SimRng::new(seed, "preemption"),
+            rng_api: SimRng::new(seed, "api"),
+            rng_workers: SimRng::new(seed, "workers"),
+            accounting: Accounting::default(),
+            version: 0,
+            config,
+        };
+        for pool in 0..n {
+            cloud.available[pool] = cloud.capacity_at(pool, 0);
+            cloud.schedule_capacity_change(pool);
+        }
+        cloud
+    }
+
+    /// Current virtual time.
+    pub fn now(&self) -> Millis {
+        self.now
+    }
+
+    /// Changes visible to `get` calls so far.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Totals for metrics (allocation of still-active nodes is counted up to `now`).
+    pub fn accounting(&self) -> Accounting {
+        let mut acc = self.accounting.clone();
+        for node in self.nodes.values() {
+            if let Some(since) = node.active_since {
+                let secs = (self.now - since) as f64 / 1000.0;
+                acc.allocated_chip_secs += secs * node.chips as f64;
+                *acc.allocated_chip_secs_by_type.entry(node.accelerator.clone()).or_default() += secs * node.chips as f64;
+            }
+        }
+        for run in self.runs.values().filter(|r| r.state == RunState::Running && r.alive) {
+            acc.busy_chip_secs += (self.now - run.run_start) as f64 / 1000.0 * run.chips as f64;
+        }
+        acc
+    }
+
+    /// Chips of ACTIVE nodes now.
+    pub fn allocated_chips(&self) -> u64 {
+        self.nodes.values().filter(|n| n.active_since.is_some()).map(|n| u64::from(n.chips)).sum()
+    }
+
+    /// Chips running a command now.
+    pub fn busy_chips(&self) -> u64 {
+        self.runs.values().filter(|r| r.state == RunState::Running && r.alive).map(|r| u64::from(r.chips)).sum()
+    }
+
+    /// Slices available now per pool (`u32::MAX` = unlimited), in pool order.
+    pub fn available_slices(&self) -> &[u32] {
+        &self.available
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CloudConfig {
+        &self.config
+    }
+
+    /// Slices the pool offers at `secs` (without outages' stockout state machine).
+    pub fn capacity_at(&self, pool: usize, millis: Millis) -> u32 {
+        let p = &self.config.pools[pool];
+        let secs = millis / 1000;
+        if p.outages.iter().any(|(from, until)| secs >= *from && secs < *until) {
+            return 0;
+        }
+        match &p.capacity {
+            Capacity::Unlimited => UNLIMITED,
+            Capacity::Constant(n) => *n,
+            Capacity::OnOff { slices, .. } => {
+                if self.on[pool] {
+                    *slices
+                } else {
+                    0
+                }
+            }
+            Capacity::Trace { trace, scale, offset_secs } => trace.at(secs + offset_secs).saturating_mul(*scale),
+        }
+    }
+
+    fn push(&mut self, at: Millis, event: Event) {
+        self.seq += 1;
+        self.queue.push(Reverse((at.max(self.now), self.seq, event)));
+    }
+
+    fn schedule_capacity_change(&mut self, pool: usize) {
+        let p = &self.config.pools[pool];
+        let now_secs = self.now / 1000;
+        let mut next: Option<u64> = p.outages.iter().flat_map(|(a, b)| [*a, *b]).filter(|t| *t > now_secs).min();
+        match &p.capacity {
+            Capacity::OnOff { mean_on_secs, mean_off_secs, .. } => {
+                let mean = if self.on[pool] { *mean_on_secs } else { *mean_off_secs };
+                let d = self.rng_capacity.exponential(mean).max(1.0) as u64;
+                next = Some(next.map_or(now_secs + d, |n| n.min(now_secs + d)));
+            }
+            Capacity::Trace { trace, offset_secs, .. } => {
+                let gap = trace.gap_seconds;
+                let current = trace.at(now_secs + offset_secs);
+                // The next tick whose value differs (bounded to one period).
+                let mut t = ((now_secs + offset_secs) / gap + 1) * gap;
+                let limit = t + trace.period_seconds();
+                while t < limit && trace.at(t) == current {
+                    t += gap;
+                }
+                if t < limit {
+                    let at = t - offset_secs;
+                    next = Some(next.map_or(at, |n| n.min(at)));
+                }
+            }
+            Capacity::Unlimited | Capacity::Constant(_) => {}
+        }
+        if let Some(at) = next {
+            self.push(at * 1000, Event::CapacityChange { pool });
+        }
+    }
+
+    /// The time of the next event, if any.
+    pub fn next_event_at(&self) -> Option<Millis> {
+        self.queue.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    /// Processes every event up to and including `until`, then sets the clock to `until`.
+    pub fn advance_to(&mut self, until: Millis) {
+        while let Some(Reverse((t, _, _))) = self.queue.peek() {
+            if *t > until {
+                break;
+            }
+            let Reverse((t, _, event)) = self.queue.pop().expect("peeked");
+            self.now = t;
+            self.accounting.events += 1;
+            self.handle(event);
+        }
+        self.now = self.now.max(until);
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::CapacityChange { pool } => {
+                if let Capacity::OnOff { .. } = self.config.pools[pool].capacity {
+                    let in_outage = self.config.pools[pool].outages.iter().any(|(a, b)| self.now / 1000 >= *a && self.now / 1000 < *b);
+                    if !in_outage {
+                        self.on[pool] = !self.on[pool];
+                    }
+                }
+                self.available[pool] = self.capacity_at(pool, self.now);
+                self.enforce_capacity(pool);
+                self.provision_waiting(pool);
+                self.schedule_capacity_change(pool);
+            }
+            Event::Provisioned { serial } => self.provisioned(serial),
+            Event::DeletionDone { serial } => {
+                if let Some((is_qr, key)) = self.by_serial.remove(&serial) {
+                    let pool = if is_qr {
+                        self.qrs.remove(&key).map(|q| q.pool)
+                    } else {
+                        self.nodes.remove(&key).map(|n| n.pool)
+                    };
+                    self.version += 1;
+                    if let Some(pool) = pool {
+                        self.provision_waiting(pool);
+                    }
+                }
+            }
+            Event::Preempt { serial } => {
+                if let Some((false, key)) = self.by_serial.get(&serial).cloned()
+                    && self.nodes.get(&key).is_some_and(|n| n.state == NodeState::Ready)
+                {
+                    self.preempt(&key);
+                    let pool = self.nodes[&key].pool;
+                    self.provision_waiting(pool);
+                }
+            }
+            Event::SetupDone { attempt } => self.setup_done(&attempt),
+            Event::RunEnd { attempt } => self.run_end(&attempt),
+            Event::SilentDeath { attempt } => {
+                if let Some(run) = self.runs.get_mut(&attempt)
+                    && run.state != RunState::Ended
+                    && run.alive
+                {
+                    run.alive = false;
+                    let progress = (self.now - run.run_start) as f64 / 1000.0;
+                    let (job, chips) = (run.job_id.clone(), run.chips);
+                    if run.state == RunState::Running {
+                        self.account_interruption(&job, progress, chips);
+                    }
+                    self.version += 1;
+                }
+            }
+        }
+    }
+
+    fn in_use(&self, pool: usize) -> u32 {
+        let nodes = self.nodes.values().filter(|n| n.pool == pool && matches!(n.state, NodeState::Creating | NodeState::Ready)).count();
+        nodes as u32
+    }
+
+    /// Preempt the newest nodes while more are in use than available.
+    fn enforce_capacity(&mut self, pool: usize) {
+        let available = self.available[pool];
+        let mut in_use = self.in_use(pool);
+        if in_use <= available {
+            return;
+        }
+        let mut victims: Vec<(u64, (String, String))> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.pool == pool && matches!(n.state, NodeState::Creating | NodeState::Ready))
+            .map(|(k, n)| (n.serial, k.clone()))
+            .collect();
+        victims.sort_by(|a, b| b.0.cmp(&a.0));
+        for (_, key) in victims {
+            if in_use <= available {
+                break;
+            }
+            self.preempt(&key);
+            in_use -= 1;
+        }
+    }
+
+    fn release_allocation(&mut self, key: &(String, String)) {
+        let now = self.now;
+        if let Some(node) = self.nodes.get_mut(key)
+            && let Some(since) = node.active_since.take()
+        {
+            let secs = (now - since) as f64 / 1000.0 * node.chips as f64;
+            self.accounting.allocated_chip_secs += secs;
+            *self.accounting.allocated_chip_secs_by_type.entry(node.accelerator.clone()).or_default() += secs;
+        }
+    }
+
+    fn preempt(&mut self, key: &(String, String)) {
+        self.release_allocation(key);
+        let Some(node) = self.nodes.get_mut(key) else { return };
+        node.state = NodeState::Preempted;
+        let run = node.run.take();
+        let qr = node.queued_resource.clone();
+        self.accounting.preemptions += 1;
+        self.version += 1;
+        if let Some(qr) = qr
+            && let Some(q) = self.qrs.get_mut(&(key.0.clone(), qr))
+            && q.state != QrState::Deleting
+        {
+            q.state = QrState::Suspended;
+        }
+        if let Some(attempt) = run {
+            self.kill_run(&attempt);
+        }
+    }
+
+    /// The run dies with its TPU: no status, no heartbeat; progress since the last
+    /// checkpoint is lost.
+    fn kill_run(&mut self, attempt: &str) {
+        let now = self.now;
+        let Some(run) = self.runs.get_mut(attempt) else { return };
+        if run.state == RunState::Ended || !run.alive {
+            run.alive = false;
+            return;
+        }
+        let was_running = run.state == RunState::Running;
+        run.alive = false;
+        let progress = (now.saturating_sub(run.run_start)) as f64 / 1000.0;
+        let (job, chips) = (run.job_id.clone(), run.chips);
+        if was_running {
+            self.account_interruption(&job, progress, chips);
+        }
+    }
+
+    /// Busy time and saved/lost progress of an interrupted run.
+    fn account_interruption(&mut self, job: &str, progress_secs: f64, chips: u32) {
+        self.accounting.busy_chip_secs += progress_secs * chips as f64;
+        if let Some(p) = self.jobs.get_mut(job) {
+            let ckpt = p.behaviour.checkpoint_secs;
+            let saved = if ckpt > 0.0 { (progress_secs / ckpt).floor() * ckpt } else { 0.0 };
+            let saved = saved.min(p.behaviour.work_secs - p.checkpointed_secs).max(0.0);
+            p.checkpointed_secs += saved;
+            self.accounting.lost_chip_secs += (progress_secs - saved).max(0.0) * chips as f64;
+        }
+    }
+
+    fn provision_waiting(&mut self, pool: usize) {
+        loop {
+            if self.in_use(pool) >= self.available[pool] {
+                return;
+            }
+            let next = self
+                .qrs
+                .iter()
+                .filter(|(_, q)| q.pool == pool && q.state == QrState::WaitingForResources)
+                .min_by_key(|(_, q)| (q.created_at, q.serial))
+                .map(|(k, _)| k.clone());
+            let Some(key) = next else { return };
+            self.start_provisioning(&key);
+        }
+    }
+
+    fn start_provisioning(&mut self, key: &(String, String)) {
+        let region = region_of(&key.0).to_owned();
+        let latency = *self.config.provisioning_by_region.get(&region).unwrap_or(&self.config.provisioning);
+        let secs = sample(&mut self.rng_provisioning, latency).max(1.0);
+        let pool = self.qrs[key].pool;
+        let (chips, hosts) = (self.config.pools[pool].chips, self.config.pools[pool].hosts);
+        let qr = self.qrs.get_mut(key).expect("exists");
+        qr.state = QrState::Provisioning;
+        let serial = qr.serial;
+        let node_key = (qr.zone.clone(), qr.node_id.clone());
+        let node = Node {
+            serial: self.serial + 1,
+            name: qr.node_id.clone(),
+            zone: qr.zone.clone(),
+            accelerator: qr.accelerator.clone(),
+            pool,
+            state: NodeState::Creating,
+            hosts,
+            chips,
+            labels: qr.labels.clone(),
+            queued_resource: Some(qr.name.clone()),
+            active_since: None,
+            run: None,
+            caches: BTreeSet::new(),
+        };
+        self.serial += 1;
+        self.by_serial.insert(node.serial, (false, node_key.clone()));
+        self.nodes.insert(node_key, node);
+        self.version += 1;
+        self.push(self.now + (secs * 1000.0) as u64, Event::Provisioned { serial });
+    }
+
+    fn provisioned(&mut self, qr_serial: u64) {
+        let Some((true, key)) = self.by_serial.get(&qr_serial).cloned() else { return };
+        let Some(qr) = self.qrs.get_mut(&key) else { return };
+        if qr.state != QrState::Provisioning {
+            return;
+        }
+        qr.state = QrState::Active;
+        let created = qr.created_at;
+        let node_key = (qr.zone.clone(), qr.node_id.clone());
+        self.accounting.time_to_capacity_secs.push((self.now - created) as f64 / 1000.0);
+        let rate = self.nodes.get(&node_key).map_or(0.0, |n| self.config.pools[n.pool].preemption_per_hour);
+        if let Some(node) = self.nodes.get_mut(&node_key)
+            && node.state == NodeState::Creating
+        {
+            node.state = NodeState::Ready;
+            node.active_since = Some(self.now);
+            let serial = node.serial;
+            if rate > 0.0 {
+                let life = self.rng_preemption.exponential(3600.0 / rate);
+                self.push(self.now + (life * 1000.0) as u64, Event::Preempt { serial });
+            }
+        }
+        self.version += 1;
+    }
+
+    // ----- the API ------------------------------------------------------------------
+
+    fn api(&mut self, kind: &'static str, mutation: bool) -> Result<bool, ApiError> {
+        *self.accounting.api_calls.entry(kind).or_default() += 1;
+        let ApiConfig { rate_limited, unavailable, timeout, lost_reply } = self.config.api;
+        let u = self.rng_api.uniform();
+        let err = if u < rate_limited {
+            Some(("rate_limited", ApiError::RateLimited, false))
+        } else if u < rate_limited + unavailable {
+            Some(("unavailable", ApiError::Unavailable, false))
+        } else if u < rate_limited + unavailable + timeout {
+            Some(("timeout", ApiError::Timeout, false))
+        } else if mutation && u < rate_limited + unavailable + timeout + lost_reply {
+            Some(("lost_reply", ApiError::Timeout, true))
+        } else {
+            None
+        };
+        match err {
+            None => Ok(false),
+            Some((name, _, true)) => {
+                *self.accounting.api_errors.entry(name).or_default() += 1;
+                Ok(true)
+            }
+            Some((name, e, false)) => {
+                *self.accounting.api_errors.entry(name).or_default() += 1;
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates a Spot queued resource for one node.
+    pub fn create_queued_resource(
+        &mut self,
+        zone: &str,
+        name: &str,
+        node_id: &str,
+        accelerator: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<(), ApiError> {
+        let lost_reply = self.api("create_queued_resource", true)?;
+        let key = (zone.to_owned(), name.to_owned());
+        if self.qrs.contains_key(&key) || self.nodes.contains_key(&(zone.to_owned(), node_id.to_owned())) {
+            return Err(ApiError::AlreadyExists);
+        }
+        let pool = *self.pool_index.get(&(zone.to_owned(), accelerator.to_owned())).ok_or(ApiError::NoSuchPool)?;
+        self.serial += 1;
+        let qr = Qr {
+            serial: self.serial,
+            name: name.to_owned(),
+            zone: zone.to_owned(),
+            node_id: node_id.to_owned(),
+            accelerator: accelerator.to_owned(),
+            pool,
+            state: QrState::WaitingForResources,
+            created_at: self.now,
+            labels,
+        };
+        self.by_serial.insert(qr.serial, (true, key.clone()));
+        self.qrs.insert(key, qr);
+        self.version += 1;
+        self.provision_waiting(pool);
+        if lost_reply { Err(ApiError::Timeout) } else { Ok(()) }
+    }
+
+    /// Deletes a queued resource and its node.
+    pub fn delete_queued_resource(&mut self, zone: &str, name: &str) -> Result<(), ApiError> {
+        let lost_reply = self.api("delete_queued_resource", true)?;
+        let key = (zone.to_owned(), name.to_owned());
+        let Some(qr) = self.qrs.get_mut(&key) else { return Err(ApiError::NotFound) };
+        if qr.state == QrState::Deleting {
+            return if lost_reply { Err(ApiError::Timeout) } else { Ok(()) };
+        }
+        qr.state = QrState::Deleting;
+        let serial = qr.serial;
+        let node_key = (zone.to_owned(), qr.node_id.clone());
+        if self.nodes.get(&node_key).is_some_and(|n| n.queued_resource.as_deref() == Some(name)) {
+            self.start_node_deletion(&node_key);
+        }
+        self.version += 1;
+        let done = self.now + (self.config.delete_secs * 1000.0) as u64;
+        self.push(done, Event::DeletionDone { serial });
+        if lost_reply { Err(ApiError::Timeout) } else { Ok(()) }
+    }
+
+    fn start_node_deletion(&mut self, key: &(String, String)) {
+        self.release_allocation(key);
+        let Some(node) = self.nodes.get_mut(key) else { return };
+        if node.state == NodeState::Deleting {
+            return;
+        }
+        node.state = NodeState::Deleting;
+        let serial = node.serial;
+        let run = node.run.take();
+        if let Some(attempt) = run {
+            self.kill_run(&attempt);
+        }
+        let done = self.now + (self.config.delete_secs * 1000.0) as u64;
+        self.push(done, Event::DeletionDone { serial });
+        self.version += 1;
+    }
+
+    /// Deletes a node (its queued resource, if any, becomes SUSPENDED).
+    pub fn delete_node(&mut self, zone: &str, name: &str) -> Result<(), ApiError> {
+        let lost_reply = self.api("delete_node", true)?;
+        let key = (zone.to_owned(), name.to_owned());
+        let Some(node) = self.nodes.get(&key) else { return Err(ApiError::NotFound) };
+        let qr = node.queued_resource.clone();
+        self.start_node_deletion(&key);
+        if let Some(qr) = qr
+            && let Some(q) = self.qrs.get_mut(&(zone.to_owned(), qr))
+            && matches!(q.state, QrState::Active | QrState::Provisioning)
+        {
+            q.state = QrState::Suspended;
+        }
+        let pool = self.nodes[&key].pool;
+        self.provision_waiting(pool);
+        if lost_reply { Err(ApiError::Timeout) } else { Ok(()) }
+    }
+
+    /// GET a node.
+    pub fn get_node(&mut self, zone: &str, name: &str) -> Result<Option<NodeView>, ApiError> {
+        self.api("get_node", false)?;
+        Ok(self.nodes.get(&(zone.to_owned(), name.to_owned())).map(|n| NodeView {
+            name: n.name.clone(),
+            zone: n.zone.clone(),
+            accelerator: n.accelerator.clone(),
+            state: n.state,
+            hosts: n.hosts,
+            labels: n.labels.clone(),
+            queued_resource: n.queued_resource.clone(),
+        }))
+    }
+
+    /// GET a queued resource.
+    pub fn get_queued_resource(&mut self, zone: &str, name: &str) -> Result<Option<QrView>, ApiError> {
+        self.api("get_queued_resource", false)?;
+        Ok(self.qrs.get(&(zone.to_owned(), name.to_owned())).map(|q| QrView {
+            name: q.name.clone(),
+            zone: q.zone.clone(),
+            node_id: q.node_id.clone(),
+            accelerator: q.accelerator.clone(),
+            state: q.state,
+            labels: q.labels.clone(),
+        }))
+    }
+
+    // ----- workers --------------------------------------------------------------------
+
+    /// Registers how a job behaves (at its arrival).
+    pub fn register_job(&mut self, job_id: &str, behaviour: JobBehaviour) {
+        self.jobs.entry(job_id.to_owned()).or_insert(JobProgress { behaviour, checkpointed_secs: 0.0, attempts: 0 });
+    }
+
+    /// Seconds of work of `job_id` saved in checkpoints so far.
+    pub fn checkpointed_secs(&self, job_id: &str) -> f64 {
+        self.jobs.get(job_id).map_or(0.0, |j| j.checkpointed_secs)
+    }
+
+    /// Starts `attempt` of `job_id` on every worker of the node (idempotent per attempt).
+    pub fn launch(&mut self, zone: &str, node_name: &str, attempt: &str, job_id: &str) -> Result<(), RemoteError> {
+        *self.accounting.api_calls.entry("launch").or_default() += 1;
+        if self.runs.contains_key(attempt) {
+            return Ok(());
+        }
+        let key = (zone.to_owned(), node_name.to_owned());
+        let Some(node) = self.nodes.get(&key) else { return Err(RemoteError::NotFound) };
+        if node.state != NodeState::Ready {
+            return Err(if node.state == NodeState::Creating { RemoteError::Temporary } else { RemoteError::NotFound });
+        }
+        if let Some(other) = node.run.clone() {
+            // The launch script stops whatever runs there: an engine bug if it ever happens.
+            self.accounting.attempts_displaced += 1;
+            self.kill_run(&other);
+        }
+        let cache = self.jobs.get(job_id).and_then(|j| j.behaviour.cache_key.clone());
+        let node = self.nodes.get_mut(&key).expect("exists");
+        let warm = cache.as_ref().is_some_and(|c| node.caches.contains(c));
+        node.run = Some(attempt.to_owned());
+        let (serial, hosts, chips) = (node.serial, node.hosts, node.chips);
+        let latency = if warm { self.config.workers.setup_warm } else { self.config.workers.setup };
+        let setup = sample(&mut self.rng_workers, latency).max(1.0);
+        self.runs.insert(attempt.to_owned(), Run {
+            job_id: job_id.to_owned(),
+            node_serial: serial,
+            node_key: key,
+            hosts,
+            chips,
+            state: RunState::Setup,
+            run_start: self.now,
+            outcome: Outcome::Success,
+            alive: true,
+            last_heartbeat: self.now,
+            statuses: Vec::new(),
+        });
+        self.version += 1;
+        self.push(self.now + (setup * 1000.0) as u64, Event::SetupDone { attempt: attempt.to_owned() });
+        Ok(())
+    }
+
+    fn setup_done(&mut self, attempt: &str) {
+        let now = self.now;
+        let Some(run) = self.runs.get(attempt) else { return };
+        if run.state != RunState::Setup || !run.alive {
+            return;
+        }
+        let job_id = run.job_id.clone();
+        let workers = self.config.workers;
+        let behaviour = self.jobs.get(&job_id).map(|j| j.behaviour.clone());
+        let Some(behaviour) = behaviour else { return };
+        let progress = self.jobs.get_mut(&job_id).expect("registered");
+        progress.attempts += 1;
+        let remaining = (behaviour.work_secs - progress.checkpointed_secs).max(0.0);
+        // One draw per outcome from the job's own stream, so other jobs never shift it.
+        let mut rng = SimRng::new(self.config.seed, &format!("job/{job_id}/{}", progress.attempts));
+        let run = self.runs.get_mut(attempt).expect("exists");
+        if rng.chance(behaviour.setup_failure) {
+            run.outcome = Outcome::SetupFailure;
+            run.state = RunState::Ended;
+            run.statuses = vec![WorkerStatusView {
+                host: "w0".into(),
+                state: "failed_setup",
+                exit_code: None,
+                finished_at: now,
+                infrastructure_failure: None,
+            }];
+            self.finish_run_on_node(attempt);
+            return;
+        }
+        run.state = RunState::Running;
+        run.run_start = now;
+        let (outcome, duration) = if rng.chance(behaviour.app_failure) {
+            (Outcome::AppFailure, remaining * rng.uniform())
+        } else if rng.chance(behaviour.infra_failure) {
+            (Outcome::InfraFailure, remaining * rng.uniform())
+        } else if run.hosts > 1 && rng.chance(workers.partial_failure) {
+            (Outcome::PartialFailure, remaining * rng.uniform())
+        } else {
+            (Outcome::Success, remaining)
+        };
+        run.outcome = outcome;
+        self.version += 1;
+        self.push(now + (duration.max(0.001) * 1000.0) as u64, Event::RunEnd { attempt: attempt.to_owned() });
+        if workers.silent_death_per_hour > 0.0 {
+            let at = rng.exponential(3600.0 / workers.silent_death_per_hour);
+            if at < duration {
+                self.push(now + (at * 1000.0) as u64, Event::SilentDeath { attempt: attempt.to_owned() });
+            }
+        }
+    }
+
+    fn finish_run_on_node(&mut self, attempt: &str) {
+        if let Some(run) = self.runs.get(attempt)
+            && let Some(node) = self.nodes.get_mut(&run.node_key)
+            && node.run.as_deref() == Some(attempt)
+        {
+            node.run = None;
+        }
+        self.version += 1;
+    }
+
+    fn run_end(&mut self, attempt: &str) {
+        let now = self.now;
+        let missing = self.config.workers.missing_status;
+        let Some(run) = self.runs.get(attempt).cloned() else { return };
+        if run.state != RunState::Running || !run.alive {
+            return;
+        }
+        let duration = (now - run.run_start) as f64 / 1000.0;
+        let hosts = run.hosts;
+        let mut statuses = Vec::new();
+        for h in 0..hosts {
+            let host = format!("w{h}");
+            let (state, code, marker) = match run.outcome {
+                Outcome::Success => ("succeeded", 0, None),
+                Outcome::AppFailure => ("failed", if h == 0 { 1 } else { 143 }, None),
+                Outcome::InfraFailure => {
+                    if h == 0 {
+                        ("failed", 134, Some("slice_failure_chip_driver_error"))
+                    } else {
+                        ("failed", 143, None)
+                    }
+                }
+                Outcome::PartialFailure => {
+                    if h == 0 {
+                        ("failed", 1, None)
+                    } else {
+                        continue; // peers keep running until cancelled
+                    }
+                }
+                Outcome::SetupFailure => ("failed_setup", 2, None),
+            };
+            if self.rng_workers.chance(missing) {
+                continue;
+            }
+            statuses.push(WorkerStatusView { host, state, exit_code: Some(code), finished_at: now, infrastructure_failure: marker });
+        }
+        match run.outcome {
+            Outcome::Success => {
+                self.accounting.busy_chip_secs += duration * run.chips as f64;
+                if let Some(p) = self.jobs.get_mut(&run.job_id) {
+                    p.checkpointed_secs = p.behaviour.work_secs;
+                    if let Some(c) = p.behaviour.cache_key.clone()
+                        && let Some(node) = self.nodes.get_mut(&run.node_key)
+                    {
+                        node.caches.insert(c);
+                    }
+                }
+            }
+            _ => self.account_interruption(&run.job_id, duration, run.chips),
+        }
+        let partial = run.outcome == Outcome::PartialFailure;
+        let r = self.runs.get_mut(attempt).expect("exists");
+        r.statuses = statuses;
+        r.last_heartbeat = now;
+        if partial {
+            // One worker failed; the others keep running (and heartbeating) until cancelled.
+            r.state = RunState::Running;
+            r.run_start = now;
+            self.version += 1;
+        } else {
+            r.state = RunState::Ended;
+            r.alive = false;
+            self.finish_run_on_node(attempt);
+        }
+    }
+
+    /// Stops `attempt` on the node (every worker writes status 143).
+    pub fn cancel(&mut self, zone: &str, node_name: &str, attempt: &str) -> Result<CancelResult, RemoteError> {
+        *self.accounting.api_calls.entry("cancel").or_default() += 1;
+        let key = (zone.to_owned(), node_name.to_owned());
+        let Some(node) = self.nodes.get(&key) else { return Err(RemoteError::NotFound) };
+        if node.state != NodeState::Ready {
+            return Err(RemoteError::Temporary);
+        }
+        match self.runs.get(attempt) {
+            None => {
+                return Ok(if node.run.is_some() { CancelResult::Mismatch } else { CancelResult::NotRunning });
+            }
+            Some(run) if run.node_key != key => return Ok(CancelResult::Mismatch),
+            Some(run) if run.state == RunState::Ended || !run.alive => return Ok(CancelResult::NotRunning),
+            Some(_) => {}
+        }
+        let now = self.now;
+        let run = self.runs.get(attempt).cloned().expect("checked");
+        if run.state == RunState::Running {
+            self.account_interruption(&run.job_id, (now - run.run_start) as f64 / 1000.0, run.chips);
+        }
+        let r = self.runs.get_mut(attempt).expect("checked");
+        let have: BTreeSet<String> = r.statuses.iter().map(|s| s.host.clone()).collect();
+        for h in 0..r.hosts {
+            let host = format!("w{h}");
+            if !have.contains(&host) {
+                r.statuses.push(WorkerStatusView { host, state: "failed", exit_code: Some(143), finished_at: now, infrastructure_failure: None });
+            }
+        }
+        r.state = RunState::Ended;
+        r.alive = false;
+        self.finish_run_on_node(attempt);
+        Ok(CancelResult::Sent)
+    }
+
+    /// What the workers of `attempt` show now (`None` if it was never launched).
+    pub fn attempt(&self, attempt: &str) -> Option<AttemptView> {
+        let run = self.runs.get(attempt)?;
+        let node_alive = self.nodes.get(&run.node_key).is_some_and(|n| n.serial == run.node_serial && n.state == NodeState::Ready);
+        let heartbeat = if run.alive && node_alive { self.now } else { run.last_heartbeat.max(run.run_start) };
+        Some(AttemptView { launched: true, statuses: run.statuses.clone(), heartbeat_at: Some(heartbeat) })
+    }
+
+    /// Attempt ids running (alive) on each node, for invariant checks: (zone, node) → attempts.
+    pub fn live_runs(&self) -> BTreeMap<(String, String), Vec<String>> {
+        let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        for (id, run) in &self.runs {
+            if run.alive && run.state != RunState::Ended {
+                out.entry(run.node_key.clone()).or_default().push(id.clone());
+            }
+        }
+        out
+    }
+
+    /// Live (Creating/Ready) nodes per accelerator type and zone: (zone, type) → count.
+    pub fn live_nodes(&self) -> BTreeMap<(String, String), u32> {
+        let mut out = BTreeMap::new();
+        for n in self.nodes.values().filter(|n| matches!(n.state, NodeState::Creating | NodeState::Ready)) {
+            *out.entry((n.zone.clone(), n.accelerator.clone())).or_default() += 1;
+        }
+        out
+    }
+}
+
+fn sample(rng: &mut SimRng, latency: Latency) -> f64 {
+    if latency.sigma <= 0.0 { latency.median_secs } else { rng.lognormal(latency.median_secs, latency.sigma) }
+}
+
+/// The region of a zone (`us-east1-d` → `us-east1`).
+pub fn region_of(zone: &str) -> &str {
+    zone.rsplit_once('-').map_or(zone, |(r, _)| r)
+}

@@ -1,0 +1,140 @@
+//! Configuration of the simulated cloud: capacity pools per zone and accelerator type, their
+//! availability over time, preemption, provisioning latency, API faults and worker behaviour.
+//! Plain data; defaults and their sources are documented in the scenario reference.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::trace::SpotTrace;
+
+/// Everything the simulated cloud needs to know.
+#[derive(Clone, Debug)]
+pub struct CloudConfig {
+    /// Run seed; every random stream derives from it.
+    pub seed: u64,
+    /// Capacity pools.
+    pub pools: Vec<PoolConfig>,
+    /// Provisioning latency per region (default for regions not listed).
+    pub provisioning: Latency,
+    /// Per-region overrides of the provisioning latency.
+    pub provisioning_by_region: BTreeMap<String, Latency>,
+    /// Seconds a deletion takes.
+    pub delete_secs: f64,
+    /// API behaviour.
+    pub api: ApiConfig,
+    /// Worker behaviour.
+    pub workers: WorkerConfig,
+}
+
+/// A log-normal latency given by its median and shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Latency {
+    /// Median seconds.
+    pub median_secs: f64,
+    /// Log-normal shape (0 = constant).
+    pub sigma: f64,
+}
+
+/// Spot capacity of one accelerator type in one zone.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Zone.
+    pub zone: String,
+    /// Accelerator type (`v6e-16`).
+    pub accelerator: String,
+    /// Chips per slice.
+    pub chips: u32,
+    /// Hosts (workers) per slice.
+    pub hosts: u32,
+    /// Slices available over time.
+    pub capacity: Capacity,
+    /// Random preemptions per node-hour while ACTIVE.
+    pub preemption_per_hour: f64,
+    /// Windows `[from, until)` (seconds) with no capacity at all (regional stockouts).
+    pub outages: Vec<(u64, u64)>,
+}
+
+/// How many slices a pool offers over time.
+#[derive(Clone, Debug)]
+pub enum Capacity {
+    /// As many as asked for.
+    Unlimited,
+    /// A fixed number.
+    Constant(u32),
+    /// Alternating available/stocked-out periods with exponential lengths.
+    OnOff {
+        /// Slices while available.
+        slices: u32,
+        /// Mean length of an available period.
+        mean_on_secs: f64,
+        /// Mean length of a stockout.
+        mean_off_secs: f64,
+    },
+    /// A spot availability trace, `scale` slices per trace instance.
+    Trace {
+        /// The trace.
+        trace: Arc<SpotTrace>,
+        /// Slices per instance in the trace.
+        scale: u32,
+        /// Where in the trace the run starts.
+        offset_secs: u64,
+    },
+}
+
+/// API behaviour: error rates per call.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ApiConfig {
+    /// Probability a call is refused with HTTP 429.
+    pub rate_limited: f64,
+    /// Probability a call fails with a 5xx before doing anything.
+    pub unavailable: f64,
+    /// Probability a call times out (its effect may or may not have happened).
+    pub timeout: f64,
+    /// Probability a mutation succeeds but its reply is lost (reported as a timeout).
+    pub lost_reply: f64,
+}
+
+/// Worker behaviour.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WorkerConfig {
+    /// Set-up time (bundle download, caches) without a warm cache.
+    pub setup: Latency,
+    /// Set-up time with a warm cache of the job's cache key on the TPU.
+    pub setup_warm: Latency,
+    /// Probability each worker's final status object is lost.
+    pub missing_status: f64,
+    /// Workers of a running attempt die silently (no status, no heartbeat) at this rate per hour.
+    pub silent_death_per_hour: f64,
+    /// Probability one worker of an attempt fails while its peers keep running.
+    pub partial_failure: f64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            setup: Latency { median_secs: 120.0, sigma: 0.3 },
+            setup_warm: Latency { median_secs: 30.0, sigma: 0.3 },
+            missing_status: 0.0,
+            silent_death_per_hour: 0.0,
+            partial_failure: 0.0,
+        }
+    }
+}
+
+/// How one job behaves on the workers (known to the simulated world, not to the engine).
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobBehaviour {
+    /// Seconds of computation the job needs in total.
+    pub work_secs: f64,
+    /// Seconds between checkpoints (progress since the last one is lost on interruption);
+    /// 0 means no checkpoints.
+    pub checkpoint_secs: f64,
+    /// Probability an attempt fails in the application.
+    pub app_failure: f64,
+    /// Probability an attempt hits an infrastructure failure (slice failure).
+    pub infra_failure: f64,
+    /// Probability the runner's set-up fails.
+    pub setup_failure: f64,
+    /// Cache key warmed by the job on its TPU.
+    pub cache_key: Option<String>,
+}
