@@ -3,6 +3,9 @@
 //! The library holds the pure parts (specs, engine) and the drivers (simulator harness, CLI).
 //! See ARCHITECTURE.md for the map and its invariants.
 
+pub mod backend;
 pub mod cli;
+pub mod driver;
 pub mod engine;
+pub mod simulate;
 pub mod spec;

@@ -77,6 +77,8 @@ pub struct NodeView {
     pub labels: BTreeMap<String, String>,
     /// The queued resource that made it.
     pub queued_resource: Option<String>,
+    /// Spot capacity (false for existing on-demand nodes).
+    pub spot: bool,
 }
 
 /// An API error.
@@ -163,7 +165,7 @@ pub struct Accounting {
     pub events: u64,
     /// Attempts killed because another attempt was launched on their TPU (should stay 0).
     pub attempts_displaced: u64,
-    /// Chip-seconds of ACTIVE capacity per accelerator type (for cost).
+    /// Chip-seconds of ACTIVE capacity per `<accelerator>/<spot|on-demand>` (for cost).
     pub allocated_chip_secs_by_type: BTreeMap<String, f64>,
 }
 
@@ -206,6 +208,7 @@ struct Node {
     active_since: Option<Millis>,
     run: Option<String>,
     caches: BTreeSet<String>,
+    spot: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -326,7 +329,7 @@ impl SimCloud {
             if let Some(since) = node.active_since {
                 let secs = (self.now - since) as f64 / 1000.0;
                 acc.allocated_chip_secs += secs * node.chips as f64;
-                *acc.allocated_chip_secs_by_type.entry(node.accelerator.clone()).or_default() += secs * node.chips as f64;
+                *acc.allocated_chip_secs_by_type.entry(price_key(node)).or_default() += secs * node.chips as f64;
             }
         }
         for run in self.runs.values().filter(|r| r.state == RunState::Running && r.alive) {
@@ -522,7 +525,7 @@ impl SimCloud {
         {
             let secs = (now - since) as f64 / 1000.0 * node.chips as f64;
             self.accounting.allocated_chip_secs += secs;
-            *self.accounting.allocated_chip_secs_by_type.entry(node.accelerator.clone()).or_default() += secs;
+            *self.accounting.allocated_chip_secs_by_type.entry(price_key(node)).or_default() += secs;
         }
     }
 
@@ -576,6 +579,9 @@ impl SimCloud {
     }
 
     fn provision_waiting(&mut self, pool: usize) {
+        if pool >= self.available.len() {
+            return;
+        }
         loop {
             if self.in_use(pool) >= self.available[pool] {
                 return;
@@ -615,6 +621,7 @@ impl SimCloud {
             active_since: None,
             run: None,
             caches: BTreeSet::new(),
+            spot: true,
         };
         self.serial += 1;
         self.by_serial.insert(node.serial, (false, node_key.clone()));
@@ -633,7 +640,7 @@ impl SimCloud {
         let created = qr.created_at;
         let node_key = (qr.zone.clone(), qr.node_id.clone());
         self.accounting.time_to_capacity_secs.push((self.now - created) as f64 / 1000.0);
-        let rate = self.nodes.get(&node_key).map_or(0.0, |n| self.config.pools[n.pool].preemption_per_hour);
+        let rate = self.nodes.get(&node_key).and_then(|n| self.config.pools.get(n.pool)).map_or(0.0, |p| p.preemption_per_hour);
         if let Some(node) = self.nodes.get_mut(&node_key)
             && node.state == NodeState::Creating
         {
@@ -778,7 +785,33 @@ impl SimCloud {
             hosts: n.hosts,
             labels: n.labels.clone(),
             queued_resource: n.queued_resource.clone(),
+            spot: n.spot,
         }))
+    }
+
+    /// Adds a node that exists before the run (an adopted, on-demand TPU): READY, never
+    /// preempted, outside every spot pool.
+    pub fn add_existing_node(&mut self, zone: &str, name: &str, accelerator: &str, chips: u32, hosts: u32) {
+        self.serial += 1;
+        let key = (zone.to_owned(), name.to_owned());
+        self.by_serial.insert(self.serial, (false, key.clone()));
+        self.nodes.insert(key, Node {
+            serial: self.serial,
+            name: name.to_owned(),
+            zone: zone.to_owned(),
+            accelerator: accelerator.to_owned(),
+            pool: usize::MAX,
+            state: NodeState::Ready,
+            hosts,
+            chips,
+            labels: BTreeMap::new(),
+            queued_resource: None,
+            active_since: Some(self.now),
+            run: None,
+            caches: BTreeSet::new(),
+            spot: false,
+        });
+        self.version += 1;
     }
 
     /// GET a queued resource.
@@ -1036,6 +1069,10 @@ impl SimCloud {
         }
         out
     }
+}
+
+fn price_key(node: &Node) -> String {
+    format!("{}/{}", node.accelerator, if node.spot { "spot" } else { "on-demand" })
 }
 
 fn sample(rng: &mut SimRng, latency: Latency) -> f64 {

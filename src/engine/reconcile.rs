@@ -263,9 +263,13 @@ impl<'a> Pass<'a> {
             self.wake_at(t);
         }
         // The resource.
-        let Some(resource) = self.state.resources.get_mut(&resource_id) else { return true };
+        let Some(resource) = self.state.resources.get_mut(&resource_id) else {
+            self.state.retire(job_id);
+            return true;
+        };
         if !resource.owned_by(job_id, &attempt_id) {
             self.out.violations.push(format!("resource {resource_id} does not own attempt {attempt_id} of {job_id}"));
+            self.state.retire(job_id);
             return true;
         }
         let mut to = f.resource_status;
@@ -288,6 +292,7 @@ impl<'a> Pass<'a> {
             let count = resource.retryable_failures.as_ref().map_or(0, |c| c.count);
             self.event("retryable_infrastructure_recycle_scheduled", Some(job_id), Some(&resource_id), Some(&attempt_id), format!("failure_count={count}"));
         }
+        self.state.retire(job_id);
         true
     }
 
@@ -327,7 +332,7 @@ impl<'a> Pass<'a> {
                     expected: JobStatus::Running,
                 });
                 if done {
-                    let requeued = self.state.jobs.get(&owner.job_id).is_some_and(|j| j.status == JobStatus::Pending);
+                    let requeued = self.state.job(&owner.job_id).is_some_and(|j| j.status == JobStatus::Pending);
                     let detail = if requeued { "reason=preempted; requeued" } else { "reason=preempted; retry disabled" };
                     self.event("job_interrupted", Some(&owner.job_id), Some(resource_id), Some(&owner.attempt_id), detail.into());
                 }
@@ -536,7 +541,7 @@ impl<'a> Pass<'a> {
             };
             if let Some(error) = failure {
                 self.note_cancellation_failure(&job_id, &attempt, &resource, &error);
-                if self.state.jobs.get(&job_id).is_some_and(|j| j.status != JobStatus::Cancelling) {
+                if self.state.job(&job_id).is_some_and(|j| j.status != JobStatus::Cancelling) {
                     continue;
                 }
             }
@@ -623,7 +628,7 @@ impl<'a> Pass<'a> {
             });
             let kind = if !done {
                 "controlled_interruption_attempt_requeue_failed"
-            } else if self.state.jobs[&request.job_id].status == JobStatus::Pending {
+            } else if self.state.job(&request.job_id).is_some_and(|j| j.status == JobStatus::Pending) {
                 "controlled_interruption_attempt_requeued"
             } else {
                 "controlled_interruption_attempt_retry_suppressed"
@@ -903,8 +908,7 @@ impl<'a> Pass<'a> {
             recycle_threshold: threshold,
             expected: JobStatus::Running,
         });
-        if done {
-            let job = &self.state.jobs[job_id];
+        if let Some(job) = self.state.job(job_id).filter(|_| done) {
             let detail = match job.status {
                 JobStatus::Pending => format!("reason=retryable_infrastructure; exit_code=75; requeued; {summary}"),
                 _ => format!("reason=retryable_infrastructure; exit_code=75; {}", job.end_reason.clone().unwrap_or_default()),

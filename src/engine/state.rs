@@ -41,8 +41,12 @@ impl std::error::Error for IllegalTransition {}
 pub struct State {
     /// Schema version of this document.
     pub schema_version: u32,
-    /// Every job ever submitted, by id (terminal ones kept as history).
+    /// Jobs that are pending, running or cancelling, by id.
     pub jobs: BTreeMap<String, Job>,
+    /// Jobs that reached a terminal status (succeeded, failed, deactivated), kept as history.
+    /// A pass never iterates them, so its cost does not grow with history.
+    #[serde(default)]
+    pub finished: BTreeMap<String, Job>,
     /// TPU records by resource id (node name, or `adopted-<name>`).
     pub resources: BTreeMap<String, Resource>,
     /// Controlled interruption requests by id.
@@ -64,11 +68,30 @@ impl State {
 
     /// Adds a job as submitted (status pending). Refuses an id already present.
     pub fn submit(&mut self, job: Job) -> Result<(), String> {
-        if self.jobs.contains_key(&job.id) {
+        if self.job(&job.id).is_some() {
             return Err(format!("job already exists: {}", job.id));
         }
         self.jobs.insert(job.id.clone(), job);
         Ok(())
+    }
+
+    /// The job `id`, active or finished.
+    pub fn job(&self, id: &str) -> Option<&Job> {
+        self.jobs.get(id).or_else(|| self.finished.get(id))
+    }
+
+    /// Every job, active ones first.
+    pub fn all_jobs(&self) -> impl Iterator<Item = &Job> {
+        self.jobs.values().chain(self.finished.values())
+    }
+
+    /// Moves `id` to `finished` if it is terminal.
+    pub fn retire(&mut self, id: &str) {
+        if self.jobs.get(id).is_some_and(|j| j.status.is_terminal())
+            && let Some(job) = self.jobs.remove(id)
+        {
+            self.finished.insert(job.id.clone(), job);
+        }
     }
 }
 

@@ -521,3 +521,26 @@ pub fn field<'n>(node: &'n Node, name: &str) -> Option<&'n Node> {
         _ => None,
     }
 }
+
+impl Checker<'_> {
+    /// Reads a number (integer or float) in `min..=max`.
+    pub fn number(&mut self, node: &Node, path: &str, min: f64, max: f64, expected: &str) -> Option<f64> {
+        let value = match node.value {
+            Value::Int(i) => Some(i as f64),
+            Value::Float(x) if x.is_finite() => Some(x),
+            _ => None,
+        };
+        match value {
+            Some(v) if (min..=max).contains(&v) => Some(v),
+            _ => {
+                self.expected(node, path, expected);
+                None
+            }
+        }
+    }
+
+    /// Records a problem at `node` with an optional hint (for helpers that build messages).
+    pub fn report(&mut self, node: &Node, path: &str, message: String, hint: Option<String>) {
+        self.push(node, path, message, hint);
+    }
+}

@@ -1,0 +1,439 @@
+//! The simulation harness: runs the real engine, through the real driver, against the
+//! simulated cloud on virtual time. Jobs arrive as the workload says; every reconcile interval
+//! the controller may run a pass (passes that provably have nothing to do are skipped: no
+//! change in the cloud, no arrival, no pending result, engine wake-up not reached). Records
+//! metrics, a time series for plots and a hash of every event for determinism checks.
+
+use std::collections::BTreeMap;
+
+use tpu_runner_sim::workload::JobArrival;
+use tpu_runner_sim::{CloudConfig, PoolConfig, SimCloud};
+
+use super::metrics::{BoundJob, Metrics, Stats, goodput_bound};
+use super::scenario::{Scenario, WorkloadSpec, hosts_of};
+use crate::backend::sim::SimBackend;
+use crate::driver::{self, Feedback};
+use crate::engine::state::{BucketRegion, Job, JobStatus};
+use crate::engine::{Engine, Event, PassOutput, State, Timestamp, policy};
+use crate::spec::fleet::SshTransport;
+use crate::spec::{EntryKind, JobSpec, Priority, TpuRequest, gcp};
+
+/// Wall-clock instant of simulated time 0 (2026-01-01T00:00:00Z).
+pub const EPOCH: Timestamp = Timestamp::from_secs(1_767_225_600);
+
+/// Seconds per slot of the goodput bound.
+const BOUND_SLOT_S: u64 = 600;
+
+/// One sample of the time series.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Sample {
+    /// Hours since the start.
+    pub hours: f64,
+    /// Chips ACTIVE.
+    pub allocated_chips: u64,
+    /// Chips running commands.
+    pub busy_chips: u64,
+    /// Jobs pending.
+    pub queue: u64,
+    /// Jobs running.
+    pub running: u64,
+    /// Available capacity per zone (chips, capped at what the fleet could use).
+    pub capacity_by_zone: BTreeMap<String, u64>,
+}
+
+/// Options of one run.
+#[derive(Clone, Copy, Debug)]
+pub struct RunOptions {
+    /// Run every pass even when nothing changed (for equivalence tests).
+    pub never_skip: bool,
+    /// Samples kept for plots (about this many).
+    pub samples: usize,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions { never_skip: false, samples: 600 }
+    }
+}
+
+/// What a step exposes to invariant checkers.
+pub struct StepView<'a> {
+    /// Virtual time.
+    pub now: Timestamp,
+    /// State after the pass.
+    pub state: &'a State,
+    /// The pass output, if a pass ran.
+    pub output: Option<&'a PassOutput>,
+    /// The simulated cloud.
+    pub cloud: &'a SimCloud,
+    /// The engine.
+    pub engine: &'a Engine,
+    /// Job ids submitted so far.
+    pub submitted: &'a [String],
+}
+
+/// A hook called after every step; an `Err` stops the run.
+pub type Checker<'c> = dyn FnMut(&StepView<'_>) -> Result<(), String> + 'c;
+
+/// The result of a run.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// Scenario name.
+    pub scenario: String,
+    /// Policy.
+    pub policy: String,
+    /// Seed.
+    pub seed: u64,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Time series.
+    pub series: Vec<Sample>,
+    /// FNV-1a hash of the event log (same seed ⇒ same hash).
+    pub event_hash: u64,
+    /// The final state.
+    pub state: State,
+    /// The last events (for failure reports).
+    pub recent_events: Vec<Event>,
+}
+
+/// A run that stopped on an invariant violation.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    /// What broke.
+    pub message: String,
+    /// When (simulated seconds).
+    pub at_s: f64,
+    /// The events just before.
+    pub recent_events: Vec<Event>,
+}
+
+/// The cloud configuration of a scenario for `seed`.
+pub fn cloud_config(scenario: &Scenario, seed: u64) -> CloudConfig {
+    CloudConfig {
+        seed,
+        pools: scenario
+            .cloud
+            .pools
+            .iter()
+            .map(|p| PoolConfig {
+                zone: p.zone.clone(),
+                accelerator: p.tpu_type.to_string(),
+                chips: p.tpu_type.chips(),
+                hosts: hosts_of(&p.tpu_type),
+                capacity: p.capacity.clone(),
+                preemption_per_hour: p.preemption_per_hour,
+                outages: p.outages.clone(),
+            })
+            .collect(),
+        provisioning: scenario.cloud.provisioning,
+        provisioning_by_region: scenario.cloud.provisioning_by_region.clone(),
+        delete_secs: scenario.cloud.delete_secs,
+        api: scenario.cloud.api,
+        workers: scenario.cloud.workers,
+    }
+}
+
+/// The arrivals of a scenario for `seed`, sorted by time then id.
+pub fn arrivals(scenario: &Scenario, seed: u64) -> Vec<JobArrival> {
+    let mut all: Vec<JobArrival> = scenario
+        .workloads
+        .iter()
+        .flat_map(|w| match w {
+            WorkloadSpec::Synthetic(s) => s.generate(seed),
+            WorkloadSpec::Trace(t) => t.generate(seed),
+        })
+        .collect();
+    all.sort_by(|a, b| a.at_secs.total_cmp(&b.at_secs).then_with(|| a.id.cmp(&b.id)));
+    all
+}
+
+fn job_of(scenario: &Scenario, arrival: &JobArrival) -> Option<Job> {
+    let types = scenario.types_by_width.get(&arrival.width_chips).filter(|t| !t.is_empty())?;
+    let bucket_regions: Vec<BucketRegion> = arrival
+        .regions
+        .iter()
+        .map(|r| BucketRegion { region: r.clone(), bucket: format!("gs://{}-{r}", scenario.fleet.name) })
+        .collect();
+    let spec = JobSpec {
+        id: arrival.id.clone(),
+        id_generated: false,
+        tpu: TpuRequest::OneOf(types.clone()),
+        bundle: ".".into(),
+        command: "python train.py".into(),
+        tpu_name: None,
+        zone: None,
+        buckets: bucket_regions.iter().map(|b| b.bucket.clone()).collect(),
+        caches: vec![],
+        env: BTreeMap::new(),
+        priority: [Priority::Low, Priority::Normal, Priority::High][arrival.priority.min(2) as usize],
+        retry_on_infrastructure_failure: true,
+    };
+    Some(Job::new(spec, EPOCH.plus_millis((arrival.at_secs * 1000.0) as i64), bucket_regions))
+}
+
+fn fnv(hash: &mut u64, bytes: &[u8]) {
+    for b in bytes {
+        *hash ^= u64::from(*b);
+        *hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+}
+
+/// Per pool: slices the fleet could hold there (managed counts; chip limits applied later).
+fn pool_ceilings(scenario: &Scenario) -> Vec<u32> {
+    scenario
+        .cloud
+        .pools
+        .iter()
+        .map(|p| {
+            scenario
+                .fleet
+                .tpus
+                .iter()
+                .filter(|e| e.zone == p.zone && e.tpu_type == p.tpu_type)
+                .map(|e| match e.kind {
+                    EntryKind::Managed { count } => count,
+                    EntryKind::Adopted { .. } => 0,
+                })
+                .sum()
+        })
+        .collect()
+}
+
+/// Runs one scenario with one policy and seed.
+pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOptions, mut checker: Option<&mut Checker<'_>>) -> Result<RunResult, Violation> {
+    let started = std::time::Instant::now();
+    let policy = policy::by_name(policy_name).unwrap_or_else(|| Box::new(policy::Classic));
+    let engine = Engine::new(scenario.fleet.clone(), scenario.engine, policy);
+    let mut cloud = SimCloud::new(cloud_config(scenario, seed));
+    let mut adopted_chips = 0u64;
+    for entry in &scenario.fleet.tpus {
+        if let EntryKind::Adopted { existing } = &entry.kind {
+            cloud.add_existing_node(&entry.zone, existing, &entry.tpu_type.to_string(), entry.tpu_type.chips(), hosts_of(&entry.tpu_type));
+            adopted_chips += u64::from(entry.tpu_type.chips());
+        }
+    }
+    let mut backend = SimBackend {
+        cloud,
+        epoch: EPOCH,
+        runner: scenario.fleet.name.clone(),
+        public_ip: scenario.fleet.ssh_transport == SshTransport::Direct,
+    };
+    let all_arrivals = arrivals(scenario, seed);
+    let mut jobs_skipped = 0u64;
+    let arrivals: Vec<(JobArrival, Job)> = all_arrivals
+        .into_iter()
+        .filter_map(|a| match job_of(scenario, &a) {
+            Some(job) => Some((a, job)),
+            None => {
+                jobs_skipped += 1;
+                None
+            }
+        })
+        .collect();
+
+    let tick_ms = scenario.reconcile_interval_secs * 1000;
+    let horizon_ms = scenario.horizon_secs * 1000;
+    let sample_every_ms = (horizon_ms / options.samples.max(1) as u64).max(tick_ms) / tick_ms * tick_ms;
+    let ceilings = pool_ceilings(scenario);
+    let chips_of_pool: Vec<u64> = scenario.cloud.pools.iter().map(|p| u64::from(p.tpu_type.chips())).collect();
+    let n_slots = scenario.horizon_secs.div_ceil(BOUND_SLOT_S) as usize;
+    let mut slot_capacity = vec![0.0f64; n_slots];
+
+    let mut state = State::new();
+    let mut feedback = Feedback::default();
+    let mut submitted: Vec<String> = Vec::new();
+    let mut next_arrival = 0;
+    let mut last_version = u64::MAX;
+    let mut next_wake: Option<Timestamp> = None;
+    let mut metrics = Metrics::default();
+    let mut series = Vec::new();
+    let mut event_hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut recent: std::collections::VecDeque<Event> = std::collections::VecDeque::new();
+    let mut t_ms = 0u64;
+    loop {
+        backend.cloud.advance_to(t_ms);
+        let now = EPOCH.plus_millis(t_ms as i64);
+        let mut arrived = false;
+        while next_arrival < arrivals.len() && (arrivals[next_arrival].0.at_secs * 1000.0) as u64 <= t_ms {
+            let (arrival, job) = &arrivals[next_arrival];
+            backend.cloud.register_job(&arrival.id, arrival.behaviour.clone());
+            if state.submit(job.clone()).is_ok() {
+                submitted.push(arrival.id.clone());
+            }
+            next_arrival += 1;
+            arrived = true;
+        }
+        // Capacity available to the fleet in this tick (for the bound).
+        let slot = (t_ms / 1000 / BOUND_SLOT_S) as usize;
+        if slot < n_slots {
+            let tick_s = (scenario.reconcile_interval_secs as f64).min((horizon_ms - t_ms) as f64 / 1000.0);
+            let available = backend.cloud.available_slices();
+            let mut chips: u64 = adopted_chips;
+            for (p, &a) in available.iter().enumerate() {
+                chips += u64::from(a.min(ceilings[p])) * chips_of_pool[p];
+            }
+            slot_capacity[slot] += chips as f64 * tick_s;
+        }
+        let wake_due = next_wake.is_some_and(|w| w <= now);
+        let must_run = options.never_skip
+            || backend.cloud.version() != last_version
+            || arrived
+            || !feedback.is_empty()
+            || wake_due
+            || t_ms == 0;
+        let mut output = None;
+        if must_run {
+            match driver::pass(&engine, &mut state, &mut backend, &mut feedback, now) {
+                Ok(out) => {
+                    metrics.passes += 1;
+                    next_wake = out.next_wake;
+                    for e in &out.events {
+                        fnv(&mut event_hash, serde_json::to_string(e).expect("event serialises").as_bytes());
+                        recent.push_back(e.clone());
+                        if recent.len() > 40 {
+                            recent.pop_front();
+                        }
+                    }
+                    metrics.engine_events += out.events.len() as u64;
+                    if !out.violations.is_empty() {
+                        return Err(Violation {
+                            message: format!("the engine reported broken invariants: {}", out.violations.join("; ")),
+                            at_s: t_ms as f64 / 1000.0,
+                            recent_events: recent.iter().cloned().collect(),
+                        });
+                    }
+                    output = Some(out);
+                }
+                Err(_) => {
+                    metrics.failed_passes += 1;
+                    next_wake = Some(now);
+                }
+            }
+            last_version = backend.cloud.version();
+        }
+        if let Some(check) = checker.as_deref_mut() {
+            let view = StepView { now, state: &state, output: output.as_ref(), cloud: &backend.cloud, engine: &engine, submitted: &submitted };
+            if let Err(message) = check(&view) {
+                return Err(Violation { message, at_s: t_ms as f64 / 1000.0, recent_events: recent.iter().cloned().collect() });
+            }
+        }
+        if t_ms % sample_every_ms == 0 {
+            series.push(sample(&backend, &state, scenario, &ceilings, t_ms));
+        }
+        let all_arrived = next_arrival >= arrivals.len();
+        let quiet = all_arrived
+            && state.jobs.is_empty()
+            && next_wake.is_none()
+            && backend.cloud.allocated_chips() <= adopted_chips
+            && backend.cloud.live_nodes().is_empty();
+        if t_ms >= horizon_ms || quiet {
+            break;
+        }
+        t_ms += tick_ms;
+    }
+
+    let acc = backend.cloud.accounting();
+    let hours = |chip_s: f64| chip_s / 3600.0;
+    metrics.allocated_chip_hours = hours(acc.allocated_chip_secs);
+    metrics.busy_chip_hours = hours(acc.busy_chip_secs);
+    metrics.lost_chip_hours = hours(acc.lost_chip_secs);
+    metrics.goodput_chip_hours = (metrics.busy_chip_hours - metrics.lost_chip_hours).max(0.0);
+    metrics.utilization = ratio(metrics.busy_chip_hours, metrics.allocated_chip_hours);
+    metrics.goodput_ratio = ratio(metrics.goodput_chip_hours, metrics.allocated_chip_hours);
+    metrics.preemptions = acc.preemptions;
+    metrics.api_calls = acc.api_calls.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
+    metrics.api_errors = acc.api_errors.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
+    metrics.events = acc.events;
+    metrics.simulated_s = t_ms as f64 / 1000.0;
+    metrics.time_to_capacity_s = Stats::of(&acc.time_to_capacity_secs);
+    metrics.jobs_skipped = jobs_skipped;
+    let mut waits = Vec::new();
+    let mut jcts = Vec::new();
+    for job in state.all_jobs() {
+        metrics.jobs_submitted += 1;
+        match job.status {
+            JobStatus::Succeeded => metrics.jobs_succeeded += 1,
+            JobStatus::Failed | JobStatus::Deactivated => metrics.jobs_failed += 1,
+            _ => metrics.jobs_unfinished += 1,
+        }
+        metrics.retries += job.attempts.len().saturating_sub(1) as u64;
+        if let Some(start) = job.attempts.iter().filter_map(|a| a.started_at).min() {
+            waits.push(start.secs_since(job.submitted_at));
+        }
+        if job.status == JobStatus::Succeeded
+            && let Some(end) = job.ended_at
+        {
+            jcts.push(end.secs_since(job.submitted_at));
+        }
+        for a in &job.attempts {
+            let tpu_region = gcp::zone_region(&a.zone).unwrap_or("");
+            if job.placement.as_ref().is_some_and(|p| p.region != tpu_region) {
+                metrics.egress_gb += scenario.data_gb_per_attempt;
+            }
+        }
+    }
+    metrics.queue_wait_s = Stats::of(&waits);
+    metrics.jct_s = Stats::of(&jcts);
+    metrics.egress_usd = metrics.egress_gb * scenario.egress_usd_per_gb;
+    metrics.cost_usd = acc
+        .allocated_chip_secs_by_type
+        .iter()
+        .map(|(key, chip_s)| {
+            let (accelerator, model) = key.split_once('/').unwrap_or((key, "spot"));
+            let family = crate::spec::TpuType::parse(accelerator).map(|t| t.quota_family().to_owned()).unwrap_or_default();
+            let (spot, on_demand) = scenario.prices.get(&family).copied().unwrap_or((0.0, 0.0));
+            hours(*chip_s) * if model == "spot" { spot } else { on_demand }
+        })
+        .sum::<f64>()
+        + metrics.egress_usd;
+    // The bound, on the capacity the fleet could have used during the run.
+    let bound_jobs: Vec<BoundJob> = arrivals
+        .iter()
+        .take(next_arrival)
+        .map(|(a, _)| BoundJob { release_s: a.at_secs, work: a.behaviour.work_secs * f64::from(a.width_chips), width: f64::from(a.width_chips) })
+        .collect();
+    let used_slots = ((t_ms / 1000).div_ceil(BOUND_SLOT_S) as usize).clamp(1, n_slots.max(1));
+    let bound_chip_s = goodput_bound(&bound_jobs, &slot_capacity[..used_slots.min(slot_capacity.len())], BOUND_SLOT_S as f64);
+    metrics.bound_goodput_chip_hours = hours(bound_chip_s);
+    metrics.efficiency = ratio(metrics.goodput_chip_hours, metrics.bound_goodput_chip_hours);
+    metrics.wall_s = started.elapsed().as_secs_f64();
+    Ok(RunResult {
+        scenario: scenario.name.clone(),
+        policy: engine.policy().name().to_owned(),
+        seed,
+        metrics,
+        series,
+        event_hash,
+        state,
+        recent_events: recent.into_iter().collect(),
+    })
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { 0.0 }
+}
+
+fn sample(backend: &SimBackend, state: &State, scenario: &Scenario, ceilings: &[u32], t_ms: u64) -> Sample {
+    let mut capacity_by_zone: BTreeMap<String, u64> = BTreeMap::new();
+    for (p, &a) in backend.cloud.available_slices().iter().enumerate() {
+        let pool = &scenario.cloud.pools[p];
+        *capacity_by_zone.entry(pool.zone.clone()).or_default() += u64::from(a.min(ceilings[p])) * u64::from(pool.tpu_type.chips());
+    }
+    let mut queue = 0;
+    let mut running = 0;
+    for j in state.jobs.values() {
+        match j.status {
+            JobStatus::Pending => queue += 1,
+            JobStatus::Running | JobStatus::Cancelling => running += 1,
+            _ => {}
+        }
+    }
+    Sample {
+        hours: t_ms as f64 / 3_600_000.0,
+        allocated_chips: backend.cloud.allocated_chips(),
+        busy_chips: backend.cloud.busy_chips(),
+        queue,
+        running,
+        capacity_by_zone,
+    }
+}
