@@ -12,4 +12,6 @@ pub enum ExitStatus {
     Usage = 2,
     /// A file could not be read or written.
     Io = 3,
+    /// A simulated run broke an invariant.
+    Violation = 4,
 }

@@ -5,7 +5,10 @@
 mod exit_codes;
 mod output;
 mod plan;
+mod simulate;
 mod validate;
+
+pub(crate) use output::table;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -30,7 +33,8 @@ Exit codes:
   0  success (the file is valid)
   1  the input was read but is invalid
   2  usage error (unknown command, bad flag)
-  3  a file could not be read or written";
+  3  a file could not be read or written
+  4  a simulated run broke an invariant (the seed and a replay command are printed)";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -92,6 +96,31 @@ enum Command {
         /// Write the state after the pass here.
         #[arg(long, value_name = "PATH")]
         write_state: Option<PathBuf>,
+    },
+    /// Simulate scenarios: the real engine against a deterministic simulated cloud.
+    #[command(after_help = "Examples:\n  tpu-runner simulate scenarios/*.yaml\n  tpu-runner simulate scenarios/preemption-storm.yaml --seeds 1..=20 --json results.json --report report/")]
+    Simulate {
+        /// Scenario files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Run only this seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Run these seeds: `A..B` (B excluded) or `A..=B`.
+        #[arg(long, value_name = "RANGE")]
+        seeds: Option<String>,
+        /// Policies to compare, comma-separated (default: the scenario's).
+        #[arg(long, value_name = "NAME[,NAME...]")]
+        policy: Option<String>,
+        /// Write JSON records to PATH (`-` for stdout instead of the table).
+        #[arg(long, value_name = "PATH|-")]
+        json: Option<String>,
+        /// Write SVG plots and an HTML page to DIR.
+        #[arg(long, value_name = "DIR")]
+        report: Option<PathBuf>,
+        /// Worker threads (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
     },
     /// Print a shell completion script.
     #[command(
@@ -162,6 +191,15 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             policy: &policy,
             json,
             write_state: write_state.as_deref(),
+        }),
+        Command::Simulate { files, seed, seeds, policy, json, report, threads } => simulate::run(simulate::SimulateArgs {
+            files: &files,
+            seed,
+            seeds: seeds.as_deref(),
+            policies: policy.as_deref(),
+            json: json.as_deref(),
+            report: report.as_deref(),
+            threads,
         }),
         Command::Completions { shell } => {
             let mut out = Vec::new();
