@@ -37,7 +37,9 @@ fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64)
         writeln!(s, "  {line}").unwrap();
     }
     writeln!(s, "jobs:").unwrap();
-    for j in state.jobs.values() {
+    let mut jobs: Vec<_> = state.all_jobs().collect();
+    jobs.sort_by(|a, b| a.id.cmp(&b.id));
+    for j in jobs {
         let mut line = format!("  {}: {}", j.id, j.status.as_str());
         if let Some(r) = &j.assigned_resource {
             line.push_str(&format!(" on {r}"));

@@ -231,7 +231,7 @@ enum Outcome {
 struct Run {
     job_id: String,
     node_serial: u64,
-    node_key: (String, String),
+    node_key: String,
     hosts: u32,
     chips: u32,
     state: RunState,
@@ -257,9 +257,9 @@ pub struct SimCloud {
     seq: u64,
     serial: u64,
     queue: BinaryHeap<Reverse<(Millis, u64, Event)>>,
-    qrs: BTreeMap<(String, String), Qr>,
-    nodes: BTreeMap<(String, String), Node>,
-    by_serial: BTreeMap<u64, (bool, (String, String))>,
+    qrs: BTreeMap<String, Qr>,
+    nodes: BTreeMap<String, Node>,
+    by_serial: BTreeMap<u64, (bool, String)>,
     runs: BTreeMap<String, Run>,
     jobs: BTreeMap<String, JobProgress>,
     available: Vec<u32>,
@@ -502,7 +502,7 @@ impl SimCloud {
         if in_use <= available {
             return;
         }
-        let mut victims: Vec<(u64, (String, String))> = self
+        let mut victims: Vec<(u64, String)> = self
             .nodes
             .iter()
             .filter(|(_, n)| n.pool == pool && matches!(n.state, NodeState::Creating | NodeState::Ready))
@@ -518,7 +518,7 @@ impl SimCloud {
         }
     }
 
-    fn release_allocation(&mut self, key: &(String, String)) {
+    fn release_allocation(&mut self, key: &str) {
         let now = self.now;
         if let Some(node) = self.nodes.get_mut(key)
             && let Some(since) = node.active_since.take()
@@ -529,7 +529,7 @@ impl SimCloud {
         }
     }
 
-    fn preempt(&mut self, key: &(String, String)) {
+    fn preempt(&mut self, key: &str) {
         self.release_allocation(key);
         let Some(node) = self.nodes.get_mut(key) else { return };
         node.state = NodeState::Preempted;
@@ -538,7 +538,7 @@ impl SimCloud {
         self.accounting.preemptions += 1;
         self.version += 1;
         if let Some(qr) = qr
-            && let Some(q) = self.qrs.get_mut(&(key.0.clone(), qr))
+            && let Some(q) = self.qrs.get_mut(&qr)
             && q.state != QrState::Deleting
         {
             q.state = QrState::Suspended;
@@ -597,8 +597,8 @@ impl SimCloud {
         }
     }
 
-    fn start_provisioning(&mut self, key: &(String, String)) {
-        let region = region_of(&key.0).to_owned();
+    fn start_provisioning(&mut self, key: &str) {
+        let region = region_of(&self.qrs[key].zone).to_owned();
         let latency = *self.config.provisioning_by_region.get(&region).unwrap_or(&self.config.provisioning);
         let secs = sample(&mut self.rng_provisioning, latency).max(1.0);
         let pool = self.qrs[key].pool;
@@ -606,7 +606,7 @@ impl SimCloud {
         let qr = self.qrs.get_mut(key).expect("exists");
         qr.state = QrState::Provisioning;
         let serial = qr.serial;
-        let node_key = (qr.zone.clone(), qr.node_id.clone());
+        let node_key = qr.node_id.clone();
         let node = Node {
             serial: self.serial + 1,
             name: qr.node_id.clone(),
@@ -638,7 +638,7 @@ impl SimCloud {
         }
         qr.state = QrState::Active;
         let created = qr.created_at;
-        let node_key = (qr.zone.clone(), qr.node_id.clone());
+        let node_key = qr.node_id.clone();
         self.accounting.time_to_capacity_secs.push((self.now - created) as f64 / 1000.0);
         let rate = self.nodes.get(&node_key).and_then(|n| self.config.pools.get(n.pool)).map_or(0.0, |p| p.preemption_per_hour);
         if let Some(node) = self.nodes.get_mut(&node_key)
@@ -695,8 +695,8 @@ impl SimCloud {
         labels: BTreeMap<String, String>,
     ) -> Result<(), ApiError> {
         let lost_reply = self.api("create_queued_resource", true)?;
-        let key = (zone.to_owned(), name.to_owned());
-        if self.qrs.contains_key(&key) || self.nodes.contains_key(&(zone.to_owned(), node_id.to_owned())) {
+        let key = name.to_owned();
+        if self.qrs.contains_key(name) || self.nodes.contains_key(node_id) {
             return Err(ApiError::AlreadyExists);
         }
         let pool = *self.pool_index.get(&(zone.to_owned(), accelerator.to_owned())).ok_or(ApiError::NoSuchPool)?;
@@ -722,14 +722,13 @@ impl SimCloud {
     /// Deletes a queued resource and its node.
     pub fn delete_queued_resource(&mut self, zone: &str, name: &str) -> Result<(), ApiError> {
         let lost_reply = self.api("delete_queued_resource", true)?;
-        let key = (zone.to_owned(), name.to_owned());
-        let Some(qr) = self.qrs.get_mut(&key) else { return Err(ApiError::NotFound) };
+        let Some(qr) = self.qrs.get_mut(name).filter(|q| q.zone == zone) else { return Err(ApiError::NotFound) };
         if qr.state == QrState::Deleting {
             return if lost_reply { Err(ApiError::Timeout) } else { Ok(()) };
         }
         qr.state = QrState::Deleting;
         let serial = qr.serial;
-        let node_key = (zone.to_owned(), qr.node_id.clone());
+        let node_key = qr.node_id.clone();
         if self.nodes.get(&node_key).is_some_and(|n| n.queued_resource.as_deref() == Some(name)) {
             self.start_node_deletion(&node_key);
         }
@@ -739,7 +738,7 @@ impl SimCloud {
         if lost_reply { Err(ApiError::Timeout) } else { Ok(()) }
     }
 
-    fn start_node_deletion(&mut self, key: &(String, String)) {
+    fn start_node_deletion(&mut self, key: &str) {
         self.release_allocation(key);
         let Some(node) = self.nodes.get_mut(key) else { return };
         if node.state == NodeState::Deleting {
@@ -759,12 +758,12 @@ impl SimCloud {
     /// Deletes a node (its queued resource, if any, becomes SUSPENDED).
     pub fn delete_node(&mut self, zone: &str, name: &str) -> Result<(), ApiError> {
         let lost_reply = self.api("delete_node", true)?;
-        let key = (zone.to_owned(), name.to_owned());
-        let Some(node) = self.nodes.get(&key) else { return Err(ApiError::NotFound) };
+        let key = name.to_owned();
+        let Some(node) = self.nodes.get(name).filter(|n| n.zone == zone) else { return Err(ApiError::NotFound) };
         let qr = node.queued_resource.clone();
         self.start_node_deletion(&key);
         if let Some(qr) = qr
-            && let Some(q) = self.qrs.get_mut(&(zone.to_owned(), qr))
+            && let Some(q) = self.qrs.get_mut(&qr)
             && matches!(q.state, QrState::Active | QrState::Provisioning)
         {
             q.state = QrState::Suspended;
@@ -777,7 +776,7 @@ impl SimCloud {
     /// GET a node.
     pub fn get_node(&mut self, zone: &str, name: &str) -> Result<Option<NodeView>, ApiError> {
         self.api("get_node", false)?;
-        Ok(self.nodes.get(&(zone.to_owned(), name.to_owned())).map(|n| NodeView {
+        Ok(self.nodes.get(name).filter(|n| n.zone == zone).map(|n| NodeView {
             name: n.name.clone(),
             zone: n.zone.clone(),
             accelerator: n.accelerator.clone(),
@@ -793,7 +792,7 @@ impl SimCloud {
     /// preempted, outside every spot pool.
     pub fn add_existing_node(&mut self, zone: &str, name: &str, accelerator: &str, chips: u32, hosts: u32) {
         self.serial += 1;
-        let key = (zone.to_owned(), name.to_owned());
+        let key = name.to_owned();
         self.by_serial.insert(self.serial, (false, key.clone()));
         self.nodes.insert(key, Node {
             serial: self.serial,
@@ -817,7 +816,7 @@ impl SimCloud {
     /// GET a queued resource.
     pub fn get_queued_resource(&mut self, zone: &str, name: &str) -> Result<Option<QrView>, ApiError> {
         self.api("get_queued_resource", false)?;
-        Ok(self.qrs.get(&(zone.to_owned(), name.to_owned())).map(|q| QrView {
+        Ok(self.qrs.get(name).filter(|q| q.zone == zone).map(|q| QrView {
             name: q.name.clone(),
             zone: q.zone.clone(),
             node_id: q.node_id.clone(),
@@ -845,8 +844,8 @@ impl SimCloud {
         if self.runs.contains_key(attempt) {
             return Ok(());
         }
-        let key = (zone.to_owned(), node_name.to_owned());
-        let Some(node) = self.nodes.get(&key) else { return Err(RemoteError::NotFound) };
+        let key = node_name.to_owned();
+        let Some(node) = self.nodes.get(node_name).filter(|n| n.zone == zone) else { return Err(RemoteError::NotFound) };
         if node.state != NodeState::Ready {
             return Err(if node.state == NodeState::Creating { RemoteError::Temporary } else { RemoteError::NotFound });
         }
@@ -1010,8 +1009,8 @@ impl SimCloud {
     /// Stops `attempt` on the node (every worker writes status 143).
     pub fn cancel(&mut self, zone: &str, node_name: &str, attempt: &str) -> Result<CancelResult, RemoteError> {
         *self.accounting.api_calls.entry("cancel").or_default() += 1;
-        let key = (zone.to_owned(), node_name.to_owned());
-        let Some(node) = self.nodes.get(&key) else { return Err(RemoteError::NotFound) };
+        let key = node_name.to_owned();
+        let Some(node) = self.nodes.get(node_name).filter(|n| n.zone == zone) else { return Err(RemoteError::NotFound) };
         if node.state != NodeState::Ready {
             return Err(RemoteError::Temporary);
         }
@@ -1051,8 +1050,8 @@ impl SimCloud {
     }
 
     /// Attempt ids running (alive) on each node, for invariant checks: (zone, node) → attempts.
-    pub fn live_runs(&self) -> BTreeMap<(String, String), Vec<String>> {
-        let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    pub fn live_runs(&self) -> BTreeMap<String, Vec<String>> {
+        let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (id, run) in &self.runs {
             if run.alive && run.state != RunState::Ended {
                 out.entry(run.node_key.clone()).or_default().push(id.clone());

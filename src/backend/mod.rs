@@ -40,7 +40,7 @@ pub enum Outcome {
 /// A cloud the driver can observe and act on.
 pub trait CloudBackend {
     /// Fetches the nodes and queued resources named in `targets` (absent ones are left out).
-    fn inventory(&mut self, targets: &InventoryTargets, now: Timestamp) -> Result<(Vec<NodeInfo>, Vec<QueuedResourceInfo>), BackendError>;
+    fn inventory(&mut self, targets: &InventoryTargets<'_>, now: Timestamp) -> Result<(Vec<NodeInfo>, Vec<QueuedResourceInfo>), BackendError>;
     /// What the workers of `attempt_id` report (launch acknowledged, status objects,
     /// heartbeat); `None` if nothing is known of it.
     fn attempt_report(&mut self, attempt_id: &str, job_id: &str, now: Timestamp) -> Result<Option<AttemptReport>, BackendError>;

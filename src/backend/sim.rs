@@ -55,9 +55,9 @@ fn read_error(e: ApiError, what: &str) -> BackendError {
 }
 
 impl CloudBackend for SimBackend {
-    fn inventory(&mut self, targets: &InventoryTargets, _now: Timestamp) -> Result<(Vec<NodeInfo>, Vec<QueuedResourceInfo>), BackendError> {
+    fn inventory(&mut self, targets: &InventoryTargets<'_>, _now: Timestamp) -> Result<(Vec<NodeInfo>, Vec<QueuedResourceInfo>), BackendError> {
         let mut nodes = Vec::new();
-        for (zone, name) in &targets.nodes {
+        for (zone, name) in targets.nodes() {
             let Some(n) = self.cloud.get_node(zone, name).map_err(|e| read_error(e, name))? else { continue };
             let Ok(tpu_type) = TpuType::parse(&n.accelerator) else { continue };
             nodes.push(NodeInfo {
@@ -79,7 +79,7 @@ impl CloudBackend for SimBackend {
             });
         }
         let mut qrs = Vec::new();
-        for (zone, name) in &targets.queued_resources {
+        for (zone, name) in targets.queued_resources() {
             let Some(q) = self.cloud.get_queued_resource(zone, name).map_err(|e| read_error(e, name))? else { continue };
             let Ok(tpu_type) = TpuType::parse(&q.accelerator) else { continue };
             qrs.push(QueuedResourceInfo {

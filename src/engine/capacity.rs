@@ -287,7 +287,10 @@ impl<'a> Pass<'a> {
 
     /// The matching queued resource of ordinal `name` of entry `e`.
     fn ordinal_qr(&self, name: &str, e: usize) -> Option<&'a super::observe::QueuedResourceInfo> {
-        self.qrs.get(names::queued_resource_name(name).as_str()).copied().filter(|q| self.index.qr_labelled_for(q, e))
+        self.qr_by_node
+            .get(name)
+            .copied()
+            .filter(|q| q.name.strip_prefix(names::QR_PREFIX) == Some(name) && self.index.qr_labelled_for(q, e))
     }
 
     fn was_deleted_qr(&self, node: &str) -> bool {

@@ -24,12 +24,16 @@ pub struct FleetIndex {
     pub fleet: FleetSpec,
     /// Declared node names: adopted `existing` names and managed ordinals `1..=count`.
     pub declared: BTreeMap<String, Declared>,
+    /// The same, hashed, for lookups (never iterated).
+    declared_lookup: rustc_hash::FxHashMap<String, Declared>,
     /// Managed ordinal node names per entry (empty for adopted entries), ordinal order.
     pub ordinals: Vec<Vec<String>>,
     /// Entry index by id.
     pub by_id: BTreeMap<String, usize>,
     /// Chip limit per quota key.
     pub chip_limits: BTreeMap<QuotaKey, u32>,
+    /// The declared inventory targets.
+    pub declared_targets: DeclaredTargets,
 }
 
 impl FleetIndex {
@@ -54,7 +58,16 @@ impl FleetIndex {
         }
         let by_id = fleet.tpus.iter().enumerate().map(|(i, e)| (e.id.clone(), i)).collect();
         let chip_limits = fleet.chip_limits();
-        FleetIndex { fleet, declared, ordinals, by_id, chip_limits }
+        let mut declared_targets = DeclaredTargets::default();
+        for (name, d) in &declared {
+            let entry = &fleet.tpus[d.entry];
+            declared_targets.nodes.insert((entry.zone.clone(), name.clone()));
+            if !entry.is_adopted() {
+                declared_targets.queued_resources.insert((entry.zone.clone(), names::queued_resource_name(name)));
+            }
+        }
+        let declared_lookup = declared.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        FleetIndex { fleet, declared, declared_lookup, ordinals, by_id, chip_limits, declared_targets }
     }
 
     /// The entry at `index`.
@@ -75,7 +88,7 @@ impl FleetIndex {
     /// Entry match for a node (§3.2): managed entries need same zone, type, Spot model and
     /// the runner's labels; adopted entries need the exact name, zone, type and model.
     pub fn node_entry(&self, node: &NodeInfo) -> Option<usize> {
-        let declared = self.declared.get(&node.name)?;
+        let declared = self.declared_lookup.get(&node.name)?;
         let entry = self.entry(declared.entry);
         let model_ok = match entry.provisioning_model {
             ProvisioningModel::Spot => node.spot,
@@ -91,7 +104,7 @@ impl FleetIndex {
     /// Entry match for a queued resource: its node id must be a declared managed ordinal of
     /// an entry with the same zone, type and labels, and the name must be `qr-<node>`.
     pub fn queued_resource_entry(&self, qr: &QueuedResourceInfo) -> Option<usize> {
-        let declared = self.declared.get(&qr.node_id)?;
+        let declared = self.declared_lookup.get(&qr.node_id)?;
         let entry = self.entry(declared.entry);
         let ok = !entry.is_adopted()
             && declared.ordinal > 0
@@ -122,29 +135,27 @@ impl FleetIndex {
     /// True when the record is declared: owned and, if managed, one of ordinals `1..=count`.
     pub fn is_declared(&self, resource: &Resource) -> bool {
         self.owns_record(resource).is_some()
-            && self.declared.get(&resource.tpu_name).is_some_and(|d| self.entry(d.entry).id == resource.entry_id)
+            && self.declared_lookup.get(&resource.tpu_name).is_some_and(|d| self.entry(d.entry).id == resource.entry_id)
     }
 
     /// The exact names the drivers fetch (never listing): declared nodes and ordinal queued
-    /// resources, plus records of the state that are not gone (including records whose entry
-    /// was removed, so their TPUs can be cleaned up instead of orphaned).
-    pub fn inventory_targets(&self, state: &State) -> InventoryTargets {
-        let mut nodes = BTreeSet::new();
-        let mut queued_resources = BTreeSet::new();
-        for (name, d) in &self.declared {
-            let entry = self.entry(d.entry);
-            nodes.insert((entry.zone.clone(), name.clone()));
-            if !entry.is_adopted() {
-                queued_resources.insert((entry.zone.clone(), names::queued_resource_name(name)));
-            }
-        }
+    /// resources (computed once per fleet), plus records of the state that are not gone and
+    /// not declared (including records whose entry was removed, so their TPUs can be cleaned
+    /// up instead of orphaned).
+    pub fn inventory_targets<'s>(&'s self, state: &State) -> InventoryTargets<'s> {
+        let mut extra_nodes = BTreeSet::new();
+        let mut extra_queued_resources = BTreeSet::new();
         for r in state.resources.values().filter(|r| !r.status.is_gone()) {
-            nodes.insert((r.zone.clone(), r.tpu_name.clone()));
+            let declared = self.declared_lookup.get(&r.tpu_name).is_some_and(|d| self.entry(d.entry).zone == r.zone);
+            if declared {
+                continue;
+            }
+            extra_nodes.insert((r.zone.clone(), r.tpu_name.clone()));
             if !r.adopted {
-                queued_resources.insert((r.zone.clone(), names::queued_resource_name(&r.tpu_name)));
+                extra_queued_resources.insert((r.zone.clone(), names::queued_resource_name(&r.tpu_name)));
             }
         }
-        InventoryTargets { nodes, queued_resources }
+        InventoryTargets { declared: &self.declared_targets, extra_nodes, extra_queued_resources }
     }
 
     /// The quota key and chip limit of entry `index`, if limited.
@@ -154,13 +165,39 @@ impl FleetIndex {
     }
 }
 
-/// Names to fetch, as `(zone, name)` pairs sorted by zone then name.
+/// The declared part of the inventory targets, computed once per fleet.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct InventoryTargets {
-    /// Node names.
+pub struct DeclaredTargets {
+    /// `(zone, node)` pairs.
     pub nodes: BTreeSet<(String, String)>,
-    /// Queued resource names.
+    /// `(zone, queued resource)` pairs.
     pub queued_resources: BTreeSet<(String, String)>,
+}
+
+/// Names to fetch, as `(zone, name)` pairs: the fleet's declared names plus extra records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InventoryTargets<'a> {
+    /// Declared names.
+    pub declared: &'a DeclaredTargets,
+    /// Nodes of records outside the declared names.
+    pub extra_nodes: BTreeSet<(String, String)>,
+    /// Queued resources of records outside the declared names.
+    pub extra_queued_resources: BTreeSet<(String, String)>,
+}
+
+impl InventoryTargets<'_> {
+    /// Every node to fetch.
+    pub fn nodes(&self) -> impl Iterator<Item = &(String, String)> {
+        self.declared.nodes.iter().chain(self.extra_nodes.iter().filter(|t| !self.declared.nodes.contains(*t)))
+    }
+
+    /// Every queued resource to fetch.
+    pub fn queued_resources(&self) -> impl Iterator<Item = &(String, String)> {
+        self.declared
+            .queued_resources
+            .iter()
+            .chain(self.extra_queued_resources.iter().filter(|t| !self.declared.queued_resources.contains(*t)))
+    }
 }
 
 impl FleetIndex {

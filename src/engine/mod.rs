@@ -62,7 +62,7 @@ impl Engine {
     }
 
     /// What the driver must fetch for the next observation.
-    pub fn inventory_targets(&self, state: &State) -> InventoryTargets {
+    pub fn inventory_targets(&self, state: &State) -> InventoryTargets<'_> {
         self.index.inventory_targets(state)
     }
 

@@ -4,7 +4,9 @@
 //! `now`; output: mutated state, actions, events and the next time a pass is needed.
 //! Level-triggered and idempotent: a pass never depends on why it ran.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
+
+use rustc_hash::FxHashMap;
 
 use super::aggregate::{self, EXIT_RETRYABLE, FailureKind, Graces, Verdict};
 use super::config::{EngineConfig, backoff_secs};
@@ -60,9 +62,10 @@ pub(crate) struct Pass<'a> {
     pub(super) obs: &'a Observation,
     pub(super) now: Timestamp,
     pub(super) out: PassOutput,
-    pub(super) nodes: BTreeMap<&'a str, &'a NodeInfo>,
-    pub(super) qrs: BTreeMap<&'a str, &'a QueuedResourceInfo>,
-    pub(super) qr_by_node: BTreeMap<&'a str, &'a QueuedResourceInfo>,
+    // Lookup-only indexes of the observation (never iterated, so hashing is deterministic).
+    pub(super) nodes: FxHashMap<&'a str, &'a NodeInfo>,
+    pub(super) qrs: FxHashMap<&'a str, &'a QueuedResourceInfo>,
+    pub(super) qr_by_node: FxHashMap<&'a str, &'a QueuedResourceInfo>,
     /// Node and QR names deleted during this pass.
     pub(super) deleted: BTreeSet<String>,
     /// Attempts created by this pass's assignment (launched at the end).
@@ -164,7 +167,10 @@ impl<'a> Pass<'a> {
     }
 
     pub(super) fn matching_qr(&self, resource: &Resource) -> Option<&'a QueuedResourceInfo> {
-        let qr = *self.qrs.get(names::queued_resource_name(&resource.tpu_name).as_str())?;
+        let qr = *self.qr_by_node.get(resource.tpu_name.as_str())?;
+        if qr.name.strip_prefix(names::QR_PREFIX) != Some(resource.tpu_name.as_str()) {
+            return None;
+        }
         let entry = self.index.queued_resource_entry(qr)?;
         (self.index.entry(entry).id == resource.entry_id).then_some(qr)
     }
