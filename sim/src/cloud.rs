@@ -273,6 +273,8 @@ pub struct SimCloud {
     accounting: Accounting,
     /// Bumped on every change visible through `get`/`attempt` (lets drivers skip idle passes).
     version: u64,
+    /// Every change of a pool's available slices: (time, pool, slices).
+    capacity_log: Vec<(Millis, usize, u32)>,
 }
 
 const UNLIMITED: u32 = u32::MAX;
@@ -303,10 +305,12 @@ impl SimCloud {
             rng_workers: SimRng::new(seed, "workers"),
             accounting: Accounting::default(),
             version: 0,
+            capacity_log: Vec::new(),
             config,
         };
         for pool in 0..n {
             cloud.available[pool] = cloud.capacity_at(pool, 0);
+            cloud.capacity_log.push((0, pool, cloud.available[pool]));
             cloud.schedule_capacity_change(pool);
         }
         cloud
@@ -346,6 +350,11 @@ impl SimCloud {
     /// Chips running a command now.
     pub fn busy_chips(&self) -> u64 {
         self.runs.values().filter(|r| r.state == RunState::Running && r.alive).map(|r| u64::from(r.chips)).sum()
+    }
+
+    /// Every change of available slices so far: (time, pool, slices), in time order.
+    pub fn capacity_log(&self) -> &[(Millis, usize, u32)] {
+        &self.capacity_log
     }
 
     /// Slices available now per pool (`u32::MAX` = unlimited), in pool order.
@@ -443,7 +452,11 @@ impl SimCloud {
                         self.on[pool] = !self.on[pool];
                     }
                 }
-                self.available[pool] = self.capacity_at(pool, self.now);
+                let available = self.capacity_at(pool, self.now);
+                if available != self.available[pool] {
+                    self.capacity_log.push((self.now, pool, available));
+                }
+                self.available[pool] = available;
                 self.enforce_capacity(pool);
                 self.provision_waiting(pool);
                 self.schedule_capacity_change(pool);

@@ -21,8 +21,8 @@ use crate::spec::{EntryKind, JobSpec, Priority, TpuRequest, gcp};
 /// Wall-clock instant of simulated time 0 (2026-01-01T00:00:00Z).
 pub const EPOCH: Timestamp = Timestamp::from_secs(1_767_225_600);
 
-/// Seconds per slot of the goodput bound.
-const BOUND_SLOT_S: u64 = 600;
+/// At most this many slots in the goodput bound (each at least 10 minutes).
+const BOUND_SLOTS_MAX: u64 = 720;
 
 /// One sample of the time series.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -236,8 +236,6 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
     let sample_every_ms = (horizon_ms / options.samples.max(1) as u64).max(tick_ms) / tick_ms * tick_ms;
     let ceilings = pool_ceilings(scenario);
     let chips_of_pool: Vec<u64> = scenario.cloud.pools.iter().map(|p| u64::from(p.tpu_type.chips())).collect();
-    let n_slots = scenario.horizon_secs.div_ceil(BOUND_SLOT_S) as usize;
-    let mut slot_capacity = vec![0.0f64; n_slots];
 
     let mut state = State::new();
     let mut feedback = Feedback::default();
@@ -245,6 +243,8 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
     let mut next_arrival = 0;
     let mut last_version = u64::MAX;
     let mut next_wake: Option<Timestamp> = None;
+    // The previous pass acted: the next one must see the consequences.
+    let mut acted = false;
     let mut metrics = Metrics::default();
     let mut series = Vec::new();
     let mut event_hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -263,30 +263,22 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
             next_arrival += 1;
             arrived = true;
         }
-        // Capacity available to the fleet in this tick (for the bound).
-        let slot = (t_ms / 1000 / BOUND_SLOT_S) as usize;
-        if slot < n_slots {
-            let tick_s = (scenario.reconcile_interval_secs as f64).min((horizon_ms - t_ms) as f64 / 1000.0);
-            let available = backend.cloud.available_slices();
-            let mut chips: u64 = adopted_chips;
-            for (p, &a) in available.iter().enumerate() {
-                chips += u64::from(a.min(ceilings[p])) * chips_of_pool[p];
-            }
-            slot_capacity[slot] += chips as f64 * tick_s;
-        }
         let wake_due = next_wake.is_some_and(|w| w <= now);
         let must_run = options.never_skip
+            || acted
             || backend.cloud.version() != last_version
             || arrived
             || !feedback.is_empty()
             || wake_due
             || t_ms == 0;
         let mut output = None;
+        acted = false;
         if must_run {
             match driver::pass(&engine, &mut state, &mut backend, &mut feedback, now) {
                 Ok(out) => {
                     metrics.passes += 1;
                     next_wake = out.next_wake;
+                    acted = !out.actions.is_empty();
                     for e in &out.events {
                         fnv(&mut event_hash, serde_json::to_string(e).expect("event serialises").as_bytes());
                         recent.push_back(e.clone());
@@ -392,8 +384,9 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
         .take(next_arrival)
         .map(|(a, _)| BoundJob { release_s: a.at_secs, work: a.behaviour.work_secs * f64::from(a.width_chips), width: f64::from(a.width_chips) })
         .collect();
-    let used_slots = ((t_ms / 1000).div_ceil(BOUND_SLOT_S) as usize).clamp(1, n_slots.max(1));
-    let bound_chip_s = goodput_bound(&bound_jobs, &slot_capacity[..used_slots.min(slot_capacity.len())], BOUND_SLOT_S as f64);
+    let slot_s = (t_ms / 1000).div_ceil(BOUND_SLOTS_MAX).max(600);
+    let slot_capacity = capacity_per_slot(&backend.cloud, &ceilings, &chips_of_pool, adopted_chips, t_ms, slot_s);
+    let bound_chip_s = goodput_bound(&bound_jobs, &slot_capacity, slot_s as f64);
     metrics.bound_goodput_chip_hours = hours(bound_chip_s);
     metrics.efficiency = ratio(metrics.goodput_chip_hours, metrics.bound_goodput_chip_hours);
     metrics.wall_s = started.elapsed().as_secs_f64();
@@ -407,6 +400,39 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
         state,
         recent_events: recent.into_iter().collect(),
     })
+}
+
+/// Chip-seconds the fleet could have held in each slot of `[0, end_ms)`: per pool, the
+/// integral of min(available slices, fleet ceiling) × chips, exact from the capacity log; plus
+/// the adopted TPUs, always there.
+fn capacity_per_slot(cloud: &SimCloud, ceilings: &[u32], chips: &[u64], adopted_chips: u64, end_ms: u64, slot_s: u64) -> Vec<f64> {
+    let slot_ms = slot_s * 1000;
+    let n = end_ms.div_ceil(slot_ms).max(1) as usize;
+    let mut out = vec![adopted_chips as f64 * slot_s as f64; n];
+    if let Some(last) = out.last_mut() {
+        *last = adopted_chips as f64 * ((end_ms - (n as u64 - 1) * slot_ms) as f64 / 1000.0);
+    }
+    let mut add = |from: u64, until: u64, chips_per_s: f64| {
+        let mut t = from;
+        while t < until {
+            let slot = (t / slot_ms) as usize;
+            let slot_end = ((slot as u64 + 1) * slot_ms).min(until);
+            if slot < n {
+                out[slot] += chips_per_s * (slot_end - t) as f64 / 1000.0;
+            }
+            t = slot_end;
+        }
+    };
+    let log = cloud.capacity_log();
+    for pool in 0..ceilings.len() {
+        let changes: Vec<(u64, u32)> = log.iter().filter(|(_, p, _)| *p == pool).map(|(t, _, a)| (*t, *a)).collect();
+        for (i, &(t, available)) in changes.iter().enumerate() {
+            let until = changes.get(i + 1).map_or(end_ms, |c| c.0).min(end_ms);
+            let usable = u64::from(available.min(ceilings[pool])) * chips[pool];
+            add(t.min(end_ms), until, usable as f64);
+        }
+    }
+    out
 }
 
 fn ratio(a: f64, b: f64) -> f64 {

@@ -105,56 +105,61 @@ pub struct BoundJob {
 }
 
 /// The release-aware max-flow bound: source → job (its work) → every slot at or after its
-/// release (width × slot length) → sink (chips available in the slot × slot length). The
-/// graph is bipartite with nested job intervals (every job reaches every later slot), so the
-/// maximum flow is found by filling slots backwards in time with the latest-released jobs
-/// first; a property test checks this against a general max-flow solver.
+/// release (width × slot length) → sink (chips available in the slot × slot length).
+///
+/// Computed exactly as the minimum cut. For a set T of slots cut from the sink, each job
+/// independently cuts either its source edge or its edges to the slots after its release
+/// outside T, so cut(T) = Σ_{t∈T} C_t + Σ_j min(w_j, u_j · n_j(T)), where n_j(T) counts the
+/// slots at or after j's release not in T. A dynamic programme over slots, backwards, with
+/// state k = slots outside T so far, finds the minimum in O(S² + J log J) for S slots and J
+/// jobs. (A greedy fill is not exact with per-job rate caps; a property test checks this
+/// against a general max-flow solver.)
 pub fn goodput_bound(jobs: &[BoundJob], slot_capacity_chip_s: &[f64], slot_s: f64) -> f64 {
     let n_slots = slot_capacity_chip_s.len();
-    if n_slots == 0 {
+    if n_slots == 0 || jobs.is_empty() {
         return 0.0;
     }
-    // Jobs by release slot, latest first.
-    let mut order: Vec<(usize, usize)> =
-        jobs.iter().enumerate().map(|(i, j)| (((j.release_s / slot_s).floor().max(0.0) as usize).min(n_slots), i)).collect();
-    order.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    let mut remaining: Vec<f64> = order.iter().map(|&(_, i)| jobs[i].work.max(0.0)).collect();
-    // next[k]: the next index ≥ k whose job still has work (path-compressed skip list).
-    let mut next: Vec<usize> = (0..=order.len()).collect();
-    fn find(next: &mut [usize], k: usize) -> usize {
-        let mut root = k;
-        while next[root] != root {
-            root = next[root];
+    // Jobs grouped by release slot; a job released after the last slot contributes nothing.
+    let mut by_slot: Vec<Vec<(f64, f64)>> = vec![Vec::new(); n_slots];
+    for j in jobs {
+        let slot = (j.release_s / slot_s).floor().max(0.0) as usize;
+        if slot < n_slots && j.work > 0.0 {
+            by_slot[slot].push((j.work, (j.width * slot_s).max(0.0)));
         }
-        let mut cur = k;
-        while next[cur] != root {
-            let up = next[cur];
-            next[cur] = root;
-            cur = up;
-        }
-        root
     }
-    let mut total = 0.0;
-    let mut first_eligible = 0;
-    for slot in (0..n_slots).rev() {
-        while first_eligible < order.len() && order[first_eligible].0 > slot {
-            first_eligible += 1;
+    const INF: f64 = f64::INFINITY;
+    // best[k]: minimum cut contribution of slots processed so far with k of them outside T.
+    let mut best = vec![INF; n_slots + 1];
+    best[0] = 0.0;
+    for t in (0..n_slots).rev() {
+        let max_k = n_slots - t;
+        let mut next = vec![INF; n_slots + 1];
+        for k in 0..=max_k {
+            let in_t = if best[k].is_finite() { best[k] + slot_capacity_chip_s[t].max(0.0) } else { INF };
+            let out_t = if k > 0 { best[k - 1] } else { INF };
+            next[k] = in_t.min(out_t);
         }
-        let mut cap = slot_capacity_chip_s[slot].max(0.0);
-        let mut k = find(&mut next, first_eligible);
-        while cap > 0.0 && k < order.len() {
-            let job = &jobs[order[k].1];
-            let take = remaining[k].min(job.width * slot_s).min(cap);
-            remaining[k] -= take;
-            cap -= take;
-            total += take;
-            if remaining[k] <= 1e-9 {
-                next[k] = k + 1;
+        // Jobs released in slot t: Σ min(w, u·k) for every k, from their sorted breakpoints.
+        let group = &mut by_slot[t];
+        if !group.is_empty() {
+            group.sort_by(|a, b| (a.0 / a.1.max(1e-300)).total_cmp(&(b.0 / b.1.max(1e-300))));
+            let mut rate: f64 = group.iter().map(|g| g.1).sum();
+            let mut saturated = 0.0;
+            let mut g = 0;
+            for k in 0..=max_k {
+                while g < group.len() && group[g].0 <= group[g].1 * k as f64 {
+                    saturated += group[g].0;
+                    rate -= group[g].1;
+                    g += 1;
+                }
+                if next[k].is_finite() {
+                    next[k] += saturated + rate.max(0.0) * k as f64;
+                }
             }
-            k = find(&mut next, k + 1);
         }
+        best = next;
     }
-    total
+    best.into_iter().fold(INF, f64::min)
 }
 
 #[cfg(test)]

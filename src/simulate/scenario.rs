@@ -695,6 +695,10 @@ fn read_workloads(c: &mut Checker<'_>, node: &Node, dir: &Path, io: &mut Vec<Str
         };
         let Some(name) = name else { continue };
         names.push((name.clone(), f.node(), format!("{}.name", path)));
+        if let Some(other) = kind.as_deref().filter(|k| !matches!(*k, "synthetic" | "trace")) {
+            c.error(f.get("kind").expect("present"), &f.path("kind"), format!("expected `synthetic` or `trace`, found {}", yaml::quote(other)));
+            continue;
+        }
         let template = read_template(c, &f, &name, dir, io);
         match kind.as_deref() {
             Some("synthetic") => {
@@ -734,8 +738,7 @@ fn read_workloads(c: &mut Checker<'_>, node: &Node, dir: &Path, io: &mut Vec<Str
                     template: t,
                 }));
             }
-            Some(other) => c.expected(f.get("kind").expect("present"), &f.path("kind"), &format!("`synthetic` or `trace`, not `{other}`")),
-            None => {}
+            _ => {}
         }
     }
     c.unique(names.iter().map(|(n, node, p)| (n.clone(), *node, p.clone())), "workload name");
