@@ -13,7 +13,7 @@ fn main() {
             }
             Ok(())
         };
-        harness::run(&s, "classic", seed, RunOptions { never_skip, ..Default::default() }, Some(&mut check)).unwrap();
+        harness::run(&s, "classic", seed, RunOptions { never_skip, ..Default::default() }, harness::Hooks { checker: Some(&mut check), mutator: None }).unwrap();
         logs.push(log);
     }
     for (i, (a, b)) in logs[0].iter().zip(&logs[1]).enumerate() {

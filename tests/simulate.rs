@@ -2,7 +2,7 @@
 //! nothing, the bound is reached with ample capacity and never exceeded, the bound equals a
 //! general max flow, trace statistics match the data, bad scenarios get clear errors.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 
 use proptest::prelude::*;
@@ -26,9 +26,9 @@ fn without_wall(json: &str) -> String {
 #[test]
 fn same_seed_same_bytes_different_seed_different_run() {
     let s = load("tests/fixtures/scenarios/faulty-small.yaml");
-    let a = harness::run(&s, "classic", 7, RunOptions::default(), None).unwrap();
-    let b = harness::run(&s, "classic", 7, RunOptions::default(), None).unwrap();
-    let c = harness::run(&s, "classic", 8, RunOptions::default(), None).unwrap();
+    let a = harness::run(&s, "classic", 7, RunOptions::default(), Default::default()).unwrap();
+    let b = harness::run(&s, "classic", 7, RunOptions::default(), Default::default()).unwrap();
+    let c = harness::run(&s, "classic", 8, RunOptions::default(), Default::default()).unwrap();
     let ja = without_wall(&report::json(std::slice::from_ref(&a)));
     let jb = without_wall(&report::json(std::slice::from_ref(&b)));
     assert_eq!(ja, jb, "replay with seed 7: tpu-runner simulate tests/fixtures/scenarios/faulty-small.yaml --seed 7");
@@ -40,8 +40,8 @@ fn same_seed_same_bytes_different_seed_different_run() {
 #[test]
 fn skipping_idle_passes_changes_nothing() {
     let s = load("tests/fixtures/scenarios/faulty-small.yaml");
-    let skip = harness::run(&s, "classic", 3, RunOptions::default(), None).unwrap();
-    let every = harness::run(&s, "classic", 3, RunOptions { never_skip: true, ..RunOptions::default() }, None).unwrap();
+    let skip = harness::run(&s, "classic", 3, RunOptions::default(), Default::default()).unwrap();
+    let every = harness::run(&s, "classic", 3, RunOptions { never_skip: true, ..RunOptions::default() }, Default::default()).unwrap();
     assert_eq!(skip.event_hash, every.event_hash, "replay: tpu-runner simulate tests/fixtures/scenarios/faulty-small.yaml --seed 3");
     assert_eq!(skip.metrics.goodput_chip_hours, every.metrics.goodput_chip_hours);
     assert!(skip.metrics.passes < every.metrics.passes, "{} vs {}", skip.metrics.passes, every.metrics.passes);
@@ -51,7 +51,7 @@ fn skipping_idle_passes_changes_nothing() {
 fn ample_capacity_without_preemption_reaches_the_bound() {
     let s = load("scenarios/smoke.yaml");
     for seed in 1..=3 {
-        let r = harness::run(&s, "classic", seed, RunOptions::default(), None).unwrap();
+        let r = harness::run(&s, "classic", seed, RunOptions::default(), Default::default()).unwrap();
         assert_eq!(r.metrics.jobs_succeeded, r.metrics.jobs_submitted, "seed {seed}");
         assert!(r.metrics.efficiency > 0.999, "seed {seed}: efficiency {}", r.metrics.efficiency);
     }
@@ -62,7 +62,7 @@ fn goodput_never_exceeds_the_bound() {
     for rel in ["tests/fixtures/scenarios/faulty-small.yaml", "scenarios/smoke.yaml", "scenarios/regional-stockout.yaml", "scenarios/huge-multihost.yaml"] {
         let s = load(rel);
         for seed in 1..=2 {
-            let r = harness::run(&s, "classic", seed, RunOptions::default(), None).unwrap();
+            let r = harness::run(&s, "classic", seed, RunOptions::default(), Default::default()).unwrap();
             let m = &r.metrics;
             assert!(m.goodput_chip_hours <= m.bound_goodput_chip_hours * (1.0 + 1e-9) + 1e-6, "{rel} seed {seed}: {} > {}", m.goodput_chip_hours, m.bound_goodput_chip_hours);
             assert!(m.busy_chip_hours <= m.allocated_chip_hours + 1e-6, "{rel} seed {seed}: busy > allocated");

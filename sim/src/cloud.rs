@@ -165,6 +165,8 @@ pub struct Accounting {
     pub events: u64,
     /// Attempts killed because another attempt was launched on their TPU (should stay 0).
     pub attempts_displaced: u64,
+    /// Injected faults that fired, by kind.
+    pub faults: BTreeMap<&'static str, u64>,
     /// Chip-seconds of ACTIVE capacity per `<accelerator>/<spot|on-demand>` (for cost).
     pub allocated_chip_secs_by_type: BTreeMap<String, f64>,
 }
@@ -178,6 +180,8 @@ enum Event {
     SetupDone { attempt: String },
     RunEnd { attempt: String },
     SilentDeath { attempt: String },
+    QrFault { serial: u64, vanish: bool },
+    NodeVanish { serial: u64 },
 }
 
 #[derive(Clone, Debug)]
@@ -270,6 +274,7 @@ pub struct SimCloud {
     rng_preemption: SimRng,
     rng_api: SimRng,
     rng_workers: SimRng,
+    rng_faults: SimRng,
     accounting: Accounting,
     /// Bumped on every change visible through `get`/`attempt` (lets drivers skip idle passes).
     version: u64,
@@ -303,6 +308,7 @@ impl SimCloud {
             rng_preemption: SimRng::new(seed, "preemption"),
             rng_api: SimRng::new(seed, "api"),
             rng_workers: SimRng::new(seed, "workers"),
+            rng_faults: SimRng::new(seed, "faults"),
             accounting: Accounting::default(),
             version: 0,
             capacity_log: Vec::new(),
@@ -385,6 +391,22 @@ impl SimCloud {
                 }
             }
             Capacity::Trace { trace, scale, offset_secs } => trace.at(secs + offset_secs).saturating_mul(*scale),
+        }
+    }
+
+    fn faults_active(&self, at: Millis) -> bool {
+        let until = self.config.faults.until_secs;
+        until == 0 || at < until * 1000
+    }
+
+    /// Schedules a fault for an object at an exponential time, if it falls while faults last.
+    fn schedule_fault(&mut self, rate_per_hour: f64, event: Event) {
+        if rate_per_hour <= 0.0 {
+            return;
+        }
+        let at = self.now + (self.rng_faults.exponential(3600.0 / rate_per_hour) * 1000.0) as u64;
+        if self.faults_active(at) {
+            self.push(at, event);
         }
     }
 
@@ -484,6 +506,47 @@ impl SimCloud {
                     self.provision_waiting(pool);
                 }
             }
+            Event::QrFault { serial, vanish } => {
+                let Some((true, key)) = self.by_serial.get(&serial).cloned() else { return };
+                let Some(qr) = self.qrs.get(&key) else { return };
+                if vanish && matches!(qr.state, QrState::WaitingForResources | QrState::Provisioning | QrState::Active) {
+                    *self.accounting.faults.entry("qr_vanished").or_default() += 1;
+                    let (node_id, pool) = (qr.node_id.clone(), qr.pool);
+                    if self.nodes.get(&node_id).is_some_and(|n| n.queued_resource.as_deref() == Some(key.as_str())) {
+                        self.release_allocation(&node_id);
+                        if let Some(run) = self.nodes.get_mut(&node_id).and_then(|n| n.run.take()) {
+                            self.kill_run(&run);
+                        }
+                        if let Some(n) = self.nodes.remove(&node_id) {
+                            self.by_serial.remove(&n.serial);
+                        }
+                    }
+                    self.qrs.remove(&key);
+                    self.by_serial.remove(&serial);
+                    self.version += 1;
+                    self.provision_waiting(pool);
+                } else if !vanish && qr.state == QrState::WaitingForResources {
+                    *self.accounting.faults.entry("qr_failed").or_default() += 1;
+                    self.qrs.get_mut(&key).expect("exists").state = QrState::Failed;
+                    self.version += 1;
+                }
+            }
+            Event::NodeVanish { serial } => {
+                let Some((false, key)) = self.by_serial.get(&serial).cloned() else { return };
+                if self.nodes.get(&key).is_some_and(|n| n.state == NodeState::Ready) {
+                    *self.accounting.faults.entry("node_vanished").or_default() += 1;
+                    self.release_allocation(&key);
+                    if let Some(run) = self.nodes.get_mut(&key).and_then(|n| n.run.take()) {
+                        self.kill_run(&run);
+                    }
+                    let pool = self.nodes.remove(&key).map(|n| n.pool);
+                    self.by_serial.remove(&serial);
+                    self.version += 1;
+                    if let Some(pool) = pool {
+                        self.provision_waiting(pool);
+                    }
+                }
+            }
             Event::SetupDone { attempt } => self.setup_done(&attempt),
             Event::RunEnd { attempt } => self.run_end(&attempt),
             Event::SilentDeath { attempt } => {
@@ -491,6 +554,8 @@ impl SimCloud {
                     && run.state != RunState::Ended
                     && run.alive
                 {
+                    *self.accounting.faults.entry("workers_died_silently").or_default() += 1;
+                    let run = self.runs.get_mut(&attempt).expect("exists");
                     run.alive = false;
                     let progress = (self.now - run.run_start) as f64 / 1000.0;
                     let (job, chips) = (run.job_id.clone(), run.chips);
@@ -664,6 +729,8 @@ impl SimCloud {
                 let life = self.rng_preemption.exponential(3600.0 / rate);
                 self.push(self.now + (life * 1000.0) as u64, Event::Preempt { serial });
             }
+            let vanish = self.config.faults.node_vanish_per_hour;
+            self.schedule_fault(vanish, Event::NodeVanish { serial });
         }
         self.version += 1;
     }
@@ -674,6 +741,9 @@ impl SimCloud {
         *self.accounting.api_calls.entry(kind).or_default() += 1;
         let ApiConfig { rate_limited, unavailable, timeout, lost_reply } = self.config.api;
         let u = self.rng_api.uniform();
+        if !self.faults_active(self.now) {
+            return Ok(false);
+        }
         let err = if u < rate_limited {
             Some(("rate_limited", ApiError::RateLimited, false))
         } else if u < rate_limited + unavailable {
@@ -725,9 +795,13 @@ impl SimCloud {
             created_at: self.now,
             labels,
         };
+        let serial = qr.serial;
         self.by_serial.insert(qr.serial, (true, key.clone()));
         self.qrs.insert(key, qr);
         self.version += 1;
+        let faults = self.config.faults;
+        self.schedule_fault(faults.qr_failure_per_hour, Event::QrFault { serial, vanish: false });
+        self.schedule_fault(faults.qr_vanish_per_hour, Event::QrFault { serial, vanish: true });
         self.provision_waiting(pool);
         if lost_reply { Err(ApiError::Timeout) } else { Ok(()) }
     }
@@ -863,8 +937,11 @@ impl SimCloud {
             return Err(if node.state == NodeState::Creating { RemoteError::Temporary } else { RemoteError::NotFound });
         }
         if let Some(other) = node.run.clone() {
-            // The launch script stops whatever runs there: an engine bug if it ever happens.
-            self.accounting.attempts_displaced += 1;
+            // The launch script stops whatever still runs there: an engine bug if it ever
+            // happens to a live attempt (dead workers leave nothing to stop).
+            if self.runs.get(&other).is_some_and(|r| r.alive && r.state != RunState::Ended) {
+                self.accounting.attempts_displaced += 1;
+            }
             self.kill_run(&other);
         }
         let cache = self.jobs.get(job_id).and_then(|j| j.behaviour.cache_key.clone());
@@ -907,6 +984,7 @@ impl SimCloud {
         let remaining = (behaviour.work_secs - progress.checkpointed_secs).max(0.0);
         // One draw per outcome from the job's own stream, so other jobs never shift it.
         let mut rng = SimRng::new(self.config.seed, &format!("job/{job_id}/{}", progress.attempts));
+        let faults_active = self.faults_active(now);
         let run = self.runs.get_mut(attempt).expect("exists");
         if rng.chance(behaviour.setup_failure) {
             run.outcome = Outcome::SetupFailure;
@@ -927,7 +1005,7 @@ impl SimCloud {
             (Outcome::AppFailure, remaining * rng.uniform())
         } else if rng.chance(behaviour.infra_failure) {
             (Outcome::InfraFailure, remaining * rng.uniform())
-        } else if run.hosts > 1 && rng.chance(workers.partial_failure) {
+        } else if run.hosts > 1 && faults_active && rng.chance(workers.partial_failure) {
             (Outcome::PartialFailure, remaining * rng.uniform())
         } else {
             (Outcome::Success, remaining)
@@ -937,7 +1015,7 @@ impl SimCloud {
         self.push(now + (duration.max(0.001) * 1000.0) as u64, Event::RunEnd { attempt: attempt.to_owned() });
         if workers.silent_death_per_hour > 0.0 {
             let at = rng.exponential(3600.0 / workers.silent_death_per_hour);
-            if at < duration {
+            if at < duration && self.faults_active(now + (at * 1000.0) as u64) {
                 self.push(now + (at * 1000.0) as u64, Event::SilentDeath { attempt: attempt.to_owned() });
             }
         }
@@ -984,7 +1062,8 @@ impl SimCloud {
                 }
                 Outcome::SetupFailure => ("failed_setup", 2, None),
             };
-            if self.rng_workers.chance(missing) {
+            if self.rng_workers.chance(missing) && self.faults_active(now) {
+                *self.accounting.faults.entry("status_lost").or_default() += 1;
                 continue;
             }
             statuses.push(WorkerStatusView { host, state, exit_code: Some(code), finished_at: now, infrastructure_failure: marker });
@@ -1071,6 +1150,31 @@ impl SimCloud {
             }
         }
         out
+    }
+
+    /// Node names of live capacity (nodes creating or ready, queued resources waiting,
+    /// provisioning or active) grouped by the value of label `label`.
+    pub fn live_capacity_by_label(&self, label: &str) -> BTreeMap<String, BTreeSet<String>> {
+        let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for n in self.nodes.values().filter(|n| matches!(n.state, NodeState::Creating | NodeState::Ready)) {
+            if let Some(v) = n.labels.get(label) {
+                out.entry(v.clone()).or_default().insert(n.name.clone());
+            }
+        }
+        for q in self.qrs.values().filter(|q| matches!(q.state, QrState::WaitingForResources | QrState::Provisioning | QrState::Active)) {
+            if let Some(v) = q.labels.get(label) {
+                out.entry(v.clone()).or_default().insert(q.node_id.clone());
+            }
+        }
+        out
+    }
+
+    /// A one-line description of the node and queued resource named after `node` (for
+    /// failure reports).
+    pub fn describe(&self, node: &str) -> String {
+        let n = self.nodes.get(node).map(|n| format!("node {:?} run {:?}", n.state, n.run));
+        let q = self.qrs.values().find(|q| q.node_id == node).map(|q| format!("qr {} {:?}", q.name, q.state));
+        format!("{node}: {} / {}", n.unwrap_or_else(|| "no node".into()), q.unwrap_or_else(|| "no queued resource".into()))
     }
 
     /// Live (Creating/Ready) nodes per accelerator type and zone: (zone, type) → count.

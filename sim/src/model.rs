@@ -24,6 +24,21 @@ pub struct CloudConfig {
     pub api: ApiConfig,
     /// Worker behaviour.
     pub workers: WorkerConfig,
+    /// Injected cloud faults.
+    pub faults: CloudFaults,
+}
+
+/// Cloud faults injected at random (each a rate per object-hour), active until `until_secs`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CloudFaults {
+    /// Waiting queued resources that fail (state FAILED).
+    pub qr_failure_per_hour: f64,
+    /// Queued resources that vanish with their node, without any notice.
+    pub qr_vanish_per_hour: f64,
+    /// Ready nodes that vanish without a status (their queued resource stays ACTIVE).
+    pub node_vanish_per_hour: f64,
+    /// Faults (these and the API error rates) stop at this simulated second (0 = never).
+    pub until_secs: u64,
 }
 
 /// A log-normal latency given by its median and shape.

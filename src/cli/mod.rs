@@ -98,7 +98,7 @@ enum Command {
         write_state: Option<PathBuf>,
     },
     /// Simulate scenarios: the real engine against a deterministic simulated cloud.
-    #[command(after_help = "Examples:\n  tpu-runner simulate scenarios/*.yaml\n  tpu-runner simulate scenarios/preemption-storm.yaml --seeds 1..=20 --json results.json --report report/")]
+    #[command(after_help = "Examples:\n  tpu-runner simulate scenarios/*.yaml\n  tpu-runner simulate scenarios/preemption-storm.yaml --seeds 1..=20 --json results.json --report report/\n  tpu-runner simulate --chaos --seeds 1..=1000 scenarios/chaos/*.yaml")]
     Simulate {
         /// Scenario files.
         #[arg(required = true)]
@@ -121,6 +121,10 @@ enum Command {
         /// Worker threads (default: all cores).
         #[arg(long)]
         threads: Option<usize>,
+        /// Inject faults (the scenario's `chaos:` settings or the defaults) and check every
+        /// invariant after every step; stop at the first violation and print how to replay it.
+        #[arg(long)]
+        chaos: bool,
     },
     /// Print a shell completion script.
     #[command(
@@ -192,7 +196,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             json,
             write_state: write_state.as_deref(),
         }),
-        Command::Simulate { files, seed, seeds, policy, json, report, threads } => simulate::run(simulate::SimulateArgs {
+        Command::Simulate { files, seed, seeds, policy, json, report, threads, chaos } => simulate::run(simulate::SimulateArgs {
             files: &files,
             seed,
             seeds: seeds.as_deref(),
@@ -200,6 +204,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             json: json.as_deref(),
             report: report.as_deref(),
             threads,
+            chaos,
         }),
         Command::Completions { shell } => {
             let mut out = Vec::new();

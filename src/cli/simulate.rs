@@ -12,7 +12,7 @@ use super::{Failure, print_stdout};
 use crate::engine::policy;
 use crate::simulate::harness::{self, RunOptions, RunResult, Violation};
 use crate::simulate::report;
-use crate::simulate::scenario::{self, Scenario};
+use crate::simulate::scenario::{self, ChaosSpec, Scenario};
 
 /// Options of `simulate`.
 pub(crate) struct SimulateArgs<'a> {
@@ -23,6 +23,7 @@ pub(crate) struct SimulateArgs<'a> {
     pub json: Option<&'a str>,
     pub report: Option<&'a Path>,
     pub threads: Option<usize>,
+    pub chaos: bool,
 }
 
 /// Parses `A..B` (exclusive) or `A..=B` (inclusive).
@@ -107,7 +108,9 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
                 loop {
                     let i = next.fetch_add(1, Ordering::SeqCst);
                     let Some(job) = work.get(i) else { break };
-                    let result = harness::run(job.scenario, &job.policy, job.seed, RunOptions::default(), None);
+                    let chaos = job.scenario.chaos.or_else(|| args.chaos.then(|| ChaosSpec::defaults(job.scenario.horizon_secs)));
+                    let options = RunOptions { chaos, check_invariants: args.chaos, ..RunOptions::default() };
+                    let result = harness::run(job.scenario, &job.policy, job.seed, options, Default::default());
                     let failed = result.is_err();
                     results.lock().expect("no poisoned lock").push((i, result));
                     let k = done.fetch_add(1, Ordering::SeqCst) + 1;
@@ -161,8 +164,9 @@ fn violation_failure(job: &Job<'_>, v: &Violation) -> Failure {
             message.push_str(&format!("  {} {} {}\n", e.at, e.kind, e.job_id.as_deref().or(e.resource_id.as_deref()).unwrap_or("")));
         }
     }
+    let chaos = if job.scenario.chaos.is_some() { "" } else { " --chaos" };
     message.push_str(&format!(
-        "replay: tpu-runner simulate {} --policy {} --seed {}\n",
+        "replay: tpu-runner simulate {}{chaos} --policy {} --seed {}\n",
         job.scenario.path.display(),
         job.policy,
         job.seed

@@ -15,6 +15,7 @@ pub mod config;
 pub mod demand;
 pub mod explain;
 pub mod fleet_index;
+pub mod lease;
 pub mod observe;
 pub mod policy;
 mod reconcile;

@@ -829,9 +829,10 @@ impl<'a> Pass<'a> {
         let statuses = report.map_or(&[][..], |r| &r.statuses[..]);
         let verdict = aggregate::aggregate(statuses, resource.worker_count, self.now, self.graces());
         let complete = !matches!(verdict, Verdict::Incomplete { .. });
-        if complete && statuses.len() < resource.worker_count as usize {
-            // Stop the workers that are still running before the TPU is reused.
-            self.out.actions.push(Self::cancel_action(job_id, attempt, resource));
+        // Workers without a final status may still run: they are stopped, and the stop
+        // confirmed, before the attempt ends and its TPU can take other work.
+        if complete && statuses.len() < resource.worker_count as usize && !self.workers_stopped(job_id, attempt, resource) {
+            return;
         }
         match verdict {
             Verdict::Incomplete { recheck_at } => {
@@ -847,8 +848,10 @@ impl<'a> Pass<'a> {
                 if !tpu_up {
                     // judged below
                 } else if self.now >= deadline {
-                    let summary = format!("no heartbeat from the workers since {heartbeat}");
-                    self.retryable_failure(job_id, attempt, resource, &summary, 0);
+                    if self.workers_stopped(job_id, attempt, resource) {
+                        let summary = format!("no heartbeat from the workers since {heartbeat}");
+                        self.retryable_failure(job_id, attempt, resource, &summary, 0);
+                    }
                 } else {
                     self.wake_at(deadline);
                 }
@@ -900,6 +903,33 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// True once the attempt's remaining workers are confirmed stopped (the last cancel was
+    /// sent or found nothing running). Otherwise sends a cancel and returns false; after
+    /// `max_cleanup_failures` failed cancels it gives up waiting and returns true (the TPU is
+    /// then recycled or set aside by the caller's failure path, and the next launch on it
+    /// kills leftovers).
+    fn workers_stopped(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource) -> bool {
+        match self.report(&attempt.id).and_then(|r| r.cancel.as_ref()) {
+            Some(CancelOutcome::Sent | CancelOutcome::NotRunning) => true,
+            Some(CancelOutcome::AttemptMismatch | CancelOutcome::Error { .. }) => {
+                let failures = self.state.jobs.get_mut(job_id).and_then(Job::attempt_mut).map_or(0, |a| {
+                    a.stop_failures += 1;
+                    a.stop_failures
+                });
+                if failures >= self.config.max_cleanup_failures {
+                    self.event("attempt_stop_unconfirmed", Some(job_id), Some(&resource.id), Some(&attempt.id), format!("{failures} failed cancels"));
+                    return true;
+                }
+                self.out.actions.push(Self::cancel_action(job_id, attempt, resource));
+                false
+            }
+            None => {
+                self.out.actions.push(Self::cancel_action(job_id, attempt, resource));
+                false
+            }
+        }
+    }
+
     /// §3.4.1: requeue (pinned), count against the TPU and the job's retry cap.
     fn retryable_failure(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource, summary: &str, threshold: u32) {
         let threshold = if self.recyclable(resource) { threshold } else { 0 };
@@ -946,19 +976,25 @@ impl<'a> Pass<'a> {
             } else {
                 "repeated_retryable_infrastructure_failure"
             };
+            // Deletions are re-requested until seen happening (a lost request is not a stuck one).
+            let first = resource.status == ResourceStatus::Recycling;
             if let Some(qr) = self.matching_qr(&resource) {
-                if !qr.state.is_deleting() && resource.status == ResourceStatus::Recycling {
+                if !qr.state.is_deleting() {
                     self.delete_qr(&qr.name, &qr.zone);
-                    self.event("retryable_infrastructure_recycle_requested", None, Some(&id), None, format!("reason={reason}"));
-                    self.set_resource_status(&id, ResourceStatus::RecyclingRequested);
+                    if first {
+                        self.event("retryable_infrastructure_recycle_requested", None, Some(&id), None, format!("reason={reason}"));
+                        self.set_resource_status(&id, ResourceStatus::RecyclingRequested);
+                    }
                 }
                 continue;
             }
             if let Some(node) = self.matching_node(&resource) {
-                if !node.state.is_terminal() && resource.status == ResourceStatus::Recycling {
+                if !node.state.is_terminal() {
                     self.delete_node(&node.name, &node.zone);
-                    self.event("retryable_infrastructure_tpu_recycle_requested", None, Some(&id), None, format!("reason={reason}:queued_resource_absent"));
-                    self.set_resource_status(&id, ResourceStatus::RecyclingRequested);
+                    if first {
+                        self.event("retryable_infrastructure_tpu_recycle_requested", None, Some(&id), None, format!("reason={reason}:queued_resource_absent"));
+                        self.set_resource_status(&id, ResourceStatus::RecyclingRequested);
+                    }
                 }
                 continue;
             }
@@ -1034,9 +1070,20 @@ impl<'a> Pass<'a> {
                         continue;
                     }
                     if resource.status == ResourceStatus::Draining {
+                        // Deletion was asked for; ask again until the request is seen deleting
+                        // (a lost or refused delete must not leave it stuck here forever).
+                        if !qr.state.is_deleting() {
+                            self.delete_qr(&qr.name, &qr.zone);
+                        }
                         continue;
                     }
-                    if qr.state == super::observe::QrState::Provisioning && resource.provisioning_node_seen_at.is_some() {
+                    // A provisioning request whose node was seen, or an ACTIVE request whose
+                    // node is gone (it vanished: nothing will bring it back), is recycled after
+                    // the grace. The original only handled the first and waited forever on
+                    // the second.
+                    let node_was_there = (qr.state == super::observe::QrState::Provisioning && resource.provisioning_node_seen_at.is_some())
+                        || qr.state == super::observe::QrState::Active;
+                    if node_was_there {
                         let since = resource.provisioning_node_missing_since.unwrap_or(self.now);
                         if self.now.elapsed_since(since, self.config.orphan_grace_secs) {
                             self.delete_qr(&qr.name, &qr.zone);
@@ -1248,6 +1295,7 @@ impl<'a> Pass<'a> {
             error_summary: String::new(),
             launch_failures: 0,
             failed_launch: false,
+            stop_failures: 0,
         };
         let resource = self.state.resources.get_mut(resource_id).expect("checked");
         if let Err(e) = resource.occupy(job_id, &attempt_id) {

@@ -404,6 +404,9 @@ pub struct Attempt {
     /// True once a failed launch is waiting for confirmed cleanup before it ends.
     #[serde(default)]
     pub failed_launch: bool,
+    /// Failed attempts to stop the remaining workers of an ended attempt.
+    #[serde(default)]
+    pub stop_failures: u32,
 }
 
 impl Attempt {

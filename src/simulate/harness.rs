@@ -7,14 +7,15 @@
 use std::collections::BTreeMap;
 
 use tpu_runner_sim::workload::JobArrival;
-use tpu_runner_sim::{CloudConfig, PoolConfig, SimCloud};
+use tpu_runner_sim::{CloudConfig, CloudFaults, PoolConfig, SimCloud, SimRng};
 
 use super::metrics::{BoundJob, Metrics, Stats, goodput_bound};
-use super::scenario::{Scenario, WorkloadSpec, hosts_of};
+use super::checker::Invariants;
+use super::scenario::{ChaosSpec, Scenario, WorkloadSpec, hosts_of};
 use crate::backend::sim::SimBackend;
 use crate::driver::{self, Feedback};
 use crate::engine::state::{BucketRegion, Job, JobStatus};
-use crate::engine::{Engine, Event, PassOutput, State, Timestamp, policy};
+use crate::engine::{Engine, Event, Observation, PassOutput, State, Timestamp, lease, policy};
 use crate::spec::fleet::SshTransport;
 use crate::spec::{EntryKind, JobSpec, Priority, TpuRequest, gcp};
 
@@ -48,12 +49,29 @@ pub struct RunOptions {
     pub never_skip: bool,
     /// Samples kept for plots (about this many).
     pub samples: usize,
+    /// Inject these faults (and check every invariant after every step).
+    pub chaos: Option<ChaosSpec>,
+    /// Check every invariant after every step even without faults.
+    pub check_invariants: bool,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { never_skip: false, samples: 600 }
+        RunOptions { never_skip: false, samples: 600, chaos: None, check_invariants: false }
     }
+}
+
+/// A hook that may tamper with the state and the actions of a pass before they are acted
+/// on: only for tests that prove the invariant checkers catch broken engines.
+pub type Mutator<'m> = dyn FnMut(&mut State, &mut Vec<crate::engine::Action>, Timestamp) + 'm;
+
+/// Optional hooks of a run.
+#[derive(Default)]
+pub struct Hooks<'h> {
+    /// Called after every step; an `Err` stops the run.
+    pub checker: Option<&'h mut Checker<'h>>,
+    /// Called between the engine's decision and acting on it.
+    pub mutator: Option<&'h mut Mutator<'h>>,
 }
 
 /// What a step exposes to invariant checkers.
@@ -107,8 +125,18 @@ pub struct Violation {
     pub recent_events: Vec<Event>,
 }
 
-/// The cloud configuration of a scenario for `seed`.
-pub fn cloud_config(scenario: &Scenario, seed: u64) -> CloudConfig {
+/// The cloud configuration of a scenario for `seed`, with `chaos` faults if given.
+pub fn cloud_config(scenario: &Scenario, seed: u64, chaos: Option<&ChaosSpec>) -> CloudConfig {
+    let mut api = scenario.cloud.api;
+    let mut workers = scenario.cloud.workers;
+    let mut faults = CloudFaults::default();
+    if let Some(c) = chaos {
+        api = c.api;
+        workers.missing_status = c.missing_status;
+        workers.silent_death_per_hour = c.silent_death_per_hour;
+        workers.partial_failure = c.partial_failure;
+        faults = CloudFaults { until_secs: c.stop_secs.max(1), ..c.faults };
+    }
     CloudConfig {
         seed,
         pools: scenario
@@ -128,8 +156,9 @@ pub fn cloud_config(scenario: &Scenario, seed: u64) -> CloudConfig {
         provisioning: scenario.cloud.provisioning,
         provisioning_by_region: scenario.cloud.provisioning_by_region.clone(),
         delete_secs: scenario.cloud.delete_secs,
-        api: scenario.cloud.api,
-        workers: scenario.cloud.workers,
+        api,
+        workers,
+        faults,
     }
 }
 
@@ -200,11 +229,21 @@ fn pool_ceilings(scenario: &Scenario) -> Vec<u32> {
 }
 
 /// Runs one scenario with one policy and seed.
-pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOptions, mut checker: Option<&mut Checker<'_>>) -> Result<RunResult, Violation> {
+pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOptions, hooks: Hooks<'_>) -> Result<RunResult, Violation> {
+    let Hooks { mut checker, mut mutator } = hooks;
     let started = std::time::Instant::now();
     let policy = policy::by_name(policy_name).unwrap_or_else(|| Box::new(policy::Classic));
     let engine = Engine::new(scenario.fleet.clone(), scenario.engine, policy);
-    let mut cloud = SimCloud::new(cloud_config(scenario, seed));
+    let chaos = options.chaos;
+    let mut cloud = SimCloud::new(cloud_config(scenario, seed, chaos.as_ref()));
+    let mut chaos_rng = SimRng::new(seed, "chaos");
+    let mut invariants = (chaos.is_some() || options.check_invariants).then(|| {
+        Invariants::new(chaos.map(|c| EPOCH.plus_secs(c.stop_secs as i64)), chaos.map_or(7200, |c| c.liveness_secs))
+    });
+    let mut harness_faults: BTreeMap<String, u64> = BTreeMap::new();
+    // The lease of the running controller (epoch e2); a stale controller has epoch e1.
+    let mut held_lease = lease::acquire(None, Some("e2"), "controller", "e2", 900, EPOCH).ok();
+    let mut previous_observation: Option<Observation> = None;
     let mut adopted_chips = 0u64;
     for entry in &scenario.fleet.tpus {
         if let EntryKind::Adopted { existing } = &entry.kind {
@@ -245,6 +284,9 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
     let mut next_wake: Option<Timestamp> = None;
     // The previous pass acted: the next one must see the consequences.
     let mut acted = false;
+    // The previous pass changed the state: the next one may have follow-up decisions.
+    let mut changed = false;
+    let mut last_fingerprint = 0u64;
     let mut metrics = Metrics::default();
     let mut series = Vec::new();
     let mut event_hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -266,6 +308,7 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
         let wake_due = next_wake.is_some_and(|w| w <= now);
         let must_run = options.never_skip
             || acted
+            || changed
             || backend.cloud.version() != last_version
             || arrived
             || !feedback.is_empty()
@@ -273,13 +316,68 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
             || t_ms == 0;
         let mut output = None;
         acted = false;
+        changed = false;
         if must_run {
-            match driver::pass(&engine, &mut state, &mut backend, &mut feedback, now) {
-                Ok(out) => {
+            let faults_on = chaos.is_some_and(|c| t_ms < c.stop_secs * 1000);
+            let fault = |rng: &mut SimRng, p: f64| faults_on && rng.chance(p);
+            // A controller of an older deployment tries to act: the epoch must fence it.
+            if chaos.is_some_and(|c| fault(&mut chaos_rng, c.stale_controller)) {
+                *harness_faults.entry("stale_controller".into()).or_default() += 1;
+                if lease::acquire(held_lease.as_ref(), Some("e2"), "stale-controller", "e1", 900, now).is_ok() {
+                    return Err(Violation {
+                        message: "a controller with a stale epoch acquired the lease".into(),
+                        at_s: t_ms as f64 / 1000.0,
+                        recent_events: recent.iter().cloned().collect(),
+                    });
+                }
+            }
+            held_lease = lease::acquire(held_lease.as_ref(), Some("e2"), "controller", "e2", 900, now).ok();
+            let crash = chaos.and_then(|c| fault(&mut chaos_rng, c.crash).then(|| chaos_rng.index(3)));
+            match driver::observe(&engine, &state, &mut backend, &feedback, now) {
+                Err(_) => {
+                    metrics.failed_passes += 1;
+                    next_wake = Some(now);
+                }
+                Ok(fresh) => {
+                    let mut stale = false;
+                    let observation = match previous_observation.take() {
+                        Some(old) if chaos.is_some_and(|c| fault(&mut chaos_rng, c.stale_observation)) => {
+                            *harness_faults.entry("stale_observation".into()).or_default() += 1;
+                            stale = true;
+                            old
+                        }
+                        _ => fresh,
+                    };
+                    let committed = crash.map(|_| state.clone());
+                    let mut out = engine.reconcile(&mut state, &observation, now);
+                    if let Some(m) = mutator.as_deref_mut() {
+                        m(&mut state, &mut out.actions, now);
+                    }
                     metrics.passes += 1;
                     next_wake = out.next_wake;
-                    acted = !out.actions.is_empty();
-                    for e in &out.events {
+                    // After a stale view the next pass must look again (production passes
+                    // run every interval anyway; only the skipping shortcut needs telling).
+                    acted = !out.actions.is_empty() || stale;
+                    match crash {
+                        None => feedback = driver::execute(&mut backend, &out.actions, now),
+                        Some(point) => {
+                            // The restarted controller remembers nothing but the store.
+                            *harness_faults.entry(format!("crash_{}", ["before_commit", "before_acting", "while_acting"][point])).or_default() += 1;
+                            feedback = Feedback::default();
+                            match point {
+                                0 => state = committed.expect("cloned for a crash"),
+                                1 => {}
+                                _ => {
+                                    let k = chaos_rng.index(out.actions.len() + 1);
+                                    let _ = driver::execute(&mut backend, &out.actions[..k], now);
+                                }
+                            }
+                            next_wake = Some(now);
+                        }
+                    }
+                    // A crash before commit loses the whole pass: its decisions and events.
+                    let committed_pass = crash != Some(0);
+                    for e in out.events.iter().filter(|_| committed_pass) {
                         fnv(&mut event_hash, serde_json::to_string(e).expect("event serialises").as_bytes());
                         recent.push_back(e.clone());
                         if recent.len() > 40 {
@@ -287,21 +385,27 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
                         }
                     }
                     metrics.engine_events += out.events.len() as u64;
-                    if !out.violations.is_empty() {
+                    if committed_pass && !out.violations.is_empty() {
                         return Err(Violation {
                             message: format!("the engine reported broken invariants: {}", out.violations.join("; ")),
                             at_s: t_ms as f64 / 1000.0,
                             recent_events: recent.iter().cloned().collect(),
                         });
                     }
-                    output = Some(out);
-                }
-                Err(_) => {
-                    metrics.failed_passes += 1;
-                    next_wake = Some(now);
+                    previous_observation = Some(observation);
+                    output = committed_pass.then_some(out);
+                    let fingerprint = fingerprint(&state);
+                    changed = fingerprint != last_fingerprint;
+                    last_fingerprint = fingerprint;
                 }
             }
             last_version = backend.cloud.version();
+        }
+        if let Some(inv) = invariants.as_mut() {
+            let view = StepView { now, state: &state, output: output.as_ref(), cloud: &backend.cloud, engine: &engine, submitted: &submitted };
+            if let Err(message) = inv.check(&view) {
+                return Err(Violation { message, at_s: t_ms as f64 / 1000.0, recent_events: recent.iter().cloned().collect() });
+            }
         }
         if let Some(check) = checker.as_deref_mut() {
             let view = StepView { now, state: &state, output: output.as_ref(), cloud: &backend.cloud, engine: &engine, submitted: &submitted };
@@ -335,6 +439,11 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
     metrics.preemptions = acc.preemptions;
     metrics.api_calls = acc.api_calls.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
     metrics.api_errors = acc.api_errors.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
+    metrics.faults = acc.faults.iter().map(|(k, v)| ((*k).to_owned(), *v)).chain(harness_faults).collect();
+    for (k, v) in &acc.api_errors {
+        *metrics.faults.entry(format!("api_{k}")).or_default() += v;
+    }
+    metrics.invariant_checks = invariants.as_ref().map_or(0, |i| i.steps);
     metrics.events = acc.events;
     metrics.simulated_s = t_ms as f64 / 1000.0;
     metrics.time_to_capacity_s = Stats::of(&acc.time_to_capacity_secs);
@@ -433,6 +542,28 @@ fn capacity_per_slot(cloud: &SimCloud, ceilings: &[u32], chips: &[u64], adopted_
         }
     }
     out
+}
+
+/// A hash of everything a pass can change: active jobs and every resource.
+fn fingerprint(state: &State) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    for job in state.jobs.values() {
+        (&job.id, job.status, &job.assigned_resource, &job.current_attempt, job.not_before, job.infra_failures).hash(&mut h);
+        if let Some(a) = job.attempt() {
+            (a.status, a.launch_failures, a.stop_failures, a.failed_launch).hash(&mut h);
+        }
+    }
+    state.finished.len().hash(&mut h);
+    for r in state.resources.values() {
+        (&r.id, r.status, &r.owner.as_ref().map(|o| &o.attempt_id), r.idle_since, r.provisioning_node_seen_at, r.provisioning_node_missing_since).hash(&mut h);
+        (r.retryable_failures.as_ref().map(|c| c.count), r.cancellation_failures.as_ref().map(|c| c.count)).hash(&mut h);
+    }
+    for (k, b) in &state.entry_backoff {
+        (k, b.failures, b.until).hash(&mut h);
+    }
+    state.notices.len().hash(&mut h);
+    h.finish()
 }
 
 fn ratio(a: f64, b: f64) -> f64 {

@@ -86,6 +86,10 @@ pub struct Metrics {
     pub failed_passes: u64,
     /// Engine events emitted.
     pub engine_events: u64,
+    /// Injected faults that fired, by kind (chaos runs).
+    pub faults: std::collections::BTreeMap<String, u64>,
+    /// Steps whose invariants were checked.
+    pub invariant_checks: u64,
     /// Simulated seconds.
     pub simulated_s: f64,
     /// Wall-clock seconds (the only field that differs between identical runs).

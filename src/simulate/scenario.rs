@@ -48,6 +48,59 @@ pub struct Scenario {
     pub egress_usd_per_gb: f64,
     /// Data read per job attempt from its bucket, in GB (for egress when regions differ).
     pub data_gb_per_attempt: f64,
+    /// Faults switched on by the scenario (`chaos:`), if any.
+    pub chaos: Option<ChaosSpec>,
+}
+
+/// Injected faults of a chaos run and how long they last.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChaosSpec {
+    /// Faults stop at this simulated second; liveness is checked after.
+    pub stop_secs: u64,
+    /// A pending job that fits must start within this many seconds once faults stopped.
+    pub liveness_secs: i64,
+    /// API error rates.
+    pub api: ApiConfig,
+    /// Cloud object faults.
+    pub faults: tpu_runner_sim::CloudFaults,
+    /// Probability each worker's status object is lost.
+    pub missing_status: f64,
+    /// Workers dying silently, per attempt-hour.
+    pub silent_death_per_hour: f64,
+    /// Probability one worker fails alone.
+    pub partial_failure: f64,
+    /// Probability a pass sees the previous pass's (stale) observation.
+    pub stale_observation: f64,
+    /// Probability the controller crashes during a pass (before commit, after commit, or
+    /// while acting) and restarts from the stored state.
+    pub crash: f64,
+    /// Probability per pass that a controller of an older deployment tries to act.
+    pub stale_controller: f64,
+}
+
+impl ChaosSpec {
+    /// The faults `--chaos` switches on for a scenario without a `chaos:` section: every
+    /// injector at a rate that fires many times per simulated day, stopping at 3/4 of the
+    /// horizon, with a 2-hour liveness bound.
+    pub fn defaults(horizon_secs: u64) -> ChaosSpec {
+        ChaosSpec {
+            stop_secs: horizon_secs * 3 / 4,
+            liveness_secs: 7200,
+            api: ApiConfig { rate_limited: 0.03, unavailable: 0.02, timeout: 0.01, lost_reply: 0.02 },
+            faults: tpu_runner_sim::CloudFaults {
+                qr_failure_per_hour: 0.2,
+                qr_vanish_per_hour: 0.03,
+                node_vanish_per_hour: 0.03,
+                until_secs: 0,
+            },
+            missing_status: 0.03,
+            silent_death_per_hour: 0.05,
+            partial_failure: 0.05,
+            stale_observation: 0.03,
+            crash: 0.02,
+            stale_controller: 0.02,
+        }
+    }
 }
 
 /// The cloud model of a scenario.
@@ -130,6 +183,7 @@ const TOP: &[&str] = &[
     "prices",
     "egress_usd_per_gb",
     "data_gb_per_attempt",
+    "chaos",
 ];
 
 /// Reads a scenario file.
@@ -220,6 +274,11 @@ fn read(c: &mut Checker<'_>, root: &Node, path: &Path, dir: &Path, io: &mut Vec<
     if let (Some(fleet), Some(types)) = (&fleet, &types_by_width) {
         check_types_in_fleet(c, &f, fleet, types);
     }
+    let chaos = match (f.get("chaos"), horizon_secs) {
+        (Some(n), Some(h)) => read_chaos(c, n, h).map(Some),
+        (Some(_), None) => None,
+        (None, _) => Some(None),
+    };
     Some(Scenario {
         name,
         description,
@@ -236,6 +295,61 @@ fn read(c: &mut Checker<'_>, root: &Node, path: &Path, dir: &Path, io: &mut Vec<
         prices: prices?,
         egress_usd_per_gb: egress_usd_per_gb?,
         data_gb_per_attempt: data_gb_per_attempt?,
+        chaos: chaos?,
+    })
+}
+
+const CHAOS_FIELDS: &[&str] = &[
+    "stop_hours",
+    "liveness_hours",
+    "api",
+    "qr_failure_per_hour",
+    "qr_vanish_per_hour",
+    "node_vanish_per_hour",
+    "missing_status",
+    "silent_death_per_hour",
+    "partial_failure",
+    "stale_observation",
+    "crash",
+    "stale_controller",
+];
+
+/// `chaos:` — every field optional, defaulting to [`ChaosSpec::defaults`].
+fn read_chaos(c: &mut Checker<'_>, node: &Node, horizon_secs: u64) -> Option<ChaosSpec> {
+    let f = c.mapping(node, "chaos", "fault settings", CHAOS_FIELDS, &[])?;
+    let d = ChaosSpec::defaults(horizon_secs);
+    let hours = |c: &mut Checker<'_>, name: &str, default: f64| f.get(name).map_or(Some(default), |n| c.number(n, &f.path(name), 0.0, 1e6, "hours"));
+    let rate = |c: &mut Checker<'_>, name: &str, default: f64| f.get(name).map_or(Some(default), |n| c.number(n, &f.path(name), 0.0, 1000.0, "a rate per hour"));
+    let prob = |c: &mut Checker<'_>, name: &str, default: f64| f.get(name).map_or(Some(default), |n| c.number(n, &f.path(name), 0.0, 1.0, "a probability from 0 to 1"));
+    let stop = hours(c, "stop_hours", d.stop_secs as f64 / 3600.0);
+    let liveness = hours(c, "liveness_hours", d.liveness_secs as f64 / 3600.0);
+    let api = match f.get("api") {
+        Some(n) => c.mapping(n, "chaos.api", "API error rates", &["rate_limited", "unavailable", "timeout", "lost_reply"], &[]).and_then(|a| {
+            Some(ApiConfig {
+                rate_limited: probability(c, &a, "rate_limited")?,
+                unavailable: probability(c, &a, "unavailable")?,
+                timeout: probability(c, &a, "timeout")?,
+                lost_reply: probability(c, &a, "lost_reply")?,
+            })
+        }),
+        None => Some(d.api),
+    };
+    Some(ChaosSpec {
+        stop_secs: (stop? * 3600.0) as u64,
+        liveness_secs: (liveness? * 3600.0) as i64,
+        api: api?,
+        faults: tpu_runner_sim::CloudFaults {
+            qr_failure_per_hour: rate(c, "qr_failure_per_hour", d.faults.qr_failure_per_hour)?,
+            qr_vanish_per_hour: rate(c, "qr_vanish_per_hour", d.faults.qr_vanish_per_hour)?,
+            node_vanish_per_hour: rate(c, "node_vanish_per_hour", d.faults.node_vanish_per_hour)?,
+            until_secs: 0,
+        },
+        missing_status: prob(c, "missing_status", d.missing_status)?,
+        silent_death_per_hour: rate(c, "silent_death_per_hour", d.silent_death_per_hour)?,
+        partial_failure: prob(c, "partial_failure", d.partial_failure)?,
+        stale_observation: prob(c, "stale_observation", d.stale_observation)?,
+        crash: prob(c, "crash", d.crash)?,
+        stale_controller: prob(c, "stale_controller", d.stale_controller)?,
     })
 }
 

@@ -255,6 +255,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
                 error_summary: String::new(),
                 launch_failures: a.launch_failures,
                 failed_launch: false,
+                stop_failures: 0,
             });
             job.current_attempt = Some(a.id.clone());
             if matches!(j.status, JobStatus::Running | JobStatus::Cancelling) {
