@@ -10,7 +10,7 @@ fn main() {
     let mut last = String::new();
     let mut check = |v: &StepView<'_>| -> Result<(), String> {
         if let Some(out) = v.output { for e in &out.events { if job.as_deref().is_none_or(|j| e.job_id.as_deref() == Some(j) || e.detail.contains(j) || e.resource_id.as_deref().is_some_and(|r| r.contains(j))) { println!("{} {} {:?} {:?} {:?} {}", e.at, e.kind, e.job_id, e.resource_id, e.attempt_id, e.detail); } } }
-        if v.now.to_string().as_str() >= "2026-01-01T14:31" && v.now.to_string().as_str() < "2026-01-01T14:45" {
+        if v.now.to_string().as_str() >= "2026-01-03T06:00" && v.now.to_string().as_str() < "2026-01-03T06:01" {
             if let Some(out) = v.output { println!("{} pass actions={:?} big={:?} {}", v.now, out.actions.iter().map(|a| a.kind()).collect::<Vec<_>>(), v.state.resources.get("faulty-big-1-28722621").map(|r| r.status), v.cloud.describe("faulty-big-1-28722621")); }
         }
         last = v.state.resources.keys().map(|k| format!("{} [{:?}]\n", v.cloud.describe(k), v.state.resources[k].status)).collect();

@@ -1011,6 +1011,9 @@ impl SimCloud {
             (Outcome::Success, remaining)
         };
         run.outcome = outcome;
+        if outcome == Outcome::PartialFailure {
+            *self.accounting.faults.entry("partial_failure").or_default() += 1;
+        }
         self.version += 1;
         self.push(now + (duration.max(0.001) * 1000.0) as u64, Event::RunEnd { attempt: attempt.to_owned() });
         if workers.silent_death_per_hour > 0.0 {

@@ -218,7 +218,7 @@ impl Invariants {
             let entry = index.entry(e);
             let key = (entry.zone.as_str(), entry.tpu_type.to_string());
             match &entry.kind {
-                EntryKind::Adopted { .. } => true,
+                EntryKind::Adopted { .. } => v.state.resources.values().any(|r| r.entry_id == entry.id && r.status == ResourceStatus::Idle),
                 EntryKind::Managed { count } => {
                     let busy = v.state.resources.values().filter(|r| r.entry_id == entry.id && r.is_busy()).count() as u32;
                     busy < *count
