@@ -17,7 +17,7 @@ fn simulator(c: &mut Criterion) {
     group.sample_size(10);
     let smoke = load("scenarios/smoke.yaml", |_| {});
     group.bench_function("smoke-5h", |b| b.iter(|| harness::run(&smoke, "classic", 1, RunOptions::default(), Hooks::default()).unwrap()));
-    let scale_day = load("scenarios/scale.yaml", |s| {
+    let scale_day = load("scenarios/bench/scale.yaml", |s| {
         s.horizon_secs = 86_400;
         for w in &mut s.workloads {
             if let scenario::WorkloadSpec::Synthetic(w) = w {
