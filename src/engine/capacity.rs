@@ -300,22 +300,7 @@ impl<'a> Pass<'a> {
     /// Record a TPU being provisioned under `name` (new or reset).
     fn track_provisioning(&mut self, e: usize, name: &str) {
         let entry = self.index.entry(e);
-        let r = self.state.resources.entry(name.to_owned()).or_insert_with(|| Resource {
-            id: name.to_owned(),
-            tpu_name: name.to_owned(),
-            zone: entry.zone.clone(),
-            tpu_type: entry.tpu_type.clone(),
-            entry_id: entry.id.clone(),
-            adopted: false,
-            status: ResourceStatus::Provisioning,
-            owner: None,
-            worker_count: 1,
-            idle_since: None,
-            provisioning_node_seen_at: None,
-            provisioning_node_missing_since: None,
-            retryable_failures: None,
-            cancellation_failures: None,
-        });
+        let r = self.state.resources.entry(name.to_owned()).or_insert_with(|| Resource::new(name, entry, ResourceStatus::Provisioning, 1));
         if r.owner.is_none() {
             r.status = ResourceStatus::Provisioning;
             r.idle_since = None;

@@ -397,22 +397,7 @@ impl<'a> Pass<'a> {
             self.state.entry_backoff.remove(&entry.id);
             match self.state.resources.get_mut(&qr.node_id) {
                 None => {
-                    self.state.resources.insert(qr.node_id.clone(), Resource {
-                        id: qr.node_id.clone(),
-                        tpu_name: qr.node_id.clone(),
-                        zone: entry.zone.clone(),
-                        tpu_type: entry.tpu_type.clone(),
-                        entry_id: entry.id.clone(),
-                        adopted: false,
-                        status: ResourceStatus::Provisioning,
-                        owner: None,
-                        worker_count: 1,
-                        idle_since: None,
-                        provisioning_node_seen_at: None,
-                        provisioning_node_missing_since: None,
-                        retryable_failures: None,
-                        cancellation_failures: None,
-                    });
+                    self.state.resources.insert(qr.node_id.clone(), Resource::new(&qr.node_id, entry, ResourceStatus::Provisioning, 1));
                 }
                 // A new incarnation of a TPU that was gone. Records being recycled, drained or
                 // waited on are left alone (the original reset them, losing recycles: §9.1 #9).
@@ -465,22 +450,9 @@ impl<'a> Pass<'a> {
                 Some(_) => {}
                 None => {
                     let status = if ready { ResourceStatus::Idle } else { ResourceStatus::Unavailable };
-                    self.state.resources.insert(id.clone(), Resource {
-                        id: id.clone(),
-                        tpu_name: node.name.clone(),
-                        zone: entry.zone.clone(),
-                        tpu_type: entry.tpu_type.clone(),
-                        entry_id: entry.id.clone(),
-                        adopted: entry.is_adopted(),
-                        status,
-                        owner: None,
-                        worker_count: node.worker_count.max(1),
-                        idle_since: (ready && !entry.is_adopted()).then_some(now),
-                        provisioning_node_seen_at: None,
-                        provisioning_node_missing_since: None,
-                        retryable_failures: None,
-                        cancellation_failures: None,
-                    });
+                    let mut record = Resource::new(&node.name, entry, status, node.worker_count);
+                    record.idle_since = (ready && !entry.is_adopted()).then_some(now);
+                    self.state.resources.insert(id.clone(), record);
                 }
             }
         }
@@ -1011,6 +983,9 @@ impl<'a> Pass<'a> {
     fn unusable_resources(&mut self) {
         let ids: Vec<String> = self.state.resources.keys().cloned().collect();
         for id in ids {
+            if self.healthy_and_settled(&self.state.resources[&id]) {
+                continue;
+            }
             let resource = self.state.resources[&id].clone();
             if matches!(resource.status, ResourceStatus::Recycling | ResourceStatus::RecyclingRequested) {
                 continue;
@@ -1162,6 +1137,17 @@ impl<'a> Pass<'a> {
                 }
             }
         }
+    }
+
+    /// The common case of the unusable-resource step, decided without copying the record: a
+    /// declared TPU whose node is ready behind a live request, not draining, no timers set.
+    fn healthy_and_settled(&self, r: &Resource) -> bool {
+        !matches!(r.status, ResourceStatus::Recycling | ResourceStatus::RecyclingRequested | ResourceStatus::Draining)
+            && r.provisioning_node_seen_at.is_none()
+            && r.provisioning_node_missing_since.is_none()
+            && self.index.is_declared(r)
+            && (r.adopted || self.matching_qr(r).is_some_and(|q| q.state.is_live()))
+            && self.matching_node(r).is_some_and(|n| self.ready(n))
     }
 
     /// A record whose entry was removed or changed (§9.1 #11: the original orphaned these).

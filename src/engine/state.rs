@@ -559,6 +559,27 @@ pub struct Resource {
 }
 
 impl Resource {
+    /// A new record for node `tpu_name` of `entry` (id `adopted-<name>` for adopted TPUs).
+    pub fn new(tpu_name: &str, entry: &crate::spec::TpuEntry, status: ResourceStatus, worker_count: u32) -> Resource {
+        let adopted = entry.is_adopted();
+        Resource {
+            id: if adopted { format!("adopted-{tpu_name}") } else { tpu_name.to_owned() },
+            tpu_name: tpu_name.to_owned(),
+            zone: entry.zone.clone(),
+            tpu_type: entry.tpu_type.clone(),
+            entry_id: entry.id.clone(),
+            adopted,
+            status,
+            owner: None,
+            worker_count: worker_count.max(1),
+            idle_since: None,
+            provisioning_node_seen_at: None,
+            provisioning_node_missing_since: None,
+            retryable_failures: None,
+            cancellation_failures: None,
+        }
+    }
+
     /// True when the resource runs an attempt (status busy or any owner).
     pub fn is_busy(&self) -> bool {
         self.status == ResourceStatus::Busy || self.owner.is_some()

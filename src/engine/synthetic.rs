@@ -115,22 +115,9 @@ pub fn planning_instance(fleet: &FleetSpec, n_jobs: usize, n_idle: usize, epoch:
             (LABEL_MANAGED_BY.to_owned(), fleet.name.clone()),
             (LABEL_FLEET_ENTRY.to_owned(), entry.id.clone()),
         ]);
-        state.resources.insert(name.clone(), Resource {
-            id: name.clone(),
-            tpu_name: name.clone(),
-            zone: entry.zone.clone(),
-            tpu_type: entry.tpu_type.clone(),
-            entry_id: entry.id.clone(),
-            adopted: false,
-            status: ResourceStatus::Idle,
-            owner: None,
-            worker_count: 1,
-            idle_since: Some(epoch),
-            provisioning_node_seen_at: None,
-            provisioning_node_missing_since: None,
-            retryable_failures: None,
-            cancellation_failures: None,
-        });
+        let mut record = Resource::new(&name, entry, ResourceStatus::Idle, 1);
+        record.idle_since = Some(epoch);
+        state.resources.insert(name.clone(), record);
         obs.queued_resources.push(QueuedResourceInfo {
             name: crate::spec::names::queued_resource_name(&name),
             zone: entry.zone.clone(),

@@ -323,17 +323,7 @@ fn read_chaos(c: &mut Checker<'_>, node: &Node, horizon_secs: u64) -> Option<Cha
     let prob = |c: &mut Checker<'_>, name: &str, default: f64| f.get(name).map_or(Some(default), |n| c.number(n, &f.path(name), 0.0, 1.0, "a probability from 0 to 1"));
     let stop = hours(c, "stop_hours", d.stop_secs as f64 / 3600.0);
     let liveness = hours(c, "liveness_hours", d.liveness_secs as f64 / 3600.0);
-    let api = match f.get("api") {
-        Some(n) => c.mapping(n, "chaos.api", "API error rates", &["rate_limited", "unavailable", "timeout", "lost_reply"], &[]).and_then(|a| {
-            Some(ApiConfig {
-                rate_limited: probability(c, &a, "rate_limited")?,
-                unavailable: probability(c, &a, "unavailable")?,
-                timeout: probability(c, &a, "timeout")?,
-                lost_reply: probability(c, &a, "lost_reply")?,
-            })
-        }),
-        None => Some(d.api),
-    };
+    let api = f.get("api").map_or(Some(d.api), |n| read_api(c, n, "chaos.api"));
     Some(ChaosSpec {
         stop_secs: (stop? * 3600.0) as u64,
         liveness_secs: (liveness? * 3600.0) as i64,
@@ -452,6 +442,16 @@ fn read_latency(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Latency>
     Some(Latency { median_secs: median?, sigma: sigma? })
 }
 
+fn read_api(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<ApiConfig> {
+    let a = c.mapping(node, path, "API error rates", &["rate_limited", "unavailable", "timeout", "lost_reply"], &[])?;
+    Some(ApiConfig {
+        rate_limited: probability(c, &a, "rate_limited")?,
+        unavailable: probability(c, &a, "unavailable")?,
+        timeout: probability(c, &a, "timeout")?,
+        lost_reply: probability(c, &a, "lost_reply")?,
+    })
+}
+
 fn probability(c: &mut Checker<'_>, f: &Fields<'_>, name: &str) -> Option<f64> {
     f.get(name).map_or(Some(0.0), |n| c.number(n, &f.path(name), 0.0, 1.0, "a probability from 0 to 1"))
 }
@@ -523,17 +523,7 @@ fn read_cloud(c: &mut Checker<'_>, node: &Node, fleet: &FleetSpec, dir: &Path, i
         }
     }
     let delete_secs = f.get("delete_secs").map_or(Some(60.0), |n| c.number(n, "cloud.delete_secs", 0.0, 86400.0, "seconds"));
-    let api = match f.get("api") {
-        Some(n) => c.mapping(n, "cloud.api", "API error rates", &["rate_limited", "unavailable", "timeout", "lost_reply"], &[]).and_then(|a| {
-            Some(ApiConfig {
-                rate_limited: probability(c, &a, "rate_limited")?,
-                unavailable: probability(c, &a, "unavailable")?,
-                timeout: probability(c, &a, "timeout")?,
-                lost_reply: probability(c, &a, "lost_reply")?,
-            })
-        }),
-        None => Some(ApiConfig::default()),
-    };
+    let api = f.get("api").map_or(Some(ApiConfig::default()), |n| read_api(c, n, "cloud.api"));
     let workers = match f.get("workers") {
         Some(n) => c
             .mapping(
