@@ -6,7 +6,7 @@
 use super::fleet_index::FleetIndex;
 use super::state::{Job, RegionChoice, Resource};
 use super::time::Timestamp;
-use crate::spec::{EntryKind, TpuEntry, TpuRequest, TpuType, gcp};
+use crate::spec::{EntryKind, TpuEntry, TpuRequest, TpuType};
 
 /// Where a job may run, borrowed from the job (no allocation per job).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -42,7 +42,8 @@ impl<'a> Requirement<'a> {
     fn place_ok(&self, tpu_type: &TpuType, zone: &str) -> bool {
         self.tpu.accepts(tpu_type)
             && self.zone.is_none_or(|z| z == zone)
-            && gcp::zone_region(zone).is_ok_and(|region| self.region_ok(region))
+            // Zones were validated on input: the region is everything before the last `-`.
+            && zone.rsplit_once('-').is_some_and(|(region, _)| self.region_ok(region))
     }
 
     /// Job accepts entry (§3.9): type, zone and region rules on the entry's zone; with a TPU
