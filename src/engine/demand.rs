@@ -8,8 +8,10 @@ use super::state::{Job, RegionChoice, Resource};
 use super::time::Timestamp;
 use crate::spec::{EntryKind, TpuEntry, TpuRequest, TpuType};
 
-/// Where a job may run, borrowed from the job (no allocation per job).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// Where a job may run, borrowed from the job (no allocation per job). Equality and hashing
+/// look at regions only, not at which bucket serves a region: two jobs that may run in the
+/// same places are one class.
+#[derive(Clone, Copy, Debug)]
 pub struct Requirement<'a> {
     /// Acceptable types.
     pub tpu: &'a TpuRequest,
@@ -19,6 +21,43 @@ pub struct Requirement<'a> {
     pub tpu_name: Option<&'a str>,
     /// Allowed regions.
     pub regions: RegionChoice<'a>,
+}
+
+impl Requirement<'_> {
+    fn regions_key(&self) -> (Option<&str>, &[super::state::BucketRegion]) {
+        match self.regions {
+            RegionChoice::Pinned(r) => (Some(r), &[]),
+            RegionChoice::AnyOf(list) => (None, list),
+        }
+    }
+}
+
+impl PartialEq for Requirement<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        let (pa, ra) = self.regions_key();
+        let (pb, rb) = other.regions_key();
+        self.tpu == other.tpu
+            && self.zone == other.zone
+            && self.tpu_name == other.tpu_name
+            && pa == pb
+            && ra.len() == rb.len()
+            && ra.iter().zip(rb).all(|(a, b)| a.region == b.region)
+    }
+}
+
+impl Eq for Requirement<'_> {}
+
+impl std::hash::Hash for Requirement<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.tpu.hash(state);
+        self.zone.hash(state);
+        self.tpu_name.hash(state);
+        let (pinned, regions) = self.regions_key();
+        pinned.hash(state);
+        for r in regions {
+            r.region.hash(state);
+        }
+    }
 }
 
 impl<'a> Requirement<'a> {

@@ -74,6 +74,8 @@ pub(crate) struct Pass<'a> {
     pub(super) desired: Vec<u32>,
     /// TPU names pending jobs ask for.
     pub(super) named: BTreeSet<String>,
+    /// Running and cancelling jobs at the start of the pass.
+    in_flight: Vec<(JobStatus, String)>,
 }
 
 impl<'a> Pass<'a> {
@@ -103,10 +105,18 @@ impl<'a> Pass<'a> {
             new_attempts: Vec::new(),
             desired: Vec::new(),
             named: BTreeSet::new(),
+            in_flight: Vec::new(),
         }
     }
 
     pub(crate) fn run(mut self) -> PassOutput {
+        // One sweep over the active jobs finds the running and cancelling ones (a queue of
+        // 100k jobs is memory-bound: every extra sweep costs milliseconds).
+        for job in self.state.jobs.values() {
+            if matches!(job.status, JobStatus::Running | JobStatus::Cancelling) {
+                self.in_flight.push((job.status, job.id.clone()));
+            }
+        }
         self.action_failures();
         self.refresh_from_queued_resources();
         self.refresh_from_ready_nodes();
@@ -460,6 +470,15 @@ impl<'a> Pass<'a> {
 
     // ----- step 5: cancellations and interruptions --------------------------------------
 
+    /// Jobs that were in `status` at the start of the pass (and still are).
+    fn jobs_in(&self, status: JobStatus) -> Vec<String> {
+        self.in_flight
+            .iter()
+            .filter(|(s, id)| *s == status && self.state.jobs.get(id).is_some_and(|j| j.status == status))
+            .map(|(_, id)| id.clone())
+            .collect()
+    }
+
     fn report(&self, attempt_id: &str) -> Option<&'a AttemptReport> {
         self.obs.attempts.get(attempt_id)
     }
@@ -472,8 +491,7 @@ impl<'a> Pass<'a> {
     }
 
     fn cancellations(&mut self) {
-        let cancelling: Vec<String> =
-            self.state.jobs.values().filter(|j| j.status == JobStatus::Cancelling).map(|j| j.id.clone()).collect();
+        let cancelling: Vec<String> = self.jobs_in(JobStatus::Cancelling);
         for job_id in cancelling {
             let job = &self.state.jobs[&job_id];
             let (Some(attempt), Some(resource_id)) = (job.attempt().cloned(), job.assigned_resource.clone()) else { continue };
@@ -656,8 +674,7 @@ impl<'a> Pass<'a> {
     // ----- step 6: attempts -------------------------------------------------------------
 
     fn attempts(&mut self) {
-        let running: Vec<String> =
-            self.state.jobs.values().filter(|j| j.status == JobStatus::Running).map(|j| j.id.clone()).collect();
+        let running: Vec<String> = self.jobs_in(JobStatus::Running);
         for job_id in running {
             let job = &self.state.jobs[&job_id];
             let (Some(attempt), Some(resource_id)) = (job.attempt().cloned(), job.assigned_resource.clone()) else {
