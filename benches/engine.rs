@@ -17,10 +17,18 @@ fn planning_pass(c: &mut Criterion) {
         let (state, obs) = synthetic::planning_instance(&fleet, n_jobs, n_idle, epoch);
         let engine = Engine::new(fleet, EngineConfig::default(), Box::new(Classic));
         let now = epoch.plus_secs(100_000);
-        group.bench_with_input(BenchmarkId::new("jobs", format!("{n_jobs}x{n_idle}tpus/{n_entries}entries")), &n_jobs, |b, _| {
-            // The state is returned so that dropping it is not timed.
-            b.iter_batched(|| state.clone(), |mut s| (engine.reconcile(&mut s, &obs, now), s), BatchSize::LargeInput)
-        });
+        group.bench_with_input(
+            BenchmarkId::new("jobs", format!("{n_jobs}x{n_idle}tpus/{n_entries}entries")),
+            &n_jobs,
+            |b, _| {
+                // The state is returned so that dropping it is not timed.
+                b.iter_batched(
+                    || state.clone(),
+                    |mut s| (engine.reconcile(&mut s, &obs, now), s),
+                    BatchSize::LargeInput,
+                )
+            },
+        );
     }
     group.finish();
 }

@@ -7,7 +7,8 @@ use tpu_runner::simulate::harness::{self, Hooks, RunOptions};
 use tpu_runner::simulate::scenario;
 
 fn load(rel: &str, edit: impl Fn(&mut scenario::Scenario)) -> scenario::Scenario {
-    let mut s = scenario::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)).unwrap_or_else(|e| panic!("{e}"));
+    let mut s = scenario::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(rel))
+        .unwrap_or_else(|e| panic!("{e}"));
     edit(&mut s);
     s
 }
@@ -16,7 +17,18 @@ fn simulator(c: &mut Criterion) {
     let mut group = c.benchmark_group("simulate");
     group.sample_size(10);
     let smoke = load("scenarios/smoke.yaml", |_| {});
-    group.bench_function("smoke-5h", |b| b.iter(|| harness::run(&smoke, "classic", 1, RunOptions::default(), Hooks::default()).unwrap()));
+    group.bench_function("smoke-5h", |b| {
+        b.iter(|| {
+            harness::run(
+                &smoke,
+                "classic",
+                1,
+                RunOptions::default(),
+                Hooks::default(),
+            )
+            .unwrap()
+        })
+    });
     let scale_day = load("scenarios/bench/scale.yaml", |s| {
         s.horizon_secs = 86_400;
         for w in &mut s.workloads {
@@ -26,7 +38,16 @@ fn simulator(c: &mut Criterion) {
         }
     });
     group.bench_function("scale-1day-200entries", |b| {
-        b.iter(|| harness::run(&scale_day, "classic", 1, RunOptions::default(), Hooks::default()).unwrap())
+        b.iter(|| {
+            harness::run(
+                &scale_day,
+                "classic",
+                1,
+                RunOptions::default(),
+                Hooks::default(),
+            )
+            .unwrap()
+        })
     });
     group.finish();
 }

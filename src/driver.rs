@@ -39,14 +39,27 @@ pub fn observe<B: CloudBackend>(
     let targets = engine.inventory_targets(state);
     let (nodes, queued_resources) = backend.inventory(&targets, now)?;
     let mut attempts = BTreeMap::new();
-    for job in state.jobs.values().filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Cancelling)) {
-        let Some(attempt) = job.attempt() else { continue };
-        let mut report = backend.attempt_report(&attempt.id, &job.id, now)?.unwrap_or_default();
+    for job in state
+        .jobs
+        .values()
+        .filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Cancelling))
+    {
+        let Some(attempt) = job.attempt() else {
+            continue;
+        };
+        let mut report = backend
+            .attempt_report(&attempt.id, &job.id, now)?
+            .unwrap_or_default();
         report.launch_error = feedback.launch_errors.get(&attempt.id).cloned();
         report.cancel = feedback.cancels.get(&attempt.id).cloned();
         attempts.insert(attempt.id.clone(), report);
     }
-    Ok(Observation { nodes, queued_resources, attempts, failures: feedback.failures.clone() })
+    Ok(Observation {
+        nodes,
+        queued_resources,
+        attempts,
+        failures: feedback.failures.clone(),
+    })
 }
 
 /// Carries out the actions of a pass and returns what the next pass must hear.
@@ -55,7 +68,10 @@ pub fn execute<B: CloudBackend>(backend: &mut B, actions: &[Action], now: Timest
     for action in actions {
         match backend.execute(action, now) {
             Outcome::Done => {}
-            Outcome::Refused(failure) => feedback.failures.push(ActionFailure { action: action.clone(), failure }),
+            Outcome::Refused(failure) => feedback.failures.push(ActionFailure {
+                action: action.clone(),
+                failure,
+            }),
             Outcome::LaunchFailed(error) => {
                 if let Action::Launch(l) = action {
                     feedback.launch_errors.insert(l.attempt_id.clone(), error);

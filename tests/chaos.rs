@@ -6,24 +6,47 @@
 use std::path::PathBuf;
 
 use tpu_runner::engine::Action;
-use tpu_runner::engine::state::{JobStatus, State};
 use tpu_runner::engine::Timestamp;
+use tpu_runner::engine::state::{JobStatus, State};
 use tpu_runner::simulate::harness::{self, Hooks, RunOptions};
 use tpu_runner::simulate::scenario::{self, Scenario};
 
 fn load(rel: &str) -> Scenario {
-    scenario::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)).unwrap_or_else(|e| panic!("{e}"))
+    scenario::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel))
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn chaos(s: &Scenario) -> RunOptions {
-    RunOptions { chaos: s.chaos, check_invariants: true, ..RunOptions::default() }
+    RunOptions {
+        chaos: s.chaos,
+        check_invariants: true,
+        ..RunOptions::default()
+    }
 }
 
 /// Runs `seed` with a sabotaged engine; returns the violation message (or None).
-fn sabotaged(s: &Scenario, seed: u64, mut sabotage: impl FnMut(&mut State, &mut Vec<Action>, Timestamp)) -> Option<(String, f64)> {
+fn sabotaged(
+    s: &Scenario,
+    seed: u64,
+    mut sabotage: impl FnMut(&mut State, &mut Vec<Action>, Timestamp),
+) -> Option<(String, f64)> {
     let mut mutator = |st: &mut State, a: &mut Vec<Action>, now: Timestamp| sabotage(st, a, now);
-    let hooks = Hooks { checker: None, mutator: Some(&mut mutator) };
-    harness::run(s, "classic", seed, RunOptions { check_invariants: true, ..RunOptions::default() }, hooks).err().map(|v| (v.message, v.at_s))
+    let hooks = Hooks {
+        checker: None,
+        mutator: Some(&mut mutator),
+    };
+    harness::run(
+        s,
+        "classic",
+        seed,
+        RunOptions {
+            check_invariants: true,
+            ..RunOptions::default()
+        },
+        hooks,
+    )
+    .err()
+    .map(|v| (v.message, v.at_s))
 }
 
 /// Double assignment: every launch is repeated for a second, made-up attempt on the same TPU.
@@ -47,7 +70,14 @@ fn ignore_limits(_: &mut State, actions: &mut Vec<Action>, _: Timestamp) {
     let extra: Vec<Action> = actions
         .iter()
         .filter_map(|a| match a {
-            Action::CreateQueuedResource { name, node_id, zone, tpu_type, runtime, entry_id } => Some(Action::CreateQueuedResource {
+            Action::CreateQueuedResource {
+                name,
+                node_id,
+                zone,
+                tpu_type,
+                runtime,
+                entry_id,
+            } => Some(Action::CreateQueuedResource {
                 name: format!("{name}-x"),
                 node_id: format!("{node_id}-x"),
                 zone: zone.clone(),
@@ -63,7 +93,11 @@ fn ignore_limits(_: &mut State, actions: &mut Vec<Action>, _: Timestamp) {
 
 /// Dropping a retried job: a requeued job (pending with attempts) disappears from the state.
 fn drop_retried(state: &mut State, _: &mut Vec<Action>, _: Timestamp) {
-    let victim = state.jobs.values().find(|j| j.status == JobStatus::Pending && !j.attempts.is_empty()).map(|j| j.id.clone());
+    let victim = state
+        .jobs
+        .values()
+        .find(|j| j.status == JobStatus::Pending && !j.attempts.is_empty())
+        .map(|j| j.id.clone());
     if let Some(id) = victim {
         state.jobs.remove(&id);
     }
@@ -72,17 +106,30 @@ fn drop_retried(state: &mut State, _: &mut Vec<Action>, _: Timestamp) {
 #[test]
 fn invariants_catch_broken_engines_and_replay_by_seed() {
     let s = load("scenarios/chaos/mixed.yaml");
-    let cases: [(&str, fn(&mut State, &mut Vec<Action>, Timestamp), &str); 3] = [
-        ("double assignment", double_assignment, "no TPU runs two attempts"),
+    type Sabotage = fn(&mut State, &mut Vec<Action>, Timestamp);
+    let cases: [(&str, Sabotage, &str); 3] = [
+        (
+            "double assignment",
+            double_assignment,
+            "no TPU runs two attempts",
+        ),
         ("ignoring chip limits", ignore_limits, "never exceeded"),
         ("dropping a retried job", drop_retried, "no job lost"),
     ];
     for (what, sabotage, expected) in cases {
         let seed = 5;
-        let first = sabotaged(&s, seed, sabotage).unwrap_or_else(|| panic!("{what} was not caught (seed {seed})"));
-        assert!(first.0.contains(expected), "{what}: caught as {:?}", first.0);
+        let first = sabotaged(&s, seed, sabotage)
+            .unwrap_or_else(|| panic!("{what} was not caught (seed {seed})"));
+        assert!(
+            first.0.contains(expected),
+            "{what}: caught as {:?}",
+            first.0
+        );
         let replay = sabotaged(&s, seed, sabotage).expect("replays");
-        assert_eq!(first, replay, "{what}: seed {seed} did not replay identically");
+        assert_eq!(
+            first, replay,
+            "{what}: seed {seed} did not replay identically"
+        );
     }
     // And the unsabotaged engine passes the same seed.
     assert!(sabotaged(&s, 5, |_, _, _| {}).is_none());
@@ -90,7 +137,10 @@ fn invariants_catch_broken_engines_and_replay_by_seed() {
 
 #[test]
 fn short_sweep_with_every_fault_finds_nothing() {
-    for rel in ["scenarios/chaos/mixed.yaml", "scenarios/chaos/trc-adopted.yaml"] {
+    for rel in [
+        "scenarios/chaos/mixed.yaml",
+        "scenarios/chaos/trc-adopted.yaml",
+    ] {
         let s = load(rel);
         let mut faults = std::collections::BTreeMap::<String, u64>::new();
         for seed in 1..=60 {
@@ -100,12 +150,30 @@ fn short_sweep_with_every_fault_finds_nothing() {
                         *faults.entry(k).or_default() += v;
                     }
                 }
-                Err(v) => panic!("{rel} seed {seed}: {} at {} s\nreplay: tpu-runner simulate {rel} --seed {seed}", v.message, v.at_s),
+                Err(v) => panic!(
+                    "{rel} seed {seed}: {} at {} s\nreplay: tpu-runner simulate {rel} --seed {seed}",
+                    v.message, v.at_s
+                ),
             }
         }
         // Every injector fired at least once over the sweep.
-        for kind in ["api_rate_limited", "api_lost_reply", "qr_failed", "node_vanished", "status_lost", "workers_died_silently", "stale_observation", "crash_before_commit", "crash_before_acting", "crash_while_acting", "stale_controller"] {
-            assert!(faults.get(kind).copied().unwrap_or(0) > 0, "{rel}: fault {kind} never fired: {faults:?}");
+        for kind in [
+            "api_rate_limited",
+            "api_lost_reply",
+            "qr_failed",
+            "node_vanished",
+            "status_lost",
+            "workers_died_silently",
+            "stale_observation",
+            "crash_before_commit",
+            "crash_before_acting",
+            "crash_while_acting",
+            "stale_controller",
+        ] {
+            assert!(
+                faults.get(kind).copied().unwrap_or(0) > 0,
+                "{rel}: fault {kind} never fired: {faults:?}"
+            );
         }
     }
 }

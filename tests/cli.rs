@@ -65,7 +65,13 @@ fn usage_errors_exit_2_and_help_has_examples() {
         tpu_runner(&["no-such-command"], dir.path()).status.code(),
         Some(2)
     );
-    for command in ["init", "validate-fleet", "validate-jobs", "plan", "completions"] {
+    for command in [
+        "init",
+        "validate-fleet",
+        "validate-jobs",
+        "plan",
+        "completions",
+    ] {
         let out = tpu_runner(&[command, "--help"], dir.path());
         assert!(out.status.success());
         assert!(
@@ -131,11 +137,20 @@ fn readme_examples_validate() {
 fn plan_on_the_documented_example() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let args = [
-        "plan", "--fleet", "docs/plan-example/deployment.yaml", "--state", "docs/plan-example/state.json", "--now",
+        "plan",
+        "--fleet",
+        "docs/plan-example/deployment.yaml",
+        "--state",
+        "docs/plan-example/state.json",
+        "--now",
         "2026-01-01T12:00:00Z",
     ];
     let out = tpu_runner(&args, root);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     insta::assert_snapshot!("plan_example", String::from_utf8_lossy(&out.stdout));
     let mut json_args = args.to_vec();
     json_args.push("--json");
@@ -143,7 +158,16 @@ fn plan_on_the_documented_example() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["schema_version"], 1);
     assert_eq!(report["waiting"].as_array().unwrap().len(), 2);
-    let bad = tpu_runner(&["plan", "--fleet", "docs/plan-example/deployment.yaml", "--state", "Cargo.toml"], root);
+    let bad = tpu_runner(
+        &[
+            "plan",
+            "--fleet",
+            "docs/plan-example/deployment.yaml",
+            "--state",
+            "Cargo.toml",
+        ],
+        root,
+    );
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("Cargo.toml:1:"));
 }

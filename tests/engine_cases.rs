@@ -15,18 +15,35 @@ fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64)
     writeln!(s, "actions:").unwrap();
     for a in &out.actions {
         let line = match a {
-            Action::CreateQueuedResource { name, tpu_type, zone, .. } => format!("create {name} ({tpu_type} in {zone})"),
+            Action::CreateQueuedResource {
+                name,
+                tpu_type,
+                zone,
+                ..
+            } => format!("create {name} ({tpu_type} in {zone})"),
             Action::DeleteQueuedResource { name, .. } => format!("delete queued resource {name}"),
             Action::DeleteNode { name, .. } => format!("delete node {name}"),
-            Action::Launch(l) => format!("launch {} of {} on {} ({} workers, bucket {})", l.attempt_id, l.job_id, l.tpu_name, l.worker_count, l.bucket),
-            Action::Cancel { attempt_id, job_id, tpu_name, .. } => format!("cancel {attempt_id} of {job_id} on {tpu_name}"),
+            Action::Launch(l) => format!(
+                "launch {} of {} on {} ({} workers, bucket {})",
+                l.attempt_id, l.job_id, l.tpu_name, l.worker_count, l.bucket
+            ),
+            Action::Cancel {
+                attempt_id,
+                job_id,
+                tpu_name,
+                ..
+            } => format!("cancel {attempt_id} of {job_id} on {tpu_name}"),
         };
         writeln!(s, "  {line}").unwrap();
     }
     writeln!(s, "events:").unwrap();
     for e in &out.events {
         let mut line = e.kind.clone();
-        for (k, v) in [("job", &e.job_id), ("resource", &e.resource_id), ("attempt", &e.attempt_id)] {
+        for (k, v) in [
+            ("job", &e.job_id),
+            ("resource", &e.resource_id),
+            ("attempt", &e.attempt_id),
+        ] {
             if let Some(v) = v {
                 line.push_str(&format!(" {k}={v}"));
             }
@@ -72,7 +89,10 @@ fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64)
             line.push_str(&format!(" by {}/{}", o.job_id, o.attempt_id));
         }
         if let Some(t) = r.provisioning_node_missing_since {
-            line.push_str(&format!("; missing since +{}s", t.as_secs() - support::EPOCH));
+            line.push_str(&format!(
+                "; missing since +{}s",
+                t.as_secs() - support::EPOCH
+            ));
         }
         if let Some(t) = r.provisioning_node_seen_at {
             line.push_str(&format!("; seen at +{}s", t.as_secs() - support::EPOCH));
@@ -80,9 +100,18 @@ fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64)
         writeln!(s, "{line}").unwrap();
     }
     if let Some(w) = out.next_wake {
-        writeln!(s, "next wake: +{}s", w.as_secs() - support::EPOCH - now_secs).unwrap();
+        writeln!(
+            s,
+            "next wake: +{}s",
+            w.as_secs() - support::EPOCH - now_secs
+        )
+        .unwrap();
     }
-    assert!(out.violations.is_empty(), "violations: {:?}\n{s}", out.violations);
+    assert!(
+        out.violations.is_empty(),
+        "violations: {:?}\n{s}",
+        out.violations
+    );
     support::shorten(index, &s)
 }
 
@@ -90,14 +119,26 @@ fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64)
 fn engine_cases() {
     insta::glob!("engine_cases/*.yaml", |path| {
         let case = support::read_case(&std::fs::read_to_string(path).unwrap());
-        let engine = Engine::new(support::case_fleet(&case), EngineConfig::default(), by_name("classic").unwrap());
+        let engine = Engine::new(
+            support::case_fleet(&case),
+            EngineConfig::default(),
+            by_name("classic").unwrap(),
+        );
         let naming = support::naming_index(&case);
         let (mut state, obs) = support::build(&case, &naming);
         let out = engine.reconcile(&mut state, &obs, support::at(case.now));
-        let mut text = format!("{}\n\npass at +{}s\n{}", case.about.trim(), case.now, summarize(&naming, &out, &state, case.now));
+        let mut text = format!(
+            "{}\n\npass at +{}s\n{}",
+            case.about.trim(),
+            case.now,
+            summarize(&naming, &out, &state, case.now)
+        );
         if let Some(t) = case.again_at {
             let out = engine.reconcile(&mut state, &obs, support::at(t));
-            text.push_str(&format!("\npass again at +{t}s (same observation)\n{}", summarize(&naming, &out, &state, t)));
+            text.push_str(&format!(
+                "\npass again at +{t}s (same observation)\n{}",
+                summarize(&naming, &out, &state, t)
+            ));
         }
         insta::assert_snapshot!(text);
     });

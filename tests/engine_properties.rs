@@ -9,7 +9,9 @@ use std::collections::BTreeSet;
 
 use proptest::prelude::*;
 use tpu_runner::engine::demand::{Demand, Requirement};
-use tpu_runner::engine::observe::{Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo};
+use tpu_runner::engine::observe::{
+    Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo,
+};
 use tpu_runner::engine::policy::matching::{ClassGraph, greedy_match, kuhn_reference};
 use tpu_runner::engine::policy::{AssignInput, CapacityInput, Classic, Policy};
 use tpu_runner::engine::state::{BucketRegion, Job, Resource, ResourceStatus, State};
@@ -21,12 +23,24 @@ use tpu_runner::spec::{self, Priority};
 fn class_graph() -> impl Strategy<Value = (ClassGraph, Vec<u32>)> {
     (1usize..6, 1usize..6).prop_flat_map(|(n_jc, n_tc)| {
         (
-            proptest::collection::vec(proptest::collection::btree_set(0..n_tc as u32, 0..=n_tc), n_jc),
+            proptest::collection::vec(
+                proptest::collection::btree_set(0..n_tc as u32, 0..=n_tc),
+                n_jc,
+            ),
             proptest::collection::vec(0u32..4, n_tc),
             proptest::collection::vec(0..n_jc as u32, 0..25),
         )
             .prop_map(|(compat, capacity, jobs)| {
-                (ClassGraph { compat: compat.into_iter().map(|s| s.into_iter().collect()).collect(), capacity }, jobs)
+                (
+                    ClassGraph {
+                        compat: compat
+                            .into_iter()
+                            .map(|s| s.into_iter().collect())
+                            .collect(),
+                        capacity,
+                    },
+                    jobs,
+                )
             })
     })
 }
@@ -90,8 +104,20 @@ struct JobGen {
 }
 
 fn entry_gen() -> impl Strategy<Value = EntryGen> {
-    (0..TYPES.len(), 0..ZONES.len(), 0u32..4, any::<bool>(), 0u32..2)
-        .prop_map(|(ty, zone, count, adopted, keep_warm)| EntryGen { ty, zone, count, adopted, keep_warm: keep_warm.min(count) })
+    (
+        0..TYPES.len(),
+        0..ZONES.len(),
+        0u32..4,
+        any::<bool>(),
+        0u32..2,
+    )
+        .prop_map(|(ty, zone, count, adopted, keep_warm)| EntryGen {
+            ty,
+            zone,
+            count,
+            adopted,
+            keep_warm: keep_warm.min(count),
+        })
 }
 
 fn job_gen() -> impl Strategy<Value = JobGen> {
@@ -104,7 +130,17 @@ fn job_gen() -> impl Strategy<Value = JobGen> {
         proptest::option::weighted(0.2, 0..ZONES.len()),
         proptest::bool::weighted(0.1),
     )
-        .prop_map(|(types, zone, regions, priority, submitted, pinned, backoff)| JobGen { types, zone, regions, priority, submitted, pinned, backoff })
+        .prop_map(
+            |(types, zone, regions, priority, submitted, pinned, backoff)| JobGen {
+                types,
+                zone,
+                regions,
+                priority,
+                submitted,
+                pinned,
+                backoff,
+            },
+        )
 }
 
 fn region(zone: usize) -> String {
@@ -115,7 +151,10 @@ fn build_fleet(entries: &[EntryGen]) -> FleetIndex {
     let mut text = String::new();
     for (i, e) in entries.iter().enumerate() {
         if e.adopted {
-            text.push_str(&format!("  - {{id: e{i}, type: {}, zone: {}, existing: tpu-{i}}}\n", TYPES[e.ty], ZONES[e.zone]));
+            text.push_str(&format!(
+                "  - {{id: e{i}, type: {}, zone: {}, existing: tpu-{i}}}\n",
+                TYPES[e.ty], ZONES[e.zone]
+            ));
         } else {
             text.push_str(&format!(
                 "  - {{id: e{i}, type: {}, zone: {}, count: {}, runtime: r, keep_warm_count: {}}}\n",
@@ -132,11 +171,28 @@ fn build_jobs(jobs: &[JobGen]) -> Vec<Job> {
         .map(|(i, g)| {
             let tpu: Vec<&str> = g.types.iter().map(|&t| TYPES[t]).collect();
             let priority = [Priority::Low, Priority::Normal, Priority::High][g.priority as usize];
-            let spec = support::job_spec(&format!("j{i:02}"), &tpu.join(","), g.zone.map(|z| ZONES[z].to_owned()), None, priority, true);
-            let buckets = g.regions.iter().map(|&z| BucketRegion { region: region(z), bucket: format!("gs://b-{}", region(z)) }).collect();
+            let spec = support::job_spec(
+                &format!("j{i:02}"),
+                &tpu.join(","),
+                g.zone.map(|z| ZONES[z].to_owned()),
+                None,
+                priority,
+                true,
+            );
+            let buckets = g
+                .regions
+                .iter()
+                .map(|&z| BucketRegion {
+                    region: region(z),
+                    bucket: format!("gs://b-{}", region(z)),
+                })
+                .collect();
             let mut job = Job::new(spec, support::at(g.submitted), buckets);
             if let Some(z) = g.pinned {
-                job.placement = Some(tpu_runner::engine::state::Placement { region: region(z), bucket: format!("gs://b-{}", region(z)) });
+                job.placement = Some(tpu_runner::engine::state::Placement {
+                    region: region(z),
+                    bucket: format!("gs://b-{}", region(z)),
+                });
             }
             if g.backoff {
                 job.not_before = Some(support::at(1000));
@@ -152,10 +208,16 @@ fn build_tpus(index: &FleetIndex, idle: &[u32]) -> Vec<Resource> {
     for (e, entry) in index.fleet.tpus.iter().enumerate() {
         let names: Vec<String> = match &entry.kind {
             spec::EntryKind::Adopted { existing } => vec![existing.clone()],
-            spec::EntryKind::Managed { count } => (1..=(*count).min(idle[e % idle.len()])).map(|k| entry.node_name(index.runner(), k)).collect(),
+            spec::EntryKind::Managed { count } => (1..=(*count).min(idle[e % idle.len()]))
+                .map(|k| entry.node_name(index.runner(), k))
+                .collect(),
         };
         for name in names {
-            let id = if entry.is_adopted() { format!("adopted-{name}") } else { name.clone() };
+            let id = if entry.is_adopted() {
+                format!("adopted-{name}")
+            } else {
+                name.clone()
+            };
             out.push(Resource {
                 id,
                 tpu_name: name,
@@ -181,15 +243,40 @@ fn build_tpus(index: &FleetIndex, idle: &[u32]) -> Vec<Resource> {
 /// The original, literally: sort jobs by its key, then Kuhn over single TPUs.
 fn oracle_assigned(index: &FleetIndex, jobs: &[&Job], tpus: &[Resource]) -> BTreeSet<String> {
     let n_entries = index.fleet.tpus.len();
-    let mut order: Vec<&Job> = jobs.iter().copied().filter(|j| j.not_before.is_none_or(|t| t <= support::at(100))).collect();
-    let compat_entries = |j: &Job| (0..n_entries).filter(|&e| Requirement::of(j).accepts_entry(index, e)).count();
-    order.sort_by_key(|j| (compat_entries(j) == 0, std::cmp::Reverse(j.spec.priority.rank()), compat_entries(j), j.submitted_at, j.id.clone()));
+    let mut order: Vec<&Job> = jobs
+        .iter()
+        .copied()
+        .filter(|j| j.not_before.is_none_or(|t| t <= support::at(100)))
+        .collect();
+    let compat_entries = |j: &Job| {
+        (0..n_entries)
+            .filter(|&e| Requirement::of(j).accepts_entry(index, e))
+            .count()
+    };
+    order.sort_by_key(|j| {
+        (
+            compat_entries(j) == 0,
+            std::cmp::Reverse(j.spec.priority.rank()),
+            compat_entries(j),
+            j.submitted_at,
+            j.id.clone(),
+        )
+    });
     let compat: Vec<Vec<usize>> = order
         .iter()
-        .map(|j| (0..tpus.len()).filter(|&t| Requirement::of(j).accepts_resource(&tpus[t])).collect())
+        .map(|j| {
+            (0..tpus.len())
+                .filter(|&t| Requirement::of(j).accepts_resource(&tpus[t]))
+                .collect()
+        })
         .collect();
     let matched = kuhn_reference(&compat, tpus.len());
-    order.iter().zip(matched).filter(|(_, m)| m.is_some()).map(|(j, _)| j.id.clone()).collect()
+    order
+        .iter()
+        .zip(matched)
+        .filter(|(_, m)| m.is_some())
+        .map(|(j, _)| j.id.clone())
+        .collect()
 }
 
 proptest! {

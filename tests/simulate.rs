@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 
-
 use proptest::prelude::*;
 use tpu_runner::simulate::harness::{self, RunOptions};
 use tpu_runner::simulate::metrics::{BoundJob, goodput_bound};
@@ -20,7 +19,10 @@ fn load(rel: &str) -> scenario::Scenario {
 }
 
 fn without_wall(json: &str) -> String {
-    json.lines().filter(|l| !l.contains("\"wall_s\"")).collect::<Vec<_>>().join("\n")
+    json.lines()
+        .filter(|l| !l.contains("\"wall_s\""))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[test]
@@ -31,41 +33,105 @@ fn same_seed_same_bytes_different_seed_different_run() {
     let c = harness::run(&s, "classic", 8, RunOptions::default(), Default::default()).unwrap();
     let ja = without_wall(&report::json(std::slice::from_ref(&a)));
     let jb = without_wall(&report::json(std::slice::from_ref(&b)));
-    assert_eq!(ja, jb, "replay with seed 7: tpu-runner simulate tests/fixtures/scenarios/faulty-small.yaml --seed 7");
+    assert_eq!(
+        ja, jb,
+        "replay with seed 7: tpu-runner simulate tests/fixtures/scenarios/faulty-small.yaml --seed 7"
+    );
     assert_eq!(a.event_hash, b.event_hash);
-    assert_ne!(a.event_hash, c.event_hash, "seeds 7 and 8 gave the same run");
-    assert!(a.metrics.preemptions > 0, "the fixture should exercise preemptions");
+    assert_ne!(
+        a.event_hash, c.event_hash,
+        "seeds 7 and 8 gave the same run"
+    );
+    assert!(
+        a.metrics.preemptions > 0,
+        "the fixture should exercise preemptions"
+    );
 }
 
 #[test]
 fn skipping_idle_passes_changes_nothing() {
     let s = load("tests/fixtures/scenarios/faulty-small.yaml");
     let skip = harness::run(&s, "classic", 3, RunOptions::default(), Default::default()).unwrap();
-    let every = harness::run(&s, "classic", 3, RunOptions { never_skip: true, ..RunOptions::default() }, Default::default()).unwrap();
-    assert_eq!(skip.event_hash, every.event_hash, "replay: tpu-runner simulate tests/fixtures/scenarios/faulty-small.yaml --seed 3");
-    assert_eq!(skip.metrics.goodput_chip_hours, every.metrics.goodput_chip_hours);
-    assert!(skip.metrics.passes < every.metrics.passes, "{} vs {}", skip.metrics.passes, every.metrics.passes);
+    let every = harness::run(
+        &s,
+        "classic",
+        3,
+        RunOptions {
+            never_skip: true,
+            ..RunOptions::default()
+        },
+        Default::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        skip.event_hash, every.event_hash,
+        "replay: tpu-runner simulate tests/fixtures/scenarios/faulty-small.yaml --seed 3"
+    );
+    assert_eq!(
+        skip.metrics.goodput_chip_hours,
+        every.metrics.goodput_chip_hours
+    );
+    assert!(
+        skip.metrics.passes < every.metrics.passes,
+        "{} vs {}",
+        skip.metrics.passes,
+        every.metrics.passes
+    );
 }
 
 #[test]
 fn ample_capacity_without_preemption_reaches_the_bound() {
     let s = load("scenarios/smoke.yaml");
     for seed in 1..=3 {
-        let r = harness::run(&s, "classic", seed, RunOptions::default(), Default::default()).unwrap();
-        assert_eq!(r.metrics.jobs_succeeded, r.metrics.jobs_submitted, "seed {seed}");
-        assert!(r.metrics.efficiency > 0.999, "seed {seed}: efficiency {}", r.metrics.efficiency);
+        let r = harness::run(
+            &s,
+            "classic",
+            seed,
+            RunOptions::default(),
+            Default::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            r.metrics.jobs_succeeded, r.metrics.jobs_submitted,
+            "seed {seed}"
+        );
+        assert!(
+            r.metrics.efficiency > 0.999,
+            "seed {seed}: efficiency {}",
+            r.metrics.efficiency
+        );
     }
 }
 
 #[test]
 fn goodput_never_exceeds_the_bound() {
-    for rel in ["tests/fixtures/scenarios/faulty-small.yaml", "scenarios/smoke.yaml", "scenarios/regional-stockout.yaml", "scenarios/huge-multihost.yaml"] {
+    for rel in [
+        "tests/fixtures/scenarios/faulty-small.yaml",
+        "scenarios/smoke.yaml",
+        "scenarios/regional-stockout.yaml",
+        "scenarios/huge-multihost.yaml",
+    ] {
         let s = load(rel);
         for seed in 1..=2 {
-            let r = harness::run(&s, "classic", seed, RunOptions::default(), Default::default()).unwrap();
+            let r = harness::run(
+                &s,
+                "classic",
+                seed,
+                RunOptions::default(),
+                Default::default(),
+            )
+            .unwrap();
             let m = &r.metrics;
-            assert!(m.goodput_chip_hours <= m.bound_goodput_chip_hours * (1.0 + 1e-9) + 1e-6, "{rel} seed {seed}: {} > {}", m.goodput_chip_hours, m.bound_goodput_chip_hours);
-            assert!(m.busy_chip_hours <= m.allocated_chip_hours + 1e-6, "{rel} seed {seed}: busy > allocated");
+            assert!(
+                m.goodput_chip_hours <= m.bound_goodput_chip_hours * (1.0 + 1e-9) + 1e-6,
+                "{rel} seed {seed}: {} > {}",
+                m.goodput_chip_hours,
+                m.bound_goodput_chip_hours
+            );
+            assert!(
+                m.busy_chip_hours <= m.allocated_chip_hours + 1e-6,
+                "{rel} seed {seed}: busy > allocated"
+            );
         }
     }
 }
@@ -89,7 +155,8 @@ fn max_flow(jobs: &[BoundJob], caps: &[f64], slot: f64) -> f64 {
     for (t, c) in caps.iter().enumerate() {
         edges.push(((slot_node(t), sink), *c as i64));
     }
-    let (_, total, _) = edmonds_karp::<_, _, _, SparseCapacity<_>>(&vertices, &source, &sink, edges);
+    let (_, total, _) =
+        edmonds_karp::<_, _, _, SparseCapacity<_>>(&vertices, &source, &sink, edges);
     total as f64
 }
 
@@ -125,17 +192,35 @@ fn trace_loader_reproduces_the_data() {
         let trace = tpu_runner_sim::SpotTrace::parse(&text).unwrap();
         // Independent recount from the raw JSON.
         let raw: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let values: Vec<u64> = raw["data"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        let values: Vec<u64> = raw["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
         let available = values.iter().filter(|v| **v > 0).count() as f64 / values.len() as f64;
         let drops = values.windows(2).filter(|w| w[0] > 0 && w[1] == 0).count();
-        assert!((trace.availability() - available).abs() < 1e-12, "{}", path.display());
+        assert!(
+            (trace.availability() - available).abs() < 1e-12,
+            "{}",
+            path.display()
+        );
         assert_eq!(trace.drops_to_zero(), drops, "{}", path.display());
-        assert_eq!(trace.gap_seconds, raw["metadata"]["gap_seconds"].as_u64().unwrap());
+        assert_eq!(
+            trace.gap_seconds,
+            raw["metadata"]["gap_seconds"].as_u64().unwrap()
+        );
         checked += 1;
     }
     assert!(checked >= 10);
     // Values published in ../shared/data/README.md's description of the traces.
-    let t = tpu_runner_sim::SpotTrace::parse(&std::fs::read_to_string(data.join("spot-traces/aws-04-19-2023_preemption_1-node_us-east-1c_intel_64.json")).unwrap()).unwrap();
+    let t = tpu_runner_sim::SpotTrace::parse(
+        &std::fs::read_to_string(
+            data.join("spot-traces/aws-04-19-2023_preemption_1-node_us-east-1c_intel_64.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
     assert_eq!((t.drops_to_zero(), t.peak(), t.gap_seconds), (128, 1, 34));
     assert!((t.availability() - 0.639).abs() < 0.001);
     // The Philly arrivals load and have the documented size and widths.
@@ -143,11 +228,17 @@ fn trace_loader_reproduces_the_data() {
     let widths = tpu_runner_sim::workload::read_column(&csv, "scale_factor").unwrap();
     assert_eq!(widths.len(), 15_264);
     assert_eq!(widths.iter().filter(|w| **w == 1.0).count(), 10_480);
-    let runtimes = std::fs::read_to_string(data.join("jobs/philly_runtime_from_alibaba_analysis.csv")).unwrap();
+    let runtimes =
+        std::fs::read_to_string(data.join("jobs/philly_runtime_from_alibaba_analysis.csv"))
+            .unwrap();
     let mut r = tpu_runner_sim::workload::read_column(&runtimes, "runtime").unwrap();
     r.sort_by(f64::total_cmp);
     assert_eq!(r.len(), 83_154);
-    assert!((r[r.len() / 2] - 1186.0).abs() < 2.0, "median {}", r[r.len() / 2]);
+    assert!(
+        (r[r.len() / 2] - 1186.0).abs() < 2.0,
+        "median {}",
+        r[r.len() / 2]
+    );
 }
 
 #[test]
@@ -169,7 +260,9 @@ fn shipped_scenarios_load() {
 fn bad_scenarios_get_clear_errors() {
     insta::glob!("fixtures/scenarios/invalid/*.yaml", |path: &Path| {
         let err = scenario::load(path).expect_err("invalid fixture");
-        let text = err.to_string().replace(env!("CARGO_MANIFEST_DIR"), "<root>");
+        let text = err
+            .to_string()
+            .replace(env!("CARGO_MANIFEST_DIR"), "<root>");
         assert!(text.contains(":"), "{text}");
         insta::assert_snapshot!(text);
     });

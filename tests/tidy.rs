@@ -25,8 +25,22 @@ fn root() -> PathBuf {
 #[test]
 fn engine_and_spec_are_pure() {
     let forbidden = [
-        "Instant::now", "SystemTime::now", "Timestamp::now", "Zoned::now", "thread_rng", "rand::rng(", "OsRng",
-        "tokio", "reqwest", "rusqlite", "std::fs", "std::net", "std::process", "std::env", "println!", "eprintln!",
+        "Instant::now",
+        "SystemTime::now",
+        "Timestamp::now",
+        "Zoned::now",
+        "thread_rng",
+        "rand::rng(",
+        "OsRng",
+        "tokio",
+        "reqwest",
+        "rusqlite",
+        "std::fs",
+        "std::net",
+        "std::process",
+        "std::env",
+        "println!",
+        "eprintln!",
     ];
     for dir in ["src/engine", "src/spec"] {
         for file in rust_files(&root().join(dir)) {
@@ -34,7 +48,12 @@ fn engine_and_spec_are_pure() {
             for (n, line) in text.lines().enumerate() {
                 let code = line.split("//").next().unwrap_or("");
                 for word in forbidden {
-                    assert!(!code.contains(word), "{}:{}: `{word}` is not allowed in a pure module:\n{line}", file.display(), n + 1);
+                    assert!(
+                        !code.contains(word),
+                        "{}:{}: `{word}` is not allowed in a pure module:\n{line}",
+                        file.display(),
+                        n + 1
+                    );
                 }
             }
         }
@@ -46,7 +65,11 @@ fn every_module_says_what_it_is_for() {
     for dir in ["src", "sim/src"] {
         for file in rust_files(&root().join(dir)) {
             let text = std::fs::read_to_string(&file).unwrap();
-            assert!(text.trim_start().starts_with("//!"), "{} does not open with a `//!` line", file.display());
+            assert!(
+                text.trim_start().starts_with("//!"),
+                "{} does not open with a `//!` line",
+                file.display()
+            );
         }
     }
 }
@@ -55,8 +78,15 @@ fn every_module_says_what_it_is_for() {
 fn the_simulator_does_not_know_the_engine() {
     for file in rust_files(&root().join("sim/src")) {
         let text = std::fs::read_to_string(&file).unwrap();
-        assert!(!text.contains("tpu_runner::"), "{} uses the engine", file.display());
+        assert!(
+            !text.contains("tpu_runner::"),
+            "{} uses the engine",
+            file.display()
+        );
     }
     let manifest = std::fs::read_to_string(root().join("sim/Cargo.toml")).unwrap();
-    assert!(!manifest.contains("tpu-runner ="), "sim must not depend on the main crate");
+    assert!(
+        !manifest.contains("tpu-runner ="),
+        "sim must not depend on the main crate"
+    );
 }

@@ -288,7 +288,12 @@ impl SimCloud {
     /// A cloud at time 0.
     pub fn new(config: CloudConfig) -> SimCloud {
         let seed = config.seed;
-        let pool_index = config.pools.iter().enumerate().map(|(i, p)| ((p.zone.clone(), p.accelerator.clone()), i)).collect();
+        let pool_index = config
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| ((p.zone.clone(), p.accelerator.clone()), i))
+            .collect();
         let n = config.pools.len();
         let mut cloud = SimCloud {
             now: 0,
@@ -339,10 +344,16 @@ impl SimCloud {
             if let Some(since) = node.active_since {
                 let secs = (self.now - since) as f64 / 1000.0;
                 acc.allocated_chip_secs += secs * node.chips as f64;
-                *acc.allocated_chip_secs_by_type.entry(price_key(node)).or_default() += secs * node.chips as f64;
+                *acc.allocated_chip_secs_by_type
+                    .entry(price_key(node))
+                    .or_default() += secs * node.chips as f64;
             }
         }
-        for run in self.runs.values().filter(|r| r.state == RunState::Running && r.alive) {
+        for run in self
+            .runs
+            .values()
+            .filter(|r| r.state == RunState::Running && r.alive)
+        {
             acc.busy_chip_secs += (self.now - run.run_start) as f64 / 1000.0 * run.chips as f64;
         }
         acc
@@ -350,12 +361,20 @@ impl SimCloud {
 
     /// Chips of ACTIVE nodes now.
     pub fn allocated_chips(&self) -> u64 {
-        self.nodes.values().filter(|n| n.active_since.is_some()).map(|n| u64::from(n.chips)).sum()
+        self.nodes
+            .values()
+            .filter(|n| n.active_since.is_some())
+            .map(|n| u64::from(n.chips))
+            .sum()
     }
 
     /// Chips running a command now.
     pub fn busy_chips(&self) -> u64 {
-        self.runs.values().filter(|r| r.state == RunState::Running && r.alive).map(|r| u64::from(r.chips)).sum()
+        self.runs
+            .values()
+            .filter(|r| r.state == RunState::Running && r.alive)
+            .map(|r| u64::from(r.chips))
+            .sum()
     }
 
     /// Every change of available slices so far: (time, pool, slices), in time order.
@@ -377,7 +396,10 @@ impl SimCloud {
     pub fn capacity_at(&self, pool: usize, millis: Millis) -> u32 {
         let p = &self.config.pools[pool];
         let secs = millis / 1000;
-        if p.outages.iter().any(|(from, until)| secs >= *from && secs < *until) {
+        if p.outages
+            .iter()
+            .any(|(from, until)| secs >= *from && secs < *until)
+        {
             return 0;
         }
         match &p.capacity {
@@ -390,7 +412,11 @@ impl SimCloud {
                     0
                 }
             }
-            Capacity::Trace { trace, scale, offset_secs } => trace.at(secs + offset_secs).saturating_mul(*scale),
+            Capacity::Trace {
+                trace,
+                scale,
+                offset_secs,
+            } => trace.at(secs + offset_secs).saturating_mul(*scale),
         }
     }
 
@@ -412,20 +438,36 @@ impl SimCloud {
 
     fn push(&mut self, at: Millis, event: Event) {
         self.seq += 1;
-        self.queue.push(Reverse((at.max(self.now), self.seq, event)));
+        self.queue
+            .push(Reverse((at.max(self.now), self.seq, event)));
     }
 
     fn schedule_capacity_change(&mut self, pool: usize) {
         let p = &self.config.pools[pool];
         let now_secs = self.now / 1000;
-        let mut next: Option<u64> = p.outages.iter().flat_map(|(a, b)| [*a, *b]).filter(|t| *t > now_secs).min();
+        let mut next: Option<u64> = p
+            .outages
+            .iter()
+            .flat_map(|(a, b)| [*a, *b])
+            .filter(|t| *t > now_secs)
+            .min();
         match &p.capacity {
-            Capacity::OnOff { mean_on_secs, mean_off_secs, .. } => {
-                let mean = if self.on[pool] { *mean_on_secs } else { *mean_off_secs };
+            Capacity::OnOff {
+                mean_on_secs,
+                mean_off_secs,
+                ..
+            } => {
+                let mean = if self.on[pool] {
+                    *mean_on_secs
+                } else {
+                    *mean_off_secs
+                };
                 let d = self.rng_capacity.exponential(mean).max(1.0) as u64;
                 next = Some(next.map_or(now_secs + d, |n| n.min(now_secs + d)));
             }
-            Capacity::Trace { trace, offset_secs, .. } => {
+            Capacity::Trace {
+                trace, offset_secs, ..
+            } => {
                 let gap = trace.gap_seconds;
                 let current = trace.at(now_secs + offset_secs);
                 // The next tick whose value differs (bounded to one period).
@@ -469,7 +511,10 @@ impl SimCloud {
         match event {
             Event::CapacityChange { pool } => {
                 if let Capacity::OnOff { .. } = self.config.pools[pool].capacity {
-                    let in_outage = self.config.pools[pool].outages.iter().any(|(a, b)| self.now / 1000 >= *a && self.now / 1000 < *b);
+                    let in_outage = self.config.pools[pool]
+                        .outages
+                        .iter()
+                        .any(|(a, b)| self.now / 1000 >= *a && self.now / 1000 < *b);
                     if !in_outage {
                         self.on[pool] = !self.on[pool];
                     }
@@ -499,7 +544,10 @@ impl SimCloud {
             }
             Event::Preempt { serial } => {
                 if let Some((false, key)) = self.by_serial.get(&serial).cloned()
-                    && self.nodes.get(&key).is_some_and(|n| n.state == NodeState::Ready)
+                    && self
+                        .nodes
+                        .get(&key)
+                        .is_some_and(|n| n.state == NodeState::Ready)
                 {
                     self.preempt(&key);
                     let pool = self.nodes[&key].pool;
@@ -507,12 +555,23 @@ impl SimCloud {
                 }
             }
             Event::QrFault { serial, vanish } => {
-                let Some((true, key)) = self.by_serial.get(&serial).cloned() else { return };
+                let Some((true, key)) = self.by_serial.get(&serial).cloned() else {
+                    return;
+                };
                 let Some(qr) = self.qrs.get(&key) else { return };
-                if vanish && matches!(qr.state, QrState::WaitingForResources | QrState::Provisioning | QrState::Active) {
+                if vanish
+                    && matches!(
+                        qr.state,
+                        QrState::WaitingForResources | QrState::Provisioning | QrState::Active
+                    )
+                {
                     *self.accounting.faults.entry("qr_vanished").or_default() += 1;
                     let (node_id, pool) = (qr.node_id.clone(), qr.pool);
-                    if self.nodes.get(&node_id).is_some_and(|n| n.queued_resource.as_deref() == Some(key.as_str())) {
+                    if self
+                        .nodes
+                        .get(&node_id)
+                        .is_some_and(|n| n.queued_resource.as_deref() == Some(key.as_str()))
+                    {
                         self.release_allocation(&node_id);
                         if let Some(run) = self.nodes.get_mut(&node_id).and_then(|n| n.run.take()) {
                             self.kill_run(&run);
@@ -532,8 +591,14 @@ impl SimCloud {
                 }
             }
             Event::NodeVanish { serial } => {
-                let Some((false, key)) = self.by_serial.get(&serial).cloned() else { return };
-                if self.nodes.get(&key).is_some_and(|n| n.state == NodeState::Ready) {
+                let Some((false, key)) = self.by_serial.get(&serial).cloned() else {
+                    return;
+                };
+                if self
+                    .nodes
+                    .get(&key)
+                    .is_some_and(|n| n.state == NodeState::Ready)
+                {
                     *self.accounting.faults.entry("node_vanished").or_default() += 1;
                     self.release_allocation(&key);
                     if let Some(run) = self.nodes.get_mut(&key).and_then(|n| n.run.take()) {
@@ -554,7 +619,11 @@ impl SimCloud {
                     && run.state != RunState::Ended
                     && run.alive
                 {
-                    *self.accounting.faults.entry("workers_died_silently").or_default() += 1;
+                    *self
+                        .accounting
+                        .faults
+                        .entry("workers_died_silently")
+                        .or_default() += 1;
                     let run = self.runs.get_mut(&attempt).expect("exists");
                     run.alive = false;
                     let progress = (self.now - run.run_start) as f64 / 1000.0;
@@ -569,7 +638,11 @@ impl SimCloud {
     }
 
     fn in_use(&self, pool: usize) -> u32 {
-        let nodes = self.nodes.values().filter(|n| n.pool == pool && matches!(n.state, NodeState::Creating | NodeState::Ready)).count();
+        let nodes = self
+            .nodes
+            .values()
+            .filter(|n| n.pool == pool && matches!(n.state, NodeState::Creating | NodeState::Ready))
+            .count();
         nodes as u32
     }
 
@@ -583,10 +656,12 @@ impl SimCloud {
         let mut victims: Vec<(u64, String)> = self
             .nodes
             .iter()
-            .filter(|(_, n)| n.pool == pool && matches!(n.state, NodeState::Creating | NodeState::Ready))
+            .filter(|(_, n)| {
+                n.pool == pool && matches!(n.state, NodeState::Creating | NodeState::Ready)
+            })
             .map(|(k, n)| (n.serial, k.clone()))
             .collect();
-        victims.sort_by(|a, b| b.0.cmp(&a.0));
+        victims.sort_by_key(|v| std::cmp::Reverse(v.0));
         for (_, key) in victims {
             if in_use <= available {
                 break;
@@ -603,13 +678,19 @@ impl SimCloud {
         {
             let secs = (now - since) as f64 / 1000.0 * node.chips as f64;
             self.accounting.allocated_chip_secs += secs;
-            *self.accounting.allocated_chip_secs_by_type.entry(price_key(node)).or_default() += secs;
+            *self
+                .accounting
+                .allocated_chip_secs_by_type
+                .entry(price_key(node))
+                .or_default() += secs;
         }
     }
 
     fn preempt(&mut self, key: &str) {
         self.release_allocation(key);
-        let Some(node) = self.nodes.get_mut(key) else { return };
+        let Some(node) = self.nodes.get_mut(key) else {
+            return;
+        };
         node.state = NodeState::Preempted;
         let run = node.run.take();
         let qr = node.queued_resource.clone();
@@ -630,7 +711,9 @@ impl SimCloud {
     /// checkpoint is lost.
     fn kill_run(&mut self, attempt: &str) {
         let now = self.now;
-        let Some(run) = self.runs.get_mut(attempt) else { return };
+        let Some(run) = self.runs.get_mut(attempt) else {
+            return;
+        };
         if run.state == RunState::Ended || !run.alive {
             run.alive = false;
             return;
@@ -649,8 +732,14 @@ impl SimCloud {
         self.accounting.busy_chip_secs += progress_secs * chips as f64;
         if let Some(p) = self.jobs.get_mut(job) {
             let ckpt = p.behaviour.checkpoint_secs;
-            let saved = if ckpt > 0.0 { (progress_secs / ckpt).floor() * ckpt } else { 0.0 };
-            let saved = saved.min(p.behaviour.work_secs - p.checkpointed_secs).max(0.0);
+            let saved = if ckpt > 0.0 {
+                (progress_secs / ckpt).floor() * ckpt
+            } else {
+                0.0
+            };
+            let saved = saved
+                .min(p.behaviour.work_secs - p.checkpointed_secs)
+                .max(0.0);
             p.checkpointed_secs += saved;
             self.accounting.lost_chip_secs += (progress_secs - saved).max(0.0) * chips as f64;
         }
@@ -677,7 +766,11 @@ impl SimCloud {
 
     fn start_provisioning(&mut self, key: &str) {
         let region = region_of(&self.qrs[key].zone).to_owned();
-        let latency = *self.config.provisioning_by_region.get(&region).unwrap_or(&self.config.provisioning);
+        let latency = *self
+            .config
+            .provisioning_by_region
+            .get(&region)
+            .unwrap_or(&self.config.provisioning);
         let secs = sample(&mut self.rng_provisioning, latency).max(1.0);
         let pool = self.qrs[key].pool;
         let (chips, hosts) = (self.config.pools[pool].chips, self.config.pools[pool].hosts);
@@ -702,23 +795,37 @@ impl SimCloud {
             spot: true,
         };
         self.serial += 1;
-        self.by_serial.insert(node.serial, (false, node_key.clone()));
+        self.by_serial
+            .insert(node.serial, (false, node_key.clone()));
         self.nodes.insert(node_key, node);
         self.version += 1;
-        self.push(self.now + (secs * 1000.0) as u64, Event::Provisioned { serial });
+        self.push(
+            self.now + (secs * 1000.0) as u64,
+            Event::Provisioned { serial },
+        );
     }
 
     fn provisioned(&mut self, qr_serial: u64) {
-        let Some((true, key)) = self.by_serial.get(&qr_serial).cloned() else { return };
-        let Some(qr) = self.qrs.get_mut(&key) else { return };
+        let Some((true, key)) = self.by_serial.get(&qr_serial).cloned() else {
+            return;
+        };
+        let Some(qr) = self.qrs.get_mut(&key) else {
+            return;
+        };
         if qr.state != QrState::Provisioning {
             return;
         }
         qr.state = QrState::Active;
         let created = qr.created_at;
         let node_key = qr.node_id.clone();
-        self.accounting.time_to_capacity_secs.push((self.now - created) as f64 / 1000.0);
-        let rate = self.nodes.get(&node_key).and_then(|n| self.config.pools.get(n.pool)).map_or(0.0, |p| p.preemption_per_hour);
+        self.accounting
+            .time_to_capacity_secs
+            .push((self.now - created) as f64 / 1000.0);
+        let rate = self
+            .nodes
+            .get(&node_key)
+            .and_then(|n| self.config.pools.get(n.pool))
+            .map_or(0.0, |p| p.preemption_per_hour);
         if let Some(node) = self.nodes.get_mut(&node_key)
             && node.state == NodeState::Creating
         {
@@ -739,7 +846,12 @@ impl SimCloud {
 
     fn api(&mut self, kind: &'static str, mutation: bool) -> Result<bool, ApiError> {
         *self.accounting.api_calls.entry(kind).or_default() += 1;
-        let ApiConfig { rate_limited, unavailable, timeout, lost_reply } = self.config.api;
+        let ApiConfig {
+            rate_limited,
+            unavailable,
+            timeout,
+            lost_reply,
+        } = self.config.api;
         let u = self.rng_api.uniform();
         if !self.faults_active(self.now) {
             return Ok(false);
@@ -782,7 +894,10 @@ impl SimCloud {
         if self.qrs.contains_key(name) || self.nodes.contains_key(node_id) {
             return Err(ApiError::AlreadyExists);
         }
-        let pool = *self.pool_index.get(&(zone.to_owned(), accelerator.to_owned())).ok_or(ApiError::NoSuchPool)?;
+        let pool = *self
+            .pool_index
+            .get(&(zone.to_owned(), accelerator.to_owned()))
+            .ok_or(ApiError::NoSuchPool)?;
         self.serial += 1;
         let qr = Qr {
             serial: self.serial,
@@ -800,34 +915,66 @@ impl SimCloud {
         self.qrs.insert(key, qr);
         self.version += 1;
         let faults = self.config.faults;
-        self.schedule_fault(faults.qr_failure_per_hour, Event::QrFault { serial, vanish: false });
-        self.schedule_fault(faults.qr_vanish_per_hour, Event::QrFault { serial, vanish: true });
+        self.schedule_fault(
+            faults.qr_failure_per_hour,
+            Event::QrFault {
+                serial,
+                vanish: false,
+            },
+        );
+        self.schedule_fault(
+            faults.qr_vanish_per_hour,
+            Event::QrFault {
+                serial,
+                vanish: true,
+            },
+        );
         self.provision_waiting(pool);
-        if lost_reply { Err(ApiError::Timeout) } else { Ok(()) }
+        if lost_reply {
+            Err(ApiError::Timeout)
+        } else {
+            Ok(())
+        }
     }
 
     /// Deletes a queued resource and its node.
     pub fn delete_queued_resource(&mut self, zone: &str, name: &str) -> Result<(), ApiError> {
         let lost_reply = self.api("delete_queued_resource", true)?;
-        let Some(qr) = self.qrs.get_mut(name).filter(|q| q.zone == zone) else { return Err(ApiError::NotFound) };
+        let Some(qr) = self.qrs.get_mut(name).filter(|q| q.zone == zone) else {
+            return Err(ApiError::NotFound);
+        };
         if qr.state == QrState::Deleting {
-            return if lost_reply { Err(ApiError::Timeout) } else { Ok(()) };
+            return if lost_reply {
+                Err(ApiError::Timeout)
+            } else {
+                Ok(())
+            };
         }
         qr.state = QrState::Deleting;
         let serial = qr.serial;
         let node_key = qr.node_id.clone();
-        if self.nodes.get(&node_key).is_some_and(|n| n.queued_resource.as_deref() == Some(name)) {
+        if self
+            .nodes
+            .get(&node_key)
+            .is_some_and(|n| n.queued_resource.as_deref() == Some(name))
+        {
             self.start_node_deletion(&node_key);
         }
         self.version += 1;
         let done = self.now + (self.config.delete_secs * 1000.0) as u64;
         self.push(done, Event::DeletionDone { serial });
-        if lost_reply { Err(ApiError::Timeout) } else { Ok(()) }
+        if lost_reply {
+            Err(ApiError::Timeout)
+        } else {
+            Ok(())
+        }
     }
 
     fn start_node_deletion(&mut self, key: &str) {
         self.release_allocation(key);
-        let Some(node) = self.nodes.get_mut(key) else { return };
+        let Some(node) = self.nodes.get_mut(key) else {
+            return;
+        };
         if node.state == NodeState::Deleting {
             return;
         }
@@ -846,7 +993,9 @@ impl SimCloud {
     pub fn delete_node(&mut self, zone: &str, name: &str) -> Result<(), ApiError> {
         let lost_reply = self.api("delete_node", true)?;
         let key = name.to_owned();
-        let Some(node) = self.nodes.get(name).filter(|n| n.zone == zone) else { return Err(ApiError::NotFound) };
+        let Some(node) = self.nodes.get(name).filter(|n| n.zone == zone) else {
+            return Err(ApiError::NotFound);
+        };
         let qr = node.queued_resource.clone();
         self.start_node_deletion(&key);
         if let Some(qr) = qr
@@ -857,67 +1006,97 @@ impl SimCloud {
         }
         let pool = self.nodes[&key].pool;
         self.provision_waiting(pool);
-        if lost_reply { Err(ApiError::Timeout) } else { Ok(()) }
+        if lost_reply {
+            Err(ApiError::Timeout)
+        } else {
+            Ok(())
+        }
     }
 
     /// GET a node.
     pub fn get_node(&mut self, zone: &str, name: &str) -> Result<Option<NodeView>, ApiError> {
         self.api("get_node", false)?;
-        Ok(self.nodes.get(name).filter(|n| n.zone == zone).map(|n| NodeView {
-            name: n.name.clone(),
-            zone: n.zone.clone(),
-            accelerator: n.accelerator.clone(),
-            state: n.state,
-            hosts: n.hosts,
-            labels: n.labels.clone(),
-            queued_resource: n.queued_resource.clone(),
-            spot: n.spot,
-        }))
+        Ok(self
+            .nodes
+            .get(name)
+            .filter(|n| n.zone == zone)
+            .map(|n| NodeView {
+                name: n.name.clone(),
+                zone: n.zone.clone(),
+                accelerator: n.accelerator.clone(),
+                state: n.state,
+                hosts: n.hosts,
+                labels: n.labels.clone(),
+                queued_resource: n.queued_resource.clone(),
+                spot: n.spot,
+            }))
     }
 
     /// Adds a node that exists before the run (an adopted, on-demand TPU): READY, never
     /// preempted, outside every spot pool.
-    pub fn add_existing_node(&mut self, zone: &str, name: &str, accelerator: &str, chips: u32, hosts: u32) {
+    pub fn add_existing_node(
+        &mut self,
+        zone: &str,
+        name: &str,
+        accelerator: &str,
+        chips: u32,
+        hosts: u32,
+    ) {
         self.serial += 1;
         let key = name.to_owned();
         self.by_serial.insert(self.serial, (false, key.clone()));
-        self.nodes.insert(key, Node {
-            serial: self.serial,
-            name: name.to_owned(),
-            zone: zone.to_owned(),
-            accelerator: accelerator.to_owned(),
-            pool: usize::MAX,
-            state: NodeState::Ready,
-            hosts,
-            chips,
-            labels: BTreeMap::new(),
-            queued_resource: None,
-            active_since: Some(self.now),
-            run: None,
-            caches: BTreeSet::new(),
-            spot: false,
-        });
+        self.nodes.insert(
+            key,
+            Node {
+                serial: self.serial,
+                name: name.to_owned(),
+                zone: zone.to_owned(),
+                accelerator: accelerator.to_owned(),
+                pool: usize::MAX,
+                state: NodeState::Ready,
+                hosts,
+                chips,
+                labels: BTreeMap::new(),
+                queued_resource: None,
+                active_since: Some(self.now),
+                run: None,
+                caches: BTreeSet::new(),
+                spot: false,
+            },
+        );
         self.version += 1;
     }
 
     /// GET a queued resource.
-    pub fn get_queued_resource(&mut self, zone: &str, name: &str) -> Result<Option<QrView>, ApiError> {
+    pub fn get_queued_resource(
+        &mut self,
+        zone: &str,
+        name: &str,
+    ) -> Result<Option<QrView>, ApiError> {
         self.api("get_queued_resource", false)?;
-        Ok(self.qrs.get(name).filter(|q| q.zone == zone).map(|q| QrView {
-            name: q.name.clone(),
-            zone: q.zone.clone(),
-            node_id: q.node_id.clone(),
-            accelerator: q.accelerator.clone(),
-            state: q.state,
-            labels: q.labels.clone(),
-        }))
+        Ok(self
+            .qrs
+            .get(name)
+            .filter(|q| q.zone == zone)
+            .map(|q| QrView {
+                name: q.name.clone(),
+                zone: q.zone.clone(),
+                node_id: q.node_id.clone(),
+                accelerator: q.accelerator.clone(),
+                state: q.state,
+                labels: q.labels.clone(),
+            }))
     }
 
     // ----- workers --------------------------------------------------------------------
 
     /// Registers how a job behaves (at its arrival).
     pub fn register_job(&mut self, job_id: &str, behaviour: JobBehaviour) {
-        self.jobs.entry(job_id.to_owned()).or_insert(JobProgress { behaviour, checkpointed_secs: 0.0, attempts: 0 });
+        self.jobs.entry(job_id.to_owned()).or_insert(JobProgress {
+            behaviour,
+            checkpointed_secs: 0.0,
+            attempts: 0,
+        });
     }
 
     /// Seconds of work of `job_id` saved in checkpoints so far.
@@ -926,52 +1105,85 @@ impl SimCloud {
     }
 
     /// Starts `attempt` of `job_id` on every worker of the node (idempotent per attempt).
-    pub fn launch(&mut self, zone: &str, node_name: &str, attempt: &str, job_id: &str) -> Result<(), RemoteError> {
+    pub fn launch(
+        &mut self,
+        zone: &str,
+        node_name: &str,
+        attempt: &str,
+        job_id: &str,
+    ) -> Result<(), RemoteError> {
         *self.accounting.api_calls.entry("launch").or_default() += 1;
         if self.runs.contains_key(attempt) {
             return Ok(());
         }
         let key = node_name.to_owned();
-        let Some(node) = self.nodes.get(node_name).filter(|n| n.zone == zone) else { return Err(RemoteError::NotFound) };
+        let Some(node) = self.nodes.get(node_name).filter(|n| n.zone == zone) else {
+            return Err(RemoteError::NotFound);
+        };
         if node.state != NodeState::Ready {
-            return Err(if node.state == NodeState::Creating { RemoteError::Temporary } else { RemoteError::NotFound });
+            return Err(if node.state == NodeState::Creating {
+                RemoteError::Temporary
+            } else {
+                RemoteError::NotFound
+            });
         }
         if let Some(other) = node.run.clone() {
             // The launch script stops whatever still runs there: an engine bug if it ever
             // happens to a live attempt (dead workers leave nothing to stop).
-            if self.runs.get(&other).is_some_and(|r| r.alive && r.state != RunState::Ended) {
+            if self
+                .runs
+                .get(&other)
+                .is_some_and(|r| r.alive && r.state != RunState::Ended)
+            {
                 self.accounting.attempts_displaced += 1;
             }
             self.kill_run(&other);
         }
-        let cache = self.jobs.get(job_id).and_then(|j| j.behaviour.cache_key.clone());
+        let cache = self
+            .jobs
+            .get(job_id)
+            .and_then(|j| j.behaviour.cache_key.clone());
         let node = self.nodes.get_mut(&key).expect("exists");
         let warm = cache.as_ref().is_some_and(|c| node.caches.contains(c));
         node.run = Some(attempt.to_owned());
         let (serial, hosts, chips) = (node.serial, node.hosts, node.chips);
-        let latency = if warm { self.config.workers.setup_warm } else { self.config.workers.setup };
+        let latency = if warm {
+            self.config.workers.setup_warm
+        } else {
+            self.config.workers.setup
+        };
         let setup = sample(&mut self.rng_workers, latency).max(1.0);
-        self.runs.insert(attempt.to_owned(), Run {
-            job_id: job_id.to_owned(),
-            node_serial: serial,
-            node_key: key,
-            hosts,
-            chips,
-            state: RunState::Setup,
-            run_start: self.now,
-            outcome: Outcome::Success,
-            alive: true,
-            last_heartbeat: self.now,
-            statuses: Vec::new(),
-        });
+        self.runs.insert(
+            attempt.to_owned(),
+            Run {
+                job_id: job_id.to_owned(),
+                node_serial: serial,
+                node_key: key,
+                hosts,
+                chips,
+                state: RunState::Setup,
+                run_start: self.now,
+                outcome: Outcome::Success,
+                alive: true,
+                last_heartbeat: self.now,
+                statuses: Vec::new(),
+            },
+        );
         self.version += 1;
-        self.push(self.now + (setup * 1000.0) as u64, Event::SetupDone { attempt: attempt.to_owned() });
+        self.push(
+            self.now + (setup * 1000.0) as u64,
+            Event::SetupDone {
+                attempt: attempt.to_owned(),
+            },
+        );
         Ok(())
     }
 
     fn setup_done(&mut self, attempt: &str) {
         let now = self.now;
-        let Some(run) = self.runs.get(attempt) else { return };
+        let Some(run) = self.runs.get(attempt) else {
+            return;
+        };
         if run.state != RunState::Setup || !run.alive {
             return;
         }
@@ -983,7 +1195,10 @@ impl SimCloud {
         progress.attempts += 1;
         let remaining = (behaviour.work_secs - progress.checkpointed_secs).max(0.0);
         // One draw per outcome from the job's own stream, so other jobs never shift it.
-        let mut rng = SimRng::new(self.config.seed, &format!("job/{job_id}/{}", progress.attempts));
+        let mut rng = SimRng::new(
+            self.config.seed,
+            &format!("job/{job_id}/{}", progress.attempts),
+        );
         let faults_active = self.faults_active(now);
         let run = self.runs.get_mut(attempt).expect("exists");
         if rng.chance(behaviour.setup_failure) {
@@ -1015,11 +1230,21 @@ impl SimCloud {
             *self.accounting.faults.entry("partial_failure").or_default() += 1;
         }
         self.version += 1;
-        self.push(now + (duration.max(0.001) * 1000.0) as u64, Event::RunEnd { attempt: attempt.to_owned() });
+        self.push(
+            now + (duration.max(0.001) * 1000.0) as u64,
+            Event::RunEnd {
+                attempt: attempt.to_owned(),
+            },
+        );
         if workers.silent_death_per_hour > 0.0 {
             let at = rng.exponential(3600.0 / workers.silent_death_per_hour);
             if at < duration && self.faults_active(now + (at * 1000.0) as u64) {
-                self.push(now + (at * 1000.0) as u64, Event::SilentDeath { attempt: attempt.to_owned() });
+                self.push(
+                    now + (at * 1000.0) as u64,
+                    Event::SilentDeath {
+                        attempt: attempt.to_owned(),
+                    },
+                );
             }
         }
     }
@@ -1037,7 +1262,9 @@ impl SimCloud {
     fn run_end(&mut self, attempt: &str) {
         let now = self.now;
         let missing = self.config.workers.missing_status;
-        let Some(run) = self.runs.get(attempt).cloned() else { return };
+        let Some(run) = self.runs.get(attempt).cloned() else {
+            return;
+        };
         if run.state != RunState::Running || !run.alive {
             return;
         }
@@ -1069,7 +1296,13 @@ impl SimCloud {
                 *self.accounting.faults.entry("status_lost").or_default() += 1;
                 continue;
             }
-            statuses.push(WorkerStatusView { host, state, exit_code: Some(code), finished_at: now, infrastructure_failure: marker });
+            statuses.push(WorkerStatusView {
+                host,
+                state,
+                exit_code: Some(code),
+                finished_at: now,
+                infrastructure_failure: marker,
+            });
         }
         match run.outcome {
             Outcome::Success => {
@@ -1102,32 +1335,55 @@ impl SimCloud {
     }
 
     /// Stops `attempt` on the node (every worker writes status 143).
-    pub fn cancel(&mut self, zone: &str, node_name: &str, attempt: &str) -> Result<CancelResult, RemoteError> {
+    pub fn cancel(
+        &mut self,
+        zone: &str,
+        node_name: &str,
+        attempt: &str,
+    ) -> Result<CancelResult, RemoteError> {
         *self.accounting.api_calls.entry("cancel").or_default() += 1;
         let key = node_name.to_owned();
-        let Some(node) = self.nodes.get(node_name).filter(|n| n.zone == zone) else { return Err(RemoteError::NotFound) };
+        let Some(node) = self.nodes.get(node_name).filter(|n| n.zone == zone) else {
+            return Err(RemoteError::NotFound);
+        };
         if node.state != NodeState::Ready {
             return Err(RemoteError::Temporary);
         }
         match self.runs.get(attempt) {
             None => {
-                return Ok(if node.run.is_some() { CancelResult::Mismatch } else { CancelResult::NotRunning });
+                return Ok(if node.run.is_some() {
+                    CancelResult::Mismatch
+                } else {
+                    CancelResult::NotRunning
+                });
             }
             Some(run) if run.node_key != key => return Ok(CancelResult::Mismatch),
-            Some(run) if run.state == RunState::Ended || !run.alive => return Ok(CancelResult::NotRunning),
+            Some(run) if run.state == RunState::Ended || !run.alive => {
+                return Ok(CancelResult::NotRunning);
+            }
             Some(_) => {}
         }
         let now = self.now;
         let run = self.runs.get(attempt).cloned().expect("checked");
         if run.state == RunState::Running {
-            self.account_interruption(&run.job_id, (now - run.run_start) as f64 / 1000.0, run.chips);
+            self.account_interruption(
+                &run.job_id,
+                (now - run.run_start) as f64 / 1000.0,
+                run.chips,
+            );
         }
         let r = self.runs.get_mut(attempt).expect("checked");
         let have: BTreeSet<String> = r.statuses.iter().map(|s| s.host.clone()).collect();
         for h in 0..r.hosts {
             let host = format!("w{h}");
             if !have.contains(&host) {
-                r.statuses.push(WorkerStatusView { host, state: "failed", exit_code: Some(143), finished_at: now, infrastructure_failure: None });
+                r.statuses.push(WorkerStatusView {
+                    host,
+                    state: "failed",
+                    exit_code: Some(143),
+                    finished_at: now,
+                    infrastructure_failure: None,
+                });
             }
         }
         r.state = RunState::Ended;
@@ -1139,9 +1395,20 @@ impl SimCloud {
     /// What the workers of `attempt` show now (`None` if it was never launched).
     pub fn attempt(&self, attempt: &str) -> Option<AttemptView> {
         let run = self.runs.get(attempt)?;
-        let node_alive = self.nodes.get(&run.node_key).is_some_and(|n| n.serial == run.node_serial && n.state == NodeState::Ready);
-        let heartbeat = if run.alive && node_alive { self.now } else { run.last_heartbeat.max(run.run_start) };
-        Some(AttemptView { launched: true, statuses: run.statuses.clone(), heartbeat_at: Some(heartbeat) })
+        let node_alive = self
+            .nodes
+            .get(&run.node_key)
+            .is_some_and(|n| n.serial == run.node_serial && n.state == NodeState::Ready);
+        let heartbeat = if run.alive && node_alive {
+            self.now
+        } else {
+            run.last_heartbeat.max(run.run_start)
+        };
+        Some(AttemptView {
+            launched: true,
+            statuses: run.statuses.clone(),
+            heartbeat_at: Some(heartbeat),
+        })
     }
 
     /// Attempt ids running (alive) on each node, for invariant checks: (zone, node) → attempts.
@@ -1149,7 +1416,9 @@ impl SimCloud {
         let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (id, run) in &self.runs {
             if run.alive && run.state != RunState::Ended {
-                out.entry(run.node_key.clone()).or_default().push(id.clone());
+                out.entry(run.node_key.clone())
+                    .or_default()
+                    .push(id.clone());
             }
         }
         out
@@ -1159,12 +1428,21 @@ impl SimCloud {
     /// provisioning or active) grouped by the value of label `label`.
     pub fn live_capacity_by_label(&self, label: &str) -> BTreeMap<String, BTreeSet<String>> {
         let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for n in self.nodes.values().filter(|n| matches!(n.state, NodeState::Creating | NodeState::Ready)) {
+        for n in self
+            .nodes
+            .values()
+            .filter(|n| matches!(n.state, NodeState::Creating | NodeState::Ready))
+        {
             if let Some(v) = n.labels.get(label) {
                 out.entry(v.clone()).or_default().insert(n.name.clone());
             }
         }
-        for q in self.qrs.values().filter(|q| matches!(q.state, QrState::WaitingForResources | QrState::Provisioning | QrState::Active)) {
+        for q in self.qrs.values().filter(|q| {
+            matches!(
+                q.state,
+                QrState::WaitingForResources | QrState::Provisioning | QrState::Active
+            )
+        }) {
             if let Some(v) = q.labels.get(label) {
                 out.entry(v.clone()).or_default().insert(q.node_id.clone());
             }
@@ -1175,27 +1453,51 @@ impl SimCloud {
     /// A one-line description of the node and queued resource named after `node` (for
     /// failure reports).
     pub fn describe(&self, node: &str) -> String {
-        let n = self.nodes.get(node).map(|n| format!("node {:?} run {:?}", n.state, n.run));
-        let q = self.qrs.values().find(|q| q.node_id == node).map(|q| format!("qr {} {:?}", q.name, q.state));
-        format!("{node}: {} / {}", n.unwrap_or_else(|| "no node".into()), q.unwrap_or_else(|| "no queued resource".into()))
+        let n = self
+            .nodes
+            .get(node)
+            .map(|n| format!("node {:?} run {:?}", n.state, n.run));
+        let q = self
+            .qrs
+            .values()
+            .find(|q| q.node_id == node)
+            .map(|q| format!("qr {} {:?}", q.name, q.state));
+        format!(
+            "{node}: {} / {}",
+            n.unwrap_or_else(|| "no node".into()),
+            q.unwrap_or_else(|| "no queued resource".into())
+        )
     }
 
     /// Live (Creating/Ready) nodes per accelerator type and zone: (zone, type) → count.
     pub fn live_nodes(&self) -> BTreeMap<(String, String), u32> {
         let mut out = BTreeMap::new();
-        for n in self.nodes.values().filter(|n| matches!(n.state, NodeState::Creating | NodeState::Ready)) {
-            *out.entry((n.zone.clone(), n.accelerator.clone())).or_default() += 1;
+        for n in self
+            .nodes
+            .values()
+            .filter(|n| matches!(n.state, NodeState::Creating | NodeState::Ready))
+        {
+            *out.entry((n.zone.clone(), n.accelerator.clone()))
+                .or_default() += 1;
         }
         out
     }
 }
 
 fn price_key(node: &Node) -> String {
-    format!("{}/{}", node.accelerator, if node.spot { "spot" } else { "on-demand" })
+    format!(
+        "{}/{}",
+        node.accelerator,
+        if node.spot { "spot" } else { "on-demand" }
+    )
 }
 
 fn sample(rng: &mut SimRng, latency: Latency) -> f64 {
-    if latency.sigma <= 0.0 { latency.median_secs } else { rng.lognormal(latency.median_secs, latency.sigma) }
+    if latency.sigma <= 0.0 {
+        latency.median_secs
+    } else {
+        rng.lognormal(latency.median_secs, latency.sigma)
+    }
 }
 
 /// The region of a zone (`us-east1-d` → `us-east1`).

@@ -10,6 +10,8 @@ pub mod trace;
 pub mod workload;
 
 pub use cloud::{Accounting, SimCloud};
-pub use model::{ApiConfig, Capacity, CloudConfig, CloudFaults, JobBehaviour, Latency, PoolConfig, WorkerConfig};
+pub use model::{
+    ApiConfig, Capacity, CloudConfig, CloudFaults, JobBehaviour, Latency, PoolConfig, WorkerConfig,
+};
 pub use rng::SimRng;
 pub use trace::SpotTrace;

@@ -127,8 +127,14 @@ pub struct WorkerConfig {
 impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
-            setup: Latency { median_secs: 120.0, sigma: 0.3 },
-            setup_warm: Latency { median_secs: 30.0, sigma: 0.3 },
+            setup: Latency {
+                median_secs: 120.0,
+                sigma: 0.3,
+            },
+            setup_warm: Latency {
+                median_secs: 30.0,
+                sigma: 0.3,
+            },
             missing_status: 0.0,
             silent_death_per_hour: 0.0,
             partial_failure: 0.0,

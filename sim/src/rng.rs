@@ -28,7 +28,9 @@ fn stream_seed(seed: u64, stream: &str) -> u64 {
 impl SimRng {
     /// The stream `name` of run `seed`.
     pub fn new(seed: u64, name: &str) -> SimRng {
-        SimRng { inner: ChaCha8Rng::seed_from_u64(stream_seed(seed, name)) }
+        SimRng {
+            inner: ChaCha8Rng::seed_from_u64(stream_seed(seed, name)),
+        }
     }
 
     /// A raw 64-bit draw.
@@ -86,7 +88,14 @@ mod tests {
         assert_eq!(xa, xb);
         assert_ne!(xa[0], c.next_u64());
         // Golden values: a dependency bump that changes draws must fail loudly.
-        assert_eq!(xa, vec![7_981_907_964_047_648_256, 5_475_315_309_530_110_757, 8_516_986_918_442_301_822]);
+        assert_eq!(
+            xa,
+            vec![
+                7_981_907_964_047_648_256,
+                5_475_315_309_530_110_757,
+                8_516_986_918_442_301_822
+            ]
+        );
     }
 
     #[test]

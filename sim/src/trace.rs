@@ -30,23 +30,40 @@ impl std::error::Error for TraceError {}
 impl SpotTrace {
     /// Parses the JSON text of a trace.
     pub fn parse(text: &str) -> Result<SpotTrace, TraceError> {
-        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| TraceError(format!("invalid JSON: {e}")))?;
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| TraceError(format!("invalid JSON: {e}")))?;
         let gap = value
             .pointer("/metadata/gap_seconds")
             .and_then(serde_json::Value::as_u64)
             .filter(|g| *g > 0)
-            .ok_or_else(|| TraceError("expected `metadata.gap_seconds`, a positive integer".into()))?;
-        let data = value.get("data").and_then(serde_json::Value::as_array).ok_or_else(|| TraceError("expected `data`, a list of counts".into()))?;
+            .ok_or_else(|| {
+                TraceError("expected `metadata.gap_seconds`, a positive integer".into())
+            })?;
+        let data = value
+            .get("data")
+            .and_then(serde_json::Value::as_array)
+            .ok_or_else(|| TraceError("expected `data`, a list of counts".into()))?;
         let mut values = Vec::with_capacity(data.len());
         for (i, v) in data.iter().enumerate() {
-            let n = v.as_u64().filter(|n| *n <= u64::from(u32::MAX)).ok_or_else(|| TraceError(format!("data[{i}]: expected a count, found {v}")))?;
+            let n = v
+                .as_u64()
+                .filter(|n| *n <= u64::from(u32::MAX))
+                .ok_or_else(|| TraceError(format!("data[{i}]: expected a count, found {v}")))?;
             values.push(n as u32);
         }
         if values.is_empty() {
             return Err(TraceError("`data` is empty".into()));
         }
-        let kind = value.pointer("/metadata/kind").and_then(serde_json::Value::as_str).unwrap_or("").to_owned();
-        Ok(SpotTrace { gap_seconds: gap, values, kind })
+        let kind = value
+            .pointer("/metadata/kind")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        Ok(SpotTrace {
+            gap_seconds: gap,
+            values,
+            kind,
+        })
     }
 
     /// Instances available at `secs` after the trace start (the trace repeats).
@@ -66,7 +83,10 @@ impl SpotTrace {
 
     /// Number of transitions from a positive count to zero.
     pub fn drops_to_zero(&self) -> usize {
-        self.values.windows(2).filter(|w| w[0] > 0 && w[1] == 0).count()
+        self.values
+            .windows(2)
+            .filter(|w| w[0] > 0 && w[1] == 0)
+            .count()
     }
 
     /// The largest count.

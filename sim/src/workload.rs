@@ -110,8 +110,18 @@ impl Synthetic {
                 if i > 0 {
                     t += self.interarrival.sample(&mut rng);
                 }
-                let work = self.duration.sample(&mut rng).clamp(self.min_duration_secs, self.max_duration_secs);
-                let priority = weighted(&mut rng, &[(0u8, self.priorities[0]), (1, self.priorities[1]), (2, self.priorities[2])]);
+                let work = self
+                    .duration
+                    .sample(&mut rng)
+                    .clamp(self.min_duration_secs, self.max_duration_secs);
+                let priority = weighted(
+                    &mut rng,
+                    &[
+                        (0u8, self.priorities[0]),
+                        (1, self.priorities[1]),
+                        (2, self.priorities[2]),
+                    ],
+                );
                 JobArrival {
                     id: format!("{}-{i:05}", self.name),
                     at_secs: t,
@@ -135,16 +145,24 @@ impl Synthetic {
 /// Reads one numeric column of a CSV file (header row required).
 pub fn read_column(text: &str, column: &str) -> Result<Vec<f64>, String> {
     let mut reader = csv::Reader::from_reader(text.as_bytes());
-    let headers = reader.headers().map_err(|e| format!("cannot read the header row: {e}"))?.clone();
-    let index = headers
-        .iter()
-        .position(|h| h == column)
-        .ok_or_else(|| format!("no column `{column}` (columns: {})", headers.iter().collect::<Vec<_>>().join(", ")))?;
+    let headers = reader
+        .headers()
+        .map_err(|e| format!("cannot read the header row: {e}"))?
+        .clone();
+    let index = headers.iter().position(|h| h == column).ok_or_else(|| {
+        format!(
+            "no column `{column}` (columns: {})",
+            headers.iter().collect::<Vec<_>>().join(", ")
+        )
+    })?;
     let mut out = Vec::new();
     for (row, record) in reader.records().enumerate() {
         let record = record.map_err(|e| format!("row {}: {e}", row + 2))?;
         let cell = record.get(index).unwrap_or("");
-        let value: f64 = cell.trim().parse().map_err(|_| format!("row {}: `{column}` is not a number: {cell:?}", row + 2))?;
+        let value: f64 = cell
+            .trim()
+            .parse()
+            .map_err(|_| format!("row {}: `{column}` is not a number: {cell:?}", row + 2))?;
         out.push(value);
     }
     Ok(out)
@@ -192,9 +210,17 @@ impl TraceReplay {
                 JobArrival {
                     id: format!("{}-{i:05}", self.name),
                     at_secs: (self.arrivals[i] - first).max(0.0) * self.time_scale + t.start_secs,
-                    width_chips: (self.widths[i].max(1.0) as u32).saturating_mul(self.chips_per_unit),
+                    width_chips: (self.widths[i].max(1.0) as u32)
+                        .saturating_mul(self.chips_per_unit),
                     regions: weighted(&mut rng, &self.regions),
-                    priority: weighted(&mut rng, &[(0u8, t.priorities[0]), (1, t.priorities[1]), (2, t.priorities[2])]),
+                    priority: weighted(
+                        &mut rng,
+                        &[
+                            (0u8, t.priorities[0]),
+                            (1, t.priorities[1]),
+                            (2, t.priorities[2]),
+                        ],
+                    ),
                     behaviour: JobBehaviour {
                         work_secs: work.clamp(t.min_duration_secs, t.max_duration_secs),
                         checkpoint_secs: t.checkpoint_secs,

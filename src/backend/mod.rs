@@ -6,7 +6,9 @@ pub mod sim;
 
 use std::fmt;
 
-use crate::engine::observe::{AttemptReport, CancelOutcome, CloudFailure, NodeInfo, QueuedResourceInfo, RemoteError};
+use crate::engine::observe::{
+    AttemptReport, CancelOutcome, CloudFailure, NodeInfo, QueuedResourceInfo, RemoteError,
+};
 use crate::engine::{Action, InventoryTargets, Timestamp};
 
 /// A failed inventory or report read: the pass is skipped and retried later.
@@ -40,10 +42,19 @@ pub enum Outcome {
 /// A cloud the driver can observe and act on.
 pub trait CloudBackend {
     /// Fetches the nodes and queued resources named in `targets` (absent ones are left out).
-    fn inventory(&mut self, targets: &InventoryTargets<'_>, now: Timestamp) -> Result<(Vec<NodeInfo>, Vec<QueuedResourceInfo>), BackendError>;
+    fn inventory(
+        &mut self,
+        targets: &InventoryTargets<'_>,
+        now: Timestamp,
+    ) -> Result<(Vec<NodeInfo>, Vec<QueuedResourceInfo>), BackendError>;
     /// What the workers of `attempt_id` report (launch acknowledged, status objects,
     /// heartbeat); `None` if nothing is known of it.
-    fn attempt_report(&mut self, attempt_id: &str, job_id: &str, now: Timestamp) -> Result<Option<AttemptReport>, BackendError>;
+    fn attempt_report(
+        &mut self,
+        attempt_id: &str,
+        job_id: &str,
+        now: Timestamp,
+    ) -> Result<Option<AttemptReport>, BackendError>;
     /// Carries out one action.
     fn execute(&mut self, action: &Action, now: Timestamp) -> Outcome;
 }

@@ -9,8 +9,9 @@ use tpu_runner_sim::cloud::{self as simc, ApiError, CancelResult};
 
 use super::{BackendError, CloudBackend, Outcome};
 use crate::engine::observe::{
-    AttemptReport, CancelOutcome, CloudFailure, Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState,
-    QueuedResourceInfo, RemoteError, RemoteErrorKind, WorkerState, WorkerStatus,
+    AttemptReport, CancelOutcome, CloudFailure, Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY,
+    NodeInfo, NodeState, QrState, QueuedResourceInfo, RemoteError, RemoteErrorKind, WorkerState,
+    WorkerStatus,
 };
 use crate::engine::{Action, InventoryTargets, Timestamp};
 use crate::spec::TpuType;
@@ -41,25 +42,45 @@ impl SimBackend {
 
 fn api_failure(e: ApiError, what: &str) -> CloudFailure {
     match e {
-        ApiError::RateLimited => CloudFailure::RateLimited(format!("{what}: 429 too many requests")),
-        ApiError::Unavailable => CloudFailure::Unavailable(format!("{what}: 503 backend unavailable")),
+        ApiError::RateLimited => {
+            CloudFailure::RateLimited(format!("{what}: 429 too many requests"))
+        }
+        ApiError::Unavailable => {
+            CloudFailure::Unavailable(format!("{what}: 503 backend unavailable"))
+        }
         ApiError::Timeout => CloudFailure::Unavailable(format!("{what}: deadline exceeded")),
         ApiError::AlreadyExists => CloudFailure::AlreadyExists(format!("{what}: already exists")),
         ApiError::NotFound => CloudFailure::NotFound(format!("{what}: not found")),
-        ApiError::NoSuchPool => CloudFailure::Stockout(format!("{what}: no such accelerator in this zone")),
+        ApiError::NoSuchPool => {
+            CloudFailure::Stockout(format!("{what}: no such accelerator in this zone"))
+        }
     }
 }
 
 fn read_error(e: ApiError, what: &str) -> BackendError {
-    BackendError { message: format!("inventory read of {what} failed: {e:?}") }
+    BackendError {
+        message: format!("inventory read of {what} failed: {e:?}"),
+    }
 }
 
 impl CloudBackend for SimBackend {
-    fn inventory(&mut self, targets: &InventoryTargets<'_>, _now: Timestamp) -> Result<(Vec<NodeInfo>, Vec<QueuedResourceInfo>), BackendError> {
+    fn inventory(
+        &mut self,
+        targets: &InventoryTargets<'_>,
+        _now: Timestamp,
+    ) -> Result<(Vec<NodeInfo>, Vec<QueuedResourceInfo>), BackendError> {
         let mut nodes = Vec::new();
         for (zone, name) in targets.nodes() {
-            let Some(n) = self.cloud.get_node(zone, name).map_err(|e| read_error(e, name))? else { continue };
-            let Ok(tpu_type) = TpuType::parse(&n.accelerator) else { continue };
+            let Some(n) = self
+                .cloud
+                .get_node(zone, name)
+                .map_err(|e| read_error(e, name))?
+            else {
+                continue;
+            };
+            let Ok(tpu_type) = TpuType::parse(&n.accelerator) else {
+                continue;
+            };
             nodes.push(NodeInfo {
                 name: n.name,
                 zone: n.zone,
@@ -80,8 +101,16 @@ impl CloudBackend for SimBackend {
         }
         let mut qrs = Vec::new();
         for (zone, name) in targets.queued_resources() {
-            let Some(q) = self.cloud.get_queued_resource(zone, name).map_err(|e| read_error(e, name))? else { continue };
-            let Ok(tpu_type) = TpuType::parse(&q.accelerator) else { continue };
+            let Some(q) = self
+                .cloud
+                .get_queued_resource(zone, name)
+                .map_err(|e| read_error(e, name))?
+            else {
+                continue;
+            };
+            let Ok(tpu_type) = TpuType::parse(&q.accelerator) else {
+                continue;
+            };
             qrs.push(QueuedResourceInfo {
                 name: q.name,
                 zone: q.zone,
@@ -102,8 +131,15 @@ impl CloudBackend for SimBackend {
         Ok((nodes, qrs))
     }
 
-    fn attempt_report(&mut self, attempt_id: &str, _job_id: &str, _now: Timestamp) -> Result<Option<AttemptReport>, BackendError> {
-        let Some(view) = self.cloud.attempt(attempt_id) else { return Ok(None) };
+    fn attempt_report(
+        &mut self,
+        attempt_id: &str,
+        _job_id: &str,
+        _now: Timestamp,
+    ) -> Result<Option<AttemptReport>, BackendError> {
+        let Some(view) = self.cloud.attempt(attempt_id) else {
+            return Ok(None);
+        };
         let statuses = view
             .statuses
             .iter()
@@ -131,42 +167,73 @@ impl CloudBackend for SimBackend {
 
     fn execute(&mut self, action: &Action, _now: Timestamp) -> Outcome {
         match action {
-            Action::CreateQueuedResource { name, node_id, zone, tpu_type, entry_id, .. } => {
+            Action::CreateQueuedResource {
+                name,
+                node_id,
+                zone,
+                tpu_type,
+                entry_id,
+                ..
+            } => {
                 let labels = BTreeMap::from([
                     (LABEL_MANAGED_BY.to_owned(), self.runner.clone()),
                     (LABEL_FLEET_ENTRY.to_owned(), entry_id.clone()),
                 ]);
-                match self.cloud.create_queued_resource(zone, name, node_id, &tpu_type.to_string(), labels) {
+                match self.cloud.create_queued_resource(
+                    zone,
+                    name,
+                    node_id,
+                    &tpu_type.to_string(),
+                    labels,
+                ) {
                     Ok(()) => Outcome::Done,
                     Err(e) => Outcome::Refused(api_failure(e, name)),
                 }
             }
-            Action::DeleteQueuedResource { name, zone } => match self.cloud.delete_queued_resource(zone, name) {
-                Ok(()) | Err(ApiError::NotFound) => Outcome::Done,
-                Err(e) => Outcome::Refused(api_failure(e, name)),
-            },
+            Action::DeleteQueuedResource { name, zone } => {
+                match self.cloud.delete_queued_resource(zone, name) {
+                    Ok(()) | Err(ApiError::NotFound) => Outcome::Done,
+                    Err(e) => Outcome::Refused(api_failure(e, name)),
+                }
+            }
             Action::DeleteNode { name, zone } => match self.cloud.delete_node(zone, name) {
                 Ok(()) | Err(ApiError::NotFound) => Outcome::Done,
                 Err(e) => Outcome::Refused(api_failure(e, name)),
             },
-            Action::Launch(l) => match self.cloud.launch(&l.zone, &l.tpu_name, &l.attempt_id, &l.job_id) {
-                Ok(()) => Outcome::Done,
-                Err(simc::RemoteError::NotFound) => Outcome::LaunchFailed(RemoteError {
-                    kind: RemoteErrorKind::NotFound,
-                    message: format!("NOT_FOUND: projects/sim/locations/{}/nodes/{} was not found", l.zone, l.tpu_name),
-                }),
-                Err(simc::RemoteError::Temporary) => Outcome::LaunchFailed(RemoteError {
-                    kind: RemoteErrorKind::Temporary,
-                    message: format!("ssh: connect to host {}: Connection refused", l.tpu_name),
-                }),
-            },
-            Action::Cancel { attempt_id, tpu_name, zone, .. } => match self.cloud.cancel(zone, tpu_name, attempt_id) {
+            Action::Launch(l) => {
+                match self
+                    .cloud
+                    .launch(&l.zone, &l.tpu_name, &l.attempt_id, &l.job_id)
+                {
+                    Ok(()) => Outcome::Done,
+                    Err(simc::RemoteError::NotFound) => Outcome::LaunchFailed(RemoteError {
+                        kind: RemoteErrorKind::NotFound,
+                        message: format!(
+                            "NOT_FOUND: projects/sim/locations/{}/nodes/{} was not found",
+                            l.zone, l.tpu_name
+                        ),
+                    }),
+                    Err(simc::RemoteError::Temporary) => Outcome::LaunchFailed(RemoteError {
+                        kind: RemoteErrorKind::Temporary,
+                        message: format!("ssh: connect to host {}: Connection refused", l.tpu_name),
+                    }),
+                }
+            }
+            Action::Cancel {
+                attempt_id,
+                tpu_name,
+                zone,
+                ..
+            } => match self.cloud.cancel(zone, tpu_name, attempt_id) {
                 Ok(CancelResult::Sent) => Outcome::Cancelled(CancelOutcome::Sent),
                 Ok(CancelResult::NotRunning) => Outcome::Cancelled(CancelOutcome::NotRunning),
                 Ok(CancelResult::Mismatch) => Outcome::Cancelled(CancelOutcome::AttemptMismatch),
                 Err(simc::RemoteError::NotFound) => Outcome::Cancelled(CancelOutcome::NotRunning),
                 Err(simc::RemoteError::Temporary) => Outcome::Cancelled(CancelOutcome::Error {
-                    error: RemoteError { kind: RemoteErrorKind::Temporary, message: "ssh: connection refused".into() },
+                    error: RemoteError {
+                        kind: RemoteErrorKind::Temporary,
+                        message: "ssh: connection refused".into(),
+                    },
                 }),
             },
         }

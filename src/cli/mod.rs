@@ -73,7 +73,9 @@ enum Command {
         json: bool,
     },
     /// Run one reconcile pass on a state snapshot, without touching any cloud.
-    #[command(after_help = "Example:\n  tpu-runner plan --fleet docs/plan-example/deployment.yaml --state docs/plan-example/state.json --now 2026-01-01T12:00:00Z")]
+    #[command(
+        after_help = "Example:\n  tpu-runner plan --fleet docs/plan-example/deployment.yaml --state docs/plan-example/state.json --now 2026-01-01T12:00:00Z"
+    )]
     Plan {
         /// The fleet.
         #[arg(long, default_value = "deployment.yaml")]
@@ -98,7 +100,9 @@ enum Command {
         write_state: Option<PathBuf>,
     },
     /// Simulate scenarios: the real engine against a deterministic simulated cloud.
-    #[command(after_help = "Examples:\n  tpu-runner simulate scenarios/*.yaml\n  tpu-runner simulate scenarios/preemption-storm.yaml --seeds 1..=20 --json results.json --report report/\n  tpu-runner simulate --chaos --seeds 1..=1000 scenarios/chaos/*.yaml")]
+    #[command(
+        after_help = "Examples:\n  tpu-runner simulate scenarios/*.yaml\n  tpu-runner simulate scenarios/preemption-storm.yaml --seeds 1..=20 --json results.json --report report/\n  tpu-runner simulate --chaos --seeds 1..=1000 scenarios/chaos/*.yaml"
+    )]
     Simulate {
         /// Scenario files.
         #[arg(required = true)]
@@ -187,7 +191,15 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
         Command::ValidateJobs { path, fleet, json } => {
             validate::jobs(&path, fleet.as_deref(), json)
         }
-        Command::Plan { fleet, state, observation, now, policy, json, write_state } => plan::run(plan::PlanArgs {
+        Command::Plan {
+            fleet,
+            state,
+            observation,
+            now,
+            policy,
+            json,
+            write_state,
+        } => plan::run(plan::PlanArgs {
             fleet: &fleet,
             state: &state,
             observation: observation.as_deref(),
@@ -196,7 +208,16 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             json,
             write_state: write_state.as_deref(),
         }),
-        Command::Simulate { files, seed, seeds, policy, json, report, threads, chaos } => simulate::run(simulate::SimulateArgs {
+        Command::Simulate {
+            files,
+            seed,
+            seeds,
+            policy,
+            json,
+            report,
+            threads,
+            chaos,
+        } => simulate::run(simulate::SimulateArgs {
             files: &files,
             seed,
             seeds: seeds.as_deref(),

@@ -9,10 +9,14 @@ use super::exit_codes::ExitStatus;
 use super::validate::load_fleet;
 use super::{Failure, output, print_stdout, read_text};
 use crate::engine::explain::{Explanation, explain};
-use crate::engine::observe::{Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo};
+use crate::engine::observe::{
+    Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo,
+};
 use crate::engine::policy;
 use crate::engine::state::{ResourceStatus, SCHEMA_VERSION};
-use crate::engine::{Action, Engine, EngineConfig, Event, FleetIndex, Observation, State, Timestamp};
+use crate::engine::{
+    Action, Engine, EngineConfig, Event, FleetIndex, Observation, State, Timestamp,
+};
 use crate::spec::names;
 
 /// Options of `plan`.
@@ -53,8 +57,11 @@ fn json_error(path: &Path, what: &str, e: &serde_json::Error) -> Failure {
 /// Reads and checks a state snapshot.
 pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
     let text = read_text(path, None)?;
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| json_error(path, "invalid JSON", &e))?;
-    let version = value.get("schema_version").and_then(serde_json::Value::as_u64);
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| json_error(path, "invalid JSON", &e))?;
+    let version = value
+        .get("schema_version")
+        .and_then(serde_json::Value::as_u64);
     if version != Some(SCHEMA_VERSION as u64) {
         return Err(Failure {
             message: format!(
@@ -74,7 +81,11 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
     let mut obs = Observation::default();
     for job in state.jobs.values() {
         if let Some(a) = job.attempt().filter(|a| !a.status.is_terminal()) {
-            let report = crate::engine::observe::AttemptReport { launched: true, heartbeat_at: Some(now), ..Default::default() };
+            let report = crate::engine::observe::AttemptReport {
+                launched: true,
+                heartbeat_at: Some(now),
+                ..Default::default()
+            };
             obs.attempts.insert(a.id.clone(), report);
         }
     }
@@ -83,15 +94,22 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
             (LABEL_MANAGED_BY.to_owned(), index.runner().to_owned()),
             (LABEL_FLEET_ENTRY.to_owned(), r.entry_id.clone()),
         ]);
-        let up = matches!(r.status, ResourceStatus::Idle | ResourceStatus::Busy) || r.owner.is_some();
-        let spot = index.entry_index(&r.entry_id).is_some_and(|e| index.entry(e).provisioning_model == crate::spec::ProvisioningModel::Spot);
+        let up =
+            matches!(r.status, ResourceStatus::Idle | ResourceStatus::Busy) || r.owner.is_some();
+        let spot = index.entry_index(&r.entry_id).is_some_and(|e| {
+            index.entry(e).provisioning_model == crate::spec::ProvisioningModel::Spot
+        });
         if !r.adopted && (up || r.status == ResourceStatus::Provisioning) {
             obs.queued_resources.push(QueuedResourceInfo {
                 name: names::queued_resource_name(&r.tpu_name),
                 zone: r.zone.clone(),
                 node_id: r.tpu_name.clone(),
                 tpu_type: r.tpu_type.clone(),
-                state: if up { QrState::Active } else { QrState::WaitingForResources },
+                state: if up {
+                    QrState::Active
+                } else {
+                    QrState::WaitingForResources
+                },
                 spot: true,
                 labels: labels.clone(),
             });
@@ -104,7 +122,11 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
                 state: NodeState::Ready,
                 health: Health::Healthy,
                 spot,
-                labels: if r.adopted { Default::default() } else { labels },
+                labels: if r.adopted {
+                    Default::default()
+                } else {
+                    labels
+                },
                 queued_resource: None,
                 worker_count: r.worker_count,
                 public_ip: true,
@@ -119,14 +141,23 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
     let mut state = load_state(args.state)?;
     let Some(policy) = policy::by_name(args.policy) else {
         return Err(Failure {
-            message: format!("error: unknown policy `{}`\n  = hint: known policies: {}\n", args.policy, policy::NAMES.join(", ")),
+            message: format!(
+                "error: unknown policy `{}`\n  = hint: known policies: {}\n",
+                args.policy,
+                policy::NAMES.join(", ")
+            ),
             status: ExitStatus::Usage,
         });
     };
     let now = match args.now {
-        Some(text) => Timestamp::parse(text).map_err(|e| Failure { message: format!("error: --now: {e}\n"), status: ExitStatus::Usage })?,
+        Some(text) => Timestamp::parse(text).map_err(|e| Failure {
+            message: format!("error: --now: {e}\n"),
+            status: ExitStatus::Usage,
+        })?,
         None => {
-            let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+            let ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
             Timestamp(ms)
         }
     };
@@ -159,23 +190,64 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
     } else {
         print_stdout(&render(&engine, &out, &waiting, now));
     }
-    Ok(if out.violations.is_empty() { ExitStatus::Ok } else { ExitStatus::Invalid })
+    Ok(if out.violations.is_empty() {
+        ExitStatus::Ok
+    } else {
+        ExitStatus::Invalid
+    })
 }
 
-fn render(engine: &Engine, out: &crate::engine::PassOutput, waiting: &[Explanation], now: Timestamp) -> String {
+fn render(
+    engine: &Engine,
+    out: &crate::engine::PassOutput,
+    waiting: &[Explanation],
+    now: Timestamp,
+) -> String {
     let mut s = format!("plan at {now} with policy `{}`\n\n", engine.policy().name());
     s.push_str(&format!("actions ({}):\n", out.actions.len()));
     let rows: Vec<Vec<String>> = out
         .actions
         .iter()
         .map(|a| match a {
-            Action::CreateQueuedResource { name, zone, tpu_type, entry_id, .. } => {
-                vec!["create".into(), name.clone(), format!("{tpu_type} in {zone} (entry {entry_id})")]
+            Action::CreateQueuedResource {
+                name,
+                zone,
+                tpu_type,
+                entry_id,
+                ..
+            } => {
+                vec![
+                    "create".into(),
+                    name.clone(),
+                    format!("{tpu_type} in {zone} (entry {entry_id})"),
+                ]
             }
-            Action::DeleteQueuedResource { name, zone } => vec!["delete".into(), name.clone(), format!("queued resource in {zone}")],
-            Action::DeleteNode { name, zone } => vec!["delete".into(), name.clone(), format!("TPU VM in {zone}")],
-            Action::Launch(l) => vec!["launch".into(), l.job_id.clone(), format!("on {} ({} workers), attempt {}", l.tpu_name, l.worker_count, l.attempt_id)],
-            Action::Cancel { job_id, tpu_name, attempt_id, .. } => vec!["cancel".into(), job_id.clone(), format!("on {tpu_name}, attempt {attempt_id}")],
+            Action::DeleteQueuedResource { name, zone } => vec![
+                "delete".into(),
+                name.clone(),
+                format!("queued resource in {zone}"),
+            ],
+            Action::DeleteNode { name, zone } => {
+                vec!["delete".into(), name.clone(), format!("TPU VM in {zone}")]
+            }
+            Action::Launch(l) => vec![
+                "launch".into(),
+                l.job_id.clone(),
+                format!(
+                    "on {} ({} workers), attempt {}",
+                    l.tpu_name, l.worker_count, l.attempt_id
+                ),
+            ],
+            Action::Cancel {
+                job_id,
+                tpu_name,
+                attempt_id,
+                ..
+            } => vec![
+                "cancel".into(),
+                job_id.clone(),
+                format!("on {tpu_name}, attempt {attempt_id}"),
+            ],
         })
         .collect();
     if !rows.is_empty() {
@@ -183,8 +255,20 @@ fn render(engine: &Engine, out: &crate::engine::PassOutput, waiting: &[Explanati
     }
     s.push_str(&format!("\nevents ({}):\n", out.events.len()));
     for e in &out.events {
-        let subject = e.job_id.as_deref().or(e.resource_id.as_deref()).unwrap_or("-");
-        s.push_str(&format!("  {:<40} {subject}{}\n", e.kind, if e.detail.is_empty() { String::new() } else { format!(": {}", e.detail) }));
+        let subject = e
+            .job_id
+            .as_deref()
+            .or(e.resource_id.as_deref())
+            .unwrap_or("-");
+        s.push_str(&format!(
+            "  {:<40} {subject}{}\n",
+            e.kind,
+            if e.detail.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", e.detail)
+            }
+        ));
     }
     s.push_str(&format!("\nwaiting jobs ({}):\n", waiting.len()));
     for w in waiting {

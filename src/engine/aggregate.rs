@@ -64,7 +64,12 @@ pub struct Graces {
 }
 
 /// Aggregates `statuses` of an attempt expecting `expected` workers.
-pub fn aggregate(statuses: &[WorkerStatus], expected: u32, now: Timestamp, graces: Graces) -> Verdict {
+pub fn aggregate(
+    statuses: &[WorkerStatus],
+    expected: u32,
+    now: Timestamp,
+    graces: Graces,
+) -> Verdict {
     let expected = expected.max(1) as usize;
     // One status per host (a re-upload may duplicate one).
     let mut by_host: Vec<&WorkerStatus> = Vec::with_capacity(statuses.len());
@@ -89,36 +94,59 @@ pub fn aggregate(statuses: &[WorkerStatus], expected: u32, now: Timestamp, grace
         .iter()
         .map(|s| match &s.infrastructure_failure {
             Some(marker) => format!("{}: infrastructure failure {marker}", s.host),
-            None => format!("{}: command exited {}", s.host, s.command_exit_code.unwrap_or(code(s))),
+            None => format!(
+                "{}: command exited {}",
+                s.host,
+                s.command_exit_code.unwrap_or(code(s))
+            ),
         })
         .collect();
     if missing > 0 {
         summary.push(format!("{missing} worker status object(s) missing"));
     }
     let summary = summary.join("; ");
-    let artifacts = by_host.iter().any(|s| s.state == WorkerState::FailedArtifacts || s.artifact_upload_error.is_some());
+    let artifacts = by_host
+        .iter()
+        .any(|s| s.state == WorkerState::FailedArtifacts || s.artifact_upload_error.is_some());
     let setup = by_host.iter().any(|s| s.state == WorkerState::FailedSetup);
-    let infra: Vec<&&WorkerStatus> = by_host.iter().filter(|s| s.infrastructure_failure.is_some()).collect();
+    let infra: Vec<&&WorkerStatus> = by_host
+        .iter()
+        .filter(|s| s.infrastructure_failure.is_some())
+        .collect();
     let others_are_peers = by_host
         .iter()
         .filter(|s| s.infrastructure_failure.is_none())
         .all(|s| s.state != WorkerState::FailedSetup && PEER_CODES.contains(&code(s)));
     let retryable = !infra.is_empty() && others_are_peers;
-    let recycle = infra.iter().any(|s| s.infrastructure_failure.as_deref() == Some(SLICE_FAILURE));
+    let recycle = infra
+        .iter()
+        .any(|s| s.infrastructure_failure.as_deref() == Some(SLICE_FAILURE));
     let max_code = by_host.iter().map(|s| code(s)).max().unwrap_or(0);
 
     if artifacts {
-        return Verdict::Failed { exit_code: 2, kind: FailureKind::Artifacts, summary };
+        return Verdict::Failed {
+            exit_code: 2,
+            kind: FailureKind::Artifacts,
+            summary,
+        };
     }
     if retryable {
         return Verdict::Retryable { recycle, summary };
     }
     if missing == 0 {
         if setup {
-            return Verdict::Failed { exit_code: max_code.max(1), kind: FailureKind::Setup, summary };
+            return Verdict::Failed {
+                exit_code: max_code.max(1),
+                kind: FailureKind::Setup,
+                summary,
+            };
         }
         if max_code != 0 {
-            return Verdict::Failed { exit_code: max_code, kind: FailureKind::Command, summary };
+            return Verdict::Failed {
+                exit_code: max_code,
+                kind: FailureKind::Command,
+                summary,
+            };
         }
         return Verdict::Succeeded;
     }
@@ -127,20 +155,29 @@ pub fn aggregate(statuses: &[WorkerStatus], expected: u32, now: Timestamp, grace
     if !failing.is_empty() {
         let earliest = failing.iter().filter_map(|s| s.finished_at).min();
         return match earliest {
-            Some(t) if !now.elapsed_since(t, graces.partial_failure_secs) => {
-                Verdict::Incomplete { recheck_at: Some(t.plus_secs(graces.partial_failure_secs)) }
-            }
+            Some(t) if !now.elapsed_since(t, graces.partial_failure_secs) => Verdict::Incomplete {
+                recheck_at: Some(t.plus_secs(graces.partial_failure_secs)),
+            },
             _ => Verdict::Failed {
                 exit_code: max_code,
-                kind: if setup { FailureKind::Setup } else { FailureKind::Command },
+                kind: if setup {
+                    FailureKind::Setup
+                } else {
+                    FailureKind::Command
+                },
                 summary,
             },
         };
     }
     // Everything reported so far succeeded; the rest are silent.
     match by_host.iter().filter_map(|s| s.finished_at).min() {
-        Some(t) if now.elapsed_since(t, graces.partial_success_secs) => Verdict::Retryable { recycle: false, summary },
-        Some(t) => Verdict::Incomplete { recheck_at: Some(t.plus_secs(graces.partial_success_secs)) },
+        Some(t) if now.elapsed_since(t, graces.partial_success_secs) => Verdict::Retryable {
+            recycle: false,
+            summary,
+        },
+        Some(t) => Verdict::Incomplete {
+            recheck_at: Some(t.plus_secs(graces.partial_success_secs)),
+        },
         None => Verdict::Incomplete { recheck_at: None },
     }
 }
@@ -149,9 +186,18 @@ pub fn aggregate(statuses: &[WorkerStatus], expected: u32, now: Timestamp, grace
 mod tests {
     use super::*;
 
-    const G: Graces = Graces { partial_failure_secs: 60, partial_success_secs: 600 };
+    const G: Graces = Graces {
+        partial_failure_secs: 60,
+        partial_success_secs: 600,
+    };
 
-    fn status(host: &str, state: WorkerState, code: Option<i32>, finished: Option<i64>, infra: Option<&str>) -> WorkerStatus {
+    fn status(
+        host: &str,
+        state: WorkerState,
+        code: Option<i32>,
+        finished: Option<i64>,
+        infra: Option<&str>,
+    ) -> WorkerStatus {
         WorkerStatus {
             host: host.into(),
             state,
@@ -166,30 +212,60 @@ mod tests {
     #[test]
     fn one_of_four_failed_just_now_is_incomplete() {
         let s = [status("w0", WorkerState::Failed, Some(1), Some(1000), None)];
-        assert_eq!(aggregate(&s, 4, Timestamp::from_secs(1000), G), Verdict::Incomplete { recheck_at: Some(Timestamp::from_secs(1060)) });
+        assert_eq!(
+            aggregate(&s, 4, Timestamp::from_secs(1000), G),
+            Verdict::Incomplete {
+                recheck_at: Some(Timestamp::from_secs(1060))
+            }
+        );
     }
 
     #[test]
     fn one_of_four_failed_61s_ago_is_a_command_failure() {
         let s = [status("w0", WorkerState::Failed, Some(1), Some(1000), None)];
         let v = aggregate(&s, 4, Timestamp::from_secs(1061), G);
-        assert!(matches!(v, Verdict::Failed { exit_code: 1, kind: FailureKind::Command, .. }), "{v:?}");
+        assert!(
+            matches!(
+                v,
+                Verdict::Failed {
+                    exit_code: 1,
+                    kind: FailureKind::Command,
+                    ..
+                }
+            ),
+            "{v:?}"
+        );
     }
 
     #[test]
     fn failure_without_finish_time_does_not_wait() {
         let s = [status("w0", WorkerState::Failed, Some(1), None, None)];
-        assert!(matches!(aggregate(&s, 4, Timestamp::from_secs(5), G), Verdict::Failed { kind: FailureKind::Command, .. }));
+        assert!(matches!(
+            aggregate(&s, 4, Timestamp::from_secs(5), G),
+            Verdict::Failed {
+                kind: FailureKind::Command,
+                ..
+            }
+        ));
     }
 
     #[test]
     fn slice_failure_with_missing_peers_is_retryable_and_recycles() {
         let s = [
             status("w0", WorkerState::Failed, Some(1), Some(1000), None),
-            status("w1", WorkerState::Failed, Some(134), Some(1000), Some(SLICE_FAILURE)),
+            status(
+                "w1",
+                WorkerState::Failed,
+                Some(134),
+                Some(1000),
+                Some(SLICE_FAILURE),
+            ),
         ];
         match aggregate(&s, 4, Timestamp::from_secs(1028), G) {
-            Verdict::Retryable { recycle: true, summary } => assert!(summary.contains("2 worker status object(s) missing")),
+            Verdict::Retryable {
+                recycle: true,
+                summary,
+            } => assert!(summary.contains("2 worker status object(s) missing")),
             v => panic!("{v:?}"),
         }
     }
@@ -202,27 +278,67 @@ mod tests {
             status("w2", WorkerState::Failed, Some(143), Some(1), None),
             status("w3", WorkerState::Failed, Some(143), Some(1), None),
         ];
-        assert!(matches!(aggregate(&s, 4, Timestamp::from_secs(2), G), Verdict::Failed { exit_code: 143, kind: FailureKind::Command, .. }));
+        assert!(matches!(
+            aggregate(&s, 4, Timestamp::from_secs(2), G),
+            Verdict::Failed {
+                exit_code: 143,
+                kind: FailureKind::Command,
+                ..
+            }
+        ));
     }
 
     #[test]
     fn user_exit_2_is_not_a_setup_failure() {
         let s = [status("w0", WorkerState::Failed, Some(2), Some(1), None)];
-        assert!(matches!(aggregate(&s, 1, Timestamp::from_secs(2), G), Verdict::Failed { kind: FailureKind::Command, exit_code: 2, .. }));
+        assert!(matches!(
+            aggregate(&s, 1, Timestamp::from_secs(2), G),
+            Verdict::Failed {
+                kind: FailureKind::Command,
+                exit_code: 2,
+                ..
+            }
+        ));
         let s = [status("w0", WorkerState::FailedSetup, None, Some(1), None)];
-        assert!(matches!(aggregate(&s, 1, Timestamp::from_secs(2), G), Verdict::Failed { kind: FailureKind::Setup, .. }));
+        assert!(matches!(
+            aggregate(&s, 1, Timestamp::from_secs(2), G),
+            Verdict::Failed {
+                kind: FailureKind::Setup,
+                ..
+            }
+        ));
     }
 
     #[test]
     fn partial_success_with_silent_workers_is_lost_after_grace() {
-        let s = [status("w0", WorkerState::Succeeded, Some(0), Some(100), None)];
-        assert_eq!(aggregate(&s, 2, Timestamp::from_secs(200), G), Verdict::Incomplete { recheck_at: Some(Timestamp::from_secs(700)) });
-        assert!(matches!(aggregate(&s, 2, Timestamp::from_secs(700), G), Verdict::Retryable { recycle: false, .. }));
+        let s = [status(
+            "w0",
+            WorkerState::Succeeded,
+            Some(0),
+            Some(100),
+            None,
+        )];
+        assert_eq!(
+            aggregate(&s, 2, Timestamp::from_secs(200), G),
+            Verdict::Incomplete {
+                recheck_at: Some(Timestamp::from_secs(700))
+            }
+        );
+        assert!(matches!(
+            aggregate(&s, 2, Timestamp::from_secs(700), G),
+            Verdict::Retryable { recycle: false, .. }
+        ));
     }
 
     #[test]
     fn all_succeeded() {
-        let s = [status("w1", WorkerState::Succeeded, Some(0), Some(1), None), status("w0", WorkerState::Succeeded, Some(0), Some(1), None)];
-        assert_eq!(aggregate(&s, 2, Timestamp::from_secs(2), G), Verdict::Succeeded);
+        let s = [
+            status("w1", WorkerState::Succeeded, Some(0), Some(1), None),
+            status("w0", WorkerState::Succeeded, Some(0), Some(1), None),
+        ];
+        assert_eq!(
+            aggregate(&s, 2, Timestamp::from_secs(2), G),
+            Verdict::Succeeded
+        );
     }
 }

@@ -35,12 +35,26 @@ impl<'a> Pass<'a> {
             let count = self.index.ordinals[e].len() as u32;
             let asked = desired.get(e).copied().unwrap_or(0);
             if asked > count {
-                self.violation(format!("policy {} asked for {asked} TPUs of entry {} (count {count})", self.policy.name(), entry.id));
+                self.violation(format!(
+                    "policy {} asked for {asked} TPUs of entry {} (count {count})",
+                    self.policy.name(),
+                    entry.id
+                ));
             }
-            let nodes: Vec<&NodeInfo> =
-                nodes_by_entry.get(entry.id.as_str()).into_iter().flatten().copied().filter(|n| self.index.node_labelled_for(n, e)).collect();
-            let qrs: Vec<&QueuedResourceInfo> =
-                qrs_by_entry.get(entry.id.as_str()).into_iter().flatten().copied().filter(|q| self.index.qr_labelled_for(q, e)).collect();
+            let nodes: Vec<&NodeInfo> = nodes_by_entry
+                .get(entry.id.as_str())
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(|n| self.index.node_labelled_for(n, e))
+                .collect();
+            let qrs: Vec<&QueuedResourceInfo> = qrs_by_entry
+                .get(entry.id.as_str())
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(|q| self.index.qr_labelled_for(q, e))
+                .collect();
             self.size_entry(e, asked.min(count), &named, &nodes, &qrs, &mut remaining);
         }
     }
@@ -49,27 +63,43 @@ impl<'a> Pass<'a> {
     fn remaining_chips(&self) -> BTreeMap<QuotaKey, i64> {
         let mut reserved: BTreeMap<QuotaKey, i64> = BTreeMap::new();
         let key = |spot: bool, t: &crate::spec::TpuType, zone: &str| QuotaKey {
-            model: if spot { ProvisioningModel::Spot } else { ProvisioningModel::OnDemand },
+            model: if spot {
+                ProvisioningModel::Spot
+            } else {
+                ProvisioningModel::OnDemand
+            },
             family: t.quota_family().to_owned(),
             zone: zone.to_owned(),
         };
         let mut counted = BTreeSet::new();
         for node in &self.obs.nodes {
-            let behind_terminal_qr = self.qr_by_node.get(node.name.as_str()).is_some_and(|q| !q.state.is_live());
+            let behind_terminal_qr = self
+                .qr_by_node
+                .get(node.name.as_str())
+                .is_some_and(|q| !q.state.is_live());
             if !node.state.is_terminal() && !behind_terminal_qr {
-                *reserved.entry(key(node.spot, &node.tpu_type, &node.zone)).or_default() += node.tpu_type.chips() as i64;
+                *reserved
+                    .entry(key(node.spot, &node.tpu_type, &node.zone))
+                    .or_default() += node.tpu_type.chips() as i64;
                 counted.insert(node.name.as_str());
             }
         }
         for qr in &self.obs.queued_resources {
             if qr.state.is_live() && !counted.contains(qr.node_id.as_str()) {
-                *reserved.entry(key(qr.spot, &qr.tpu_type, &qr.zone)).or_default() += qr.tpu_type.chips() as i64;
+                *reserved
+                    .entry(key(qr.spot, &qr.tpu_type, &qr.zone))
+                    .or_default() += qr.tpu_type.chips() as i64;
             }
         }
         self.index
             .chip_limits
             .iter()
-            .map(|(k, limit)| (k.clone(), (*limit as i64 - reserved.get(k).copied().unwrap_or(0)).max(0)))
+            .map(|(k, limit)| {
+                (
+                    k.clone(),
+                    (*limit as i64 - reserved.get(k).copied().unwrap_or(0)).max(0),
+                )
+            })
             .collect()
     }
 
@@ -79,7 +109,9 @@ impl<'a> Pass<'a> {
             return true;
         }
         let now = self.now;
-        let Some(r) = self.state.resources.get_mut(resource_id) else { return true };
+        let Some(r) = self.state.resources.get_mut(resource_id) else {
+            return true;
+        };
         match r.idle_since {
             Some(since) if now.elapsed_since(since, timeout) => true,
             Some(since) => {
@@ -116,7 +148,8 @@ impl<'a> Pass<'a> {
         let index = self.index;
         let entry = index.entry(e);
         let ordinals: &[String] = &index.ordinals[e];
-        let busy_name = |p: &Pass<'_>, name: &str| p.state.resources.get(name).is_some_and(Resource::is_busy);
+        let busy_name =
+            |p: &Pass<'_>, name: &str| p.state.resources.get(name).is_some_and(Resource::is_busy);
         let qr_of = |p: &Pass<'a>, name: &str| p.ordinal_qr(name, e);
 
         // What each ordinal has, looked up once.
@@ -144,7 +177,12 @@ impl<'a> Pass<'a> {
         // behind a terminal queued resource, which must be cleaned up first).
         let mut preference: Vec<&str> = Vec::with_capacity(ordinals.len());
         let mut placed = vec![false; facts.len()];
-        let tiers: [fn(&Ordinal<'_>) -> bool; 4] = [|o| o.busy, |o| o.named, |o| o.live, |o| !o.behind_terminal_qr];
+        let tiers: [fn(&Ordinal<'_>) -> bool; 4] = [
+            |o| o.busy,
+            |o| o.named,
+            |o| o.live,
+            |o| !o.behind_terminal_qr,
+        ];
         for tier in tiers {
             for (i, o) in facts.iter().enumerate() {
                 if !placed[i] && tier(o) {
@@ -153,16 +191,26 @@ impl<'a> Pass<'a> {
                 }
             }
         }
-        let desired_set: BTreeSet<&str> = preference.iter().take(desired as usize).copied().collect();
+        let desired_set: BTreeSet<&str> =
+            preference.iter().take(desired as usize).copied().collect();
 
         if desired == 0 {
             let mut just_deleted = BTreeSet::new();
             for node in matching_nodes {
-                if self.ready(node) && !busy_name(self, &node.name) && self.idle_timeout_elapsed(&node.name) {
+                if self.ready(node)
+                    && !busy_name(self, &node.name)
+                    && self.idle_timeout_elapsed(&node.name)
+                {
                     self.delete_node(&node.name, &node.zone);
                     self.mark_deleted(&node.name);
                     just_deleted.insert(node.name.clone());
-                    self.event("idle_spot_tpu_deleted", None, Some(&node.name), None, "reason=no_pending_or_running_jobs".into());
+                    self.event(
+                        "idle_spot_tpu_deleted",
+                        None,
+                        Some(&node.name),
+                        None,
+                        "reason=no_pending_or_running_jobs".into(),
+                    );
                 }
             }
             for qr in matching_qrs.iter().filter(|q| !q.state.is_deleting()) {
@@ -173,7 +221,13 @@ impl<'a> Pass<'a> {
                 };
                 if drop && !busy_name(self, &qr.node_id) {
                     self.delete_qr(&qr.name, &qr.zone);
-                    self.event("idle_spot_queued_resource_deleted", None, Some(&qr.node_id), None, String::new());
+                    self.event(
+                        "idle_spot_queued_resource_deleted",
+                        None,
+                        Some(&qr.node_id),
+                        None,
+                        String::new(),
+                    );
                 }
             }
             self.clear_notice(&format!("chip_limit:{}", entry.id));
@@ -183,22 +237,38 @@ impl<'a> Pass<'a> {
         // Ready nodes outside the desired set: kept until their idle timeout.
         let mut retained = BTreeSet::new();
         for node in matching_nodes {
-            if desired_set.contains(node.name.as_str()) || !self.ready(node) || busy_name(self, &node.name) {
+            if desired_set.contains(node.name.as_str())
+                || !self.ready(node)
+                || busy_name(self, &node.name)
+            {
                 continue;
             }
             if self.idle_timeout_elapsed(&node.name) {
                 self.delete_node(&node.name, &node.zone);
                 self.mark_deleted(&node.name);
-                self.event("undeclared_spot_tpu_deleted", None, Some(&node.name), None, "reason=capacity_target_reduced".into());
+                self.event(
+                    "undeclared_spot_tpu_deleted",
+                    None,
+                    Some(&node.name),
+                    None,
+                    "reason=capacity_target_reduced".into(),
+                );
             } else {
                 retained.insert(node.name.clone());
             }
         }
         for qr in matching_qrs.iter().filter(|q| !q.state.is_deleting()) {
-            let outside = !desired_set.contains(qr.node_id.as_str()) || qr.name != names::queued_resource_name(&qr.node_id);
+            let outside = !desired_set.contains(qr.node_id.as_str())
+                || qr.name != names::queued_resource_name(&qr.node_id);
             if outside && !retained.contains(&qr.node_id) && !busy_name(self, &qr.node_id) {
                 self.delete_qr(&qr.name, &qr.zone);
-                self.event("undeclared_spot_queued_resource_deleted", None, Some(&qr.node_id), None, String::new());
+                self.event(
+                    "undeclared_spot_queued_resource_deleted",
+                    None,
+                    Some(&qr.node_id),
+                    None,
+                    String::new(),
+                );
             }
         }
         // Clean up desired ordinals whose TPU or request ended.
@@ -209,13 +279,27 @@ impl<'a> Pass<'a> {
                 && (node_terminal || !qr.state.is_live())
             {
                 self.delete_qr(&qr.name, &qr.zone);
-                let reason = if node_terminal { "reason=tpu_not_ready" } else { "reason=queued_resource_terminal" };
-                self.event("queued_resource_deleted", None, Some(name), None, reason.into());
+                let reason = if node_terminal {
+                    "reason=tpu_not_ready"
+                } else {
+                    "reason=queued_resource_terminal"
+                };
+                self.event(
+                    "queued_resource_deleted",
+                    None,
+                    Some(name),
+                    None,
+                    reason.into(),
+                );
             }
         }
         let current = desired_set
             .iter()
-            .filter(|n| self.ordinal_ready(n, e) || (qr_of(self, n).is_some_and(|q| q.state.is_live()) && !self.was_deleted_qr(n)))
+            .filter(|n| {
+                self.ordinal_ready(n, e)
+                    || (qr_of(self, n).is_some_and(|q| q.state.is_live())
+                        && !self.was_deleted_qr(n))
+            })
             .count() as u32;
         let mut missing = desired.saturating_sub(current);
         if missing == 0 {
@@ -261,7 +345,9 @@ impl<'a> Pass<'a> {
             if present {
                 continue;
             }
-            let Some(runtime) = entry.runtime.clone() else { break };
+            let Some(runtime) = entry.runtime.clone() else {
+                break;
+            };
             self.out.actions.push(Action::CreateQueuedResource {
                 name: qr_name,
                 node_id: name.clone(),
@@ -274,23 +360,30 @@ impl<'a> Pass<'a> {
             if let Some((key, _)) = &quota {
                 *remaining.entry(key.clone()).or_default() -= chips;
             }
-            self.event("queued_resource_created", None, Some(name), None, format!("entry={}", entry.id));
+            self.event(
+                "queued_resource_created",
+                None,
+                Some(name),
+                None,
+                format!("entry={}", entry.id),
+            );
             missing -= 1;
         }
     }
 
     /// The ready, matching node of ordinal `name` of entry `e` (not behind a terminal request).
     fn ordinal_ready(&self, name: &str, e: usize) -> bool {
-        self.nodes.get(name).is_some_and(|n| self.index.node_labelled_for(n, e) && self.ready(n))
-            && !self.qr_by_node.get(name).is_some_and(|q| !q.state.is_live())
+        self.nodes
+            .get(name)
+            .is_some_and(|n| self.index.node_labelled_for(n, e) && self.ready(n))
+            && self.qr_by_node.get(name).is_none_or(|q| q.state.is_live())
     }
 
     /// The matching queued resource of ordinal `name` of entry `e`.
     fn ordinal_qr(&self, name: &str, e: usize) -> Option<&'a super::observe::QueuedResourceInfo> {
-        self.qr_by_node
-            .get(name)
-            .copied()
-            .filter(|q| q.name.strip_prefix(names::QR_PREFIX) == Some(name) && self.index.qr_labelled_for(q, e))
+        self.qr_by_node.get(name).copied().filter(|q| {
+            q.name.strip_prefix(names::QR_PREFIX) == Some(name) && self.index.qr_labelled_for(q, e)
+        })
     }
 
     fn was_deleted_qr(&self, node: &str) -> bool {
@@ -300,7 +393,11 @@ impl<'a> Pass<'a> {
     /// Record a TPU being provisioned under `name` (new or reset).
     fn track_provisioning(&mut self, e: usize, name: &str) {
         let entry = self.index.entry(e);
-        let r = self.state.resources.entry(name.to_owned()).or_insert_with(|| Resource::new(name, entry, ResourceStatus::Provisioning, 1));
+        let r = self
+            .state
+            .resources
+            .entry(name.to_owned())
+            .or_insert_with(|| Resource::new(name, entry, ResourceStatus::Provisioning, 1));
         if r.owner.is_none() {
             r.status = ResourceStatus::Provisioning;
             r.idle_since = None;

@@ -63,5 +63,6 @@ impl Default for EngineConfig {
 
 /// `base × 2^(n-1)`, capped at `max` (n ≥ 1).
 pub fn backoff_secs(base: i64, max: i64, n: u32) -> i64 {
-    base.saturating_mul(1i64 << n.saturating_sub(1).min(30)).min(max)
+    base.saturating_mul(1i64 << n.saturating_sub(1).min(30))
+        .min(max)
 }

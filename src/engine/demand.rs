@@ -2,7 +2,6 @@
 //! and regions form one class, whose compatible fleet entries are computed once. Policies work
 //! on classes so a pass costs O(jobs + classes × entries), not O(jobs × entries).
 
-
 use super::fleet_index::FleetIndex;
 use super::state::{Job, RegionChoice, Resource};
 use super::time::Timestamp;
@@ -97,13 +96,16 @@ impl<'a> Requirement<'a> {
             (None, EntryKind::Adopted { .. }) => true,
             (None, EntryKind::Managed { count }) => *count > 0,
             (Some(name), EntryKind::Adopted { existing }) => name == existing,
-            (Some(name), EntryKind::Managed { .. }) => index.ordinals[entry_index].iter().any(|n| n == name),
+            (Some(name), EntryKind::Managed { .. }) => {
+                index.ordinals[entry_index].iter().any(|n| n == name)
+            }
         }
     }
 
     /// Job accepts resource (§3.9): type, zone, name and region.
     pub fn accepts_resource(&self, resource: &Resource) -> bool {
-        self.place_ok(&resource.tpu_type, &resource.zone) && self.tpu_name.is_none_or(|n| n == resource.tpu_name)
+        self.place_ok(&resource.tpu_type, &resource.zone)
+            && self.tpu_name.is_none_or(|n| n == resource.tpu_name)
     }
 }
 
@@ -140,22 +142,40 @@ pub struct Demand<'a> {
 
 impl<'a> Demand<'a> {
     /// Groups `pending` (jobs with status pending) by requirement.
-    pub fn build(index: &FleetIndex, pending: impl IntoIterator<Item = &'a Job>, now: Timestamp) -> Demand<'a> {
+    pub fn build(
+        index: &FleetIndex,
+        pending: impl IntoIterator<Item = &'a Job>,
+        now: Timestamp,
+    ) -> Demand<'a> {
         // Only looked up, never iterated: class ids follow job order, so hashing is safe
         // for determinism and much cheaper than ordered keys at 100k jobs.
-        let mut by_req: rustc_hash::FxHashMap<Requirement<'a>, u32> = rustc_hash::FxHashMap::default();
+        let mut by_req: rustc_hash::FxHashMap<Requirement<'a>, u32> =
+            rustc_hash::FxHashMap::default();
         let mut demand = Demand::default();
         for job in pending {
             let req = Requirement::of(job);
             let class = *by_req.entry(req).or_insert_with(|| {
-                let entries: Vec<u32> =
-                    (0..index.fleet.tpus.len()).filter(|&e| req.accepts_entry(index, e)).map(|e| e as u32).collect();
-                let managed_entries = entries.iter().filter(|&&e| !index.entry(e as usize).is_adopted()).count() as u32;
-                demand.classes.push(DemandClass { req, entries, managed_entries });
+                let entries: Vec<u32> = (0..index.fleet.tpus.len())
+                    .filter(|&e| req.accepts_entry(index, e))
+                    .map(|e| e as u32)
+                    .collect();
+                let managed_entries = entries
+                    .iter()
+                    .filter(|&&e| !index.entry(e as usize).is_adopted())
+                    .count() as u32;
+                demand.classes.push(DemandClass {
+                    req,
+                    entries,
+                    managed_entries,
+                });
                 (demand.classes.len() - 1) as u32
             });
             let assignable = job.not_before.is_none_or(|t| t <= now);
-            demand.jobs.push(PendingJob { job, class, assignable });
+            demand.jobs.push(PendingJob {
+                job,
+                class,
+                assignable,
+            });
         }
         demand
     }

@@ -26,7 +26,11 @@ pub struct Explanation {
 fn describe_request(req: &Requirement<'_>) -> String {
     let tpu = match req.tpu {
         TpuRequest::Any => "any TPU type".to_owned(),
-        TpuRequest::OneOf(types) => types.iter().map(ToString::to_string).collect::<Vec<_>>().join(" or "),
+        TpuRequest::OneOf(types) => types
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" or "),
     };
     let mut out = tpu;
     if let Some(z) = req.zone {
@@ -36,17 +40,28 @@ fn describe_request(req: &Requirement<'_>) -> String {
         out.push_str(&format!(" on TPU {n}"));
     }
     match req.regions {
-        RegionChoice::Pinned(r) => out.push_str(&format!(" in region {r} (pinned by its previous attempt)")),
+        RegionChoice::Pinned(r) => {
+            out.push_str(&format!(" in region {r} (pinned by its previous attempt)"))
+        }
         RegionChoice::AnyOf(list) => {
             let regions: Vec<&str> = list.iter().map(|b| b.region.as_str()).collect();
-            out.push_str(&format!(" in regions with a bucket ({})", regions.join(", ")));
+            out.push_str(&format!(
+                " in regions with a bucket ({})",
+                regions.join(", ")
+            ));
         }
     }
     out
 }
 
 /// Explains every job still pending after the pass.
-pub fn explain(index: &FleetIndex, state: &State, observation: &Observation, out: &PassOutput, now: Timestamp) -> Vec<Explanation> {
+pub fn explain(
+    index: &FleetIndex,
+    state: &State,
+    observation: &Observation,
+    out: &PassOutput,
+    now: Timestamp,
+) -> Vec<Explanation> {
     // Live requests per entry (observed and created this pass).
     let mut requests: BTreeMap<&str, u32> = BTreeMap::new();
     for q in &observation.queued_resources {
@@ -68,7 +83,11 @@ pub fn explain(index: &FleetIndex, state: &State, observation: &Observation, out
         .filter_map(|e| Some((e.job_id.as_deref()?, e.resource_id.as_deref()?)))
         .collect();
     let mut result = Vec::new();
-    for job in state.jobs.values().filter(|j| j.status == JobStatus::Pending) {
+    for job in state
+        .jobs
+        .values()
+        .filter(|j| j.status == JobStatus::Pending)
+    {
         let req = Requirement::of(job);
         let mut reasons = Vec::new();
         if let Some(t) = job.not_before.filter(|t| *t > now) {
@@ -77,10 +96,15 @@ pub fn explain(index: &FleetIndex, state: &State, observation: &Observation, out
                 job.infra_failures
             ));
         }
-        let entries: Vec<usize> = (0..index.fleet.tpus.len()).filter(|&e| req.accepts_entry(index, e)).collect();
+        let entries: Vec<usize> = (0..index.fleet.tpus.len())
+            .filter(|&e| req.accepts_entry(index, e))
+            .collect();
         if entries.is_empty() {
             reasons.push(format!("no fleet entry offers {}", describe_request(&req)));
-            result.push(Explanation { job_id: job.id.clone(), reasons });
+            result.push(Explanation {
+                job_id: job.id.clone(),
+                reasons,
+            });
             continue;
         }
         // TPUs of compatible entries and who holds them.
@@ -90,7 +114,10 @@ pub fn explain(index: &FleetIndex, state: &State, observation: &Observation, out
                 continue;
             }
             if let Some(owner) = &r.owner {
-                let when = if assigned_now.iter().any(|(j, res)| *j == owner.job_id && *res == r.id) {
+                let when = if assigned_now
+                    .iter()
+                    .any(|(j, res)| *j == owner.job_id && *res == r.id)
+                {
                     "assigned this pass"
                 } else {
                     "running"
@@ -101,33 +128,60 @@ pub fn explain(index: &FleetIndex, state: &State, observation: &Observation, out
         if !holders.is_empty() {
             holders.sort();
             let shown: Vec<&str> = holders.iter().take(5).map(String::as_str).collect();
-            let more = if holders.len() > 5 { format!(" and {} more", holders.len() - 5) } else { String::new() };
-            reasons.push(format!("every compatible TPU is taken by an earlier or higher-priority job: {}{more}", shown.join(", ")));
+            let more = if holders.len() > 5 {
+                format!(" and {} more", holders.len() - 5)
+            } else {
+                String::new()
+            };
+            reasons.push(format!(
+                "every compatible TPU is taken by an earlier or higher-priority job: {}{more}",
+                shown.join(", ")
+            ));
         }
         let mut requested = Vec::new();
         for &e in &entries {
             let entry = index.entry(e);
             match &entry.kind {
                 EntryKind::Adopted { existing } => {
-                    let usable = state.resources.values().any(|r| r.adopted && r.tpu_name == *existing && (r.status == super::state::ResourceStatus::Idle || r.is_busy()));
+                    let usable = state.resources.values().any(|r| {
+                        r.adopted
+                            && r.tpu_name == *existing
+                            && (r.status == super::state::ResourceStatus::Idle || r.is_busy())
+                    });
                     if !usable {
-                        reasons.push(format!("adopted TPU {existing} ({}) is not available", entry.zone));
+                        reasons.push(format!(
+                            "adopted TPU {existing} ({}) is not available",
+                            entry.zone
+                        ));
                     }
                 }
                 EntryKind::Managed { count } => {
                     if let Some(b) = state.entry_backoff.get(&entry.id).filter(|b| b.until > now) {
-                        reasons.push(format!("entry {} paused until {} after a refusal ({})", entry.id, b.until, b.reason));
+                        reasons.push(format!(
+                            "entry {} paused until {} after a refusal ({})",
+                            entry.id, b.until, b.reason
+                        ));
                     }
                     if let Some(note) = state.notices.get(&format!("chip_limit:{}", entry.id)) {
                         reasons.push(format!("chip limit reached: {note}"));
                     }
                     let n = requests.get(entry.id.as_str()).copied().unwrap_or(0);
                     if n > 0 {
-                        requested.push(format!("{} ({} {}, {n}/{count} requested)", entry.zone, entry.tpu_type, entry.id));
+                        requested.push(format!(
+                            "{} ({} {}, {n}/{count} requested)",
+                            entry.zone, entry.tpu_type, entry.id
+                        ));
                     } else if *count > 0 {
-                        let busy = state.resources.values().filter(|r| r.entry_id == entry.id && r.is_busy()).count() as u32;
+                        let busy = state
+                            .resources
+                            .values()
+                            .filter(|r| r.entry_id == entry.id && r.is_busy())
+                            .count() as u32;
                         if busy >= *count {
-                            reasons.push(format!("entry {} is at its count ({count} TPUs, all busy)", entry.id));
+                            reasons.push(format!(
+                                "entry {} is at its count ({count} TPUs, all busy)",
+                                entry.id
+                            ));
                         }
                     }
                 }
@@ -137,9 +191,16 @@ pub fn explain(index: &FleetIndex, state: &State, observation: &Observation, out
             reasons.push(format!("capacity requested in {}", requested.join("; ")));
         }
         if reasons.is_empty() {
-            reasons.push(format!("waiting for capacity: {} compatible entr{}", entries.len(), if entries.len() == 1 { "y" } else { "ies" }));
+            reasons.push(format!(
+                "waiting for capacity: {} compatible entr{}",
+                entries.len(),
+                if entries.len() == 1 { "y" } else { "ies" }
+            ));
         }
-        result.push(Explanation { job_id: job.id.clone(), reasons });
+        result.push(Explanation {
+            job_id: job.id.clone(),
+            reasons,
+        });
     }
     result
 }

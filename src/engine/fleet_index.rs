@@ -44,30 +44,61 @@ impl FleetIndex {
         for (i, entry) in fleet.tpus.iter().enumerate() {
             match &entry.kind {
                 EntryKind::Adopted { existing } => {
-                    declared.insert(existing.clone(), Declared { entry: i, ordinal: 0 });
+                    declared.insert(
+                        existing.clone(),
+                        Declared {
+                            entry: i,
+                            ordinal: 0,
+                        },
+                    );
                     ordinals.push(Vec::new());
                 }
                 EntryKind::Managed { count } => {
-                    let names: Vec<String> = (1..=*count).map(|k| entry.node_name(&fleet.name, k)).collect();
+                    let names: Vec<String> = (1..=*count)
+                        .map(|k| entry.node_name(&fleet.name, k))
+                        .collect();
                     for (k, name) in names.iter().enumerate() {
-                        declared.insert(name.clone(), Declared { entry: i, ordinal: k as u32 + 1 });
+                        declared.insert(
+                            name.clone(),
+                            Declared {
+                                entry: i,
+                                ordinal: k as u32 + 1,
+                            },
+                        );
                     }
                     ordinals.push(names);
                 }
             }
         }
-        let by_id = fleet.tpus.iter().enumerate().map(|(i, e)| (e.id.clone(), i)).collect();
+        let by_id = fleet
+            .tpus
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.id.clone(), i))
+            .collect();
         let chip_limits = fleet.chip_limits();
         let mut declared_targets = DeclaredTargets::default();
         for (name, d) in &declared {
             let entry = &fleet.tpus[d.entry];
-            declared_targets.nodes.insert((entry.zone.clone(), name.clone()));
+            declared_targets
+                .nodes
+                .insert((entry.zone.clone(), name.clone()));
             if !entry.is_adopted() {
-                declared_targets.queued_resources.insert((entry.zone.clone(), names::queued_resource_name(name)));
+                declared_targets
+                    .queued_resources
+                    .insert((entry.zone.clone(), names::queued_resource_name(name)));
             }
         }
         let declared_lookup = declared.iter().map(|(k, v)| (k.clone(), *v)).collect();
-        FleetIndex { fleet, declared, declared_lookup, ordinals, by_id, chip_limits, declared_targets }
+        FleetIndex {
+            fleet,
+            declared,
+            declared_lookup,
+            ordinals,
+            by_id,
+            chip_limits,
+            declared_targets,
+        }
     }
 
     /// The entry at `index`.
@@ -126,7 +157,9 @@ impl FleetIndex {
         let ok = entry.zone == resource.zone
             && entry.tpu_type == resource.tpu_type
             && match &entry.kind {
-                EntryKind::Adopted { existing } => resource.adopted && *existing == resource.tpu_name,
+                EntryKind::Adopted { existing } => {
+                    resource.adopted && *existing == resource.tpu_name
+                }
                 EntryKind::Managed { .. } => !resource.adopted,
             };
         ok.then_some(index)
@@ -135,7 +168,10 @@ impl FleetIndex {
     /// True when the record is declared: owned and, if managed, one of ordinals `1..=count`.
     pub fn is_declared(&self, resource: &Resource) -> bool {
         self.owns_record(resource).is_some()
-            && self.declared_lookup.get(&resource.tpu_name).is_some_and(|d| self.entry(d.entry).id == resource.entry_id)
+            && self
+                .declared_lookup
+                .get(&resource.tpu_name)
+                .is_some_and(|d| self.entry(d.entry).id == resource.entry_id)
     }
 
     /// The exact names the drivers fetch (never listing): declared nodes and ordinal queued
@@ -146,16 +182,24 @@ impl FleetIndex {
         let mut extra_nodes = BTreeSet::new();
         let mut extra_queued_resources = BTreeSet::new();
         for r in state.resources.values().filter(|r| !r.status.is_gone()) {
-            let declared = self.declared_lookup.get(&r.tpu_name).is_some_and(|d| self.entry(d.entry).zone == r.zone);
+            let declared = self
+                .declared_lookup
+                .get(&r.tpu_name)
+                .is_some_and(|d| self.entry(d.entry).zone == r.zone);
             if declared {
                 continue;
             }
             extra_nodes.insert((r.zone.clone(), r.tpu_name.clone()));
             if !r.adopted {
-                extra_queued_resources.insert((r.zone.clone(), names::queued_resource_name(&r.tpu_name)));
+                extra_queued_resources
+                    .insert((r.zone.clone(), names::queued_resource_name(&r.tpu_name)));
             }
         }
-        InventoryTargets { declared: &self.declared_targets, extra_nodes, extra_queued_resources }
+        InventoryTargets {
+            declared: &self.declared_targets,
+            extra_nodes,
+            extra_queued_resources,
+        }
     }
 
     /// The quota key and chip limit of entry `index`, if limited.
@@ -188,15 +232,20 @@ pub struct InventoryTargets<'a> {
 impl InventoryTargets<'_> {
     /// Every node to fetch.
     pub fn nodes(&self) -> impl Iterator<Item = &(String, String)> {
-        self.declared.nodes.iter().chain(self.extra_nodes.iter().filter(|t| !self.declared.nodes.contains(*t)))
+        self.declared.nodes.iter().chain(
+            self.extra_nodes
+                .iter()
+                .filter(|t| !self.declared.nodes.contains(*t)),
+        )
     }
 
     /// Every queued resource to fetch.
     pub fn queued_resources(&self) -> impl Iterator<Item = &(String, String)> {
-        self.declared
-            .queued_resources
-            .iter()
-            .chain(self.extra_queued_resources.iter().filter(|t| !self.declared.queued_resources.contains(*t)))
+        self.declared.queued_resources.iter().chain(
+            self.extra_queued_resources
+                .iter()
+                .filter(|t| !self.declared.queued_resources.contains(*t)),
+        )
     }
 }
 

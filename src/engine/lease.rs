@@ -50,15 +50,25 @@ pub fn acquire(
     if let Some(current) = current_epoch
         && current != epoch
     {
-        return Err(Refusal::StaleEpoch { current: current.to_owned() });
+        return Err(Refusal::StaleEpoch {
+            current: current.to_owned(),
+        });
     }
     if let Some(l) = lease
         && l.owner != owner
         && l.expires_at > now
     {
-        return Err(Refusal::Held { owner: l.owner.clone(), until: l.expires_at });
+        return Err(Refusal::Held {
+            owner: l.owner.clone(),
+            until: l.expires_at,
+        });
     }
-    Ok(Lease { owner: owner.to_owned(), epoch: epoch.to_owned(), acquired_at: now, expires_at: now.plus_secs(ttl_secs) })
+    Ok(Lease {
+        owner: owner.to_owned(),
+        epoch: epoch.to_owned(),
+        acquired_at: now,
+        expires_at: now.plus_secs(ttl_secs),
+    })
 }
 
 /// Releases the lease only if `owner` holds it; returns the document to keep.
@@ -76,9 +86,15 @@ mod tests {
     fn epochs_and_owners() {
         let held = acquire(None, Some("e2"), "a", "e2", 900, T0).unwrap();
         // A stale epoch never acts, even on a free lease.
-        assert!(matches!(acquire(None, Some("e2"), "old", "e1", 900, T0), Err(Refusal::StaleEpoch { .. })));
+        assert!(matches!(
+            acquire(None, Some("e2"), "old", "e1", 900, T0),
+            Err(Refusal::StaleEpoch { .. })
+        ));
         // Another owner cannot take a live lease, even with the right epoch.
-        assert!(matches!(acquire(Some(&held), Some("e2"), "b", "e2", 900, T0.plus_secs(10)), Err(Refusal::Held { .. })));
+        assert!(matches!(
+            acquire(Some(&held), Some("e2"), "b", "e2", 900, T0.plus_secs(10)),
+            Err(Refusal::Held { .. })
+        ));
         // The holder renews; others take it once it lapsed.
         assert!(acquire(Some(&held), Some("e2"), "a", "e2", 900, T0.plus_secs(10)).is_ok());
         assert!(acquire(Some(&held), Some("e2"), "b", "e2", 900, T0.plus_secs(901)).is_ok());

@@ -19,8 +19,8 @@ pub mod lease;
 pub mod observe;
 pub mod policy;
 mod reconcile;
-pub mod synthetic;
 pub mod state;
+pub mod synthetic;
 pub mod time;
 
 pub use config::EngineConfig;
@@ -44,7 +44,11 @@ pub struct Engine {
 impl Engine {
     /// An engine for `fleet` with `policy`.
     pub fn new(fleet: FleetSpec, config: EngineConfig, policy: Box<dyn Policy>) -> Engine {
-        Engine { index: FleetIndex::new(fleet), config, policy }
+        Engine {
+            index: FleetIndex::new(fleet),
+            config,
+            policy,
+        }
     }
 
     /// The fleet index.
@@ -68,7 +72,20 @@ impl Engine {
     }
 
     /// One reconcile pass.
-    pub fn reconcile(&self, state: &mut State, observation: &Observation, now: Timestamp) -> PassOutput {
-        reconcile::Pass::new(&self.index, &self.config, &*self.policy, state, observation, now).run()
+    pub fn reconcile(
+        &self,
+        state: &mut State,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> PassOutput {
+        reconcile::Pass::new(
+            &self.index,
+            &self.config,
+            &*self.policy,
+            state,
+            observation,
+            now,
+        )
+        .run()
     }
 }

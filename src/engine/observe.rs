@@ -110,7 +110,9 @@ impl NodeState {
 }
 
 /// TPU node health.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Health {
     /// Healthy (also the default when the API omits it).
@@ -184,7 +186,11 @@ impl QrState {
     pub fn is_live(self) -> bool {
         matches!(
             self,
-            QrState::Creating | QrState::Accepted | QrState::WaitingForResources | QrState::Provisioning | QrState::Active
+            QrState::Creating
+                | QrState::Accepted
+                | QrState::WaitingForResources
+                | QrState::Provisioning
+                | QrState::Active
         )
     }
 

@@ -13,13 +13,13 @@ use super::config::{EngineConfig, backoff_secs};
 use super::demand::Demand;
 use super::fleet_index::FleetIndex;
 use super::observe::{
-    Action, ActionFailure, AttemptReport, CancelOutcome, CloudFailure, Event, LaunchRequest, NodeInfo, Observation,
-    QueuedResourceInfo, RemoteErrorKind,
+    Action, ActionFailure, AttemptReport, CancelOutcome, CloudFailure, Event, LaunchRequest,
+    NodeInfo, Observation, QueuedResourceInfo, RemoteErrorKind,
 };
 use super::policy::{AssignInput, CapacityInput, Policy};
 use super::state::{
-    Attempt, AttemptStatus, Backoff, EndReason, FailureCounter, InterruptionStatus, Job, JobStatus, Placement, Resource,
-    ResourceStatus, State,
+    Attempt, AttemptStatus, Backoff, EndReason, FailureCounter, InterruptionStatus, Job, JobStatus,
+    Placement, Resource, ResourceStatus, State,
 };
 use super::time::Timestamp;
 use crate::spec::fleet::SshTransport;
@@ -88,8 +88,16 @@ impl<'a> Pass<'a> {
         now: Timestamp,
     ) -> Pass<'a> {
         let nodes = obs.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-        let qrs = obs.queued_resources.iter().map(|q| (q.name.as_str(), q)).collect();
-        let qr_by_node = obs.queued_resources.iter().map(|q| (q.node_id.as_str(), q)).collect();
+        let qrs = obs
+            .queued_resources
+            .iter()
+            .map(|q| (q.name.as_str(), q))
+            .collect();
+        let qr_by_node = obs
+            .queued_resources
+            .iter()
+            .map(|q| (q.node_id.as_str(), q))
+            .collect();
         Pass {
             index,
             config,
@@ -133,7 +141,14 @@ impl<'a> Pass<'a> {
 
     // ----- helpers -------------------------------------------------------------------
 
-    pub(super) fn event(&mut self, kind: &str, job: Option<&str>, resource: Option<&str>, attempt: Option<&str>, detail: String) {
+    pub(super) fn event(
+        &mut self,
+        kind: &str,
+        job: Option<&str>,
+        resource: Option<&str>,
+        attempt: Option<&str>,
+        detail: String,
+    ) {
         self.out.events.push(Event {
             at: self.now,
             kind: kind.to_owned(),
@@ -145,7 +160,13 @@ impl<'a> Pass<'a> {
     }
 
     /// Emits `kind` only when the condition `key` changes to `value` (no repeats every pass).
-    pub(super) fn notice(&mut self, key: String, value: String, kind: &str, resource: Option<&str>) {
+    pub(super) fn notice(
+        &mut self,
+        key: String,
+        value: String,
+        kind: &str,
+        resource: Option<&str>,
+    ) {
         if self.state.notices.get(&key) != Some(&value) {
             self.state.notices.insert(key, value.clone());
             self.event(kind, None, resource, None, value);
@@ -166,7 +187,11 @@ impl<'a> Pass<'a> {
     }
 
     fn resource_id_for(&self, entry: usize, node_name: &str) -> String {
-        if self.index.entry(entry).is_adopted() { format!("adopted-{node_name}") } else { node_name.to_owned() }
+        if self.index.entry(entry).is_adopted() {
+            format!("adopted-{node_name}")
+        } else {
+            node_name.to_owned()
+        }
     }
 
     /// A node that counts: present and matching its declared entry.
@@ -208,13 +233,19 @@ impl<'a> Pass<'a> {
 
     pub(super) fn delete_qr(&mut self, name: &str, zone: &str) {
         if self.deleted.insert(name.to_owned()) {
-            self.out.actions.push(Action::DeleteQueuedResource { name: name.to_owned(), zone: zone.to_owned() });
+            self.out.actions.push(Action::DeleteQueuedResource {
+                name: name.to_owned(),
+                zone: zone.to_owned(),
+            });
         }
     }
 
     pub(super) fn delete_node(&mut self, name: &str, zone: &str) {
         if self.deleted.insert(name.to_owned()) {
-            self.out.actions.push(Action::DeleteNode { name: name.to_owned(), zone: zone.to_owned() });
+            self.out.actions.push(Action::DeleteNode {
+                name: name.to_owned(),
+                zone: zone.to_owned(),
+            });
         }
     }
 
@@ -230,16 +261,24 @@ impl<'a> Pass<'a> {
     fn finish(&mut self, job_id: &str, f: Finish<'_>) -> bool {
         let now = self.now;
         let config = *self.config;
-        let Some(job) = self.state.jobs.get_mut(job_id) else { return false };
+        let Some(job) = self.state.jobs.get_mut(job_id) else {
+            return false;
+        };
         if job.status != f.expected {
             return false;
         }
-        let (Some(attempt_id), Some(resource_id)) = (job.current_attempt.clone(), job.assigned_resource.clone()) else {
-            self.out.violations.push(format!("finish of job {job_id} without a current attempt and resource"));
+        let (Some(attempt_id), Some(resource_id)) =
+            (job.current_attempt.clone(), job.assigned_resource.clone())
+        else {
+            self.out.violations.push(format!(
+                "finish of job {job_id} without a current attempt and resource"
+            ));
             return false;
         };
         let Some(attempt) = job.attempt_mut() else {
-            self.out.violations.push(format!("job {job_id} points at missing attempt {attempt_id}"));
+            self.out.violations.push(format!(
+                "job {job_id} points at missing attempt {attempt_id}"
+            ));
             return false;
         };
         if let Err(e) = attempt.end(f.attempt_status, f.reason, f.exit_code, f.summary, now) {
@@ -252,7 +291,10 @@ impl<'a> Pass<'a> {
         if interrupted {
             job.interruptions += 1;
         }
-        if job_status == JobStatus::Pending && interrupted && !job.spec.retry_on_infrastructure_failure {
+        if job_status == JobStatus::Pending
+            && interrupted
+            && !job.spec.retry_on_infrastructure_failure
+        {
             job_status = JobStatus::Failed;
             end_reason = Some("interrupted with retry_on_infrastructure_failure: false".to_owned());
         }
@@ -260,9 +302,16 @@ impl<'a> Pass<'a> {
             job.infra_failures += 1;
             if job.infra_failures > config.max_infra_retries {
                 job_status = JobStatus::Failed;
-                end_reason = Some(format!("infrastructure_retries_exhausted after {} failures", job.infra_failures));
+                end_reason = Some(format!(
+                    "infrastructure_retries_exhausted after {} failures",
+                    job.infra_failures
+                ));
             } else {
-                let wait = backoff_secs(config.infra_backoff_secs, config.infra_backoff_max_secs, job.infra_failures);
+                let wait = backoff_secs(
+                    config.infra_backoff_secs,
+                    config.infra_backoff_max_secs,
+                    job.infra_failures,
+                );
                 job.not_before = Some(now.plus_secs(wait));
             }
         }
@@ -284,7 +333,9 @@ impl<'a> Pass<'a> {
             return true;
         };
         if !resource.owned_by(job_id, &attempt_id) {
-            self.out.violations.push(format!("resource {resource_id} does not own attempt {attempt_id} of {job_id}"));
+            self.out.violations.push(format!(
+                "resource {resource_id} does not own attempt {attempt_id} of {job_id}"
+            ));
             self.state.retire(job_id);
             return true;
         }
@@ -294,7 +345,11 @@ impl<'a> Pass<'a> {
                 Some(c) if c.job_id == job_id => c.count + 1,
                 _ => 1,
             };
-            resource.retryable_failures = Some(FailureCounter { job_id: job_id.to_owned(), attempt_id: None, count });
+            resource.retryable_failures = Some(FailureCounter {
+                job_id: job_id.to_owned(),
+                attempt_id: None,
+                count,
+            });
             if f.recycle_threshold > 0 && count >= f.recycle_threshold {
                 to = ResourceStatus::Recycling;
             }
@@ -306,7 +361,13 @@ impl<'a> Pass<'a> {
         }
         if to == ResourceStatus::Recycling {
             let count = resource.retryable_failures.as_ref().map_or(0, |c| c.count);
-            self.event("retryable_infrastructure_recycle_scheduled", Some(job_id), Some(&resource_id), Some(&attempt_id), format!("failure_count={count}"));
+            self.event(
+                "retryable_infrastructure_recycle_scheduled",
+                Some(job_id),
+                Some(&resource_id),
+                Some(&attempt_id),
+                format!("failure_count={count}"),
+            );
         }
         self.state.retire(job_id);
         true
@@ -314,43 +375,75 @@ impl<'a> Pass<'a> {
 
     /// Mark preempted (§3.8): an owned TPU loses its attempt; an unowned one is just gone.
     pub(super) fn mark_preempted(&mut self, resource_id: &str) {
-        let Some(resource) = self.state.resources.get(resource_id) else { return };
+        let Some(resource) = self.state.resources.get(resource_id) else {
+            return;
+        };
         if let Some(owner) = resource.owner.clone() {
             let status = self.state.jobs.get(&owner.job_id).map(|j| j.status);
-            let attempt_ok = self.state.jobs.get(&owner.job_id).and_then(Job::attempt).is_some_and(|a| a.id == owner.attempt_id);
+            let attempt_ok = self
+                .state
+                .jobs
+                .get(&owner.job_id)
+                .and_then(Job::attempt)
+                .is_some_and(|a| a.id == owner.attempt_id);
             if attempt_ok && status == Some(JobStatus::Cancelling) {
-                let done = self.finish(&owner.job_id, Finish {
-                    attempt_status: AttemptStatus::Cancelled,
-                    reason: EndReason::Cancelled,
-                    job_status: JobStatus::Deactivated,
-                    resource_status: ResourceStatus::Preempted,
-                    exit_code: None,
-                    summary: "TPU lost while cancelling",
-                    retryable: false,
-                    recycle_threshold: 0,
-                    expected: JobStatus::Cancelling,
-                });
+                let done = self.finish(
+                    &owner.job_id,
+                    Finish {
+                        attempt_status: AttemptStatus::Cancelled,
+                        reason: EndReason::Cancelled,
+                        job_status: JobStatus::Deactivated,
+                        resource_status: ResourceStatus::Preempted,
+                        exit_code: None,
+                        summary: "TPU lost while cancelling",
+                        retryable: false,
+                        recycle_threshold: 0,
+                        expected: JobStatus::Cancelling,
+                    },
+                );
                 if done {
-                    self.event("job_cancelled", Some(&owner.job_id), Some(resource_id), Some(&owner.attempt_id), "tpu lost".into());
+                    self.event(
+                        "job_cancelled",
+                        Some(&owner.job_id),
+                        Some(resource_id),
+                        Some(&owner.attempt_id),
+                        "tpu lost".into(),
+                    );
                 }
                 return;
             }
             if attempt_ok && status == Some(JobStatus::Running) {
-                let done = self.finish(&owner.job_id, Finish {
-                    attempt_status: AttemptStatus::Interrupted,
-                    reason: EndReason::Preempted,
-                    job_status: JobStatus::Pending,
-                    resource_status: ResourceStatus::Preempted,
-                    exit_code: None,
-                    summary: "TPU preempted or lost",
-                    retryable: false,
-                    recycle_threshold: 0,
-                    expected: JobStatus::Running,
-                });
+                let done = self.finish(
+                    &owner.job_id,
+                    Finish {
+                        attempt_status: AttemptStatus::Interrupted,
+                        reason: EndReason::Preempted,
+                        job_status: JobStatus::Pending,
+                        resource_status: ResourceStatus::Preempted,
+                        exit_code: None,
+                        summary: "TPU preempted or lost",
+                        retryable: false,
+                        recycle_threshold: 0,
+                        expected: JobStatus::Running,
+                    },
+                );
                 if done {
-                    let requeued = self.state.job(&owner.job_id).is_some_and(|j| j.status == JobStatus::Pending);
-                    let detail = if requeued { "reason=preempted; requeued" } else { "reason=preempted; retry disabled" };
-                    self.event("job_interrupted", Some(&owner.job_id), Some(resource_id), Some(&owner.attempt_id), detail.into());
+                    let requeued = self
+                        .state
+                        .job(&owner.job_id)
+                        .is_some_and(|j| j.status == JobStatus::Pending);
+                    let detail = if requeued {
+                        "reason=preempted; requeued"
+                    } else {
+                        "reason=preempted; retry disabled"
+                    };
+                    self.event(
+                        "job_interrupted",
+                        Some(&owner.job_id),
+                        Some(resource_id),
+                        Some(&owner.attempt_id),
+                        detail.into(),
+                    );
                 }
                 return;
             }
@@ -382,11 +475,33 @@ impl<'a> Pass<'a> {
                     CloudFailure::Permanent(m) => (true, format!("refused: {m}")),
                 };
                 if pause {
-                    let failures = self.state.entry_backoff.get(entry_id).map_or(0, |b| b.failures) + 1;
-                    let wait = backoff_secs(self.config.create_backoff_secs, self.config.create_backoff_max_secs, failures);
+                    let failures = self
+                        .state
+                        .entry_backoff
+                        .get(entry_id)
+                        .map_or(0, |b| b.failures)
+                        + 1;
+                    let wait = backoff_secs(
+                        self.config.create_backoff_secs,
+                        self.config.create_backoff_max_secs,
+                        failures,
+                    );
                     let until = self.now.plus_secs(wait);
-                    self.state.entry_backoff.insert(entry_id.clone(), Backoff { failures, until, reason: reason.clone() });
-                    self.event("queued_resource_create_failed", None, Some(name), None, format!("entry={entry_id}; {reason}; retry after {wait}s"));
+                    self.state.entry_backoff.insert(
+                        entry_id.clone(),
+                        Backoff {
+                            failures,
+                            until,
+                            reason: reason.clone(),
+                        },
+                    );
+                    self.event(
+                        "queued_resource_create_failed",
+                        None,
+                        Some(name),
+                        None,
+                        format!("entry={entry_id}; {reason}; retry after {wait}s"),
+                    );
                     self.wake_at(until);
                 }
             }
@@ -401,13 +516,18 @@ impl<'a> Pass<'a> {
             if !qr.state.is_live() {
                 continue;
             }
-            let Some(entry_index) = self.index.queued_resource_entry(qr) else { continue };
+            let Some(entry_index) = self.index.queued_resource_entry(qr) else {
+                continue;
+            };
             let entry = self.index.entry(entry_index);
             // A request of this entry exists: a refusal backoff has done its job.
             self.state.entry_backoff.remove(&entry.id);
             match self.state.resources.get_mut(&qr.node_id) {
                 None => {
-                    self.state.resources.insert(qr.node_id.clone(), Resource::new(&qr.node_id, entry, ResourceStatus::Provisioning, 1));
+                    self.state.resources.insert(
+                        qr.node_id.clone(),
+                        Resource::new(&qr.node_id, entry, ResourceStatus::Provisioning, 1),
+                    );
                 }
                 // A new incarnation of a TPU that was gone. Records being recycled, drained or
                 // waited on are left alone (the original reset them, losing recycles: §9.1 #9).
@@ -431,7 +551,9 @@ impl<'a> Pass<'a> {
         let nodes: &'a [NodeInfo] = &self.obs.nodes;
         let now = self.now;
         for node in nodes {
-            let Some(entry_index) = self.index.node_entry(node) else { continue };
+            let Some(entry_index) = self.index.node_entry(node) else {
+                continue;
+            };
             let entry = self.index.entry(entry_index);
             let id = self.resource_id_for(entry_index, &node.name);
             let ready = self.ready(node);
@@ -448,7 +570,10 @@ impl<'a> Pass<'a> {
                         }
                     } else if matches!(
                         r.status,
-                        ResourceStatus::Deleted | ResourceStatus::Preempted | ResourceStatus::Provisioning | ResourceStatus::Unavailable
+                        ResourceStatus::Deleted
+                            | ResourceStatus::Preempted
+                            | ResourceStatus::Provisioning
+                            | ResourceStatus::Unavailable
                     ) {
                         r.retryable_failures = None;
                         r.cancellation_failures = None;
@@ -459,7 +584,11 @@ impl<'a> Pass<'a> {
                 }
                 Some(_) => {}
                 None => {
-                    let status = if ready { ResourceStatus::Idle } else { ResourceStatus::Unavailable };
+                    let status = if ready {
+                        ResourceStatus::Idle
+                    } else {
+                        ResourceStatus::Unavailable
+                    };
                     let mut record = Resource::new(&node.name, entry, status, node.worker_count);
                     record.idle_since = (ready && !entry.is_adopted()).then_some(now);
                     self.state.resources.insert(id.clone(), record);
@@ -474,7 +603,9 @@ impl<'a> Pass<'a> {
     fn jobs_in(&self, status: JobStatus) -> Vec<String> {
         self.in_flight
             .iter()
-            .filter(|(s, id)| *s == status && self.state.jobs.get(id).is_some_and(|j| j.status == status))
+            .filter(|(s, id)| {
+                *s == status && self.state.jobs.get(id).is_some_and(|j| j.status == status)
+            })
             .map(|(_, id)| id.clone())
             .collect()
     }
@@ -494,11 +625,18 @@ impl<'a> Pass<'a> {
         let cancelling: Vec<String> = self.jobs_in(JobStatus::Cancelling);
         for job_id in cancelling {
             let job = &self.state.jobs[&job_id];
-            let (Some(attempt), Some(resource_id)) = (job.attempt().cloned(), job.assigned_resource.clone()) else { continue };
-            let Some(resource) = self.state.resources.get(&resource_id).cloned() else { continue };
+            let (Some(attempt), Some(resource_id)) =
+                (job.attempt().cloned(), job.assigned_resource.clone())
+            else {
+                continue;
+            };
+            let Some(resource) = self.state.resources.get(&resource_id).cloned() else {
+                continue;
+            };
             let report = self.report(&attempt.id);
             let statuses = report.map_or(&[][..], |r| &r.statuses[..]);
-            let verdict = aggregate::aggregate(statuses, resource.worker_count, self.now, self.graces());
+            let verdict =
+                aggregate::aggregate(statuses, resource.worker_count, self.now, self.graces());
             let finished_remotely = !matches!(verdict, Verdict::Incomplete { .. });
             let outcome = report.and_then(|r| r.cancel.clone());
             let exit_code = match &verdict {
@@ -508,19 +646,28 @@ impl<'a> Pass<'a> {
                 Verdict::Incomplete { .. } => None,
             };
             if finished_remotely || outcome == Some(CancelOutcome::NotRunning) {
-                let done = self.finish(&job_id, Finish {
-                    attempt_status: AttemptStatus::Cancelled,
-                    reason: EndReason::Cancelled,
-                    job_status: JobStatus::Deactivated,
-                    resource_status: ResourceStatus::Idle,
-                    exit_code,
-                    summary: "cancelled",
-                    retryable: false,
-                    recycle_threshold: 0,
-                    expected: JobStatus::Cancelling,
-                });
+                let done = self.finish(
+                    &job_id,
+                    Finish {
+                        attempt_status: AttemptStatus::Cancelled,
+                        reason: EndReason::Cancelled,
+                        job_status: JobStatus::Deactivated,
+                        resource_status: ResourceStatus::Idle,
+                        exit_code,
+                        summary: "cancelled",
+                        retryable: false,
+                        recycle_threshold: 0,
+                        expected: JobStatus::Cancelling,
+                    },
+                );
                 if done {
-                    self.event("job_cancelled", Some(&job_id), Some(&resource_id), Some(&attempt.id), String::new());
+                    self.event(
+                        "job_cancelled",
+                        Some(&job_id),
+                        Some(&resource_id),
+                        Some(&attempt.id),
+                        String::new(),
+                    );
                 }
                 continue;
             }
@@ -537,7 +684,11 @@ impl<'a> Pass<'a> {
             };
             if let Some(error) = failure {
                 self.note_cancellation_failure(&job_id, &attempt, &resource, &error);
-                if self.state.job(&job_id).is_some_and(|j| j.status != JobStatus::Cancelling) {
+                if self
+                    .state
+                    .job(&job_id)
+                    .is_some_and(|j| j.status != JobStatus::Cancelling)
+                {
                     continue;
                 }
             }
@@ -554,34 +705,69 @@ impl<'a> Pass<'a> {
     /// deactivated and the TPU recycled (managed Spot) or, for adopted and on-demand TPUs
     /// that cannot be recycled, released (the next launch kills leftovers). The original
     /// never escalated those (§9.1 #8).
-    fn note_cancellation_failure(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource, error: &str) {
+    fn note_cancellation_failure(
+        &mut self,
+        job_id: &str,
+        attempt: &Attempt,
+        resource: &Resource,
+        error: &str,
+    ) {
         let count = match &resource.cancellation_failures {
-            Some(c) if c.job_id == job_id && c.attempt_id.as_deref() == Some(&attempt.id) => c.count + 1,
+            Some(c) if c.job_id == job_id && c.attempt_id.as_deref() == Some(&attempt.id) => {
+                c.count + 1
+            }
             _ => 1,
         };
         if let Some(r) = self.state.resources.get_mut(&resource.id) {
-            r.cancellation_failures = Some(FailureCounter { job_id: job_id.into(), attempt_id: Some(attempt.id.clone()), count });
+            r.cancellation_failures = Some(FailureCounter {
+                job_id: job_id.into(),
+                attempt_id: Some(attempt.id.clone()),
+                count,
+            });
         }
         if count < self.config.cancel_escalation {
-            self.event("job_cancel_failure_recorded", Some(job_id), Some(&resource.id), Some(&attempt.id), format!("failure_count={count}; {error}"));
+            self.event(
+                "job_cancel_failure_recorded",
+                Some(job_id),
+                Some(&resource.id),
+                Some(&attempt.id),
+                format!("failure_count={count}; {error}"),
+            );
             return;
         }
         let recyclable = self.recyclable(resource);
-        let to = if recyclable { ResourceStatus::Recycling } else { ResourceStatus::Unavailable };
-        let done = self.finish(job_id, Finish {
-            attempt_status: AttemptStatus::Cancelled,
-            reason: EndReason::Cancelled,
-            job_status: JobStatus::Deactivated,
-            resource_status: to,
-            exit_code: None,
-            summary: error,
-            retryable: false,
-            recycle_threshold: 0,
-            expected: JobStatus::Cancelling,
-        });
+        let to = if recyclable {
+            ResourceStatus::Recycling
+        } else {
+            ResourceStatus::Unavailable
+        };
+        let done = self.finish(
+            job_id,
+            Finish {
+                attempt_status: AttemptStatus::Cancelled,
+                reason: EndReason::Cancelled,
+                job_status: JobStatus::Deactivated,
+                resource_status: to,
+                exit_code: None,
+                summary: error,
+                retryable: false,
+                recycle_threshold: 0,
+                expected: JobStatus::Cancelling,
+            },
+        );
         if done {
-            let kind = if recyclable { "job_cancel_recycle_scheduled" } else { "job_cancel_escalated" };
-            self.event(kind, Some(job_id), Some(&resource.id), Some(&attempt.id), format!("failure_count={count}; {error}"));
+            let kind = if recyclable {
+                "job_cancel_recycle_scheduled"
+            } else {
+                "job_cancel_escalated"
+            };
+            self.event(
+                kind,
+                Some(job_id),
+                Some(&resource.id),
+                Some(&attempt.id),
+                format!("failure_count={count}; {error}"),
+            );
         }
     }
 
@@ -597,47 +783,95 @@ impl<'a> Pass<'a> {
             let request = self.state.interruption_requests[&id].clone();
             let rejection = self.validate_interruption(&request);
             let now = self.now;
-            let req = self.state.interruption_requests.get_mut(&id).expect("listed above");
+            let req = self
+                .state
+                .interruption_requests
+                .get_mut(&id)
+                .expect("listed above");
             if let Err(reason) = rejection {
                 req.error_summary = reason.clone();
                 let _ = req.transition(InterruptionStatus::Rejected, now);
-                self.event("controlled_interruption_rejected", Some(&request.job_id), Some(&request.resource_id), Some(&request.attempt_id), reason);
+                self.event(
+                    "controlled_interruption_rejected",
+                    Some(&request.job_id),
+                    Some(&request.resource_id),
+                    Some(&request.attempt_id),
+                    reason,
+                );
                 continue;
             }
             let _ = req.transition(InterruptionStatus::Processing, now);
-            let qr_name = names::queued_resource_name(&self.state.resources[&request.resource_id].tpu_name);
+            let qr_name =
+                names::queued_resource_name(&self.state.resources[&request.resource_id].tpu_name);
             let zone = self.state.resources[&request.resource_id].zone.clone();
             self.delete_qr(&qr_name, &zone);
-            let req = self.state.interruption_requests.get_mut(&id).expect("listed above");
+            let req = self
+                .state
+                .interruption_requests
+                .get_mut(&id)
+                .expect("listed above");
             req.queued_resource_name = Some(qr_name);
             let _ = req.transition(InterruptionStatus::DeletionRequested, now);
-            let done = self.finish(&request.job_id, Finish {
-                attempt_status: AttemptStatus::Interrupted,
-                reason: EndReason::Lost,
-                job_status: JobStatus::Pending,
-                resource_status: ResourceStatus::Draining,
-                exit_code: Some(EXIT_RETRYABLE),
-                summary: "controlled managed-Spot interruption",
-                retryable: false,
-                recycle_threshold: 0,
-                expected: JobStatus::Running,
-            });
+            let done = self.finish(
+                &request.job_id,
+                Finish {
+                    attempt_status: AttemptStatus::Interrupted,
+                    reason: EndReason::Lost,
+                    job_status: JobStatus::Pending,
+                    resource_status: ResourceStatus::Draining,
+                    exit_code: Some(EXIT_RETRYABLE),
+                    summary: "controlled managed-Spot interruption",
+                    retryable: false,
+                    recycle_threshold: 0,
+                    expected: JobStatus::Running,
+                },
+            );
             let kind = if !done {
                 "controlled_interruption_attempt_requeue_failed"
-            } else if self.state.job(&request.job_id).is_some_and(|j| j.status == JobStatus::Pending) {
+            } else if self
+                .state
+                .job(&request.job_id)
+                .is_some_and(|j| j.status == JobStatus::Pending)
+            {
                 "controlled_interruption_attempt_requeued"
             } else {
                 "controlled_interruption_attempt_retry_suppressed"
             };
-            self.event(kind, Some(&request.job_id), Some(&request.resource_id), Some(&request.attempt_id), String::new());
-            self.event("controlled_interruption_deletion_requested", Some(&request.job_id), Some(&request.resource_id), None, String::new());
+            self.event(
+                kind,
+                Some(&request.job_id),
+                Some(&request.resource_id),
+                Some(&request.attempt_id),
+                String::new(),
+            );
+            self.event(
+                "controlled_interruption_deletion_requested",
+                Some(&request.job_id),
+                Some(&request.resource_id),
+                None,
+                String::new(),
+            );
         }
     }
 
-    fn validate_interruption(&self, request: &super::state::InterruptionRequest) -> Result<(), String> {
-        let resource = self.state.resources.get(&request.resource_id).ok_or("unknown resource")?;
-        let entry = self.index.entry_index(&resource.entry_id).map(|e| self.index.entry(e)).ok_or("fleet entry no longer exists")?;
-        if entry.is_adopted() || entry.provisioning_model != ProvisioningModel::Spot || resource.adopted {
+    fn validate_interruption(
+        &self,
+        request: &super::state::InterruptionRequest,
+    ) -> Result<(), String> {
+        let resource = self
+            .state
+            .resources
+            .get(&request.resource_id)
+            .ok_or("unknown resource")?;
+        let entry = self
+            .index
+            .entry_index(&resource.entry_id)
+            .map(|e| self.index.entry(e))
+            .ok_or("fleet entry no longer exists")?;
+        if entry.is_adopted()
+            || entry.provisioning_model != ProvisioningModel::Spot
+            || resource.adopted
+        {
             return Err("only managed Spot TPUs can be interrupted".into());
         }
         if entry.id != request.entry_id {
@@ -661,11 +895,17 @@ impl<'a> Pass<'a> {
         if !self.ready(node) || node.state.is_terminal() || !node.spot {
             return Err("the TPU VM is not ready".into());
         }
-        let qr = self.matching_qr(resource).ok_or("no matching queued resource")?;
+        let qr = self
+            .matching_qr(resource)
+            .ok_or("no matching queued resource")?;
         if !qr.state.is_live() || qr.state.is_deleting() {
             return Err("the queued resource is not live".into());
         }
-        if node.queued_resource.as_deref().is_some_and(|q| q != qr.name) {
+        if node
+            .queued_resource
+            .as_deref()
+            .is_some_and(|q| q != qr.name)
+        {
             return Err("the TPU points at a different queued resource".into());
         }
         Ok(())
@@ -677,26 +917,39 @@ impl<'a> Pass<'a> {
         let running: Vec<String> = self.jobs_in(JobStatus::Running);
         for job_id in running {
             let job = &self.state.jobs[&job_id];
-            let (Some(attempt), Some(resource_id)) = (job.attempt().cloned(), job.assigned_resource.clone()) else {
+            let (Some(attempt), Some(resource_id)) =
+                (job.attempt().cloned(), job.assigned_resource.clone())
+            else {
                 self.violation(format!("running job {job_id} without attempt or resource"));
                 continue;
             };
-            let Some(resource) = self.state.resources.get(&resource_id).cloned() else { continue };
+            let Some(resource) = self.state.resources.get(&resource_id).cloned() else {
+                continue;
+            };
             if !resource.owned_by(&job_id, &attempt.id) || attempt.resource_id != resource_id {
-                self.violation(format!("running job {job_id} and resource {resource_id} disagree on ownership"));
+                self.violation(format!(
+                    "running job {job_id} and resource {resource_id} disagree on ownership"
+                ));
                 continue;
             }
             match attempt.status {
                 AttemptStatus::Launching => self.launching(&job_id, &attempt, &resource),
                 AttemptStatus::Running => self.running(&job_id, &attempt, &resource),
-                _ => self.violation(format!("running job {job_id} has ended attempt {}", attempt.id)),
+                _ => self.violation(format!(
+                    "running job {job_id} has ended attempt {}",
+                    attempt.id
+                )),
             }
         }
     }
 
     fn launch_action(&self, job_id: &str, attempt: &Attempt, resource: &Resource) -> Action {
         let job = &self.state.jobs[job_id];
-        let bucket = job.placement.as_ref().map(|p| p.bucket.clone()).unwrap_or_default();
+        let bucket = job
+            .placement
+            .as_ref()
+            .map(|p| p.bucket.clone())
+            .unwrap_or_default();
         Action::Launch(Box::new(LaunchRequest {
             attempt_id: attempt.id.clone(),
             job_id: job_id.to_owned(),
@@ -725,8 +978,10 @@ impl<'a> Pass<'a> {
         let report = self.report(&attempt.id);
         if attempt.failed_launch {
             // A hard launch failure waits for confirmed cleanup before it ends.
-            let confirmed = report.and_then(|r| r.cancel.as_ref()) == Some(&CancelOutcome::NotRunning);
-            let give_up = attempt.launch_failures >= self.config.max_launch_failures + self.config.max_cleanup_failures;
+            let confirmed =
+                report.and_then(|r| r.cancel.as_ref()) == Some(&CancelOutcome::NotRunning);
+            let give_up = attempt.launch_failures
+                >= self.config.max_launch_failures + self.config.max_cleanup_failures;
             if confirmed || give_up {
                 let summary = attempt.error_summary.clone();
                 let to = if confirmed {
@@ -736,23 +991,40 @@ impl<'a> Pass<'a> {
                 } else {
                     ResourceStatus::Unavailable
                 };
-                if self.finish(job_id, Finish {
-                    attempt_status: AttemptStatus::FailedSetup,
-                    reason: EndReason::SetupFailed,
-                    job_status: JobStatus::Failed,
-                    resource_status: to,
-                    exit_code: Some(2),
-                    summary: &summary,
-                    retryable: false,
-                    recycle_threshold: 0,
-                    expected: JobStatus::Running,
-                }) {
-                    self.event("job_failed", Some(job_id), Some(&resource.id), Some(&attempt.id), "exit_code=2; launch failed".into());
+                if self.finish(
+                    job_id,
+                    Finish {
+                        attempt_status: AttemptStatus::FailedSetup,
+                        reason: EndReason::SetupFailed,
+                        job_status: JobStatus::Failed,
+                        resource_status: to,
+                        exit_code: Some(2),
+                        summary: &summary,
+                        retryable: false,
+                        recycle_threshold: 0,
+                        expected: JobStatus::Running,
+                    },
+                ) {
+                    self.event(
+                        "job_failed",
+                        Some(job_id),
+                        Some(&resource.id),
+                        Some(&attempt.id),
+                        "exit_code=2; launch failed".into(),
+                    );
                 }
             } else {
                 self.bump_launch_failures(job_id);
-                self.event("failed_launch_cleanup_pending", Some(job_id), Some(&resource.id), Some(&attempt.id), String::new());
-                self.out.actions.push(Self::cancel_action(job_id, attempt, resource));
+                self.event(
+                    "failed_launch_cleanup_pending",
+                    Some(job_id),
+                    Some(&resource.id),
+                    Some(&attempt.id),
+                    String::new(),
+                );
+                self.out
+                    .actions
+                    .push(Self::cancel_action(job_id, attempt, resource));
             }
             return;
         }
@@ -764,13 +1036,25 @@ impl<'a> Pass<'a> {
             {
                 self.out.violations.push(e.to_string());
             }
-            self.event("distributed_job_launched", Some(job_id), Some(&resource.id), Some(&attempt.id), format!("workers={}", resource.worker_count));
-            let started = self.state.jobs[job_id].attempt().cloned().expect("current attempt");
+            self.event(
+                "distributed_job_launched",
+                Some(job_id),
+                Some(&resource.id),
+                Some(&attempt.id),
+                format!("workers={}", resource.worker_count),
+            );
+            let started = self.state.jobs[job_id]
+                .attempt()
+                .cloned()
+                .expect("current attempt");
             self.running(job_id, &started, resource);
             return;
         }
         match report.and_then(|r| r.launch_error.clone()) {
-            None => self.out.actions.push(self.launch_action(job_id, attempt, resource)),
+            None => self
+                .out
+                .actions
+                .push(self.launch_action(job_id, attempt, resource)),
             Some(err) if err.kind == RemoteErrorKind::NotFound && self.recyclable(resource) => {
                 let summary = format!("managed Spot TPU vanished during setup: {}", err.message);
                 self.retryable_failure(job_id, attempt, resource, &summary, 1);
@@ -781,18 +1065,31 @@ impl<'a> Pass<'a> {
                     a.failed_launch = true;
                     a.error_summary = super::state::last_chars(&summary, 4000);
                 }
-                self.out.actions.push(Self::cancel_action(job_id, attempt, resource));
+                self.out
+                    .actions
+                    .push(Self::cancel_action(job_id, attempt, resource));
             }
             Some(err) => {
                 // Temporary (or NotFound on a TPU that cannot be recycled): retry, bounded.
                 let failures = self.bump_launch_failures(job_id);
-                let age_ok = !self.now.elapsed_since(attempt.created_at, self.config.stale_launch_secs);
-                self.event("controller_temporary_access_error", Some(job_id), Some(&resource.id), Some(&attempt.id), err.message.clone());
+                let age_ok = !self
+                    .now
+                    .elapsed_since(attempt.created_at, self.config.stale_launch_secs);
+                self.event(
+                    "controller_temporary_access_error",
+                    Some(job_id),
+                    Some(&resource.id),
+                    Some(&attempt.id),
+                    err.message.clone(),
+                );
                 if failures < self.config.max_launch_failures && age_ok {
-                    self.out.actions.push(self.launch_action(job_id, attempt, resource));
+                    self.out
+                        .actions
+                        .push(self.launch_action(job_id, attempt, resource));
                     self.wake_at(attempt.created_at.plus_secs(self.config.stale_launch_secs));
                 } else {
-                    let summary = format!("launch kept failing ({failures} tries): {}", err.message);
+                    let summary =
+                        format!("launch kept failing ({failures} tries): {}", err.message);
                     let threshold = if self.recyclable(resource) { 1 } else { 0 };
                     self.retryable_failure(job_id, attempt, resource, &summary, threshold);
                     if !self.recyclable(resource)
@@ -807,20 +1104,28 @@ impl<'a> Pass<'a> {
     }
 
     fn bump_launch_failures(&mut self, job_id: &str) -> u32 {
-        self.state.jobs.get_mut(job_id).and_then(Job::attempt_mut).map_or(0, |a| {
-            a.launch_failures += 1;
-            a.launch_failures
-        })
+        self.state
+            .jobs
+            .get_mut(job_id)
+            .and_then(Job::attempt_mut)
+            .map_or(0, |a| {
+                a.launch_failures += 1;
+                a.launch_failures
+            })
     }
 
     fn running(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource) {
         let report = self.report(&attempt.id);
         let statuses = report.map_or(&[][..], |r| &r.statuses[..]);
-        let verdict = aggregate::aggregate(statuses, resource.worker_count, self.now, self.graces());
+        let verdict =
+            aggregate::aggregate(statuses, resource.worker_count, self.now, self.graces());
         let complete = !matches!(verdict, Verdict::Incomplete { .. });
         // Workers without a final status may still run: they are stopped, and the stop
         // confirmed, before the attempt ends and its TPU can take other work.
-        if complete && statuses.len() < resource.worker_count as usize && !self.workers_stopped(job_id, attempt, resource) {
+        if complete
+            && statuses.len() < resource.worker_count as usize
+            && !self.workers_stopped(job_id, attempt, resource)
+        {
             return;
         }
         match verdict {
@@ -831,52 +1136,80 @@ impl<'a> Pass<'a> {
                 // Silence only means a lost attempt on a TPU that still looks healthy; a TPU
                 // that is gone is handled (as a preemption) by the unusable-resource step.
                 let tpu_up = self.matching_node(resource).is_some_and(|n| self.ready(n))
-                    && (resource.adopted || self.matching_qr(resource).is_some_and(|q| q.state.is_live()));
-                let heartbeat = report.and_then(|r| r.heartbeat_at).or(attempt.started_at).unwrap_or(attempt.created_at);
+                    && (resource.adopted
+                        || self
+                            .matching_qr(resource)
+                            .is_some_and(|q| q.state.is_live()));
+                let heartbeat = report
+                    .and_then(|r| r.heartbeat_at)
+                    .or(attempt.started_at)
+                    .unwrap_or(attempt.created_at);
                 let deadline = heartbeat.plus_secs(self.config.heartbeat_timeout_secs);
-                if !tpu_up {
-                    // judged below
-                } else if self.now >= deadline {
+                if tpu_up && self.now >= deadline {
                     if self.workers_stopped(job_id, attempt, resource) {
                         let summary = format!("no heartbeat from the workers since {heartbeat}");
                         self.retryable_failure(job_id, attempt, resource, &summary, 0);
                     }
-                } else {
+                } else if tpu_up {
                     self.wake_at(deadline);
                 }
             }
             Verdict::Succeeded => {
-                if self.finish(job_id, Finish {
-                    attempt_status: AttemptStatus::Succeeded,
-                    reason: EndReason::Succeeded,
-                    job_status: JobStatus::Succeeded,
-                    resource_status: ResourceStatus::Idle,
-                    exit_code: Some(0),
-                    summary: "",
-                    retryable: false,
-                    recycle_threshold: 0,
-                    expected: JobStatus::Running,
-                }) {
-                    self.event("job_succeeded", Some(job_id), Some(&resource.id), Some(&attempt.id), String::new());
+                if self.finish(
+                    job_id,
+                    Finish {
+                        attempt_status: AttemptStatus::Succeeded,
+                        reason: EndReason::Succeeded,
+                        job_status: JobStatus::Succeeded,
+                        resource_status: ResourceStatus::Idle,
+                        exit_code: Some(0),
+                        summary: "",
+                        retryable: false,
+                        recycle_threshold: 0,
+                        expected: JobStatus::Running,
+                    },
+                ) {
+                    self.event(
+                        "job_succeeded",
+                        Some(job_id),
+                        Some(&resource.id),
+                        Some(&attempt.id),
+                        String::new(),
+                    );
                 }
             }
-            Verdict::Failed { exit_code, kind, summary } => {
+            Verdict::Failed {
+                exit_code,
+                kind,
+                summary,
+            } => {
                 let (status, reason) = match kind {
                     FailureKind::Setup => (AttemptStatus::FailedSetup, EndReason::SetupFailed),
-                    FailureKind::Command | FailureKind::Artifacts => (AttemptStatus::Failed, EndReason::ApplicationFailed),
+                    FailureKind::Command | FailureKind::Artifacts => {
+                        (AttemptStatus::Failed, EndReason::ApplicationFailed)
+                    }
                 };
-                if self.finish(job_id, Finish {
-                    attempt_status: status,
-                    reason,
-                    job_status: JobStatus::Failed,
-                    resource_status: ResourceStatus::Idle,
-                    exit_code: Some(exit_code),
-                    summary: &summary,
-                    retryable: false,
-                    recycle_threshold: 0,
-                    expected: JobStatus::Running,
-                }) {
-                    self.event("job_failed", Some(job_id), Some(&resource.id), Some(&attempt.id), format!("exit_code={exit_code}; {kind:?}").to_lowercase());
+                if self.finish(
+                    job_id,
+                    Finish {
+                        attempt_status: status,
+                        reason,
+                        job_status: JobStatus::Failed,
+                        resource_status: ResourceStatus::Idle,
+                        exit_code: Some(exit_code),
+                        summary: &summary,
+                        retryable: false,
+                        recycle_threshold: 0,
+                        expected: JobStatus::Running,
+                    },
+                ) {
+                    self.event(
+                        "job_failed",
+                        Some(job_id),
+                        Some(&resource.id),
+                        Some(&attempt.id),
+                        format!("exit_code={exit_code}; {kind:?}").to_lowercase(),
+                    );
                 }
             }
             Verdict::Retryable { recycle, summary } => {
@@ -901,44 +1234,84 @@ impl<'a> Pass<'a> {
         match self.report(&attempt.id).and_then(|r| r.cancel.as_ref()) {
             Some(CancelOutcome::Sent | CancelOutcome::NotRunning) => true,
             Some(CancelOutcome::AttemptMismatch | CancelOutcome::Error { .. }) => {
-                let failures = self.state.jobs.get_mut(job_id).and_then(Job::attempt_mut).map_or(0, |a| {
-                    a.stop_failures += 1;
-                    a.stop_failures
-                });
+                let failures = self
+                    .state
+                    .jobs
+                    .get_mut(job_id)
+                    .and_then(Job::attempt_mut)
+                    .map_or(0, |a| {
+                        a.stop_failures += 1;
+                        a.stop_failures
+                    });
                 if failures >= self.config.max_cleanup_failures {
-                    self.event("attempt_stop_unconfirmed", Some(job_id), Some(&resource.id), Some(&attempt.id), format!("{failures} failed cancels"));
+                    self.event(
+                        "attempt_stop_unconfirmed",
+                        Some(job_id),
+                        Some(&resource.id),
+                        Some(&attempt.id),
+                        format!("{failures} failed cancels"),
+                    );
                     return true;
                 }
-                self.out.actions.push(Self::cancel_action(job_id, attempt, resource));
+                self.out
+                    .actions
+                    .push(Self::cancel_action(job_id, attempt, resource));
                 false
             }
             None => {
-                self.out.actions.push(Self::cancel_action(job_id, attempt, resource));
+                self.out
+                    .actions
+                    .push(Self::cancel_action(job_id, attempt, resource));
                 false
             }
         }
     }
 
     /// §3.4.1: requeue (pinned), count against the TPU and the job's retry cap.
-    fn retryable_failure(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource, summary: &str, threshold: u32) {
-        let threshold = if self.recyclable(resource) { threshold } else { 0 };
-        let done = self.finish(job_id, Finish {
-            attempt_status: AttemptStatus::Interrupted,
-            reason: EndReason::Lost,
-            job_status: JobStatus::Pending,
-            resource_status: ResourceStatus::Idle,
-            exit_code: Some(EXIT_RETRYABLE),
-            summary,
-            retryable: true,
-            recycle_threshold: threshold,
-            expected: JobStatus::Running,
-        });
+    fn retryable_failure(
+        &mut self,
+        job_id: &str,
+        attempt: &Attempt,
+        resource: &Resource,
+        summary: &str,
+        threshold: u32,
+    ) {
+        let threshold = if self.recyclable(resource) {
+            threshold
+        } else {
+            0
+        };
+        let done = self.finish(
+            job_id,
+            Finish {
+                attempt_status: AttemptStatus::Interrupted,
+                reason: EndReason::Lost,
+                job_status: JobStatus::Pending,
+                resource_status: ResourceStatus::Idle,
+                exit_code: Some(EXIT_RETRYABLE),
+                summary,
+                retryable: true,
+                recycle_threshold: threshold,
+                expected: JobStatus::Running,
+            },
+        );
         if let Some(job) = self.state.job(job_id).filter(|_| done) {
             let detail = match job.status {
-                JobStatus::Pending => format!("reason=retryable_infrastructure; exit_code=75; requeued; {summary}"),
-                _ => format!("reason=retryable_infrastructure; exit_code=75; {}", job.end_reason.clone().unwrap_or_default()),
+                JobStatus::Pending => {
+                    format!("reason=retryable_infrastructure; exit_code=75; requeued; {summary}")
+                }
+                _ => format!(
+                    "reason=retryable_infrastructure; exit_code=75; {}",
+                    job.end_reason.clone().unwrap_or_default()
+                ),
             };
-            self.event("job_interrupted", Some(job_id), Some(&resource.id), Some(&attempt.id), detail);
+            self.event(
+                "job_interrupted",
+                Some(job_id),
+                Some(&resource.id),
+                Some(&attempt.id),
+                detail,
+            );
         }
     }
 
@@ -949,18 +1322,33 @@ impl<'a> Pass<'a> {
             .state
             .resources
             .values()
-            .filter(|r| matches!(r.status, ResourceStatus::Recycling | ResourceStatus::RecyclingRequested))
+            .filter(|r| {
+                matches!(
+                    r.status,
+                    ResourceStatus::Recycling | ResourceStatus::RecyclingRequested
+                )
+            })
             .map(|r| r.id.clone())
             .collect();
         for id in ids {
             let resource = self.state.resources[&id].clone();
             if !self.recyclable(&resource) {
                 // The original left these `recycling` and repeated the rejection every pass.
-                self.event("retryable_infrastructure_recycle_rejected", None, Some(&id), None, "not a declared managed Spot TPU".into());
+                self.event(
+                    "retryable_infrastructure_recycle_rejected",
+                    None,
+                    Some(&id),
+                    None,
+                    "not a declared managed Spot TPU".into(),
+                );
                 self.set_resource_status(&id, ResourceStatus::Unavailable);
                 continue;
             }
-            let reason = if resource.cancellation_failures.as_ref().is_some_and(|c| c.count >= self.config.cancel_escalation) {
+            let reason = if resource
+                .cancellation_failures
+                .as_ref()
+                .is_some_and(|c| c.count >= self.config.cancel_escalation)
+            {
                 "stuck_cancellation"
             } else {
                 "repeated_retryable_infrastructure_failure"
@@ -971,7 +1359,13 @@ impl<'a> Pass<'a> {
                 if !qr.state.is_deleting() {
                     self.delete_qr(&qr.name, &qr.zone);
                     if first {
-                        self.event("retryable_infrastructure_recycle_requested", None, Some(&id), None, format!("reason={reason}"));
+                        self.event(
+                            "retryable_infrastructure_recycle_requested",
+                            None,
+                            Some(&id),
+                            None,
+                            format!("reason={reason}"),
+                        );
                         self.set_resource_status(&id, ResourceStatus::RecyclingRequested);
                     }
                 }
@@ -981,7 +1375,13 @@ impl<'a> Pass<'a> {
                 if !node.state.is_terminal() {
                     self.delete_node(&node.name, &node.zone);
                     if first {
-                        self.event("retryable_infrastructure_tpu_recycle_requested", None, Some(&id), None, format!("reason={reason}:queued_resource_absent"));
+                        self.event(
+                            "retryable_infrastructure_tpu_recycle_requested",
+                            None,
+                            Some(&id),
+                            None,
+                            format!("reason={reason}:queued_resource_absent"),
+                        );
                         self.set_resource_status(&id, ResourceStatus::RecyclingRequested);
                     }
                 }
@@ -993,7 +1393,13 @@ impl<'a> Pass<'a> {
                 r.cancellation_failures = None;
                 let _ = r.release(ResourceStatus::Preempted, now);
             }
-            self.event("retryable_infrastructure_recycle_completed", None, Some(&id), None, String::new());
+            self.event(
+                "retryable_infrastructure_recycle_completed",
+                None,
+                Some(&id),
+                None,
+                String::new(),
+            );
         }
     }
 
@@ -1004,14 +1410,21 @@ impl<'a> Pass<'a> {
                 continue;
             }
             let resource = self.state.resources[&id].clone();
-            if matches!(resource.status, ResourceStatus::Recycling | ResourceStatus::RecyclingRequested) {
+            if matches!(
+                resource.status,
+                ResourceStatus::Recycling | ResourceStatus::RecyclingRequested
+            ) {
                 continue;
             }
             if self.index.owns_record(&resource).is_none() {
                 self.orphaned_record(&resource);
                 continue;
             }
-            let qr = if resource.adopted { None } else { self.matching_qr(&resource) };
+            let qr = if resource.adopted {
+                None
+            } else {
+                self.matching_qr(&resource)
+            };
             // (a) a terminal QR ends the TPU, even if the node still looks ready.
             if let Some(qr) = qr
                 && !qr.state.is_live()
@@ -1022,13 +1435,17 @@ impl<'a> Pass<'a> {
                 }
                 continue;
             }
-            let node = self.matching_node(&resource).filter(|_| self.index.is_declared(&resource));
+            let node = self
+                .matching_node(&resource)
+                .filter(|_| self.index.is_declared(&resource));
             // (b) healthy and in use: nothing to do.
             if let Some(n) = node
                 && self.ready(n)
                 && resource.status != ResourceStatus::Draining
             {
-                if resource.provisioning_node_seen_at.is_some() || resource.provisioning_node_missing_since.is_some() {
+                if resource.provisioning_node_seen_at.is_some()
+                    || resource.provisioning_node_missing_since.is_some()
+                {
                     let r = self.state.resources.get_mut(&id).expect("exists");
                     r.provisioning_node_seen_at = None;
                     r.provisioning_node_missing_since = None;
@@ -1039,7 +1456,9 @@ impl<'a> Pass<'a> {
                 // (c) adopted TPUs are never deleted.
                 match node {
                     Some(n) if !n.state.is_terminal() => {
-                        if resource.owner.is_none() && resource.status != ResourceStatus::Unavailable {
+                        if resource.owner.is_none()
+                            && resource.status != ResourceStatus::Unavailable
+                        {
                             self.set_resource_status(&id, ResourceStatus::Unavailable);
                         }
                     }
@@ -1073,7 +1492,8 @@ impl<'a> Pass<'a> {
                     // node is gone (it vanished: nothing will bring it back), is recycled after
                     // the grace. The original only handled the first and waited forever on
                     // the second.
-                    let node_was_there = (qr.state == super::observe::QrState::Provisioning && resource.provisioning_node_seen_at.is_some())
+                    let node_was_there = (qr.state == super::observe::QrState::Provisioning
+                        && resource.provisioning_node_seen_at.is_some())
                         || qr.state == super::observe::QrState::Active;
                     if node_was_there {
                         let since = resource.provisioning_node_missing_since.unwrap_or(self.now);
@@ -1083,11 +1503,24 @@ impl<'a> Pass<'a> {
                             let _ = r.set_status(ResourceStatus::Draining);
                             r.provisioning_node_seen_at = None;
                             r.provisioning_node_missing_since = None;
-                            self.event("orphaned_provisioning_tpu_recycling", None, Some(&id), None, format!("missing_since={since}; grace_seconds={}", self.config.orphan_grace_secs));
+                            self.event(
+                                "orphaned_provisioning_tpu_recycling",
+                                None,
+                                Some(&id),
+                                None,
+                                format!(
+                                    "missing_since={since}; grace_seconds={}",
+                                    self.config.orphan_grace_secs
+                                ),
+                            );
                             continue;
                         }
                         self.wake_at(since.plus_secs(self.config.orphan_grace_secs));
-                        self.state.resources.get_mut(&id).expect("exists").provisioning_node_missing_since = Some(since);
+                        self.state
+                            .resources
+                            .get_mut(&id)
+                            .expect("exists")
+                            .provisioning_node_missing_since = Some(since);
                     }
                     let r = self.state.resources.get_mut(&id).expect("exists");
                     if r.status != ResourceStatus::Provisioning {
@@ -1096,10 +1529,16 @@ impl<'a> Pass<'a> {
                     }
                 }
                 // (e) node present but not ready, live QR: wait for it.
-                (Some(n), Some(_)) if !n.is_operational() && !n.state.is_terminal() && resource.owner.is_none() => {
+                (Some(n), Some(_))
+                    if !n.is_operational()
+                        && !n.state.is_terminal()
+                        && resource.owner.is_none() =>
+                {
                     let now = self.now;
                     let r = self.state.resources.get_mut(&id).expect("exists");
-                    if r.status != ResourceStatus::Provisioning && r.status != ResourceStatus::Draining {
+                    if r.status != ResourceStatus::Provisioning
+                        && r.status != ResourceStatus::Draining
+                    {
                         let _ = r.release(ResourceStatus::Provisioning, now);
                         r.idle_since = None;
                     }
@@ -1113,20 +1552,38 @@ impl<'a> Pass<'a> {
                         continue;
                     }
                     let draining = resource.status == ResourceStatus::Draining;
-                    if !draining && n.state == super::observe::NodeState::Ready && n.health == super::observe::Health::UnhealthyMaintenance {
-                        if resource.owner.is_none() && resource.status != ResourceStatus::Unavailable {
+                    if !draining
+                        && n.state == super::observe::NodeState::Ready
+                        && n.health == super::observe::Health::UnhealthyMaintenance
+                    {
+                        if resource.owner.is_none()
+                            && resource.status != ResourceStatus::Unavailable
+                        {
                             self.set_resource_status(&id, ResourceStatus::Unavailable);
-                            self.event("spot_tpu_waiting_for_maintenance", None, Some(&id), None, String::new());
+                            self.event(
+                                "spot_tpu_waiting_for_maintenance",
+                                None,
+                                Some(&id),
+                                None,
+                                String::new(),
+                            );
                         }
                         continue;
                     }
-                    if !draining && !n.state.is_terminal() && n.state != super::observe::NodeState::Ready {
+                    if !draining
+                        && !n.state.is_terminal()
+                        && n.state != super::observe::NodeState::Ready
+                    {
                         if resource.owner.is_none() {
                             self.set_resource_status(&id, ResourceStatus::Unavailable);
                         }
                         continue;
                     }
-                    if n.state == super::observe::NodeState::Ready && resource.owner.is_some() && live.is_some() && n.is_operational() {
+                    if n.state == super::observe::NodeState::Ready
+                        && resource.owner.is_some()
+                        && live.is_some()
+                        && n.is_operational()
+                    {
                         continue; // ready but wrong transport while owned: let the run finish
                     }
                     if n.state != super::observe::NodeState::Deleting {
@@ -1140,7 +1597,13 @@ impl<'a> Pass<'a> {
                         if r.owner.is_none() {
                             let _ = r.set_status(ResourceStatus::Draining);
                         }
-                        self.event("unusable_spot_tpu_deleting", None, Some(&id), None, format!("state={:?}; health={:?}", n.state, n.health));
+                        self.event(
+                            "unusable_spot_tpu_deleting",
+                            None,
+                            Some(&id),
+                            None,
+                            format!("state={:?}; health={:?}", n.state, n.health),
+                        );
                     }
                 }
                 // (g) nothing left.
@@ -1149,7 +1612,13 @@ impl<'a> Pass<'a> {
                         self.mark_preempted(&id);
                     } else if !resource.status.is_gone() {
                         self.mark_preempted(&id);
-                        self.event("idle_spot_tpu_missing", None, Some(&id), None, String::new());
+                        self.event(
+                            "idle_spot_tpu_missing",
+                            None,
+                            Some(&id),
+                            None,
+                            String::new(),
+                        );
                     }
                 }
             }
@@ -1159,8 +1628,12 @@ impl<'a> Pass<'a> {
     /// The common case of the unusable-resource step, decided without copying the record: a
     /// declared TPU whose node is ready behind a live request, not draining, no timers set.
     fn healthy_and_settled(&self, r: &Resource) -> bool {
-        !matches!(r.status, ResourceStatus::Recycling | ResourceStatus::RecyclingRequested | ResourceStatus::Draining)
-            && r.provisioning_node_seen_at.is_none()
+        !matches!(
+            r.status,
+            ResourceStatus::Recycling
+                | ResourceStatus::RecyclingRequested
+                | ResourceStatus::Draining
+        ) && r.provisioning_node_seen_at.is_none()
             && r.provisioning_node_missing_since.is_none()
             && self.index.is_declared(r)
             && (r.adopted || self.matching_qr(r).is_some_and(|q| q.state.is_live()))
@@ -1179,11 +1652,16 @@ impl<'a> Pass<'a> {
             self.set_resource_status(&resource.id, ResourceStatus::Deleted);
             return;
         }
-        let qr = self.qrs.get(names::queued_resource_name(&resource.tpu_name).as_str()).copied();
+        let qr = self
+            .qrs
+            .get(names::queued_resource_name(&resource.tpu_name).as_str())
+            .copied();
         let node = self.nodes.get(resource.tpu_name.as_str()).copied();
         match (qr, node) {
             (Some(q), _) if !q.state.is_deleting() => self.delete_qr(&q.name, &q.zone),
-            (None, Some(n)) if n.state != super::observe::NodeState::Deleting => self.delete_node(&n.name, &n.zone),
+            (None, Some(n)) if n.state != super::observe::NodeState::Deleting => {
+                self.delete_node(&n.name, &n.zone)
+            }
             (None, None) => {
                 let now = self.now;
                 if let Some(r) = self.state.resources.get_mut(&resource.id) {
@@ -1196,7 +1674,13 @@ impl<'a> Pass<'a> {
         }
         if resource.status != ResourceStatus::Draining {
             self.set_resource_status(&resource.id, ResourceStatus::Draining);
-            self.event("orphaned_entry_tpu_deleting", None, Some(&resource.id), None, format!("entry={} no longer in the fleet", resource.entry_id));
+            self.event(
+                "orphaned_entry_tpu_deleting",
+                None,
+                Some(&resource.id),
+                None,
+                format!("entry={} no longer in the fleet", resource.entry_id),
+            );
         }
     }
 
@@ -1209,15 +1693,33 @@ impl<'a> Pass<'a> {
         let index = self.index;
         let now = self.now;
         let (pairs, waits, desired, named) = {
-            let demand = Demand::build(index, self.state.jobs.values().filter(|j| j.status == JobStatus::Pending), now);
-            let waits: Vec<Timestamp> = demand.jobs.iter().filter(|j| !j.assignable).filter_map(|j| j.job.not_before).collect();
+            let demand = Demand::build(
+                index,
+                self.state
+                    .jobs
+                    .values()
+                    .filter(|j| j.status == JobStatus::Pending),
+                now,
+            );
+            let waits: Vec<Timestamp> = demand
+                .jobs
+                .iter()
+                .filter(|j| !j.assignable)
+                .filter_map(|j| j.job.not_before)
+                .collect();
             let candidates: Vec<&Resource> = self
                 .state
                 .resources
                 .values()
-                .filter(|r| r.status == ResourceStatus::Idle && !r.is_busy() && index.is_declared(r))
+                .filter(|r| {
+                    r.status == ResourceStatus::Idle && !r.is_busy() && index.is_declared(r)
+                })
                 .collect();
-            let pairs = self.policy.assign(&AssignInput { index, demand: &demand, tpus: &candidates });
+            let pairs = self.policy.assign(&AssignInput {
+                index,
+                demand: &demand,
+                tpus: &candidates,
+            });
             let mut waiting = vec![true; demand.jobs.len()];
             let mut taken = vec![false; candidates.len()];
             let mut busy = vec![0u32; index.fleet.tpus.len()];
@@ -1235,8 +1737,12 @@ impl<'a> Pass<'a> {
                     busy[e] += 1;
                 }
             }
-            let idle_adopted: Vec<&Resource> =
-                candidates.iter().zip(&taken).filter(|(r, taken)| r.adopted && !**taken).map(|(r, _)| *r).collect();
+            let idle_adopted: Vec<&Resource> = candidates
+                .iter()
+                .zip(&taken)
+                .filter(|(r, taken)| r.adopted && !**taken)
+                .map(|(r, _)| *r)
+                .collect();
             let desired = self.policy.desired_counts(&CapacityInput {
                 index,
                 demand: &demand,
@@ -1251,8 +1757,10 @@ impl<'a> Pass<'a> {
                 .filter(|(_, w)| **w)
                 .filter_map(|(j, _)| j.job.spec.tpu_name.clone())
                 .collect();
-            let pairs: Vec<(String, String)> =
-                pairs.into_iter().map(|(j, t)| (demand.jobs[j].job.id.clone(), candidates[t].id.clone())).collect();
+            let pairs: Vec<(String, String)> = pairs
+                .into_iter()
+                .map(|(j, t)| (demand.jobs[j].job.id.clone(), candidates[t].id.clone()))
+                .collect();
             (pairs, waits, desired, named)
         };
         for t in waits {
@@ -1268,17 +1776,34 @@ impl<'a> Pass<'a> {
     /// assign_job (§2.1): re-checks everything, pins the placement, creates the attempt.
     fn assign_job(&mut self, job_id: &str, resource_id: &str) {
         let now = self.now;
-        let (Some(job), Some(resource)) = (self.state.jobs.get(job_id), self.state.resources.get(resource_id)) else { return };
+        let (Some(job), Some(resource)) = (
+            self.state.jobs.get(job_id),
+            self.state.resources.get(resource_id),
+        ) else {
+            return;
+        };
         let req = super::demand::Requirement::of(job);
-        if job.status != JobStatus::Pending || resource.status != ResourceStatus::Idle || resource.is_busy() || !req.accepts_resource(resource) {
-            self.violation(format!("policy {} paired job {job_id} with unusable TPU {resource_id}", self.policy.name()));
+        if job.status != JobStatus::Pending
+            || resource.status != ResourceStatus::Idle
+            || resource.is_busy()
+            || !req.accepts_resource(resource)
+        {
+            self.violation(format!(
+                "policy {} paired job {job_id} with unusable TPU {resource_id}",
+                self.policy.name()
+            ));
             return;
         }
-        let Ok(region) = gcp::zone_region(&resource.zone).map(str::to_owned) else { return };
+        let Ok(region) = gcp::zone_region(&resource.zone).map(str::to_owned) else {
+            return;
+        };
         let placement = match &job.placement {
             Some(p) => p.clone(),
             None => match job.bucket_regions.iter().find(|b| b.region == region) {
-                Some(b) => Placement { region: region.clone(), bucket: b.bucket.clone() },
+                Some(b) => Placement {
+                    region: region.clone(),
+                    bucket: b.bucket.clone(),
+                },
                 None => return,
             },
         };
@@ -1311,14 +1836,23 @@ impl<'a> Pass<'a> {
             return;
         }
         let priority = ["low", "normal", "high"][job.spec.priority.rank() as usize];
-        let detail = format!("tpu_name={}; region={}; bucket={}; priority={priority}", attempt.tpu_name, placement.region, placement.bucket);
+        let detail = format!(
+            "tpu_name={}; region={}; bucket={}; priority={priority}",
+            attempt.tpu_name, placement.region, placement.bucket
+        );
         job.placement = Some(placement);
         job.assigned_resource = Some(resource_id.to_owned());
         job.current_attempt = Some(attempt_id.clone());
         job.not_before = None;
         job.attempts.push(attempt);
         self.new_attempts.push(job_id.to_owned());
-        self.event("job_assigned", Some(job_id), Some(resource_id), Some(&attempt_id), detail);
+        self.event(
+            "job_assigned",
+            Some(job_id),
+            Some(resource_id),
+            Some(&attempt_id),
+            detail,
+        );
     }
 
     fn launch_new_attempts(&mut self) {
@@ -1327,12 +1861,16 @@ impl<'a> Pass<'a> {
             if job.status != JobStatus::Running {
                 continue;
             }
-            let (Some(attempt), Some(resource)) = (job.attempt(), job.assigned_resource.as_ref().and_then(|r| self.state.resources.get(r))) else {
+            let (Some(attempt), Some(resource)) = (
+                job.attempt(),
+                job.assigned_resource
+                    .as_ref()
+                    .and_then(|r| self.state.resources.get(r)),
+            ) else {
                 continue;
             };
             let action = self.launch_action(&job_id, attempt, resource);
             self.out.actions.push(action);
         }
     }
-
 }

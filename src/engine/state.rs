@@ -30,7 +30,11 @@ pub struct IllegalTransition {
 
 impl fmt::Display for IllegalTransition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "illegal {} transition for {}: {} -> {}", self.kind, self.id, self.from, self.to)
+        write!(
+            f,
+            "illegal {} transition for {}: {} -> {}",
+            self.kind, self.id, self.from, self.to
+        )
     }
 }
 
@@ -63,7 +67,10 @@ pub struct State {
 impl State {
     /// An empty state of the current schema.
     pub fn new() -> State {
-        State { schema_version: SCHEMA_VERSION, ..State::default() }
+        State {
+            schema_version: SCHEMA_VERSION,
+            ..State::default()
+        }
     }
 
     /// Adds a job as submitted (status pending). Refuses an id already present.
@@ -127,7 +134,10 @@ pub enum JobStatus {
 impl JobStatus {
     /// True for succeeded, failed and deactivated.
     pub fn is_terminal(self) -> bool {
-        matches!(self, JobStatus::Succeeded | JobStatus::Failed | JobStatus::Deactivated)
+        matches!(
+            self,
+            JobStatus::Succeeded | JobStatus::Failed | JobStatus::Deactivated
+        )
     }
 
     /// The legal moves of §2: pending → running | deactivated; running → cancelling |
@@ -360,7 +370,10 @@ impl EndReason {
         matches!(
             (status, self),
             (AttemptStatus::Succeeded, EndReason::Succeeded)
-                | (AttemptStatus::Interrupted, EndReason::Preempted | EndReason::Lost)
+                | (
+                    AttemptStatus::Interrupted,
+                    EndReason::Preempted | EndReason::Lost
+                )
                 | (AttemptStatus::Cancelled, EndReason::Cancelled)
                 | (AttemptStatus::Failed, EndReason::ApplicationFailed)
                 | (AttemptStatus::FailedSetup, EndReason::SetupFailed)
@@ -443,7 +456,12 @@ impl Attempt {
     }
 
     fn illegal(&self, to: AttemptStatus) -> IllegalTransition {
-        IllegalTransition { kind: "attempt", id: self.id.clone(), from: self.status.as_str().into(), to: to.as_str().into() }
+        IllegalTransition {
+            kind: "attempt",
+            id: self.id.clone(),
+            from: self.status.as_str().into(),
+            to: to.as_str().into(),
+        }
     }
 }
 
@@ -560,10 +578,19 @@ pub struct Resource {
 
 impl Resource {
     /// A new record for node `tpu_name` of `entry` (id `adopted-<name>` for adopted TPUs).
-    pub fn new(tpu_name: &str, entry: &crate::spec::TpuEntry, status: ResourceStatus, worker_count: u32) -> Resource {
+    pub fn new(
+        tpu_name: &str,
+        entry: &crate::spec::TpuEntry,
+        status: ResourceStatus,
+        worker_count: u32,
+    ) -> Resource {
         let adopted = entry.is_adopted();
         Resource {
-            id: if adopted { format!("adopted-{tpu_name}") } else { tpu_name.to_owned() },
+            id: if adopted {
+                format!("adopted-{tpu_name}")
+            } else {
+                tpu_name.to_owned()
+            },
             tpu_name: tpu_name.to_owned(),
             zone: entry.zone.clone(),
             tpu_type: entry.tpu_type.clone(),
@@ -591,13 +618,20 @@ impl Resource {
         let needs_owner = to == ResourceStatus::Busy;
         let forbids_owner = matches!(
             to,
-            ResourceStatus::Idle | ResourceStatus::Provisioning | ResourceStatus::Preempted | ResourceStatus::Deleted
+            ResourceStatus::Idle
+                | ResourceStatus::Provisioning
+                | ResourceStatus::Preempted
+                | ResourceStatus::Deleted
         );
         if (needs_owner && self.owner.is_none()) || (forbids_owner && self.owner.is_some()) {
             return Err(IllegalTransition {
                 kind: "resource",
                 id: self.id.clone(),
-                from: format!("{}{}", self.status.as_str(), if self.owner.is_some() { " (owned)" } else { "" }),
+                from: format!(
+                    "{}{}",
+                    self.status.as_str(),
+                    if self.owner.is_some() { " (owned)" } else { "" }
+                ),
                 to: to.as_str().into(),
             });
         }
@@ -615,7 +649,10 @@ impl Resource {
                 to: "busy".into(),
             });
         }
-        self.owner = Some(Owner { job_id: job_id.into(), attempt_id: attempt_id.into() });
+        self.owner = Some(Owner {
+            job_id: job_id.into(),
+            attempt_id: attempt_id.into(),
+        });
         self.status = ResourceStatus::Busy;
         self.idle_since = None;
         self.cancellation_failures = None;
@@ -634,7 +671,9 @@ impl Resource {
 
     /// True when `job_id`/`attempt_id` own this resource.
     pub fn owned_by(&self, job_id: &str, attempt_id: &str) -> bool {
-        self.owner.as_ref().is_some_and(|o| o.job_id == job_id && o.attempt_id == attempt_id)
+        self.owner
+            .as_ref()
+            .is_some_and(|o| o.job_id == job_id && o.attempt_id == attempt_id)
     }
 }
 
@@ -661,7 +700,9 @@ impl InterruptionStatus {
         use InterruptionStatus::*;
         matches!(
             (self, to),
-            (Requested, Processing) | (Requested, Rejected) | (Processing, DeletionRequested | Failed | Rejected)
+            (Requested, Processing)
+                | (Requested, Rejected)
+                | (Processing, DeletionRequested | Failed | Rejected)
         )
     }
 }
@@ -696,7 +737,11 @@ pub struct InterruptionRequest {
 
 impl InterruptionRequest {
     /// Moves to `to`, refusing illegal moves (finishing a terminal request is an error).
-    pub fn transition(&mut self, to: InterruptionStatus, now: Timestamp) -> Result<(), IllegalTransition> {
+    pub fn transition(
+        &mut self,
+        to: InterruptionStatus,
+        now: Timestamp,
+    ) -> Result<(), IllegalTransition> {
         if !self.status.can_become(to) {
             return Err(IllegalTransition {
                 kind: "interruption_request",
@@ -721,8 +766,11 @@ mod tests {
     fn job_transitions_follow_the_table() {
         use JobStatus::*;
         let all = [Pending, Running, Cancelling, Succeeded, Failed, Deactivated];
-        let legal: Vec<(JobStatus, JobStatus)> =
-            all.iter().flat_map(|a| all.iter().map(move |b| (*a, *b))).filter(|(a, b)| a.can_become(*b)).collect();
+        let legal: Vec<(JobStatus, JobStatus)> = all
+            .iter()
+            .flat_map(|a| all.iter().map(move |b| (*a, *b)))
+            .filter(|(a, b)| a.can_become(*b))
+            .collect();
         assert_eq!(
             legal,
             vec![
@@ -769,7 +817,10 @@ mod tests {
         };
         assert!(r.set_status(ResourceStatus::Busy).is_err());
         r.occupy("j", "a").unwrap();
-        assert!(r.occupy("j2", "a2").is_err(), "a TPU is never assigned twice");
+        assert!(
+            r.occupy("j2", "a2").is_err(),
+            "a TPU is never assigned twice"
+        );
         assert!(r.set_status(ResourceStatus::Idle).is_err());
         r.release(ResourceStatus::Idle, Timestamp(5)).unwrap();
         assert_eq!(r.idle_since, Some(Timestamp(5)));

@@ -4,16 +4,35 @@
 
 use std::collections::BTreeMap;
 
-use super::observe::{Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo};
+use super::observe::{
+    Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo,
+};
 use super::state::{BucketRegion, Job, Resource, ResourceStatus, State};
 use super::{Observation, Timestamp};
 use crate::spec::fleet::{EntryKind, FleetSpec, SshTransport, TpuEntry};
 use crate::spec::{JobSpec, Priority, ProvisioningModel, TpuRequest, TpuType};
 
-const TYPES: &[&str] = &["v6e-8", "v6e-16", "v5litepod-8", "v5litepod-16", "v4-8", "v5p-8"];
+const TYPES: &[&str] = &[
+    "v6e-8",
+    "v6e-16",
+    "v5litepod-8",
+    "v5litepod-16",
+    "v4-8",
+    "v5p-8",
+];
 const REGIONS: &[&str] = &[
-    "us-east1", "us-east5", "us-central1", "us-central2", "us-west1", "us-west4", "us-south1", "europe-west4",
-    "europe-west1", "asia-northeast1", "asia-southeast1", "asia-east1",
+    "us-east1",
+    "us-east5",
+    "us-central1",
+    "us-central2",
+    "us-west1",
+    "us-west4",
+    "us-south1",
+    "europe-west4",
+    "europe-west1",
+    "asia-northeast1",
+    "asia-southeast1",
+    "asia-east1",
 ];
 
 fn mix(mut x: u64) -> u64 {
@@ -38,7 +57,9 @@ pub fn fleet(n_entries: usize, count_per_entry: u32) -> FleetSpec {
                 chip_limit: None,
                 keep_warm_count: 0,
                 runtime: Some("v2-alpha-tpuv6e".into()),
-                kind: EntryKind::Managed { count: count_per_entry },
+                kind: EntryKind::Managed {
+                    count: count_per_entry,
+                },
             }
         })
         .collect();
@@ -67,13 +88,18 @@ pub fn pending_jobs(n_jobs: usize, epoch: Timestamp) -> Vec<Job> {
             let h = mix(i as u64);
             let n_types = 1 + (h % 3) as usize;
             let types: Vec<TpuType> = (0..n_types)
-                .map(|k| TpuType::parse(TYPES[((h >> 8) as usize + k * 2) % TYPES.len()]).expect("valid"))
+                .map(|k| {
+                    TpuType::parse(TYPES[((h >> 8) as usize + k * 2) % TYPES.len()]).expect("valid")
+                })
                 .collect();
             let n_regions = 1 + ((h >> 16) % 3) as usize;
             let buckets: Vec<BucketRegion> = (0..n_regions)
                 .map(|k| {
                     let region = REGIONS[((h >> 24) as usize + k * 5) % REGIONS.len()];
-                    BucketRegion { region: region.into(), bucket: format!("gs://bench-{region}") }
+                    BucketRegion {
+                        region: region.into(),
+                        bucket: format!("gs://bench-{region}"),
+                    }
                 })
                 .collect();
             let spec = JobSpec {
@@ -87,7 +113,12 @@ pub fn pending_jobs(n_jobs: usize, epoch: Timestamp) -> Vec<Job> {
                 buckets: buckets.iter().map(|b| b.bucket.clone()).collect(),
                 caches: vec![],
                 env: BTreeMap::new(),
-                priority: [Priority::Low, Priority::Normal, Priority::Normal, Priority::High][((h >> 40) % 4) as usize],
+                priority: [
+                    Priority::Low,
+                    Priority::Normal,
+                    Priority::Normal,
+                    Priority::High,
+                ][((h >> 40) % 4) as usize],
                 retry_on_infrastructure_failure: true,
             };
             Job::new(spec, epoch.plus_secs((h >> 44) as i64 % 86_400), buckets)
@@ -97,7 +128,12 @@ pub fn pending_jobs(n_jobs: usize, epoch: Timestamp) -> Vec<Job> {
 
 /// A state with `n_jobs` pending jobs and `n_idle` idle TPUs (ordinals spread over the
 /// entries), plus the observation showing those TPUs ready.
-pub fn planning_instance(fleet: &FleetSpec, n_jobs: usize, n_idle: usize, epoch: Timestamp) -> (State, Observation) {
+pub fn planning_instance(
+    fleet: &FleetSpec,
+    n_jobs: usize,
+    n_idle: usize,
+    epoch: Timestamp,
+) -> (State, Observation) {
     let mut state = State::new();
     for job in pending_jobs(n_jobs, epoch) {
         state.jobs.insert(job.id.clone(), job);

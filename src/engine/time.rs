@@ -51,7 +51,9 @@ impl Timestamp {
             .parse::<jiff::Timestamp>()
             .ok()
             .map(|ts| Timestamp(ts.as_millisecond()))
-            .ok_or_else(|| format!("expected an RFC 3339 time such as `2026-11-30T12:00:00Z`, found {text:?}"))
+            .ok_or_else(|| {
+                format!("expected an RFC 3339 time such as `2026-11-30T12:00:00Z`, found {text:?}")
+            })
     }
 }
 

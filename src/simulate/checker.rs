@@ -31,7 +31,11 @@ pub struct Invariants {
 impl Invariants {
     /// A checker; liveness applies `liveness_secs` after `faults_stop`.
     pub fn new(faults_stop: Option<Timestamp>, liveness_secs: i64) -> Invariants {
-        Invariants { faults_stop, liveness_secs, ..Invariants::default() }
+        Invariants {
+            faults_stop,
+            liveness_secs,
+            ..Invariants::default()
+        }
     }
 
     /// Checks one step.
@@ -48,29 +52,41 @@ impl Invariants {
     fn one_attempt_per_tpu(&self, v: &StepView<'_>) -> Result<(), String> {
         for (node, runs) in v.cloud.live_runs() {
             if runs.len() > 1 {
-                return Err(format!("no TPU runs two attempts: {node} runs {}", runs.join(" and ")));
+                return Err(format!(
+                    "no TPU runs two attempts: {node} runs {}",
+                    runs.join(" and ")
+                ));
             }
         }
         let displaced = v.cloud.accounting().attempts_displaced;
         if displaced > 0 {
-            return Err(format!("no TPU runs two attempts: {displaced} attempt(s) were launched over another"));
+            return Err(format!(
+                "no TPU runs two attempts: {displaced} attempt(s) were launched over another"
+            ));
         }
         let mut owners: BTreeMap<&str, &str> = BTreeMap::new();
         for r in v.state.resources.values() {
             if let Some(o) = &r.owner
                 && let Some(other) = owners.insert(&o.job_id, &r.id)
             {
-                return Err(format!("no job has two active attempts: job {} owns {other} and {}", o.job_id, r.id));
+                return Err(format!(
+                    "no job has two active attempts: job {} owns {other} and {}",
+                    o.job_id, r.id
+                ));
             }
         }
-        // One live run per job in the cloud.
-        let mut by_job: BTreeMap<String, usize> = BTreeMap::new();
         for job in v.state.jobs.values() {
-            let live = job.attempts.iter().filter(|a| !a.status.is_terminal()).count();
+            let live = job
+                .attempts
+                .iter()
+                .filter(|a| !a.status.is_terminal())
+                .count();
             if live > 1 {
-                return Err(format!("no job has two active attempts: job {} has {live}", job.id));
+                return Err(format!(
+                    "no job has two active attempts: job {} has {live}",
+                    job.id
+                ));
             }
-            *by_job.entry(job.id.clone()).or_default() += live;
         }
         Ok(())
     }
@@ -78,24 +94,43 @@ impl Invariants {
     fn jobs_consistent(&mut self, v: &StepView<'_>) -> Result<(), String> {
         for job in v.state.jobs.values() {
             if job.status.is_terminal() {
-                return Err(format!("every job is in exactly one legal state: terminal job {} is still active", job.id));
+                return Err(format!(
+                    "every job is in exactly one legal state: terminal job {} is still active",
+                    job.id
+                ));
             }
             match job.status {
-                JobStatus::Pending => {
-                    if job.assigned_resource.is_some() || job.attempts.iter().any(|a| !a.status.is_terminal()) {
-                        return Err(format!("pending job {} still holds a TPU or an active attempt", job.id));
-                    }
+                JobStatus::Pending
+                    if job.assigned_resource.is_some()
+                        || job.attempts.iter().any(|a| !a.status.is_terminal()) =>
+                {
+                    return Err(format!(
+                        "pending job {} still holds a TPU or an active attempt",
+                        job.id
+                    ));
                 }
                 JobStatus::Running | JobStatus::Cancelling => {
                     let (Some(rid), Some(attempt)) = (&job.assigned_resource, job.attempt()) else {
-                        return Err(format!("{} job {} has no TPU or attempt", job.status.as_str(), job.id));
+                        return Err(format!(
+                            "{} job {} has no TPU or attempt",
+                            job.status.as_str(),
+                            job.id
+                        ));
                     };
                     if attempt.status.is_terminal() || attempt.resource_id != *rid {
-                        return Err(format!("job {} runs ended or foreign attempt {}", job.id, attempt.id));
+                        return Err(format!(
+                            "job {} runs ended or foreign attempt {}",
+                            job.id, attempt.id
+                        ));
                     }
-                    let owned = v.state.resources.get(rid).is_some_and(|r| r.owned_by(&job.id, &attempt.id) && r.status != ResourceStatus::Idle);
+                    let owned = v.state.resources.get(rid).is_some_and(|r| {
+                        r.owned_by(&job.id, &attempt.id) && r.status != ResourceStatus::Idle
+                    });
                     if !owned {
-                        return Err(format!("job {} and TPU {rid} disagree on ownership", job.id));
+                        return Err(format!(
+                            "job {} and TPU {rid} disagree on ownership",
+                            job.id
+                        ));
                     }
                 }
                 _ => {}
@@ -103,10 +138,17 @@ impl Invariants {
         }
         for job in v.state.finished.values() {
             if !job.status.is_terminal() {
-                return Err(format!("finished job {} is {}", job.id, job.status.as_str()));
+                return Err(format!(
+                    "finished job {} is {}",
+                    job.id,
+                    job.status.as_str()
+                ));
             }
             if job.attempts.iter().any(|a| !a.status.is_terminal()) {
-                return Err(format!("finished job {} has an attempt that never ended", job.id));
+                return Err(format!(
+                    "finished job {} has an attempt that never ended",
+                    job.id
+                ));
             }
         }
         for job in v.state.all_jobs() {
@@ -115,13 +157,21 @@ impl Invariants {
                 && prev != job.status
                 && !legal_path(prev, job.status)
             {
-                return Err(format!("illegal transition of job {}: {} -> {}", job.id, prev.as_str(), job.status.as_str()));
+                return Err(format!(
+                    "illegal transition of job {}: {} -> {}",
+                    job.id,
+                    prev.as_str(),
+                    job.status.as_str()
+                ));
             }
         }
         if let Some(out) = v.output
             && !out.violations.is_empty()
         {
-            return Err(format!("the engine refused illegal transitions: {}", out.violations.join("; ")));
+            return Err(format!(
+                "the engine refused illegal transitions: {}",
+                out.violations.join("; ")
+            ));
         }
         Ok(())
     }
@@ -145,15 +195,20 @@ impl Invariants {
     fn capacity_within_limits(&self, v: &StepView<'_>) -> Result<(), String> {
         let index: &FleetIndex = v.engine.index();
         // Live capacity per entry (by label) and chips per quota key.
-        let per_entry: BTreeMap<String, BTreeSet<String>> = v.cloud.live_capacity_by_label(LABEL_FLEET_ENTRY);
+        let per_entry: BTreeMap<String, BTreeSet<String>> =
+            v.cloud.live_capacity_by_label(LABEL_FLEET_ENTRY);
         let mut chips: BTreeMap<QuotaKey, u64> = BTreeMap::new();
         for e in &index.fleet.tpus {
             let live = per_entry.get(&e.id).map_or(0, BTreeSet::len) as u32;
             if let EntryKind::Managed { count } = e.kind {
                 if live > count {
-                    return Err(format!("entry counts never exceeded: entry {} has {live} live TPUs, count {count}", e.id));
+                    return Err(format!(
+                        "entry counts never exceeded: entry {} has {live} live TPUs, count {count}",
+                        e.id
+                    ));
                 }
-                *chips.entry(e.quota_key()).or_default() += u64::from(live) * u64::from(e.chips_per_tpu());
+                *chips.entry(e.quota_key()).or_default() +=
+                    u64::from(live) * u64::from(e.chips_per_tpu());
             } else {
                 *chips.entry(e.quota_key()).or_default() += u64::from(e.chips_per_tpu());
             }
@@ -184,7 +239,11 @@ impl Invariants {
             return Ok(());
         }
         for (job_id, resource_id) in assigned {
-            let (Some(job), Some(resource)) = (v.state.job(job_id), v.state.resources.get(resource_id)) else { continue };
+            let (Some(job), Some(resource)) =
+                (v.state.job(job_id), v.state.resources.get(resource_id))
+            else {
+                continue;
+            };
             let rank = job.spec.priority.rank();
             for other in v.state.jobs.values() {
                 if other.status == JobStatus::Pending
@@ -205,39 +264,66 @@ impl Invariants {
     /// Once faults stopped, a pending job that fits must start within `liveness_secs` of the
     /// moment spot capacity for it became (and stayed) free.
     fn liveness(&mut self, v: &StepView<'_>) -> Result<(), String> {
-        let Some(stop) = self.faults_stop else { return Ok(()) };
+        let Some(stop) = self.faults_stop else {
+            return Ok(());
+        };
         if v.now < stop {
             return Ok(());
         }
         let index = v.engine.index();
         let cloud = v.cloud;
-        let pools: BTreeMap<(&str, String), usize> =
-            cloud.config().pools.iter().enumerate().map(|(i, p)| ((p.zone.as_str(), p.accelerator.clone()), i)).collect();
+        let pools: BTreeMap<(&str, String), usize> = cloud
+            .config()
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| ((p.zone.as_str(), p.accelerator.clone()), i))
+            .collect();
         let live = cloud.live_nodes();
         let free = |e: usize| -> bool {
             let entry = index.entry(e);
             let key = (entry.zone.as_str(), entry.tpu_type.to_string());
             match &entry.kind {
-                EntryKind::Adopted { .. } => v.state.resources.values().any(|r| r.entry_id == entry.id && r.status == ResourceStatus::Idle),
+                EntryKind::Adopted { .. } => v
+                    .state
+                    .resources
+                    .values()
+                    .any(|r| r.entry_id == entry.id && r.status == ResourceStatus::Idle),
                 EntryKind::Managed { count } => {
-                    let busy = v.state.resources.values().filter(|r| r.entry_id == entry.id && r.is_busy()).count() as u32;
+                    let busy = v
+                        .state
+                        .resources
+                        .values()
+                        .filter(|r| r.entry_id == entry.id && r.is_busy())
+                        .count() as u32;
                     busy < *count
                         && pools.get(&key).is_some_and(|&p| {
-                            let used = live.get(&(entry.zone.clone(), entry.tpu_type.to_string())).copied().unwrap_or(0);
+                            let used = live
+                                .get(&(entry.zone.clone(), entry.tpu_type.to_string()))
+                                .copied()
+                                .unwrap_or(0);
                             cloud.available_slices()[p] > used
                         })
                 }
             }
         };
         let mut waiting = BTreeSet::new();
-        for job in v.state.jobs.values().filter(|j| j.status == JobStatus::Pending) {
+        for job in v
+            .state
+            .jobs
+            .values()
+            .filter(|j| j.status == JobStatus::Pending)
+        {
             let req = Requirement::of(job);
             if !(0..index.fleet.tpus.len()).any(|e| req.accepts_entry(index, e) && free(e)) {
                 continue;
             }
             waiting.insert(job.id.clone());
             let capacity_since = *self.capacity_since.entry(job.id.clone()).or_insert(v.now);
-            let since = capacity_since.max(stop).max(job.submitted_at).max(job.not_before.unwrap_or(job.submitted_at));
+            let since = capacity_since
+                .max(stop)
+                .max(job.submitted_at)
+                .max(job.not_before.unwrap_or(job.submitted_at));
             if v.now.elapsed_since(since, self.liveness_secs) {
                 return Err(format!(
                     "liveness: job {} has waited since {since} although capacity for it was free and faults had stopped ({} s bound)",

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use tpu_runner_sim::workload::JobArrival;
 use tpu_runner_sim::{CloudConfig, CloudFaults, PoolConfig, SimCloud, SimRng};
 
-use super::metrics::{BoundJob, Metrics, Stats, goodput_bound};
 use super::checker::Invariants;
+use super::metrics::{BoundJob, Metrics, Stats, goodput_bound};
 use super::scenario::{ChaosSpec, Scenario, WorkloadSpec, hosts_of};
 use crate::backend::sim::SimBackend;
 use crate::driver::{self, Feedback};
@@ -57,7 +57,12 @@ pub struct RunOptions {
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { never_skip: false, samples: 600, chaos: None, check_invariants: false }
+        RunOptions {
+            never_skip: false,
+            samples: 600,
+            chaos: None,
+            check_invariants: false,
+        }
     }
 }
 
@@ -135,7 +140,10 @@ pub fn cloud_config(scenario: &Scenario, seed: u64, chaos: Option<&ChaosSpec>) -
         workers.missing_status = c.missing_status;
         workers.silent_death_per_hour = c.silent_death_per_hour;
         workers.partial_failure = c.partial_failure;
-        faults = CloudFaults { until_secs: c.stop_secs.max(1), ..c.faults };
+        faults = CloudFaults {
+            until_secs: c.stop_secs.max(1),
+            ..c.faults
+        };
     }
     CloudConfig {
         seed,
@@ -172,16 +180,26 @@ pub fn arrivals(scenario: &Scenario, seed: u64) -> Vec<JobArrival> {
             WorkloadSpec::Trace(t) => t.generate(seed),
         })
         .collect();
-    all.sort_by(|a, b| a.at_secs.total_cmp(&b.at_secs).then_with(|| a.id.cmp(&b.id)));
+    all.sort_by(|a, b| {
+        a.at_secs
+            .total_cmp(&b.at_secs)
+            .then_with(|| a.id.cmp(&b.id))
+    });
     all
 }
 
 fn job_of(scenario: &Scenario, arrival: &JobArrival) -> Option<Job> {
-    let types = scenario.types_by_width.get(&arrival.width_chips).filter(|t| !t.is_empty())?;
+    let types = scenario
+        .types_by_width
+        .get(&arrival.width_chips)
+        .filter(|t| !t.is_empty())?;
     let bucket_regions: Vec<BucketRegion> = arrival
         .regions
         .iter()
-        .map(|r| BucketRegion { region: r.clone(), bucket: format!("gs://{}-{r}", scenario.fleet.name) })
+        .map(|r| BucketRegion {
+            region: r.clone(),
+            bucket: format!("gs://{}-{r}", scenario.fleet.name),
+        })
         .collect();
     let spec = JobSpec {
         id: arrival.id.clone(),
@@ -194,10 +212,15 @@ fn job_of(scenario: &Scenario, arrival: &JobArrival) -> Option<Job> {
         buckets: bucket_regions.iter().map(|b| b.bucket.clone()).collect(),
         caches: vec![],
         env: BTreeMap::new(),
-        priority: [Priority::Low, Priority::Normal, Priority::High][arrival.priority.min(2) as usize],
+        priority: [Priority::Low, Priority::Normal, Priority::High]
+            [arrival.priority.min(2) as usize],
         retry_on_infrastructure_failure: true,
     };
-    Some(Job::new(spec, EPOCH.plus_millis((arrival.at_secs * 1000.0) as i64), bucket_regions))
+    Some(Job::new(
+        spec,
+        EPOCH.plus_millis((arrival.at_secs * 1000.0) as i64),
+        bucket_regions,
+    ))
 }
 
 fn fnv(hash: &mut u64, bytes: &[u8]) {
@@ -229,8 +252,17 @@ fn pool_ceilings(scenario: &Scenario) -> Vec<u32> {
 }
 
 /// Runs one scenario with one policy and seed.
-pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOptions, hooks: Hooks<'_>) -> Result<RunResult, Violation> {
-    let Hooks { mut checker, mut mutator } = hooks;
+pub fn run(
+    scenario: &Scenario,
+    policy_name: &str,
+    seed: u64,
+    options: RunOptions,
+    hooks: Hooks<'_>,
+) -> Result<RunResult, Violation> {
+    let Hooks {
+        mut checker,
+        mut mutator,
+    } = hooks;
     let started = std::time::Instant::now();
     let policy = policy::by_name(policy_name).unwrap_or_else(|| Box::new(policy::Classic));
     let engine = Engine::new(scenario.fleet.clone(), scenario.engine, policy);
@@ -238,7 +270,10 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
     let mut cloud = SimCloud::new(cloud_config(scenario, seed, chaos.as_ref()));
     let mut chaos_rng = SimRng::new(seed, "chaos");
     let mut invariants = (chaos.is_some() || options.check_invariants).then(|| {
-        Invariants::new(chaos.map(|c| EPOCH.plus_secs(c.stop_secs as i64)), chaos.map_or(7200, |c| c.liveness_secs))
+        Invariants::new(
+            chaos.map(|c| EPOCH.plus_secs(c.stop_secs as i64)),
+            chaos.map_or(7200, |c| c.liveness_secs),
+        )
     });
     let mut harness_faults: BTreeMap<String, u64> = BTreeMap::new();
     // The lease of the running controller (epoch e2); a stale controller has epoch e1.
@@ -247,7 +282,13 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
     let mut adopted_chips = 0u64;
     for entry in &scenario.fleet.tpus {
         if let EntryKind::Adopted { existing } = &entry.kind {
-            cloud.add_existing_node(&entry.zone, existing, &entry.tpu_type.to_string(), entry.tpu_type.chips(), hosts_of(&entry.tpu_type));
+            cloud.add_existing_node(
+                &entry.zone,
+                existing,
+                &entry.tpu_type.to_string(),
+                entry.tpu_type.chips(),
+                hosts_of(&entry.tpu_type),
+            );
             adopted_chips += u64::from(entry.tpu_type.chips());
         }
     }
@@ -272,9 +313,15 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
 
     let tick_ms = scenario.reconcile_interval_secs * 1000;
     let horizon_ms = scenario.horizon_secs * 1000;
-    let sample_every_ms = (horizon_ms / options.samples.max(1) as u64).max(tick_ms) / tick_ms * tick_ms;
+    let sample_every_ms =
+        (horizon_ms / options.samples.max(1) as u64).max(tick_ms) / tick_ms * tick_ms;
     let ceilings = pool_ceilings(scenario);
-    let chips_of_pool: Vec<u64> = scenario.cloud.pools.iter().map(|p| u64::from(p.tpu_type.chips())).collect();
+    let chips_of_pool: Vec<u64> = scenario
+        .cloud
+        .pools
+        .iter()
+        .map(|p| u64::from(p.tpu_type.chips()))
+        .collect();
 
     let mut state = State::new();
     let mut feedback = Feedback::default();
@@ -296,9 +343,13 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
         backend.cloud.advance_to(t_ms);
         let now = EPOCH.plus_millis(t_ms as i64);
         let mut arrived = false;
-        while next_arrival < arrivals.len() && (arrivals[next_arrival].0.at_secs * 1000.0) as u64 <= t_ms {
+        while next_arrival < arrivals.len()
+            && (arrivals[next_arrival].0.at_secs * 1000.0) as u64 <= t_ms
+        {
             let (arrival, job) = &arrivals[next_arrival];
-            backend.cloud.register_job(&arrival.id, arrival.behaviour.clone());
+            backend
+                .cloud
+                .register_job(&arrival.id, arrival.behaviour.clone());
             if state.submit(job.clone()).is_ok() {
                 submitted.push(arrival.id.clone());
             }
@@ -323,7 +374,16 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
             // A controller of an older deployment tries to act: the epoch must fence it.
             if chaos.is_some_and(|c| fault(&mut chaos_rng, c.stale_controller)) {
                 *harness_faults.entry("stale_controller".into()).or_default() += 1;
-                if lease::acquire(held_lease.as_ref(), Some("e2"), "stale-controller", "e1", 900, now).is_ok() {
+                if lease::acquire(
+                    held_lease.as_ref(),
+                    Some("e2"),
+                    "stale-controller",
+                    "e1",
+                    900,
+                    now,
+                )
+                .is_ok()
+                {
                     return Err(Violation {
                         message: "a controller with a stale epoch acquired the lease".into(),
                         at_s: t_ms as f64 / 1000.0,
@@ -331,8 +391,17 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
                     });
                 }
             }
-            held_lease = lease::acquire(held_lease.as_ref(), Some("e2"), "controller", "e2", 900, now).ok();
-            let crash = chaos.and_then(|c| fault(&mut chaos_rng, c.crash).then(|| chaos_rng.index(3)));
+            held_lease = lease::acquire(
+                held_lease.as_ref(),
+                Some("e2"),
+                "controller",
+                "e2",
+                900,
+                now,
+            )
+            .ok();
+            let crash =
+                chaos.and_then(|c| fault(&mut chaos_rng, c.crash).then(|| chaos_rng.index(3)));
             match driver::observe(&engine, &state, &mut backend, &feedback, now) {
                 Err(_) => {
                     metrics.failed_passes += 1;
@@ -341,8 +410,13 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
                 Ok(fresh) => {
                     let mut stale = false;
                     let observation = match previous_observation.take() {
-                        Some(old) if chaos.is_some_and(|c| fault(&mut chaos_rng, c.stale_observation)) => {
-                            *harness_faults.entry("stale_observation".into()).or_default() += 1;
+                        Some(old)
+                            if chaos
+                                .is_some_and(|c| fault(&mut chaos_rng, c.stale_observation)) =>
+                        {
+                            *harness_faults
+                                .entry("stale_observation".into())
+                                .or_default() += 1;
                             stale = true;
                             old
                         }
@@ -362,7 +436,12 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
                         None => feedback = driver::execute(&mut backend, &out.actions, now),
                         Some(point) => {
                             // The restarted controller remembers nothing but the store.
-                            *harness_faults.entry(format!("crash_{}", ["before_commit", "before_acting", "while_acting"][point])).or_default() += 1;
+                            *harness_faults
+                                .entry(format!(
+                                    "crash_{}",
+                                    ["before_commit", "before_acting", "while_acting"][point]
+                                ))
+                                .or_default() += 1;
                             feedback = Feedback::default();
                             match point {
                                 0 => state = committed.expect("cloned for a crash"),
@@ -378,7 +457,12 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
                     // A crash before commit loses the whole pass: its decisions and events.
                     let committed_pass = crash != Some(0);
                     for e in out.events.iter().filter(|_| committed_pass) {
-                        fnv(&mut event_hash, serde_json::to_string(e).expect("event serialises").as_bytes());
+                        fnv(
+                            &mut event_hash,
+                            serde_json::to_string(e)
+                                .expect("event serialises")
+                                .as_bytes(),
+                        );
                         recent.push_back(e.clone());
                         if recent.len() > 40 {
                             recent.pop_front();
@@ -387,7 +471,10 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
                     metrics.engine_events += out.events.len() as u64;
                     if committed_pass && !out.violations.is_empty() {
                         return Err(Violation {
-                            message: format!("the engine reported broken invariants: {}", out.violations.join("; ")),
+                            message: format!(
+                                "the engine reported broken invariants: {}",
+                                out.violations.join("; ")
+                            ),
                             at_s: t_ms as f64 / 1000.0,
                             recent_events: recent.iter().cloned().collect(),
                         });
@@ -402,15 +489,37 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
             last_version = backend.cloud.version();
         }
         if let Some(inv) = invariants.as_mut() {
-            let view = StepView { now, state: &state, output: output.as_ref(), cloud: &backend.cloud, engine: &engine, submitted: &submitted };
+            let view = StepView {
+                now,
+                state: &state,
+                output: output.as_ref(),
+                cloud: &backend.cloud,
+                engine: &engine,
+                submitted: &submitted,
+            };
             if let Err(message) = inv.check(&view) {
-                return Err(Violation { message, at_s: t_ms as f64 / 1000.0, recent_events: recent.iter().cloned().collect() });
+                return Err(Violation {
+                    message,
+                    at_s: t_ms as f64 / 1000.0,
+                    recent_events: recent.iter().cloned().collect(),
+                });
             }
         }
         if let Some(check) = checker.as_deref_mut() {
-            let view = StepView { now, state: &state, output: output.as_ref(), cloud: &backend.cloud, engine: &engine, submitted: &submitted };
+            let view = StepView {
+                now,
+                state: &state,
+                output: output.as_ref(),
+                cloud: &backend.cloud,
+                engine: &engine,
+                submitted: &submitted,
+            };
             if let Err(message) = check(&view) {
-                return Err(Violation { message, at_s: t_ms as f64 / 1000.0, recent_events: recent.iter().cloned().collect() });
+                return Err(Violation {
+                    message,
+                    at_s: t_ms as f64 / 1000.0,
+                    recent_events: recent.iter().cloned().collect(),
+                });
             }
         }
         if t_ms % sample_every_ms == 0 {
@@ -437,9 +546,22 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
     metrics.utilization = ratio(metrics.busy_chip_hours, metrics.allocated_chip_hours);
     metrics.goodput_ratio = ratio(metrics.goodput_chip_hours, metrics.allocated_chip_hours);
     metrics.preemptions = acc.preemptions;
-    metrics.api_calls = acc.api_calls.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
-    metrics.api_errors = acc.api_errors.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
-    metrics.faults = acc.faults.iter().map(|(k, v)| ((*k).to_owned(), *v)).chain(harness_faults).collect();
+    metrics.api_calls = acc
+        .api_calls
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), *v))
+        .collect();
+    metrics.api_errors = acc
+        .api_errors
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), *v))
+        .collect();
+    metrics.faults = acc
+        .faults
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), *v))
+        .chain(harness_faults)
+        .collect();
     for (k, v) in &acc.api_errors {
         *metrics.faults.entry(format!("api_{k}")).or_default() += v;
     }
@@ -468,7 +590,11 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
         }
         for a in &job.attempts {
             let tpu_region = gcp::zone_region(&a.zone).unwrap_or("");
-            if job.placement.as_ref().is_some_and(|p| p.region != tpu_region) {
+            if job
+                .placement
+                .as_ref()
+                .is_some_and(|p| p.region != tpu_region)
+            {
                 metrics.egress_gb += scenario.data_gb_per_attempt;
             }
         }
@@ -481,7 +607,9 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
         .iter()
         .map(|(key, chip_s)| {
             let (accelerator, model) = key.split_once('/').unwrap_or((key, "spot"));
-            let family = crate::spec::TpuType::parse(accelerator).map(|t| t.quota_family().to_owned()).unwrap_or_default();
+            let family = crate::spec::TpuType::parse(accelerator)
+                .map(|t| t.quota_family().to_owned())
+                .unwrap_or_default();
             let (spot, on_demand) = scenario.prices.get(&family).copied().unwrap_or((0.0, 0.0));
             hours(*chip_s) * if model == "spot" { spot } else { on_demand }
         })
@@ -491,10 +619,21 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
     let bound_jobs: Vec<BoundJob> = arrivals
         .iter()
         .take(next_arrival)
-        .map(|(a, _)| BoundJob { release_s: a.at_secs, work: a.behaviour.work_secs * f64::from(a.width_chips), width: f64::from(a.width_chips) })
+        .map(|(a, _)| BoundJob {
+            release_s: a.at_secs,
+            work: a.behaviour.work_secs * f64::from(a.width_chips),
+            width: f64::from(a.width_chips),
+        })
         .collect();
     let slot_s = (t_ms / 1000).div_ceil(BOUND_SLOTS_MAX).max(600);
-    let slot_capacity = capacity_per_slot(&backend.cloud, &ceilings, &chips_of_pool, adopted_chips, t_ms, slot_s);
+    let slot_capacity = capacity_per_slot(
+        &backend.cloud,
+        &ceilings,
+        &chips_of_pool,
+        adopted_chips,
+        t_ms,
+        slot_s,
+    );
     let bound_chip_s = goodput_bound(&bound_jobs, &slot_capacity, slot_s as f64);
     metrics.bound_goodput_chip_hours = hours(bound_chip_s);
     metrics.efficiency = ratio(metrics.goodput_chip_hours, metrics.bound_goodput_chip_hours);
@@ -514,7 +653,14 @@ pub fn run(scenario: &Scenario, policy_name: &str, seed: u64, options: RunOption
 /// Chip-seconds the fleet could have held in each slot of `[0, end_ms)`: per pool, the
 /// integral of min(available slices, fleet ceiling) × chips, exact from the capacity log; plus
 /// the adopted TPUs, always there.
-fn capacity_per_slot(cloud: &SimCloud, ceilings: &[u32], chips: &[u64], adopted_chips: u64, end_ms: u64, slot_s: u64) -> Vec<f64> {
+fn capacity_per_slot(
+    cloud: &SimCloud,
+    ceilings: &[u32],
+    chips: &[u64],
+    adopted_chips: u64,
+    end_ms: u64,
+    slot_s: u64,
+) -> Vec<f64> {
     let slot_ms = slot_s * 1000;
     let n = end_ms.div_ceil(slot_ms).max(1) as usize;
     let mut out = vec![adopted_chips as f64 * slot_s as f64; n];
@@ -534,7 +680,11 @@ fn capacity_per_slot(cloud: &SimCloud, ceilings: &[u32], chips: &[u64], adopted_
     };
     let log = cloud.capacity_log();
     for pool in 0..ceilings.len() {
-        let changes: Vec<(u64, u32)> = log.iter().filter(|(_, p, _)| *p == pool).map(|(t, _, a)| (*t, *a)).collect();
+        let changes: Vec<(u64, u32)> = log
+            .iter()
+            .filter(|(_, p, _)| *p == pool)
+            .map(|(t, _, a)| (*t, *a))
+            .collect();
         for (i, &(t, available)) in changes.iter().enumerate() {
             let until = changes.get(i + 1).map_or(end_ms, |c| c.0).min(end_ms);
             let usable = u64::from(available.min(ceilings[pool])) * chips[pool];
@@ -549,15 +699,41 @@ fn fingerprint(state: &State) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = rustc_hash::FxHasher::default();
     for job in state.jobs.values() {
-        (&job.id, job.status, &job.assigned_resource, &job.current_attempt, job.not_before, job.infra_failures).hash(&mut h);
+        (
+            &job.id,
+            job.status,
+            &job.assigned_resource,
+            &job.current_attempt,
+            job.not_before,
+            job.infra_failures,
+        )
+            .hash(&mut h);
         if let Some(a) = job.attempt() {
-            (a.status, a.launch_failures, a.stop_failures, a.failed_launch).hash(&mut h);
+            (
+                a.status,
+                a.launch_failures,
+                a.stop_failures,
+                a.failed_launch,
+            )
+                .hash(&mut h);
         }
     }
     state.finished.len().hash(&mut h);
     for r in state.resources.values() {
-        (&r.id, r.status, &r.owner.as_ref().map(|o| &o.attempt_id), r.idle_since, r.provisioning_node_seen_at, r.provisioning_node_missing_since).hash(&mut h);
-        (r.retryable_failures.as_ref().map(|c| c.count), r.cancellation_failures.as_ref().map(|c| c.count)).hash(&mut h);
+        (
+            &r.id,
+            r.status,
+            &r.owner.as_ref().map(|o| &o.attempt_id),
+            r.idle_since,
+            r.provisioning_node_seen_at,
+            r.provisioning_node_missing_since,
+        )
+            .hash(&mut h);
+        (
+            r.retryable_failures.as_ref().map(|c| c.count),
+            r.cancellation_failures.as_ref().map(|c| c.count),
+        )
+            .hash(&mut h);
     }
     for (k, b) in &state.entry_backoff {
         (k, b.failures, b.until).hash(&mut h);
@@ -570,11 +746,18 @@ fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { a / b } else { 0.0 }
 }
 
-fn sample(backend: &SimBackend, state: &State, scenario: &Scenario, ceilings: &[u32], t_ms: u64) -> Sample {
+fn sample(
+    backend: &SimBackend,
+    state: &State,
+    scenario: &Scenario,
+    ceilings: &[u32],
+    t_ms: u64,
+) -> Sample {
     let mut capacity_by_zone: BTreeMap<String, u64> = BTreeMap::new();
     for (p, &a) in backend.cloud.available_slices().iter().enumerate() {
         let pool = &scenario.cloud.pools[p];
-        *capacity_by_zone.entry(pool.zone.clone()).or_default() += u64::from(a.min(ceilings[p])) * u64::from(pool.tpu_type.chips());
+        *capacity_by_zone.entry(pool.zone.clone()).or_default() +=
+            u64::from(a.min(ceilings[p])) * u64::from(pool.tpu_type.chips());
     }
     let mut queue = 0;
     let mut running = 0;

@@ -25,7 +25,12 @@ impl Stats {
         let mut v = values.to_vec();
         v.sort_by(f64::total_cmp);
         let rank = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
-        Stats { mean: v.iter().sum::<f64>() / v.len() as f64, p50: rank(0.5), p99: rank(0.99), n: v.len() }
+        Stats {
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            p50: rank(0.5),
+            p99: rank(0.99),
+            n: v.len(),
+        }
     }
 }
 
@@ -138,10 +143,14 @@ pub fn goodput_bound(jobs: &[BoundJob], slot_capacity_chip_s: &[f64], slot_s: f6
     for t in (0..n_slots).rev() {
         let max_k = n_slots - t;
         let mut next = vec![INF; n_slots + 1];
-        for k in 0..=max_k {
-            let in_t = if best[k].is_finite() { best[k] + slot_capacity_chip_s[t].max(0.0) } else { INF };
+        for (k, cell) in next.iter_mut().enumerate().take(max_k + 1) {
+            let in_t = if best[k].is_finite() {
+                best[k] + slot_capacity_chip_s[t].max(0.0)
+            } else {
+                INF
+            };
             let out_t = if k > 0 { best[k - 1] } else { INF };
-            next[k] = in_t.min(out_t);
+            *cell = in_t.min(out_t);
         }
         // Jobs released in slot t: Σ min(w, u·k) for every k, from their sorted breakpoints.
         let group = &mut by_slot[t];
@@ -150,14 +159,14 @@ pub fn goodput_bound(jobs: &[BoundJob], slot_capacity_chip_s: &[f64], slot_s: f6
             let mut rate: f64 = group.iter().map(|g| g.1).sum();
             let mut saturated = 0.0;
             let mut g = 0;
-            for k in 0..=max_k {
+            for (k, cell) in next.iter_mut().enumerate().take(max_k + 1) {
                 while g < group.len() && group[g].0 <= group[g].1 * k as f64 {
                     saturated += group[g].0;
                     rate -= group[g].1;
                     g += 1;
                 }
-                if next[k].is_finite() {
-                    next[k] += saturated + rate.max(0.0) * k as f64;
+                if cell.is_finite() {
+                    *cell += saturated + rate.max(0.0) * k as f64;
                 }
             }
         }
@@ -173,13 +182,32 @@ mod tests {
     #[test]
     fn bound_respects_releases_widths_and_capacity() {
         // One slot of 100 s with 8 chips: a job of width 4 can do at most 400 chip-s.
-        let jobs = [BoundJob { release_s: 0.0, work: 1000.0, width: 4.0 }];
+        let jobs = [BoundJob {
+            release_s: 0.0,
+            work: 1000.0,
+            width: 4.0,
+        }];
         assert_eq!(goodput_bound(&jobs, &[800.0], 100.0), 400.0);
         // Released in the last slot: only that slot counts.
-        let jobs = [BoundJob { release_s: 150.0, work: 1000.0, width: 8.0 }];
+        let jobs = [BoundJob {
+            release_s: 150.0,
+            work: 1000.0,
+            width: 8.0,
+        }];
         assert_eq!(goodput_bound(&jobs, &[800.0, 800.0], 100.0), 800.0);
         // Ample capacity: all work.
-        let jobs = [BoundJob { release_s: 0.0, work: 300.0, width: 4.0 }, BoundJob { release_s: 50.0, work: 200.0, width: 4.0 }];
+        let jobs = [
+            BoundJob {
+                release_s: 0.0,
+                work: 300.0,
+                width: 4.0,
+            },
+            BoundJob {
+                release_s: 50.0,
+                work: 200.0,
+                width: 4.0,
+            },
+        ];
         assert_eq!(goodput_bound(&jobs, &[1e9; 3], 100.0), 500.0);
     }
 

@@ -28,7 +28,13 @@ struct Record<'a> {
 pub fn json(results: &[RunResult]) -> String {
     let records: Vec<Record<'_>> = results
         .iter()
-        .map(|r| Record { scenario: &r.scenario, policy: &r.policy, seed: r.seed, event_hash: format!("{:016x}", r.event_hash), metrics: &r.metrics })
+        .map(|r| Record {
+            scenario: &r.scenario,
+            policy: &r.policy,
+            seed: r.seed,
+            event_hash: format!("{:016x}", r.event_hash),
+            metrics: &r.metrics,
+        })
         .collect();
     let doc = serde_json::json!({ "schema_version": JSON_SCHEMA_VERSION, "records": records });
     serde_json::to_string_pretty(&doc).expect("report serialises") + "\n"
@@ -43,7 +49,11 @@ fn mean_sd(values: &[f64]) -> (f64, f64) {
 
 fn fmt_stat(values: &[f64], digits: usize) -> String {
     let (mean, sd) = mean_sd(values);
-    if values.len() > 1 { format!("{mean:.digits$} ±{sd:.digits$}") } else { format!("{mean:.digits$}") }
+    if values.len() > 1 {
+        format!("{mean:.digits$} ±{sd:.digits$}")
+    } else {
+        format!("{mean:.digits$}")
+    }
 }
 
 fn fmt_duration(values: &[f64]) -> String {
@@ -69,14 +79,27 @@ pub fn table(results: &[RunResult]) -> String {
         groups.entry(key).or_default().push(r);
     }
     let header = [
-        "SCENARIO", "POLICY", "SEEDS", "JOBS OK/FAIL/LEFT", "UTIL", "GOODPUT", "EFFICIENCY", "WAIT p50", "JCT p50", "PREEMPT", "COST $",
-        "SIM h", "WALL s",
+        "SCENARIO",
+        "POLICY",
+        "SEEDS",
+        "JOBS OK/FAIL/LEFT",
+        "UTIL",
+        "GOODPUT",
+        "EFFICIENCY",
+        "WAIT p50",
+        "JCT p50",
+        "PREEMPT",
+        "COST $",
+        "SIM h",
+        "WALL s",
     ];
     let rows: Vec<Vec<String>> = order
         .iter()
         .map(|key| {
             let runs = &groups[key];
-            let m = |f: &dyn Fn(&Metrics) -> f64| runs.iter().map(|r| f(&r.metrics)).collect::<Vec<f64>>();
+            let m = |f: &dyn Fn(&Metrics) -> f64| {
+                runs.iter().map(|r| f(&r.metrics)).collect::<Vec<f64>>()
+            };
             vec![
                 key.0.to_owned(),
                 key.1.to_owned(),
@@ -102,9 +125,21 @@ pub fn table(results: &[RunResult]) -> String {
     crate::cli::table(&header, &rows)
 }
 
-fn plot_lines(path: &Path, title: &str, y_label: &str, series: &[(&str, RGBColor, Vec<(f64, f64)>)]) -> Result<(), String> {
-    let x_max = series.iter().flat_map(|(_, _, p)| p.iter().map(|(x, _)| *x)).fold(0.0f64, f64::max).max(1e-9);
-    let y_max = series.iter().flat_map(|(_, _, p)| p.iter().map(|(_, y)| *y)).fold(0.0f64, f64::max).max(1.0) * 1.1;
+/// One line of a plot: legend, colour, points.
+type Line<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
+
+fn plot_lines(path: &Path, title: &str, y_label: &str, series: &[Line<'_>]) -> Result<(), String> {
+    let x_max = series
+        .iter()
+        .flat_map(|(_, _, p)| p.iter().map(|(x, _)| *x))
+        .fold(0.0f64, f64::max)
+        .max(1e-9);
+    let y_max = series
+        .iter()
+        .flat_map(|(_, _, p)| p.iter().map(|(_, y)| *y))
+        .fold(0.0f64, f64::max)
+        .max(1.0)
+        * 1.1;
     let root = SVGBackend::new(path, (900, 320)).into_drawing_area();
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     root.fill(&WHITE).map_err(|e| err(&e))?;
@@ -115,16 +150,31 @@ fn plot_lines(path: &Path, title: &str, y_label: &str, series: &[(&str, RGBColor
         .y_label_area_size(56)
         .build_cartesian_2d(0.0..x_max, 0.0..y_max)
         .map_err(|e| err(&e))?;
-    chart.configure_mesh().x_desc("hours").y_desc(y_label).draw().map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("hours")
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| err(&e))?;
     for (name, color, points) in series {
         let color = *color;
         chart
-            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))
             .map_err(|e| err(&e))?
             .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| err(&e))?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))
 }
 
@@ -146,8 +196,22 @@ fn plots_for(dir: &Path, stem: &str, samples: &[Sample]) -> Result<Vec<String>, 
         "chips allocated and busy",
         "chips",
         &[
-            ("allocated", PALETTE[0], samples.iter().map(|s| (s.hours, s.allocated_chips as f64)).collect()),
-            ("busy", PALETTE[2], samples.iter().map(|s| (s.hours, s.busy_chips as f64)).collect()),
+            (
+                "allocated",
+                PALETTE[0],
+                samples
+                    .iter()
+                    .map(|s| (s.hours, s.allocated_chips as f64))
+                    .collect(),
+            ),
+            (
+                "busy",
+                PALETTE[2],
+                samples
+                    .iter()
+                    .map(|s| (s.hours, s.busy_chips as f64))
+                    .collect(),
+            ),
         ],
     )?;
     let queue = dir.join(format!("{stem}-queue.svg"));
@@ -156,24 +220,67 @@ fn plots_for(dir: &Path, stem: &str, samples: &[Sample]) -> Result<Vec<String>, 
         "jobs pending and running",
         "jobs",
         &[
-            ("pending", PALETTE[1], samples.iter().map(|s| (s.hours, s.queue as f64)).collect()),
-            ("running", PALETTE[2], samples.iter().map(|s| (s.hours, s.running as f64)).collect()),
+            (
+                "pending",
+                PALETTE[1],
+                samples.iter().map(|s| (s.hours, s.queue as f64)).collect(),
+            ),
+            (
+                "running",
+                PALETTE[2],
+                samples
+                    .iter()
+                    .map(|s| (s.hours, s.running as f64))
+                    .collect(),
+            ),
         ],
     )?;
-    let zones: Vec<String> = samples.first().map(|s| s.capacity_by_zone.keys().cloned().collect()).unwrap_or_default();
+    let zones: Vec<String> = samples
+        .first()
+        .map(|s| s.capacity_by_zone.keys().cloned().collect())
+        .unwrap_or_default();
     let capacity = dir.join(format!("{stem}-capacity.svg"));
-    let series: Vec<(&str, RGBColor, Vec<(f64, f64)>)> = zones
+    let series: Vec<Line<'_>> = zones
         .iter()
         .take(PALETTE.len())
         .enumerate()
-        .map(|(i, z)| (z.as_str(), PALETTE[i], samples.iter().map(|s| (s.hours, s.capacity_by_zone.get(z).copied().unwrap_or(0) as f64)).collect()))
+        .map(|(i, z)| {
+            (
+                z.as_str(),
+                PALETTE[i],
+                samples
+                    .iter()
+                    .map(|s| {
+                        (
+                            s.hours,
+                            s.capacity_by_zone.get(z).copied().unwrap_or(0) as f64,
+                        )
+                    })
+                    .collect(),
+            )
+        })
         .collect();
-    plot_lines(&capacity, "spot capacity the fleet could use, per zone (chips)", "chips", &series)?;
-    Ok(vec![chips, queue, capacity].into_iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect())
+    plot_lines(
+        &capacity,
+        "spot capacity the fleet could use, per zone (chips)",
+        "chips",
+        &series,
+    )?;
+    Ok(vec![chips, queue, capacity]
+        .into_iter()
+        .map(|p| {
+            p.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect())
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// Writes SVG plots for every run and an `index.html` tying them together.
@@ -184,20 +291,41 @@ pub fn write_dir(dir: &Path, results: &[RunResult]) -> Result<(), String> {
     );
     let _ = writeln!(html, "<pre>{}</pre>", escape(&table(results)));
     for r in results {
-        let stem = format!("{}-{}-seed{}", crate::spec::names::slug(&r.scenario), r.policy, r.seed);
+        let stem = format!(
+            "{}-{}-seed{}",
+            crate::spec::names::slug(&r.scenario),
+            r.policy,
+            r.seed
+        );
         let files = plots_for(dir, &stem, &r.series)?;
-        let _ = writeln!(html, "<h2>{} · {} · seed {}</h2>", escape(&r.scenario), escape(&r.policy), r.seed);
+        let _ = writeln!(
+            html,
+            "<h2>{} · {} · seed {}</h2>",
+            escape(&r.scenario),
+            escape(&r.policy),
+            r.seed
+        );
         let m = &r.metrics;
         let _ = writeln!(
             html,
             "<p>utilisation {:.2}, goodput ratio {:.2}, efficiency {:.2} of the bound ({:.0} of {:.0} chip-hours); {} succeeded, {} failed, {} unfinished; cost ${:.0}</p>",
-            m.utilization, m.goodput_ratio, m.efficiency, m.goodput_chip_hours, m.bound_goodput_chip_hours, m.jobs_succeeded, m.jobs_failed, m.jobs_unfinished, m.cost_usd
+            m.utilization,
+            m.goodput_ratio,
+            m.efficiency,
+            m.goodput_chip_hours,
+            m.bound_goodput_chip_hours,
+            m.jobs_succeeded,
+            m.jobs_failed,
+            m.jobs_unfinished,
+            m.cost_usd
         );
         for f in files {
             let _ = writeln!(html, "<img src=\"{f}\" alt=\"{f}\" width=\"900\"><br>");
         }
     }
     html.push_str("</body></html>\n");
-    std::fs::write(dir.join("index.html"), html).map_err(|e| format!("cannot write the report: {e}"))?;
-    std::fs::write(dir.join("results.json"), json(results)).map_err(|e| format!("cannot write the report: {e}"))
+    std::fs::write(dir.join("index.html"), html)
+        .map_err(|e| format!("cannot write the report: {e}"))?;
+    std::fs::write(dir.join("results.json"), json(results))
+        .map_err(|e| format!("cannot write the report: {e}"))
 }

@@ -86,7 +86,12 @@ impl ChaosSpec {
         ChaosSpec {
             stop_secs: horizon_secs * 3 / 4,
             liveness_secs: 7200,
-            api: ApiConfig { rate_limited: 0.03, unavailable: 0.02, timeout: 0.01, lost_reply: 0.02 },
+            api: ApiConfig {
+                rate_limited: 0.03,
+                unavailable: 0.02,
+                timeout: 0.01,
+                lost_reply: 0.02,
+            },
             faults: tpu_runner_sim::CloudFaults {
                 qr_failure_per_hour: 0.2,
                 qr_vanish_per_hour: 0.03,
@@ -188,7 +193,8 @@ const TOP: &[&str] = &[
 
 /// Reads a scenario file.
 pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError::Io(format!("cannot read `{}`: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ScenarioError::Io(format!("cannot read `{}`: {e}", path.display())))?;
     parse(path, &text)
 }
 
@@ -207,70 +213,133 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
     scenario.ok_or_else(|| ScenarioError::Io(format!("`{file}` could not be read")))
 }
 
-fn read(c: &mut Checker<'_>, root: &Node, path: &Path, dir: &Path, io: &mut Vec<String>) -> Option<Scenario> {
+fn read(
+    c: &mut Checker<'_>,
+    root: &Node,
+    path: &Path,
+    dir: &Path,
+    io: &mut Vec<String>,
+) -> Option<Scenario> {
     if matches!(root.value, Value::Null) {
-        c.error_hint(root, "", "the file is empty; expected a scenario mapping", "see scenarios/README.md for the format");
+        c.error_hint(
+            root,
+            "",
+            "the file is empty; expected a scenario mapping",
+            "see scenarios/README.md for the format",
+        );
         return None;
     }
     let f = c.mapping(root, "", "a scenario", TOP, &[])?;
     let name = match f.get("name") {
         Some(n) => c.nonempty_string(n, "name", "a scenario name")?,
-        None => path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".into()),
+        None => path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "scenario".into()),
     };
-    let description = f.get("description").and_then(|n| c.string(n, "description", "a text")).unwrap_or_default();
-    let fleet = f.required(c, "fleet", "a path to a deployment.yaml or an inline fleet").and_then(|n| read_fleet(c, n, dir, io));
+    let description = f
+        .get("description")
+        .and_then(|n| c.string(n, "description", "a text"))
+        .unwrap_or_default();
+    let fleet = f
+        .required(c, "fleet", "a path to a deployment.yaml or an inline fleet")
+        .and_then(|n| read_fleet(c, n, dir, io));
     let horizon_secs = f
         .required(c, "horizon_hours", "the simulated duration in hours")
-        .and_then(|n| c.number(n, "horizon_hours", 0.001, 24.0 * 366.0, "a positive number of hours (at most a year)"))
+        .and_then(|n| {
+            c.number(
+                n,
+                "horizon_hours",
+                0.001,
+                24.0 * 366.0,
+                "a positive number of hours (at most a year)",
+            )
+        })
         .map(|h| (h * 3600.0) as u64);
     let seeds = match f.get("seeds") {
         Some(n) => c.list(n, "seeds", "a list of seeds", false).map(|items| {
             items
                 .iter()
                 .enumerate()
-                .filter_map(|(i, s)| c.integer(s, &yaml::index("seeds", i), 0, i64::MAX, "a non-negative integer").map(|v| v as u64))
+                .filter_map(|(i, s)| {
+                    c.integer(
+                        s,
+                        &yaml::index("seeds", i),
+                        0,
+                        i64::MAX,
+                        "a non-negative integer",
+                    )
+                    .map(|v| v as u64)
+                })
                 .collect()
         }),
         None => Some(vec![1]),
     };
     let policies = match f.get("policies") {
-        Some(n) => c.list(n, "policies", "a list of policy names", false).map(|items| {
-            let mut out = Vec::new();
-            for (i, p) in items.iter().enumerate() {
-                let path = yaml::index("policies", i);
-                if let Some(name) = c.nonempty_string(p, &path, "a policy name") {
-                    if policy::by_name(&name).is_some() {
-                        out.push(name);
-                    } else {
-                        c.error_hint(p, &path, format!("unknown policy `{name}`"), format!("known policies: {}", policy::NAMES.join(", ")));
+        Some(n) => c
+            .list(n, "policies", "a list of policy names", false)
+            .map(|items| {
+                let mut out = Vec::new();
+                for (i, p) in items.iter().enumerate() {
+                    let path = yaml::index("policies", i);
+                    if let Some(name) = c.nonempty_string(p, &path, "a policy name") {
+                        if policy::by_name(&name).is_some() {
+                            out.push(name);
+                        } else {
+                            c.error_hint(
+                                p,
+                                &path,
+                                format!("unknown policy `{name}`"),
+                                format!("known policies: {}", policy::NAMES.join(", ")),
+                            );
+                        }
                     }
                 }
-            }
-            out
-        }),
+                out
+            }),
         None => Some(vec!["classic".to_owned()]),
     };
     let reconcile_interval_secs = match f.get("reconcile_interval_secs") {
-        Some(n) => c.integer(n, "reconcile_interval_secs", 1, 3600, "an integer from 1 to 3600").map(|v| v as u64),
+        Some(n) => c
+            .integer(
+                n,
+                "reconcile_interval_secs",
+                1,
+                3600,
+                "an integer from 1 to 3600",
+            )
+            .map(|v| v as u64),
         None => Some(30),
     };
     let engine = match f.get("engine") {
         Some(n) => read_engine(c, n),
         None => Some(EngineConfig::default()),
     };
-    let types_by_width = f.required(c, "types_by_width", "a mapping of job widths (chips) to TPU types").and_then(|n| read_types_by_width(c, n));
+    let types_by_width = f
+        .required(
+            c,
+            "types_by_width",
+            "a mapping of job widths (chips) to TPU types",
+        )
+        .and_then(|n| read_types_by_width(c, n));
     let cloud = match (f.get("cloud"), &fleet) {
         (Some(n), Some(fleet)) => read_cloud(c, n, fleet, dir, io),
         (None, Some(fleet)) => Some(default_cloud(fleet)),
         _ => None,
     };
-    let workloads = f.required(c, "workload", "a list of workloads").and_then(|n| read_workloads(c, n, dir, io));
+    let workloads = f
+        .required(c, "workload", "a list of workloads")
+        .and_then(|n| read_workloads(c, n, dir, io));
     let prices = match f.get("prices") {
         Some(n) => read_prices(c, n),
         None => Some(default_prices()),
     };
-    let egress_usd_per_gb = f.get("egress_usd_per_gb").map_or(Some(0.02), |n| c.number(n, "egress_usd_per_gb", 0.0, 100.0, "USD per GB, 0 or more"));
-    let data_gb_per_attempt = f.get("data_gb_per_attempt").map_or(Some(10.0), |n| c.number(n, "data_gb_per_attempt", 0.0, 1e9, "GB, 0 or more"));
+    let egress_usd_per_gb = f.get("egress_usd_per_gb").map_or(Some(0.02), |n| {
+        c.number(n, "egress_usd_per_gb", 0.0, 100.0, "USD per GB, 0 or more")
+    });
+    let data_gb_per_attempt = f.get("data_gb_per_attempt").map_or(Some(10.0), |n| {
+        c.number(n, "data_gb_per_attempt", 0.0, 1e9, "GB, 0 or more")
+    });
     if let (Some(fleet), Some(types)) = (&fleet, &types_by_width) {
         check_types_in_fleet(c, &f, fleet, types);
     }
@@ -318,12 +387,26 @@ const CHAOS_FIELDS: &[&str] = &[
 fn read_chaos(c: &mut Checker<'_>, node: &Node, horizon_secs: u64) -> Option<ChaosSpec> {
     let f = c.mapping(node, "chaos", "fault settings", CHAOS_FIELDS, &[])?;
     let d = ChaosSpec::defaults(horizon_secs);
-    let hours = |c: &mut Checker<'_>, name: &str, default: f64| f.get(name).map_or(Some(default), |n| c.number(n, &f.path(name), 0.0, 1e6, "hours"));
-    let rate = |c: &mut Checker<'_>, name: &str, default: f64| f.get(name).map_or(Some(default), |n| c.number(n, &f.path(name), 0.0, 1000.0, "a rate per hour"));
-    let prob = |c: &mut Checker<'_>, name: &str, default: f64| f.get(name).map_or(Some(default), |n| c.number(n, &f.path(name), 0.0, 1.0, "a probability from 0 to 1"));
+    let hours = |c: &mut Checker<'_>, name: &str, default: f64| {
+        f.get(name).map_or(Some(default), |n| {
+            c.number(n, &f.path(name), 0.0, 1e6, "hours")
+        })
+    };
+    let rate = |c: &mut Checker<'_>, name: &str, default: f64| {
+        f.get(name).map_or(Some(default), |n| {
+            c.number(n, &f.path(name), 0.0, 1000.0, "a rate per hour")
+        })
+    };
+    let prob = |c: &mut Checker<'_>, name: &str, default: f64| {
+        f.get(name).map_or(Some(default), |n| {
+            c.number(n, &f.path(name), 0.0, 1.0, "a probability from 0 to 1")
+        })
+    };
     let stop = hours(c, "stop_hours", d.stop_secs as f64 / 3600.0);
     let liveness = hours(c, "liveness_hours", d.liveness_secs as f64 / 3600.0);
-    let api = f.get("api").map_or(Some(d.api), |n| read_api(c, n, "chaos.api"));
+    let api = f
+        .get("api")
+        .map_or(Some(d.api), |n| read_api(c, n, "chaos.api"));
     Some(ChaosSpec {
         stop_secs: (stop? * 3600.0) as u64,
         liveness_secs: (liveness? * 3600.0) as i64,
@@ -343,7 +426,12 @@ fn read_chaos(c: &mut Checker<'_>, node: &Node, horizon_secs: u64) -> Option<Cha
     })
 }
 
-fn read_fleet(c: &mut Checker<'_>, node: &Node, dir: &Path, io: &mut Vec<String>) -> Option<FleetSpec> {
+fn read_fleet(
+    c: &mut Checker<'_>,
+    node: &Node,
+    dir: &Path,
+    io: &mut Vec<String>,
+) -> Option<FleetSpec> {
     match &node.value {
         Value::Str(rel) => {
             let path = dir.join(rel);
@@ -351,13 +439,22 @@ fn read_fleet(c: &mut Checker<'_>, node: &Node, dir: &Path, io: &mut Vec<String>
                 Ok(text) => match parse_fleet(&path.display().to_string(), &text) {
                     Ok(fleet) => Some(fleet),
                     Err(e) => {
-                        c.error_hint(node, "fleet", format!("the fleet `{}` is invalid", path.display()), e.render().trim_end().to_owned());
+                        c.error_hint(
+                            node,
+                            "fleet",
+                            format!("the fleet `{}` is invalid", path.display()),
+                            e.render().trim_end().to_owned(),
+                        );
                         None
                     }
                 },
                 Err(e) => {
                     io.push(format!("cannot read the fleet `{}`: {e}", path.display()));
-                    c.error(node, "fleet", format!("cannot read `{}`: {e}", path.display()));
+                    c.error(
+                        node,
+                        "fleet",
+                        format!("cannot read `{}`: {e}", path.display()),
+                    );
                     None
                 }
             }
@@ -368,14 +465,27 @@ fn read_fleet(c: &mut Checker<'_>, node: &Node, dir: &Path, io: &mut Vec<String>
             match parse_fleet("<inline fleet>", &json) {
                 Ok(fleet) => Some(fleet),
                 Err(e) => {
-                    let first = e.diagnostics.first().map(|d| format!("{}: {}", d.path, d.message)).unwrap_or_default();
-                    c.error_hint(node, "fleet", format!("the inline fleet is invalid: {first}"), "validate it on its own with `tpu-runner validate-fleet`");
+                    let first = e
+                        .diagnostics
+                        .first()
+                        .map(|d| format!("{}: {}", d.path, d.message))
+                        .unwrap_or_default();
+                    c.error_hint(
+                        node,
+                        "fleet",
+                        format!("the inline fleet is invalid: {first}"),
+                        "validate it on its own with `tpu-runner validate-fleet`",
+                    );
                     None
                 }
             }
         }
         _ => {
-            c.expected(node, "fleet", "a path to a deployment.yaml or an inline fleet mapping");
+            c.expected(
+                node,
+                "fleet",
+                "a path to a deployment.yaml or an inline fleet mapping",
+            );
             None
         }
     }
@@ -386,7 +496,12 @@ fn read_engine(c: &mut Checker<'_>, node: &Node) -> Option<EngineConfig> {
     match serde_json::from_value::<EngineConfig>(json) {
         Ok(config) => Some(config),
         Err(e) => {
-            c.error_hint(node, "engine", format!("invalid engine settings: {e}"), "fields are those of EngineConfig (src/engine/config.rs), each a whole number");
+            c.error_hint(
+                node,
+                "engine",
+                format!("invalid engine settings: {e}"),
+                "fields are those of EngineConfig (src/engine/config.rs), each a whole number",
+            );
             None
         }
     }
@@ -394,7 +509,11 @@ fn read_engine(c: &mut Checker<'_>, node: &Node) -> Option<EngineConfig> {
 
 fn read_types_by_width(c: &mut Checker<'_>, node: &Node) -> Option<BTreeMap<u32, Vec<TpuType>>> {
     let Value::Map(pairs) = &node.value else {
-        c.expected(node, "types_by_width", "a mapping such as `{8: [v6e-8, v5litepod-8]}`");
+        c.expected(
+            node,
+            "types_by_width",
+            "a mapping such as `{8: [v6e-8, v5litepod-8]}`",
+        );
         return None;
     };
     let mut out = BTreeMap::new();
@@ -404,14 +523,20 @@ fn read_types_by_width(c: &mut Checker<'_>, node: &Node) -> Option<BTreeMap<u32,
             continue;
         };
         let path = format!("types_by_width.{width}");
-        let Some(items) = c.list(v, &path, "a list of TPU types", false) else { continue };
+        let Some(items) = c.list(v, &path, "a list of TPU types", false) else {
+            continue;
+        };
         let mut types = Vec::new();
         for (i, item) in items.iter().enumerate() {
             let p = yaml::index(&path, i);
             if let Some(t) = c.nonempty_string(item, &p, "a TPU type") {
                 match TpuType::parse(&t) {
                     Ok(t) if t.chips() as i64 == width => types.push(t),
-                    Ok(t) => c.error(item, &p, format!("{t} has {} chips, not {width}", t.chips())),
+                    Ok(t) => c.error(
+                        item,
+                        &p,
+                        format!("{t} has {} chips, not {width}", t.chips()),
+                    ),
                     Err(e) => c.error(item, &p, format!("expected {e}, found {}", yaml::quote(&t))),
                 }
             }
@@ -421,10 +546,20 @@ fn read_types_by_width(c: &mut Checker<'_>, node: &Node) -> Option<BTreeMap<u32,
     Some(out)
 }
 
-fn check_types_in_fleet(c: &mut Checker<'_>, f: &Fields<'_>, fleet: &FleetSpec, types: &BTreeMap<u32, Vec<TpuType>>) {
-    let Some(node) = f.get("types_by_width") else { return };
+fn check_types_in_fleet(
+    c: &mut Checker<'_>,
+    f: &Fields<'_>,
+    fleet: &FleetSpec,
+    types: &BTreeMap<u32, Vec<TpuType>>,
+) {
+    let Some(node) = f.get("types_by_width") else {
+        return;
+    };
     for (width, list) in types {
-        if !list.iter().any(|t| fleet.tpus.iter().any(|e| e.tpu_type == *t)) {
+        if !list
+            .iter()
+            .any(|t| fleet.tpus.iter().any(|e| e.tpu_type == *t))
+        {
             c.error_hint(
                 node,
                 &format!("types_by_width.{width}"),
@@ -436,14 +571,39 @@ fn check_types_in_fleet(c: &mut Checker<'_>, f: &Fields<'_>, fleet: &FleetSpec, 
 }
 
 fn read_latency(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Latency> {
-    let f = c.mapping(node, path, "a latency `{median_secs, sigma}`", &["median_secs", "sigma"], &[])?;
-    let median = f.required(c, "median_secs", "seconds").and_then(|n| c.number(n, &f.path("median_secs"), 0.0, 1e7, "seconds, 0 or more"));
-    let sigma = f.get("sigma").map_or(Some(0.0), |n| c.number(n, &f.path("sigma"), 0.0, 5.0, "a log-normal shape from 0 to 5"));
-    Some(Latency { median_secs: median?, sigma: sigma? })
+    let f = c.mapping(
+        node,
+        path,
+        "a latency `{median_secs, sigma}`",
+        &["median_secs", "sigma"],
+        &[],
+    )?;
+    let median = f
+        .required(c, "median_secs", "seconds")
+        .and_then(|n| c.number(n, &f.path("median_secs"), 0.0, 1e7, "seconds, 0 or more"));
+    let sigma = f.get("sigma").map_or(Some(0.0), |n| {
+        c.number(
+            n,
+            &f.path("sigma"),
+            0.0,
+            5.0,
+            "a log-normal shape from 0 to 5",
+        )
+    });
+    Some(Latency {
+        median_secs: median?,
+        sigma: sigma?,
+    })
 }
 
 fn read_api(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<ApiConfig> {
-    let a = c.mapping(node, path, "API error rates", &["rate_limited", "unavailable", "timeout", "lost_reply"], &[])?;
+    let a = c.mapping(
+        node,
+        path,
+        "API error rates",
+        &["rate_limited", "unavailable", "timeout", "lost_reply"],
+        &[],
+    )?;
     Some(ApiConfig {
         rate_limited: probability(c, &a, "rate_limited")?,
         unavailable: probability(c, &a, "unavailable")?,
@@ -453,19 +613,31 @@ fn read_api(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<ApiConfig> {
 }
 
 fn probability(c: &mut Checker<'_>, f: &Fields<'_>, name: &str) -> Option<f64> {
-    f.get(name).map_or(Some(0.0), |n| c.number(n, &f.path(name), 0.0, 1.0, "a probability from 0 to 1"))
+    f.get(name).map_or(Some(0.0), |n| {
+        c.number(n, &f.path(name), 0.0, 1.0, "a probability from 0 to 1")
+    })
 }
 
 /// Defaults (sources in scenarios/README.md): provisioning 5 min median (public reports 2–9
 /// min per region), deletion 60 s, set-up 120 s (30 s warm), no faults, unlimited capacity.
 fn default_cloud(fleet: &FleetSpec) -> CloudSpec {
     CloudSpec {
-        provisioning: Latency { median_secs: 300.0, sigma: 0.5 },
+        provisioning: Latency {
+            median_secs: 300.0,
+            sigma: 0.5,
+        },
         provisioning_by_region: BTreeMap::new(),
         delete_secs: 60.0,
         api: ApiConfig::default(),
         workers: WorkerConfig::default(),
-        pools: fleet_pools(fleet, &[], &PoolDefaults { capacity: Capacity::Unlimited, preemption_per_hour: 0.0 }),
+        pools: fleet_pools(
+            fleet,
+            &[],
+            &PoolDefaults {
+                capacity: Capacity::Unlimited,
+                preemption_per_hour: 0.0,
+            },
+        ),
     }
 }
 
@@ -482,7 +654,10 @@ fn fleet_pools(fleet: &FleetSpec, listed: &[PoolSpec], defaults: &PoolDefaults) 
         if matches!(entry.kind, EntryKind::Adopted { .. }) {
             continue;
         }
-        if !pools.iter().any(|p| p.zone == entry.zone && p.tpu_type == entry.tpu_type) {
+        if !pools
+            .iter()
+            .any(|p| p.zone == entry.zone && p.tpu_type == entry.tpu_type)
+        {
             pools.push(PoolSpec {
                 zone: entry.zone.clone(),
                 tpu_type: entry.tpu_type.clone(),
@@ -495,53 +670,103 @@ fn fleet_pools(fleet: &FleetSpec, listed: &[PoolSpec], defaults: &PoolDefaults) 
     pools
 }
 
-fn read_cloud(c: &mut Checker<'_>, node: &Node, fleet: &FleetSpec, dir: &Path, io: &mut Vec<String>) -> Option<CloudSpec> {
+fn read_cloud(
+    c: &mut Checker<'_>,
+    node: &Node,
+    fleet: &FleetSpec,
+    dir: &Path,
+    io: &mut Vec<String>,
+) -> Option<CloudSpec> {
     let f = c.mapping(
         node,
         "cloud",
         "the cloud model",
-        &["provisioning", "provisioning_by_region", "delete_secs", "api", "workers", "pools", "default_pool"],
+        &[
+            "provisioning",
+            "provisioning_by_region",
+            "delete_secs",
+            "api",
+            "workers",
+            "pools",
+            "default_pool",
+        ],
         &[],
     )?;
     let defaults = default_cloud(fleet);
-    let provisioning = f.get("provisioning").map_or(Some(defaults.provisioning), |n| read_latency(c, n, "cloud.provisioning"));
+    let provisioning = f
+        .get("provisioning")
+        .map_or(Some(defaults.provisioning), |n| {
+            read_latency(c, n, "cloud.provisioning")
+        });
     let mut by_region = BTreeMap::new();
     if let Some(n) = f.get("provisioning_by_region") {
         if let Value::Map(pairs) = &n.value {
             for (k, v) in pairs {
-                let Some(region) = c.nonempty_string(k, "cloud.provisioning_by_region", "a region") else { continue };
+                let Some(region) = c.nonempty_string(k, "cloud.provisioning_by_region", "a region")
+                else {
+                    continue;
+                };
                 if let Err(e) = gcp::check_region(&region) {
                     c.expected(k, "cloud.provisioning_by_region", &e);
                     continue;
                 }
-                if let Some(l) = read_latency(c, v, &format!("cloud.provisioning_by_region.{region}")) {
+                if let Some(l) =
+                    read_latency(c, v, &format!("cloud.provisioning_by_region.{region}"))
+                {
                     by_region.insert(region, l);
                 }
             }
         } else {
-            c.expected(n, "cloud.provisioning_by_region", "a mapping of regions to latencies");
+            c.expected(
+                n,
+                "cloud.provisioning_by_region",
+                "a mapping of regions to latencies",
+            );
         }
     }
-    let delete_secs = f.get("delete_secs").map_or(Some(60.0), |n| c.number(n, "cloud.delete_secs", 0.0, 86400.0, "seconds"));
-    let api = f.get("api").map_or(Some(ApiConfig::default()), |n| read_api(c, n, "cloud.api"));
+    let delete_secs = f.get("delete_secs").map_or(Some(60.0), |n| {
+        c.number(n, "cloud.delete_secs", 0.0, 86400.0, "seconds")
+    });
+    let api = f
+        .get("api")
+        .map_or(Some(ApiConfig::default()), |n| read_api(c, n, "cloud.api"));
     let workers = match f.get("workers") {
         Some(n) => c
             .mapping(
                 n,
                 "cloud.workers",
                 "worker behaviour",
-                &["setup", "setup_warm", "missing_status", "silent_death_per_hour", "partial_failure"],
+                &[
+                    "setup",
+                    "setup_warm",
+                    "missing_status",
+                    "silent_death_per_hour",
+                    "partial_failure",
+                ],
                 &[],
             )
             .and_then(|w| {
                 let d = WorkerConfig::default();
                 Some(WorkerConfig {
-                    setup: w.get("setup").map_or(Some(d.setup), |n| read_latency(c, n, "cloud.workers.setup"))?,
-                    setup_warm: w.get("setup_warm").map_or(Some(d.setup_warm), |n| read_latency(c, n, "cloud.workers.setup_warm"))?,
+                    setup: w
+                        .get("setup")
+                        .map_or(Some(d.setup), |n| read_latency(c, n, "cloud.workers.setup"))?,
+                    setup_warm: w.get("setup_warm").map_or(Some(d.setup_warm), |n| {
+                        read_latency(c, n, "cloud.workers.setup_warm")
+                    })?,
                     missing_status: probability(c, &w, "missing_status")?,
-                    silent_death_per_hour: w
-                        .get("silent_death_per_hour")
-                        .map_or(Some(0.0), |n| c.number(n, "cloud.workers.silent_death_per_hour", 0.0, 1000.0, "a rate per hour"))?,
+                    silent_death_per_hour: w.get("silent_death_per_hour").map_or(
+                        Some(0.0),
+                        |n| {
+                            c.number(
+                                n,
+                                "cloud.workers.silent_death_per_hour",
+                                0.0,
+                                1000.0,
+                                "a rate per hour",
+                            )
+                        },
+                    )?,
                     partial_failure: probability(c, &w, "partial_failure")?,
                 })
             }),
@@ -549,12 +774,21 @@ fn read_cloud(c: &mut Checker<'_>, node: &Node, fleet: &FleetSpec, dir: &Path, i
     };
     let pool_defaults = match f.get("default_pool") {
         Some(n) => read_pool_defaults(c, n, dir, io),
-        None => Some(PoolDefaults { capacity: Capacity::Unlimited, preemption_per_hour: 0.0 }),
+        None => Some(PoolDefaults {
+            capacity: Capacity::Unlimited,
+            preemption_per_hour: 0.0,
+        }),
     };
     let listed = match f.get("pools") {
-        Some(n) => c.list(n, "cloud.pools", "a list of pools", true).map(|items| {
-            items.iter().enumerate().filter_map(|(i, p)| read_pool(c, p, &yaml::index("cloud.pools", i), dir, io)).collect::<Vec<_>>()
-        }),
+        Some(n) => c
+            .list(n, "cloud.pools", "a list of pools", true)
+            .map(|items| {
+                items
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, p)| read_pool(c, p, &yaml::index("cloud.pools", i), dir, io))
+                    .collect::<Vec<_>>()
+            }),
         None => Some(Vec::new()),
     };
     Some(CloudSpec {
@@ -567,56 +801,129 @@ fn read_cloud(c: &mut Checker<'_>, node: &Node, fleet: &FleetSpec, dir: &Path, i
     })
 }
 
-fn read_pool_defaults(c: &mut Checker<'_>, node: &Node, dir: &Path, io: &mut Vec<String>) -> Option<PoolDefaults> {
-    let f = c.mapping(node, "cloud.default_pool", "pool defaults", &["capacity", "preemption_per_hour"], &[])?;
-    let capacity = f.get("capacity").map_or(Some(Capacity::Unlimited), |n| read_capacity(c, n, "cloud.default_pool.capacity", dir, io));
-    let preemption = f
-        .get("preemption_per_hour")
-        .map_or(Some(0.0), |n| c.number(n, "cloud.default_pool.preemption_per_hour", 0.0, 1000.0, "a rate per node-hour"));
-    Some(PoolDefaults { capacity: capacity?, preemption_per_hour: preemption? })
+fn read_pool_defaults(
+    c: &mut Checker<'_>,
+    node: &Node,
+    dir: &Path,
+    io: &mut Vec<String>,
+) -> Option<PoolDefaults> {
+    let f = c.mapping(
+        node,
+        "cloud.default_pool",
+        "pool defaults",
+        &["capacity", "preemption_per_hour"],
+        &[],
+    )?;
+    let capacity = f.get("capacity").map_or(Some(Capacity::Unlimited), |n| {
+        read_capacity(c, n, "cloud.default_pool.capacity", dir, io)
+    });
+    let preemption = f.get("preemption_per_hour").map_or(Some(0.0), |n| {
+        c.number(
+            n,
+            "cloud.default_pool.preemption_per_hour",
+            0.0,
+            1000.0,
+            "a rate per node-hour",
+        )
+    });
+    Some(PoolDefaults {
+        capacity: capacity?,
+        preemption_per_hour: preemption?,
+    })
 }
 
-fn read_pool(c: &mut Checker<'_>, node: &Node, path: &str, dir: &Path, io: &mut Vec<String>) -> Option<PoolSpec> {
-    let f = c.mapping(node, path, "a pool", &["zone", "type", "capacity", "preemption_per_hour", "outages_hours"], &[])?;
+fn read_pool(
+    c: &mut Checker<'_>,
+    node: &Node,
+    path: &str,
+    dir: &Path,
+    io: &mut Vec<String>,
+) -> Option<PoolSpec> {
+    let f = c.mapping(
+        node,
+        path,
+        "a pool",
+        &[
+            "zone",
+            "type",
+            "capacity",
+            "preemption_per_hour",
+            "outages_hours",
+        ],
+        &[],
+    )?;
     let zone = f.required(c, "zone", "a zone").and_then(|n| {
         let z = c.nonempty_string(n, &f.path("zone"), "a zone")?;
-        gcp::zone_region(&z).map_err(|e| c.expected(n, &f.path("zone"), &e)).ok()?;
+        gcp::zone_region(&z)
+            .map_err(|e| c.expected(n, &f.path("zone"), &e))
+            .ok()?;
         Some(z)
     });
     let tpu_type = f.required(c, "type", "a TPU type").and_then(|n| {
         let t = c.nonempty_string(n, &f.path("type"), "a TPU type")?;
-        TpuType::parse(&t).map_err(|e| c.error(n, &f.path("type"), format!("expected {e}"))).ok()
+        TpuType::parse(&t)
+            .map_err(|e| c.error(n, &f.path("type"), format!("expected {e}")))
+            .ok()
     });
-    let capacity = f.get("capacity").map_or(Some(Capacity::Unlimited), |n| read_capacity(c, n, &f.path("capacity"), dir, io));
-    let preemption = f.get("preemption_per_hour").map_or(Some(0.0), |n| c.number(n, &f.path("preemption_per_hour"), 0.0, 1000.0, "a rate per node-hour"));
+    let capacity = f.get("capacity").map_or(Some(Capacity::Unlimited), |n| {
+        read_capacity(c, n, &f.path("capacity"), dir, io)
+    });
+    let preemption = f.get("preemption_per_hour").map_or(Some(0.0), |n| {
+        c.number(
+            n,
+            &f.path("preemption_per_hour"),
+            0.0,
+            1000.0,
+            "a rate per node-hour",
+        )
+    });
     let outages = match f.get("outages_hours") {
-        Some(n) => c.list(n, &f.path("outages_hours"), "a list of `[from, until]` hour pairs", true).map(|items| {
-            let mut out = Vec::new();
-            for (i, item) in items.iter().enumerate() {
-                let p = yaml::index(&f.path("outages_hours"), i);
-                match &item.value {
-                    Value::Seq(pair) if pair.len() == 2 => {
-                        let a = c.number(&pair[0], &p, 0.0, 1e6, "hours");
-                        let b = c.number(&pair[1], &p, 0.0, 1e6, "hours");
-                        if let (Some(a), Some(b)) = (a, b) {
-                            if a < b {
-                                out.push(((a * 3600.0) as u64, (b * 3600.0) as u64));
-                            } else {
-                                c.error(item, &p, "an outage must end after it starts");
+        Some(n) => c
+            .list(
+                n,
+                &f.path("outages_hours"),
+                "a list of `[from, until]` hour pairs",
+                true,
+            )
+            .map(|items| {
+                let mut out = Vec::new();
+                for (i, item) in items.iter().enumerate() {
+                    let p = yaml::index(&f.path("outages_hours"), i);
+                    match &item.value {
+                        Value::Seq(pair) if pair.len() == 2 => {
+                            let a = c.number(&pair[0], &p, 0.0, 1e6, "hours");
+                            let b = c.number(&pair[1], &p, 0.0, 1e6, "hours");
+                            if let (Some(a), Some(b)) = (a, b) {
+                                if a < b {
+                                    out.push(((a * 3600.0) as u64, (b * 3600.0) as u64));
+                                } else {
+                                    c.error(item, &p, "an outage must end after it starts");
+                                }
                             }
                         }
+                        _ => c.expected(item, &p, "a pair `[from_hour, until_hour]`"),
                     }
-                    _ => c.expected(item, &p, "a pair `[from_hour, until_hour]`"),
                 }
-            }
-            out
-        }),
+                out
+            }),
         None => Some(Vec::new()),
     };
-    Some(PoolSpec { zone: zone?, tpu_type: tpu_type?, capacity: capacity?, preemption_per_hour: preemption?, outages: outages? })
+    Some(PoolSpec {
+        zone: zone?,
+        tpu_type: tpu_type?,
+        capacity: capacity?,
+        preemption_per_hour: preemption?,
+        outages: outages?,
+    })
 }
 
-fn read_capacity(c: &mut Checker<'_>, node: &Node, path: &str, dir: &Path, io: &mut Vec<String>) -> Option<Capacity> {
+fn read_capacity(
+    c: &mut Checker<'_>,
+    node: &Node,
+    path: &str,
+    dir: &Path,
+    io: &mut Vec<String>,
+) -> Option<Capacity> {
     const EXPECTED: &str = "`unlimited`, a number of slices, `{on_off: ...}` or `{trace: ...}`";
     match &node.value {
         Value::Str(s) if s == "unlimited" => Some(Capacity::Unlimited),
@@ -625,34 +932,82 @@ fn read_capacity(c: &mut Checker<'_>, node: &Node, path: &str, dir: &Path, io: &
             let f = c.mapping(node, path, "a capacity model", &["on_off", "trace"], &[])?;
             if let Some(n) = f.get("on_off") {
                 let p = f.path("on_off");
-                let o = c.mapping(n, &p, "an on/off model", &["slices", "mean_on_hours", "mean_off_hours"], &[])?;
-                let slices = o.required(c, "slices", "slices while available").and_then(|n| c.integer(n, &o.path("slices"), 0, u32::MAX as i64, "a number of slices"));
-                let on = o.required(c, "mean_on_hours", "hours").and_then(|n| c.number(n, &o.path("mean_on_hours"), 0.001, 1e5, "positive hours"));
-                let off = o.required(c, "mean_off_hours", "hours").and_then(|n| c.number(n, &o.path("mean_off_hours"), 0.001, 1e5, "positive hours"));
-                return Some(Capacity::OnOff { slices: slices? as u32, mean_on_secs: on? * 3600.0, mean_off_secs: off? * 3600.0 });
+                let o = c.mapping(
+                    n,
+                    &p,
+                    "an on/off model",
+                    &["slices", "mean_on_hours", "mean_off_hours"],
+                    &[],
+                )?;
+                let slices = o
+                    .required(c, "slices", "slices while available")
+                    .and_then(|n| {
+                        c.integer(
+                            n,
+                            &o.path("slices"),
+                            0,
+                            u32::MAX as i64,
+                            "a number of slices",
+                        )
+                    });
+                let on = o.required(c, "mean_on_hours", "hours").and_then(|n| {
+                    c.number(n, &o.path("mean_on_hours"), 0.001, 1e5, "positive hours")
+                });
+                let off = o.required(c, "mean_off_hours", "hours").and_then(|n| {
+                    c.number(n, &o.path("mean_off_hours"), 0.001, 1e5, "positive hours")
+                });
+                return Some(Capacity::OnOff {
+                    slices: slices? as u32,
+                    mean_on_secs: on? * 3600.0,
+                    mean_off_secs: off? * 3600.0,
+                });
             }
             if let Some(n) = f.get("trace") {
                 let p = f.path("trace");
-                let t = c.mapping(n, &p, "a trace model", &["file", "scale", "offset_hours"], &[])?;
-                let file = t.required(c, "file", "a spot trace JSON file").and_then(|n| c.nonempty_string(n, &t.path("file"), "a file path"))?;
-                let scale = t.get("scale").map_or(Some(1), |n| c.integer(n, &t.path("scale"), 1, 10_000, "slices per trace instance"));
-                let offset = t.get("offset_hours").map_or(Some(0.0), |n| c.number(n, &t.path("offset_hours"), 0.0, 1e6, "hours"));
+                let t = c.mapping(
+                    n,
+                    &p,
+                    "a trace model",
+                    &["file", "scale", "offset_hours"],
+                    &[],
+                )?;
+                let file = t
+                    .required(c, "file", "a spot trace JSON file")
+                    .and_then(|n| c.nonempty_string(n, &t.path("file"), "a file path"))?;
+                let scale = t.get("scale").map_or(Some(1), |n| {
+                    c.integer(n, &t.path("scale"), 1, 10_000, "slices per trace instance")
+                });
+                let offset = t.get("offset_hours").map_or(Some(0.0), |n| {
+                    c.number(n, &t.path("offset_hours"), 0.0, 1e6, "hours")
+                });
                 let full = dir.join(&file);
                 let trace = match std::fs::read_to_string(&full) {
                     Ok(text) => match SpotTrace::parse(&text) {
                         Ok(trace) => trace,
                         Err(e) => {
-                            c.error(n, &t.path("file"), format!("`{}` is not a spot trace: {e}", full.display()));
+                            c.error(
+                                n,
+                                &t.path("file"),
+                                format!("`{}` is not a spot trace: {e}", full.display()),
+                            );
                             return None;
                         }
                     },
                     Err(e) => {
                         io.push(format!("cannot read the trace `{}`: {e} (traces live in ../shared/data; see scenarios/README.md)", full.display()));
-                        c.error(n, &t.path("file"), format!("cannot read `{}`", full.display()));
+                        c.error(
+                            n,
+                            &t.path("file"),
+                            format!("cannot read `{}`", full.display()),
+                        );
                         return None;
                     }
                 };
-                return Some(Capacity::Trace { trace: Arc::new(trace), scale: scale? as u32, offset_secs: (offset? * 3600.0) as u64 });
+                return Some(Capacity::Trace {
+                    trace: Arc::new(trace),
+                    scale: scale? as u32,
+                    offset_secs: (offset? * 3600.0) as u64,
+                });
             }
             c.expected(node, path, EXPECTED);
             None
@@ -664,32 +1019,84 @@ fn read_capacity(c: &mut Checker<'_>, node: &Node, path: &str, dir: &Path, io: &
     }
 }
 
-fn read_dist(c: &mut Checker<'_>, node: &Node, path: &str, dir: &Path, io: &mut Vec<String>) -> Option<Dist> {
-    let f = c.mapping(node, path, "a distribution", &["constant", "exponential", "lognormal", "empirical"], &[])?;
+fn read_dist(
+    c: &mut Checker<'_>,
+    node: &Node,
+    path: &str,
+    dir: &Path,
+    io: &mut Vec<String>,
+) -> Option<Dist> {
+    let f = c.mapping(
+        node,
+        path,
+        "a distribution",
+        &["constant", "exponential", "lognormal", "empirical"],
+        &[],
+    )?;
     if let Some(n) = f.get("constant") {
-        return c.number(n, &f.path("constant"), 0.0, 1e9, "seconds").map(Dist::Constant);
+        return c
+            .number(n, &f.path("constant"), 0.0, 1e9, "seconds")
+            .map(Dist::Constant);
     }
     if let Some(n) = f.get("exponential") {
-        return c.number(n, &f.path("exponential"), 0.0, 1e9, "a mean in seconds").map(Dist::Exponential);
+        return c
+            .number(n, &f.path("exponential"), 0.0, 1e9, "a mean in seconds")
+            .map(Dist::Exponential);
     }
     if let Some(n) = f.get("lognormal") {
-        let l = c.mapping(n, &f.path("lognormal"), "`{median, sigma}`", &["median", "sigma"], &[])?;
-        let median = l.required(c, "median", "seconds").and_then(|n| c.number(n, &l.path("median"), 0.0, 1e9, "seconds"));
-        let sigma = l.required(c, "sigma", "a shape").and_then(|n| c.number(n, &l.path("sigma"), 0.0, 5.0, "a shape from 0 to 5"));
-        return Some(Dist::LogNormal { median: median?, sigma: sigma? });
+        let l = c.mapping(
+            n,
+            &f.path("lognormal"),
+            "`{median, sigma}`",
+            &["median", "sigma"],
+            &[],
+        )?;
+        let median = l
+            .required(c, "median", "seconds")
+            .and_then(|n| c.number(n, &l.path("median"), 0.0, 1e9, "seconds"));
+        let sigma = l
+            .required(c, "sigma", "a shape")
+            .and_then(|n| c.number(n, &l.path("sigma"), 0.0, 5.0, "a shape from 0 to 5"));
+        return Some(Dist::LogNormal {
+            median: median?,
+            sigma: sigma?,
+        });
     }
     if let Some(n) = f.get("empirical") {
-        let e = c.mapping(n, &f.path("empirical"), "`{file, column}`", &["file", "column"], &[])?;
-        let file = e.required(c, "file", "a CSV file").and_then(|n| c.nonempty_string(n, &e.path("file"), "a file path"))?;
-        let column = e.required(c, "column", "a column name").and_then(|n| c.nonempty_string(n, &e.path("column"), "a column name"))?;
+        let e = c.mapping(
+            n,
+            &f.path("empirical"),
+            "`{file, column}`",
+            &["file", "column"],
+            &[],
+        )?;
+        let file = e
+            .required(c, "file", "a CSV file")
+            .and_then(|n| c.nonempty_string(n, &e.path("file"), "a file path"))?;
+        let column = e
+            .required(c, "column", "a column name")
+            .and_then(|n| c.nonempty_string(n, &e.path("column"), "a column name"))?;
         let values = read_csv_column(c, n, &e.path("file"), &dir.join(&file), &column, io)?;
-        return Some(Dist::Empirical(values.into_iter().filter(|v| *v > 0.0).collect()));
+        return Some(Dist::Empirical(
+            values.into_iter().filter(|v| *v > 0.0).collect(),
+        ));
     }
-    c.expected(node, path, "one of `constant`, `exponential`, `lognormal`, `empirical`");
+    c.expected(
+        node,
+        path,
+        "one of `constant`, `exponential`, `lognormal`, `empirical`",
+    );
     None
 }
 
-fn read_csv_column(c: &mut Checker<'_>, node: &Node, path: &str, file: &Path, column: &str, io: &mut Vec<String>) -> Option<Vec<f64>> {
+fn read_csv_column(
+    c: &mut Checker<'_>,
+    node: &Node,
+    path: &str,
+    file: &Path,
+    column: &str,
+    io: &mut Vec<String>,
+) -> Option<Vec<f64>> {
     match std::fs::read_to_string(file) {
         Ok(text) => match read_column(&text, column) {
             Ok(v) => Some(v),
@@ -708,7 +1115,11 @@ fn read_csv_column(c: &mut Checker<'_>, node: &Node, path: &str, file: &Path, co
 
 fn read_weights(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<(u32, f64)>> {
     let Value::Map(pairs) = &node.value else {
-        c.expected(node, path, "a mapping of widths (chips) to weights, such as `{8: 3, 16: 1}`");
+        c.expected(
+            node,
+            path,
+            "a mapping of widths (chips) to weights, such as `{8: 3, 16: 1}`",
+        );
         return None;
     };
     let mut out = Vec::new();
@@ -733,19 +1144,28 @@ fn read_regions(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<(Vec
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let p = yaml::index(path, i);
-        let Some(f) = c.mapping(item, &p, "a region set", &["regions", "weight"], &[]) else { continue };
-        let regions = f.required(c, "regions", "a list of regions").and_then(|n| c.list(n, &f.path("regions"), "a non-empty list of regions", false)).map(|rs| {
-            rs.iter()
-                .enumerate()
-                .filter_map(|(j, r)| {
-                    let rp = yaml::index(&f.path("regions"), j);
-                    let s = c.nonempty_string(r, &rp, "a region")?;
-                    gcp::check_region(&s).map_err(|e| c.expected(r, &rp, &e)).ok()?;
-                    Some(s)
-                })
-                .collect::<Vec<_>>()
+        let Some(f) = c.mapping(item, &p, "a region set", &["regions", "weight"], &[]) else {
+            continue;
+        };
+        let regions = f
+            .required(c, "regions", "a list of regions")
+            .and_then(|n| c.list(n, &f.path("regions"), "a non-empty list of regions", false))
+            .map(|rs| {
+                rs.iter()
+                    .enumerate()
+                    .filter_map(|(j, r)| {
+                        let rp = yaml::index(&f.path("regions"), j);
+                        let s = c.nonempty_string(r, &rp, "a region")?;
+                        gcp::check_region(&s)
+                            .map_err(|e| c.expected(r, &rp, &e))
+                            .ok()?;
+                        Some(s)
+                    })
+                    .collect::<Vec<_>>()
+            });
+        let weight = f.get("weight").map_or(Some(1.0), |n| {
+            c.number(n, &f.path("weight"), 0.0, 1e9, "a weight")
         });
-        let weight = f.get("weight").map_or(Some(1.0), |n| c.number(n, &f.path("weight"), 0.0, 1e9, "a weight"));
         if let (Some(r), Some(w)) = (regions, weight) {
             out.push((r, w));
         }
@@ -778,29 +1198,55 @@ const WORKLOAD_FIELDS: &[&str] = &[
     "limit",
 ];
 
-fn read_workloads(c: &mut Checker<'_>, node: &Node, dir: &Path, io: &mut Vec<String>) -> Option<Vec<WorkloadSpec>> {
+fn read_workloads(
+    c: &mut Checker<'_>,
+    node: &Node,
+    dir: &Path,
+    io: &mut Vec<String>,
+) -> Option<Vec<WorkloadSpec>> {
     let items = c.list(node, "workload", "a non-empty list of workloads", false)?;
     let mut out = Vec::new();
     let mut names = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let path = yaml::index("workload", i);
-        let Some(f) = c.mapping(item, &path, "a workload", WORKLOAD_FIELDS, &[]) else { continue };
-        let kind = f.required(c, "kind", "`synthetic` or `trace`").and_then(|n| c.nonempty_string(n, &f.path("kind"), "`synthetic` or `trace`"));
+        let Some(f) = c.mapping(item, &path, "a workload", WORKLOAD_FIELDS, &[]) else {
+            continue;
+        };
+        let kind = f
+            .required(c, "kind", "`synthetic` or `trace`")
+            .and_then(|n| c.nonempty_string(n, &f.path("kind"), "`synthetic` or `trace`"));
         let name = match f.get("name") {
-            Some(n) => c.nonempty_string(n, &f.path("name"), "a name").and_then(|s| {
-                let slug = crate::spec::names::slug(&s);
-                if slug != s {
-                    c.error_hint(n, &f.path("name"), format!("workload name {} is not a slug", yaml::quote(&s)), format!("use `{slug}` (it prefixes job ids)"));
-                    return None;
-                }
-                Some(s)
-            }),
+            Some(n) => c
+                .nonempty_string(n, &f.path("name"), "a name")
+                .and_then(|s| {
+                    let slug = crate::spec::names::slug(&s);
+                    if slug != s {
+                        c.error_hint(
+                            n,
+                            &f.path("name"),
+                            format!("workload name {} is not a slug", yaml::quote(&s)),
+                            format!("use `{slug}` (it prefixes job ids)"),
+                        );
+                        return None;
+                    }
+                    Some(s)
+                }),
             None => Some(format!("w{i}")),
         };
         let Some(name) = name else { continue };
         names.push((name.clone(), f.node(), format!("{}.name", path)));
-        if let Some(other) = kind.as_deref().filter(|k| !matches!(*k, "synthetic" | "trace")) {
-            c.error(f.get("kind").expect("present"), &f.path("kind"), format!("expected `synthetic` or `trace`, found {}", yaml::quote(other)));
+        if let Some(other) = kind
+            .as_deref()
+            .filter(|k| !matches!(*k, "synthetic" | "trace"))
+        {
+            c.error(
+                f.get("kind").expect("present"),
+                &f.path("kind"),
+                format!(
+                    "expected `synthetic` or `trace`, found {}",
+                    yaml::quote(other)
+                ),
+            );
             continue;
         }
         let template = read_template(c, &f, &name, dir, io);
@@ -812,18 +1258,55 @@ fn read_workloads(c: &mut Checker<'_>, node: &Node, dir: &Path, io: &mut Vec<Str
             }
             Some("trace") => {
                 let Some(t) = template else { continue };
-                let file = f.required(c, "file", "a CSV job trace").and_then(|n| c.nonempty_string(n, &f.path("file"), "a file path"));
-                let arrival = f.get("arrival_column").map_or(Some("arrival_time_s".to_owned()), |n| c.nonempty_string(n, &f.path("arrival_column"), "a column"));
-                let width = f.get("width_column").map_or(Some("scale_factor".to_owned()), |n| c.nonempty_string(n, &f.path("width_column"), "a column"));
-                let duration_col = f.get("duration_column").and_then(|n| c.nonempty_string(n, &f.path("duration_column"), "a column"));
-                let chips = f.get("chips_per_unit").map_or(Some(1), |n| c.integer(n, &f.path("chips_per_unit"), 1, 4096, "chips per width unit"));
-                let scale = f.get("time_scale").map_or(Some(1.0), |n| c.number(n, &f.path("time_scale"), 1e-6, 1e6, "a positive factor"));
-                let limit = f.get("limit").map_or(Some(usize::MAX), |n| c.integer(n, &f.path("limit"), 1, i64::MAX, "a number of jobs").map(|v| v as usize));
-                let (Some(file), Some(arrival), Some(width), Some(chips), Some(scale), Some(limit)) = (file, arrival, width, chips, scale, limit) else { continue };
+                let file = f
+                    .required(c, "file", "a CSV job trace")
+                    .and_then(|n| c.nonempty_string(n, &f.path("file"), "a file path"));
+                let arrival = f
+                    .get("arrival_column")
+                    .map_or(Some("arrival_time_s".to_owned()), |n| {
+                        c.nonempty_string(n, &f.path("arrival_column"), "a column")
+                    });
+                let width = f
+                    .get("width_column")
+                    .map_or(Some("scale_factor".to_owned()), |n| {
+                        c.nonempty_string(n, &f.path("width_column"), "a column")
+                    });
+                let duration_col = f
+                    .get("duration_column")
+                    .and_then(|n| c.nonempty_string(n, &f.path("duration_column"), "a column"));
+                let chips = f.get("chips_per_unit").map_or(Some(1), |n| {
+                    c.integer(
+                        n,
+                        &f.path("chips_per_unit"),
+                        1,
+                        4096,
+                        "chips per width unit",
+                    )
+                });
+                let scale = f.get("time_scale").map_or(Some(1.0), |n| {
+                    c.number(n, &f.path("time_scale"), 1e-6, 1e6, "a positive factor")
+                });
+                let limit = f.get("limit").map_or(Some(usize::MAX), |n| {
+                    c.integer(n, &f.path("limit"), 1, i64::MAX, "a number of jobs")
+                        .map(|v| v as usize)
+                });
+                let (Some(file), Some(arrival), Some(width), Some(chips), Some(scale), Some(limit)) =
+                    (file, arrival, width, chips, scale, limit)
+                else {
+                    continue;
+                };
                 let full = dir.join(&file);
                 let node_file = f.get("file").expect("required");
-                let Some(arrivals) = read_csv_column(c, node_file, &f.path("file"), &full, &arrival, io) else { continue };
-                let Some(widths) = read_csv_column(c, node_file, &f.path("file"), &full, &width, io) else { continue };
+                let Some(arrivals) =
+                    read_csv_column(c, node_file, &f.path("file"), &full, &arrival, io)
+                else {
+                    continue;
+                };
+                let Some(widths) =
+                    read_csv_column(c, node_file, &f.path("file"), &full, &width, io)
+                else {
+                    continue;
+                };
                 let durations = match duration_col {
                     Some(col) => read_csv_column(c, node_file, &f.path("file"), &full, &col, io),
                     None => None,
@@ -845,18 +1328,34 @@ fn read_workloads(c: &mut Checker<'_>, node: &Node, dir: &Path, io: &mut Vec<Str
             _ => {}
         }
     }
-    c.unique(names.iter().map(|(n, node, p)| (n.clone(), *node, p.clone())), "workload name");
+    c.unique(
+        names
+            .iter()
+            .map(|(n, node, p)| (n.clone(), *node, p.clone())),
+        "workload name",
+    );
     Some(out)
 }
 
-fn read_template(c: &mut Checker<'_>, f: &Fields<'_>, name: &str, dir: &Path, io: &mut Vec<String>) -> Option<Synthetic> {
+fn read_template(
+    c: &mut Checker<'_>,
+    f: &Fields<'_>,
+    name: &str,
+    dir: &Path,
+    io: &mut Vec<String>,
+) -> Option<Synthetic> {
     let is_trace = f.get("kind").and_then(Node::as_str) == Some("trace");
     let count = if is_trace {
         Some(0)
     } else {
-        f.required(c, "count", "a number of jobs").and_then(|n| c.integer(n, &f.path("count"), 0, 10_000_000, "a number of jobs").map(|v| v as usize))
+        f.required(c, "count", "a number of jobs").and_then(|n| {
+            c.integer(n, &f.path("count"), 0, 10_000_000, "a number of jobs")
+                .map(|v| v as usize)
+        })
     };
-    let start = f.get("start_hours").map_or(Some(0.0), |n| c.number(n, &f.path("start_hours"), 0.0, 1e6, "hours"));
+    let start = f.get("start_hours").map_or(Some(0.0), |n| {
+        c.number(n, &f.path("start_hours"), 0.0, 1e6, "hours")
+    });
     let interarrival = match f.get("interarrival") {
         Some(n) => read_dist(c, n, &f.path("interarrival"), dir, io),
         None => Some(Dist::Constant(0.0)),
@@ -864,27 +1363,63 @@ fn read_template(c: &mut Checker<'_>, f: &Fields<'_>, name: &str, dir: &Path, io
     let duration = if is_trace && f.get("duration").is_none() {
         Some(Dist::Constant(3600.0))
     } else {
-        f.required(c, "duration", "a distribution of work seconds").and_then(|n| read_dist(c, n, &f.path("duration"), dir, io))
+        f.required(c, "duration", "a distribution of work seconds")
+            .and_then(|n| read_dist(c, n, &f.path("duration"), dir, io))
     };
-    let widths = if is_trace { Some(vec![(0, 1.0)]) } else { f.required(c, "widths", "widths in chips with weights").and_then(|n| read_weights(c, n, &f.path("widths"))) };
-    let regions = f.required(c, "regions", "region sets with weights").and_then(|n| read_regions(c, n, &f.path("regions")));
+    let widths = if is_trace {
+        Some(vec![(0, 1.0)])
+    } else {
+        f.required(c, "widths", "widths in chips with weights")
+            .and_then(|n| read_weights(c, n, &f.path("widths")))
+    };
+    let regions = f
+        .required(c, "regions", "region sets with weights")
+        .and_then(|n| read_regions(c, n, &f.path("regions")));
     let priorities = match f.get("priorities") {
-        Some(n) => c.mapping(n, &f.path("priorities"), "weights `{low, normal, high}`", &["low", "normal", "high"], &[]).and_then(|p| {
-            let mut w = [0.0; 3];
-            for (i, k) in ["low", "normal", "high"].iter().enumerate() {
-                w[i] = p.get(k).map_or(Some(0.0), |n| c.number(n, &p.path(k), 0.0, 1e9, "a weight"))?;
-            }
-            if w.iter().sum::<f64>() <= 0.0 {
-                c.error(n, &f.path("priorities"), "at least one priority needs a positive weight");
-                return None;
-            }
-            Some(w)
-        }),
+        Some(n) => c
+            .mapping(
+                n,
+                &f.path("priorities"),
+                "weights `{low, normal, high}`",
+                &["low", "normal", "high"],
+                &[],
+            )
+            .and_then(|p| {
+                let mut w = [0.0; 3];
+                for (i, k) in ["low", "normal", "high"].iter().enumerate() {
+                    w[i] = p
+                        .get(k)
+                        .map_or(Some(0.0), |n| c.number(n, &p.path(k), 0.0, 1e9, "a weight"))?;
+                }
+                if w.iter().sum::<f64>() <= 0.0 {
+                    c.error(
+                        n,
+                        &f.path("priorities"),
+                        "at least one priority needs a positive weight",
+                    );
+                    return None;
+                }
+                Some(w)
+            }),
         None => Some([0.0, 1.0, 0.0]),
     };
-    let checkpoint = f.get("checkpoint_secs").map_or(Some(0.0), |n| c.number(n, &f.path("checkpoint_secs"), 0.0, 1e7, "seconds, 0 for none"));
-    let min = f.get("min_duration_secs").map_or(Some(60.0), |n| c.number(n, &f.path("min_duration_secs"), 0.0, 1e9, "seconds"));
-    let max = f.get("max_duration_secs").map_or(Some(30.0 * 86400.0), |n| c.number(n, &f.path("max_duration_secs"), 0.0, 1e9, "seconds"));
+    let checkpoint = f.get("checkpoint_secs").map_or(Some(0.0), |n| {
+        c.number(
+            n,
+            &f.path("checkpoint_secs"),
+            0.0,
+            1e7,
+            "seconds, 0 for none",
+        )
+    });
+    let min = f.get("min_duration_secs").map_or(Some(60.0), |n| {
+        c.number(n, &f.path("min_duration_secs"), 0.0, 1e9, "seconds")
+    });
+    let max = f
+        .get("max_duration_secs")
+        .map_or(Some(30.0 * 86400.0), |n| {
+            c.number(n, &f.path("max_duration_secs"), 0.0, 1e9, "seconds")
+        });
     Some(Synthetic {
         name: name.to_owned(),
         count: count?,
@@ -905,16 +1440,28 @@ fn read_template(c: &mut Checker<'_>, f: &Fields<'_>, name: &str, dir: &Path, io
 
 fn read_prices(c: &mut Checker<'_>, node: &Node) -> Option<BTreeMap<String, (f64, f64)>> {
     let Value::Map(pairs) = &node.value else {
-        c.expected(node, "prices", "a mapping of TPU families to `{spot, on_demand}` USD per chip-hour");
+        c.expected(
+            node,
+            "prices",
+            "a mapping of TPU families to `{spot, on_demand}` USD per chip-hour",
+        );
         return None;
     };
     let mut out = default_prices();
     for (k, v) in pairs {
-        let Some(family) = c.nonempty_string(k, "prices", "a TPU family such as `v6e`") else { continue };
+        let Some(family) = c.nonempty_string(k, "prices", "a TPU family such as `v6e`") else {
+            continue;
+        };
         let p = format!("prices.{family}");
-        let Some(f) = c.mapping(v, &p, "`{spot, on_demand}`", &["spot", "on_demand"], &[]) else { continue };
-        let spot = f.required(c, "spot", "USD per chip-hour").and_then(|n| c.number(n, &f.path("spot"), 0.0, 1e4, "USD per chip-hour"));
-        let od = f.required(c, "on_demand", "USD per chip-hour").and_then(|n| c.number(n, &f.path("on_demand"), 0.0, 1e4, "USD per chip-hour"));
+        let Some(f) = c.mapping(v, &p, "`{spot, on_demand}`", &["spot", "on_demand"], &[]) else {
+            continue;
+        };
+        let spot = f
+            .required(c, "spot", "USD per chip-hour")
+            .and_then(|n| c.number(n, &f.path("spot"), 0.0, 1e4, "USD per chip-hour"));
+        let od = f
+            .required(c, "on_demand", "USD per chip-hour")
+            .and_then(|n| c.number(n, &f.path("on_demand"), 0.0, 1e4, "USD per chip-hour"));
         if let (Some(s), Some(o)) = (spot, od) {
             out.insert(family, (s, o));
         }

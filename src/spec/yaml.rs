@@ -524,7 +524,14 @@ pub fn field<'n>(node: &'n Node, name: &str) -> Option<&'n Node> {
 
 impl Checker<'_> {
     /// Reads a number (integer or float) in `min..=max`.
-    pub fn number(&mut self, node: &Node, path: &str, min: f64, max: f64, expected: &str) -> Option<f64> {
+    pub fn number(
+        &mut self,
+        node: &Node,
+        path: &str,
+        min: f64,
+        max: f64,
+        expected: &str,
+    ) -> Option<f64> {
         let value = match node.value {
             Value::Int(i) => Some(i as f64),
             Value::Float(x) if x.is_finite() => Some(x),

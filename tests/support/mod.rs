@@ -7,10 +7,12 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use tpu_runner::engine::observe::{
-    AttemptReport, Health, NodeInfo, NodeState, QrState, QueuedResourceInfo, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY,
+    AttemptReport, Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState,
+    QueuedResourceInfo,
 };
 use tpu_runner::engine::state::{
-    Attempt, AttemptStatus, BucketRegion, FailureCounter, Job, JobStatus, Owner, Placement, Resource, ResourceStatus, State,
+    Attempt, AttemptStatus, BucketRegion, FailureCounter, Job, JobStatus, Owner, Placement,
+    Resource, ResourceStatus, State,
 };
 use tpu_runner::engine::{FleetIndex, Observation, Timestamp};
 use tpu_runner::spec::{self, FleetSpec, JobSpec, Priority, TpuRequest, TpuType};
@@ -190,26 +192,41 @@ pub fn resolve(index: &FleetIndex, tpu: &str) -> (usize, String, String) {
         Some((e, k)) => (e, Some(k.parse::<u32>().expect("ordinal"))),
         None => (tpu, None),
     };
-    let e = index.entry_index(entry_id).unwrap_or_else(|| panic!("unknown entry {entry_id}"));
+    let e = index
+        .entry_index(entry_id)
+        .unwrap_or_else(|| panic!("unknown entry {entry_id}"));
     let entry = index.entry(e);
     match (ordinal, &entry.kind) {
         (Some(k), _) => {
             let name = entry.node_name(index.runner(), k);
             (e, name.clone(), name)
         }
-        (None, spec::EntryKind::Adopted { existing }) => (e, existing.clone(), format!("adopted-{existing}")),
+        (None, spec::EntryKind::Adopted { existing }) => {
+            (e, existing.clone(), format!("adopted-{existing}"))
+        }
         (None, _) => panic!("{tpu}: managed entries need #ordinal"),
     }
 }
 
-pub fn job_spec(id: &str, tpu: &str, zone: Option<String>, tpu_name: Option<String>, priority: Priority, retry: bool) -> JobSpec {
+pub fn job_spec(
+    id: &str,
+    tpu: &str,
+    zone: Option<String>,
+    tpu_name: Option<String>,
+    priority: Priority,
+    retry: bool,
+) -> JobSpec {
     JobSpec {
         id: id.into(),
         id_generated: false,
         tpu: if tpu == "any" {
             TpuRequest::Any
         } else {
-            TpuRequest::OneOf(tpu.split(',').map(|t| TpuType::parse(t.trim()).unwrap()).collect())
+            TpuRequest::OneOf(
+                tpu.split(',')
+                    .map(|t| TpuType::parse(t.trim()).unwrap())
+                    .collect(),
+            )
         },
         bundle: ".".into(),
         command: "python train.py".into(),
@@ -227,16 +244,32 @@ pub fn job_spec(id: &str, tpu: &str, zone: Option<String>, tpu_name: Option<Stri
 pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
     let mut state = State::new();
     for j in &case.jobs {
-        let mut spec = job_spec(&j.id, &j.tpu, j.zone.clone(), j.tpu_name.clone(), j.priority, j.retry);
-        let buckets: Vec<BucketRegion> =
-            j.regions.iter().map(|r| BucketRegion { region: r.clone(), bucket: format!("gs://b-{r}") }).collect();
+        let mut spec = job_spec(
+            &j.id,
+            &j.tpu,
+            j.zone.clone(),
+            j.tpu_name.clone(),
+            j.priority,
+            j.retry,
+        );
+        let buckets: Vec<BucketRegion> = j
+            .regions
+            .iter()
+            .map(|r| BucketRegion {
+                region: r.clone(),
+                bucket: format!("gs://b-{r}"),
+            })
+            .collect();
         spec.buckets = buckets.iter().map(|b| b.bucket.clone()).collect();
         let mut job = Job::new(spec, at(j.submitted_at), buckets);
         job.status = j.status;
         job.infra_failures = j.infra_failures;
         job.not_before = j.not_before.map(at);
         if let Some(region) = &j.pinned {
-            job.placement = Some(Placement { region: region.clone(), bucket: format!("gs://b-{region}") });
+            job.placement = Some(Placement {
+                region: region.clone(),
+                bucket: format!("gs://b-{region}"),
+            });
         }
         if let Some(a) = &j.attempt {
             let (_, name, rid) = resolve(index, &a.tpu);
@@ -267,22 +300,32 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
     for r in &case.resources {
         let (e, name, id) = resolve(index, &r.tpu);
         let entry = index.entry(e);
-        state.resources.insert(id.clone(), Resource {
-            id,
-            tpu_name: name,
-            zone: entry.zone.clone(),
-            tpu_type: entry.tpu_type.clone(),
-            entry_id: entry.id.clone(),
-            adopted: entry.is_adopted(),
-            status: r.status,
-            owner: r.owner.as_ref().map(|(j, a)| Owner { job_id: j.clone(), attempt_id: a.clone() }),
-            worker_count: r.workers,
-            idle_since: r.idle_since.map(at),
-            provisioning_node_seen_at: r.seen_at.map(at),
-            provisioning_node_missing_since: r.missing_since.map(at),
-            retryable_failures: r.retryable_failures.as_ref().map(|(j, c)| FailureCounter { job_id: j.clone(), attempt_id: None, count: *c }),
-            cancellation_failures: None,
-        });
+        state.resources.insert(
+            id.clone(),
+            Resource {
+                id,
+                tpu_name: name,
+                zone: entry.zone.clone(),
+                tpu_type: entry.tpu_type.clone(),
+                entry_id: entry.id.clone(),
+                adopted: entry.is_adopted(),
+                status: r.status,
+                owner: r.owner.as_ref().map(|(j, a)| Owner {
+                    job_id: j.clone(),
+                    attempt_id: a.clone(),
+                }),
+                worker_count: r.workers,
+                idle_since: r.idle_since.map(at),
+                provisioning_node_seen_at: r.seen_at.map(at),
+                provisioning_node_missing_since: r.missing_since.map(at),
+                retryable_failures: r.retryable_failures.as_ref().map(|(j, c)| FailureCounter {
+                    job_id: j.clone(),
+                    attempt_id: None,
+                    count: *c,
+                }),
+                cancellation_failures: None,
+            },
+        );
     }
     let mut obs = Observation::default();
     for n in &case.nodes {
@@ -301,7 +344,8 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
             health: n.health,
             spot: entry.provisioning_model == spec::ProvisioningModel::Spot,
             labels,
-            queued_resource: (!entry.is_adopted()).then(|| spec::names::queued_resource_name(&name)),
+            queued_resource: (!entry.is_adopted())
+                .then(|| spec::names::queued_resource_name(&name)),
             worker_count: n.workers,
             public_ip: false,
         });

@@ -3,8 +3,8 @@
 //! job; capacity races every pending job across every compatible managed entry:
 //! desired = min(count, max(keep_warm_count, busy + demand)).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::matching::{ClassGraph, greedy_match};
 use super::{AssignInput, CapacityInput, Pair, Policy};
@@ -34,7 +34,10 @@ impl Policy for Classic {
             BTreeSet::new()
         } else {
             let order = priority_order(demand, |j| input.waiting[j]);
-            match_in_order(demand, &order, input.idle_adopted).into_iter().map(|(j, _)| j).collect()
+            match_in_order(demand, &order, input.idle_adopted)
+                .into_iter()
+                .map(|(j, _)| j)
+                .collect()
         };
         // (2) Racing demand: each waiting job adds one to every compatible managed entry that
         // still has room (count - busy). That is order-independent: an entry's demand is the
@@ -82,7 +85,12 @@ pub(super) fn priority_order(demand: &Demand<'_>, keep: impl Fn(usize) -> bool) 
     let key = |j: usize| {
         let job = &demand.jobs[j];
         let n_entries = demand.class(job).entries.len();
-        (n_entries == 0, Reverse(job.job.spec.priority.rank()), n_entries, job.job.submitted_at)
+        (
+            n_entries == 0,
+            Reverse(job.job.spec.priority.rank()),
+            n_entries,
+            job.job.submitted_at,
+        )
     };
     let keys: Vec<_> = (0..demand.jobs.len()).map(key).collect();
     order.sort_by_key(|&j| keys[j]);
@@ -91,24 +99,37 @@ pub(super) fn priority_order(demand: &Demand<'_>, keep: impl Fn(usize) -> bool) 
 
 /// Matches jobs (`order`, indices into `demand.jobs`) to `tpus` with the class-graph matcher,
 /// then picks concrete TPUs: preferred class first, adopted first, lowest id.
-pub(super) fn match_in_order(demand: &Demand<'_>, order: &[usize], tpus: &[&Resource]) -> Vec<Pair> {
+pub(super) fn match_in_order(
+    demand: &Demand<'_>,
+    order: &[usize],
+    tpus: &[&Resource],
+) -> Vec<Pair> {
     if order.is_empty() || tpus.is_empty() {
         return Vec::new();
     }
     // TPU classes: same type and zone (and name, when some job pins that name) are
     // interchangeable for every job. Class ids follow preference: adopted first, lowest id.
-    let pinned: BTreeSet<&str> = demand.classes.iter().filter_map(|c| c.req.tpu_name).collect();
-    let mut class_of_key: BTreeMap<(&crate::spec::TpuType, &str, Option<&str>), usize> = BTreeMap::new();
+    let pinned: BTreeSet<&str> = demand
+        .classes
+        .iter()
+        .filter_map(|c| c.req.tpu_name)
+        .collect();
+    let mut class_of_key: BTreeMap<(&crate::spec::TpuType, &str, Option<&str>), usize> =
+        BTreeMap::new();
     let mut members: Vec<VecDeque<usize>> = Vec::new();
     let mut ranked: Vec<usize> = (0..tpus.len()).collect();
     ranked.sort_by(|&a, &b| (!tpus[a].adopted, &tpus[a].id).cmp(&(!tpus[b].adopted, &tpus[b].id)));
     for t in ranked {
         let r = tpus[t];
-        let name = pinned.contains(r.tpu_name.as_str()).then_some(r.tpu_name.as_str());
-        let c = *class_of_key.entry((&r.tpu_type, r.zone.as_str(), name)).or_insert_with(|| {
-            members.push(VecDeque::new());
-            members.len() - 1
-        });
+        let name = pinned
+            .contains(r.tpu_name.as_str())
+            .then_some(r.tpu_name.as_str());
+        let c = *class_of_key
+            .entry((&r.tpu_type, r.zone.as_str(), name))
+            .or_insert_with(|| {
+                members.push(VecDeque::new());
+                members.len() - 1
+            });
         members[c].push_back(t);
     }
     // Job classes: the demand classes that occur, with their compatible TPU classes.
@@ -130,11 +151,23 @@ pub(super) fn match_in_order(demand: &Demand<'_>, order: &[usize], tpus: &[&Reso
             })
         })
         .collect();
-    let graph = ClassGraph { compat, capacity: members.iter().map(|m| m.len() as u32).collect() };
+    let graph = ClassGraph {
+        compat,
+        capacity: members.iter().map(|m| m.len() as u32).collect(),
+    };
     let classes = greedy_match(&graph, &job_classes);
     order
         .iter()
         .zip(classes)
-        .filter_map(|(&j, c)| c.map(|c| (j, members[c as usize].pop_front().expect("class has a free TPU"))))
+        .filter_map(|(&j, c)| {
+            c.map(|c| {
+                (
+                    j,
+                    members[c as usize]
+                        .pop_front()
+                        .expect("class has a free TPU"),
+                )
+            })
+        })
         .collect()
 }

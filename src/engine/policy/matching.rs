@@ -44,7 +44,10 @@ pub fn greedy_match(graph: &ClassGraph, job_classes: &[u32]) -> Vec<Option<u32>>
             continue;
         }
         // Fast path: a compatible class with a free TPU.
-        if let Some(k) = graph.compat[jc_us].iter().position(|&tc| used[tc as usize] < graph.capacity[tc as usize]) {
+        if let Some(k) = graph.compat[jc_us]
+            .iter()
+            .position(|&tc| used[tc as usize] < graph.capacity[tc as usize])
+        {
             let tc = graph.compat[jc_us][k];
             add_flow(&mut flow, &mut users, jc, k as u32, tc);
             used[tc as usize] += 1;
@@ -121,7 +124,10 @@ pub fn greedy_match(graph: &ClassGraph, job_classes: &[u32]) -> Vec<Option<u32>>
             continue;
         }
         let row = &mut remaining[jc as usize];
-        let k = row.iter().position(|&f| f > 0).expect("a matched job has flow in its class");
+        let k = row
+            .iter()
+            .position(|&f| f > 0)
+            .expect("a matched job has flow in its class");
         row[k] -= 1;
         out[j] = Some(graph.compat[jc as usize][k]);
     }
