@@ -337,6 +337,16 @@ proptest! {
                 prop_assert_eq!(desired[e], count.min(entry.keep_warm_count.max(busy[e] + add[e])), "entry {}", entry.id);
             }
         }
+        // Every registered policy stays within counts and never asks more than classic.
+        for name in tpu_runner::engine::policy::NAMES {
+            let policy = tpu_runner::engine::policy::by_name(name).unwrap();
+            let other = policy.desired_counts(&CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[] });
+            for (e, entry) in index.fleet.tpus.iter().enumerate() {
+                if let spec::EntryKind::Managed { count } = entry.kind {
+                    prop_assert!(other[e] <= count && other[e] <= desired[e], "{name} entry {}: {} (classic {})", entry.id, other[e], desired[e]);
+                }
+            }
+        }
     }
 
     #[test]

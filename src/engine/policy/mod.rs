@@ -1,13 +1,16 @@
 //! Assignment and capacity policies behind one trait, so the simulator can compare them on
-//! the same workload. `classic` reproduces tpu-runner 0.1.12's decisions; others are
-//! registered in [`by_name`]. Policies are pure functions of their inputs.
+//! the same workload. `classic` reproduces tpu-runner 0.1.12's decisions; `frugal` requests
+//! capacity in one entry per job instead of racing all. Registered in [`by_name`]. Policies
+//! are pure functions of their inputs.
 
 mod classic;
+mod frugal;
 pub mod matching;
 
 use std::fmt;
 
 pub use classic::Classic;
+pub use frugal::Frugal;
 
 use super::demand::Demand;
 use super::fleet_index::FleetIndex;
@@ -56,12 +59,13 @@ pub trait Policy: fmt::Debug + Send + Sync {
 }
 
 /// Names of every registered policy.
-pub const NAMES: &[&str] = &["classic"];
+pub const NAMES: &[&str] = &["classic", "frugal"];
 
 /// The policy called `name`.
 pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
     match name {
         "classic" => Some(Box::new(Classic)),
+        "frugal" => Some(Box::new(Frugal)),
         _ => None,
     }
 }
