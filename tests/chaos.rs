@@ -143,7 +143,7 @@ fn short_sweep_with_every_fault_finds_nothing() {
     ] {
         let s = load(rel);
         let mut faults = std::collections::BTreeMap::<String, u64>::new();
-        for seed in 1..=60 {
+        for seed in 1..=150 {
             match harness::run(&s, "classic", seed, chaos(&s), Hooks::default()) {
                 Ok(r) => {
                     for (k, v) in r.metrics.faults {

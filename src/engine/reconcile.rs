@@ -23,7 +23,7 @@ use super::state::{
 };
 use super::time::Timestamp;
 use crate::spec::fleet::SshTransport;
-use crate::spec::{ProvisioningModel, gcp, names};
+use crate::spec::{ProvisioningModel, names};
 
 /// What one pass decided.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -69,7 +69,7 @@ pub(crate) struct Pass<'a> {
     /// Node and QR names deleted during this pass.
     pub(super) deleted: BTreeSet<String>,
     /// Attempts created by this pass's assignment (launched at the end).
-    pub(super) new_attempts: Vec<String>,
+    pub(super) new_launches: Vec<Action>,
     /// Desired TPUs per entry, decided with the assignment.
     pub(super) desired: Vec<u32>,
     /// TPU names pending jobs ask for.
@@ -110,7 +110,7 @@ impl<'a> Pass<'a> {
             qrs,
             qr_by_node,
             deleted: BTreeSet::new(),
-            new_attempts: Vec::new(),
+            new_launches: Vec::new(),
             desired: Vec::new(),
             named: BTreeSet::new(),
             in_flight: Vec::new(),
@@ -944,25 +944,7 @@ impl<'a> Pass<'a> {
     }
 
     fn launch_action(&self, job_id: &str, attempt: &Attempt, resource: &Resource) -> Action {
-        let job = &self.state.jobs[job_id];
-        let bucket = job
-            .placement
-            .as_ref()
-            .map(|p| p.bucket.clone())
-            .unwrap_or_default();
-        Action::Launch(Box::new(LaunchRequest {
-            attempt_id: attempt.id.clone(),
-            job_id: job_id.to_owned(),
-            resource_id: resource.id.clone(),
-            tpu_name: resource.tpu_name.clone(),
-            zone: resource.zone.clone(),
-            tpu_type: resource.tpu_type.clone(),
-            worker_count: resource.worker_count,
-            command: job.spec.command.clone(),
-            checkpoint_dir: format!("{bucket}/jobs/{job_id}/checkpoints"),
-            bucket,
-            env: job.spec.env.clone(),
-        }))
+        launch_request(&self.state.jobs[job_id], resource, &attempt.id)
     }
 
     fn cancel_action(job_id: &str, attempt: &Attempt, resource: &Resource) -> Action {
@@ -1776,40 +1758,61 @@ impl<'a> Pass<'a> {
     /// assign_job (§2.1): re-checks everything, pins the placement, creates the attempt.
     fn assign_job(&mut self, job_id: &str, resource_id: &str) {
         let now = self.now;
-        let (Some(job), Some(resource)) = (
-            self.state.jobs.get(job_id),
-            self.state.resources.get(resource_id),
-        ) else {
+        let policy = self.policy.name();
+        // Both records at once (disjoint fields of the state): one lookup each.
+        let State {
+            jobs, resources, ..
+        } = &mut *self.state;
+        let (Some(job), Some(resource)) = (jobs.get_mut(job_id), resources.get_mut(resource_id))
+        else {
             return;
         };
-        let req = super::demand::Requirement::of(job);
-        if job.status != JobStatus::Pending
-            || resource.status != ResourceStatus::Idle
-            || resource.is_busy()
-            || !req.accepts_resource(resource)
-        {
-            self.violation(format!(
-                "policy {} paired job {job_id} with unusable TPU {resource_id}",
-                self.policy.name()
+        let usable = job.status == JobStatus::Pending
+            && resource.status == ResourceStatus::Idle
+            && !resource.is_busy()
+            && super::demand::Requirement::of(job).accepts_resource(resource);
+        if !usable {
+            self.out.violations.push(format!(
+                "policy {policy} paired job {job_id} with unusable TPU {resource_id}"
             ));
             return;
         }
-        let Ok(region) = gcp::zone_region(&resource.zone).map(str::to_owned) else {
+        let Some((region, _)) = resource.zone.rsplit_once('-') else {
             return;
         };
         let placement = match &job.placement {
             Some(p) => p.clone(),
             None => match job.bucket_regions.iter().find(|b| b.region == region) {
                 Some(b) => Placement {
-                    region: region.clone(),
+                    region: region.to_owned(),
                     bucket: b.bucket.clone(),
                 },
                 None => return,
             },
         };
-        let previous = job.current_attempt.clone().unwrap_or_default();
-        let attempt_id = names::attempt_id(job_id, resource_id, &previous);
-        let attempt = Attempt {
+        let attempt_id = names::attempt_id(
+            job_id,
+            resource_id,
+            job.current_attempt.as_deref().unwrap_or(""),
+        );
+        if let Err(e) = resource.occupy(job_id, &attempt_id) {
+            self.out.violations.push(e.to_string());
+            return;
+        }
+        if let Err(e) = job.transition(JobStatus::Running, now) {
+            self.out.violations.push(e.to_string());
+            return;
+        }
+        let priority = ["low", "normal", "high"][job.spec.priority.rank() as usize];
+        let detail = format!(
+            "tpu_name={}; region={}; bucket={}; priority={priority}",
+            resource.tpu_name, placement.region, placement.bucket
+        );
+        job.placement = Some(placement);
+        job.assigned_resource = Some(resource_id.to_owned());
+        job.current_attempt = Some(attempt_id.clone());
+        job.not_before = None;
+        job.attempts.push(Attempt {
             id: attempt_id.clone(),
             resource_id: resource_id.to_owned(),
             tpu_name: resource.tpu_name.clone(),
@@ -1824,28 +1827,10 @@ impl<'a> Pass<'a> {
             launch_failures: 0,
             failed_launch: false,
             stop_failures: 0,
-        };
-        let resource = self.state.resources.get_mut(resource_id).expect("checked");
-        if let Err(e) = resource.occupy(job_id, &attempt_id) {
-            self.out.violations.push(e.to_string());
-            return;
-        }
-        let job = self.state.jobs.get_mut(job_id).expect("checked");
-        if let Err(e) = job.transition(JobStatus::Running, now) {
-            self.out.violations.push(e.to_string());
-            return;
-        }
-        let priority = ["low", "normal", "high"][job.spec.priority.rank() as usize];
-        let detail = format!(
-            "tpu_name={}; region={}; bucket={}; priority={priority}",
-            attempt.tpu_name, placement.region, placement.bucket
-        );
-        job.placement = Some(placement);
-        job.assigned_resource = Some(resource_id.to_owned());
-        job.current_attempt = Some(attempt_id.clone());
-        job.not_before = None;
-        job.attempts.push(attempt);
-        self.new_attempts.push(job_id.to_owned());
+        });
+        // Launched at the end of the pass (the original's second attempt pass).
+        self.new_launches
+            .push(launch_request(job, resource, &attempt_id));
         self.event(
             "job_assigned",
             Some(job_id),
@@ -1856,21 +1841,29 @@ impl<'a> Pass<'a> {
     }
 
     fn launch_new_attempts(&mut self) {
-        for job_id in std::mem::take(&mut self.new_attempts) {
-            let job = &self.state.jobs[&job_id];
-            if job.status != JobStatus::Running {
-                continue;
-            }
-            let (Some(attempt), Some(resource)) = (
-                job.attempt(),
-                job.assigned_resource
-                    .as_ref()
-                    .and_then(|r| self.state.resources.get(r)),
-            ) else {
-                continue;
-            };
-            let action = self.launch_action(&job_id, attempt, resource);
-            self.out.actions.push(action);
-        }
+        let launches = std::mem::take(&mut self.new_launches);
+        self.out.actions.extend(launches);
     }
+}
+
+/// The launch of `attempt_id` of `job` on `resource`.
+fn launch_request(job: &Job, resource: &Resource, attempt_id: &str) -> Action {
+    let bucket = job
+        .placement
+        .as_ref()
+        .map(|p| p.bucket.clone())
+        .unwrap_or_default();
+    Action::Launch(Box::new(LaunchRequest {
+        attempt_id: attempt_id.to_owned(),
+        job_id: job.id.clone(),
+        resource_id: resource.id.clone(),
+        tpu_name: resource.tpu_name.clone(),
+        zone: resource.zone.clone(),
+        tpu_type: resource.tpu_type.clone(),
+        worker_count: resource.worker_count,
+        command: job.spec.command.clone(),
+        checkpoint_dir: format!("{bucket}/jobs/{}/checkpoints", job.id),
+        bucket,
+        env: job.spec.env.clone(),
+    }))
 }
