@@ -7,6 +7,8 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
+use rustc_hash::FxHashMap;
+
 use crate::model::{ApiConfig, Capacity, CloudConfig, JobBehaviour, Latency};
 use crate::rng::SimRng;
 
@@ -261,8 +263,12 @@ pub struct SimCloud {
     seq: u64,
     serial: u64,
     queue: BinaryHeap<Reverse<(Millis, u64, Event)>>,
-    qrs: BTreeMap<String, Qr>,
-    nodes: BTreeMap<String, Node>,
+    // Keyed by name for lookups. Hash maps with a fixed hasher iterate in an order set by
+    // the (deterministic) insertion history; every use below is order-independent anyway
+    // (counts, minimum by serial, sorted victims) except float sums in `accounting`, which
+    // sort first.
+    qrs: FxHashMap<String, Qr>,
+    nodes: FxHashMap<String, Node>,
     by_serial: BTreeMap<u64, (bool, String)>,
     runs: BTreeMap<String, Run>,
     jobs: BTreeMap<String, JobProgress>,
@@ -300,8 +306,8 @@ impl SimCloud {
             seq: 0,
             serial: 0,
             queue: BinaryHeap::new(),
-            qrs: BTreeMap::new(),
-            nodes: BTreeMap::new(),
+            qrs: FxHashMap::default(),
+            nodes: FxHashMap::default(),
             by_serial: BTreeMap::new(),
             runs: BTreeMap::new(),
             jobs: BTreeMap::new(),
@@ -340,7 +346,9 @@ impl SimCloud {
     /// Totals for metrics (allocation of still-active nodes is counted up to `now`).
     pub fn accounting(&self) -> Accounting {
         let mut acc = self.accounting.clone();
-        for node in self.nodes.values() {
+        let mut active: Vec<&Node> = self.nodes.values().collect();
+        active.sort_by_key(|n| n.serial);
+        for node in active {
             if let Some(since) = node.active_since {
                 let secs = (self.now - since) as f64 / 1000.0;
                 acc.allocated_chip_secs += secs * node.chips as f64;
@@ -357,6 +365,11 @@ impl SimCloud {
             acc.busy_chip_secs += (self.now - run.run_start) as f64 / 1000.0 * run.chips as f64;
         }
         acc
+    }
+
+    /// Attempts killed because another was launched over them (0 for a correct engine).
+    pub fn attempts_displaced(&self) -> u64 {
+        self.accounting.attempts_displaced
     }
 
     /// Chips of ACTIVE nodes now.

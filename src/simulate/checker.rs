@@ -58,7 +58,7 @@ impl Invariants {
                 ));
             }
         }
-        let displaced = v.cloud.accounting().attempts_displaced;
+        let displaced = v.cloud.attempts_displaced();
         if displaced > 0 {
             return Err(format!(
                 "no TPU runs two attempts: {displaced} attempt(s) were launched over another"
