@@ -1112,11 +1112,6 @@ impl SimCloud {
         });
     }
 
-    /// Seconds of work of `job_id` saved in checkpoints so far.
-    pub fn checkpointed_secs(&self, job_id: &str) -> f64 {
-        self.jobs.get(job_id).map_or(0.0, |j| j.checkpointed_secs)
-    }
-
     /// Starts `attempt` of `job_id` on every worker of the node (idempotent per attempt).
     pub fn launch(
         &mut self,
@@ -1461,25 +1456,6 @@ impl SimCloud {
             }
         }
         out
-    }
-
-    /// A one-line description of the node and queued resource named after `node` (for
-    /// failure reports).
-    pub fn describe(&self, node: &str) -> String {
-        let n = self
-            .nodes
-            .get(node)
-            .map(|n| format!("node {:?} run {:?}", n.state, n.run));
-        let q = self
-            .qrs
-            .values()
-            .find(|q| q.node_id == node)
-            .map(|q| format!("qr {} {:?}", q.name, q.state));
-        format!(
-            "{node}: {} / {}",
-            n.unwrap_or_else(|| "no node".into()),
-            q.unwrap_or_else(|| "no queued resource".into())
-        )
     }
 
     /// Live (Creating/Ready) nodes per accelerator type and zone: (zone, type) → count.

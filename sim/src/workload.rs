@@ -2,8 +2,6 @@
 //! checkpointing, failure rates) and replay of job traces from CSV with a column mapping. A
 //! workload is a list of job arrivals; it knows nothing of TPU types or the engine.
 
-use std::collections::BTreeMap;
-
 use crate::model::JobBehaviour;
 use crate::rng::SimRng;
 
@@ -233,13 +231,4 @@ impl TraceReplay {
             })
             .collect()
     }
-}
-
-/// Counts per width, for reports.
-pub fn width_histogram(arrivals: &[JobArrival]) -> BTreeMap<u32, usize> {
-    let mut out = BTreeMap::new();
-    for a in arrivals {
-        *out.entry(a.width_chips).or_default() += 1;
-    }
-    out
 }

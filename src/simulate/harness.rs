@@ -488,7 +488,7 @@ pub fn run(
             }
             last_version = backend.cloud.version();
         }
-        if let Some(inv) = invariants.as_mut() {
+        if invariants.is_some() || checker.is_some() {
             let view = StepView {
                 now,
                 state: &state,
@@ -497,24 +497,11 @@ pub fn run(
                 engine: &engine,
                 submitted: &submitted,
             };
-            if let Err(message) = inv.check(&view) {
-                return Err(Violation {
-                    message,
-                    at_s: t_ms as f64 / 1000.0,
-                    recent_events: recent.iter().cloned().collect(),
-                });
-            }
-        }
-        if let Some(check) = checker.as_deref_mut() {
-            let view = StepView {
-                now,
-                state: &state,
-                output: output.as_ref(),
-                cloud: &backend.cloud,
-                engine: &engine,
-                submitted: &submitted,
-            };
-            if let Err(message) = check(&view) {
+            let verdict = invariants
+                .as_mut()
+                .map_or(Ok(()), |inv| inv.check(&view))
+                .and_then(|()| checker.as_deref_mut().map_or(Ok(()), |check| check(&view)));
+            if let Err(message) = verdict {
                 return Err(Violation {
                     message,
                     at_s: t_ms as f64 / 1000.0,

@@ -430,14 +430,6 @@ impl<'n> Fields<'n> {
             .map(|(_, _, v)| *v)
     }
 
-    /// The key node of `name` (for errors about the field as a whole).
-    pub fn key(&self, name: &str) -> Option<&'n Node> {
-        self.fields
-            .iter()
-            .find(|(k, _, _)| *k == name)
-            .map(|(_, k, _)| *k)
-    }
-
     /// The value of `name`, or an error "missing required field" at the mapping.
     pub fn required(
         &self,
@@ -544,10 +536,5 @@ impl Checker<'_> {
                 None
             }
         }
-    }
-
-    /// Records a problem at `node` with an optional hint (for helpers that build messages).
-    pub fn report(&mut self, node: &Node, path: &str, message: String, hint: Option<String>) {
-        self.push(node, path, message, hint);
     }
 }
