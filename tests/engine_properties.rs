@@ -318,7 +318,7 @@ proptest! {
         let demand = Demand::build(&index, jobs.iter(), support::at(100));
         let waiting = vec![true; demand.jobs.len()];
         let busy: Vec<u32> = index.fleet.tpus.iter().enumerate().map(|(e, entry)| busy[e].min(entry.ceiling())).collect();
-        let desired = Classic.desired_counts(&CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[] });
+        let desired = Classic.desired_counts(&CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[], now: support::at(100) });
         // The original's loop: jobs in order add one to every compatible managed entry with room.
         let mut add = vec![0u32; index.fleet.tpus.len()];
         for job in &demand.jobs {
@@ -340,7 +340,7 @@ proptest! {
         // Every registered policy stays within counts and never asks more than classic.
         for name in tpu_runner::engine::policy::NAMES {
             let policy = tpu_runner::engine::policy::by_name(name).unwrap();
-            let other = policy.desired_counts(&CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[] });
+            let other = policy.desired_counts(&CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[], now: support::at(100) });
             for (e, entry) in index.fleet.tpus.iter().enumerate() {
                 if let spec::EntryKind::Managed { count } = entry.kind {
                     prop_assert!(other[e] <= count && other[e] <= desired[e], "{name} entry {}: {} (classic {})", entry.id, other[e], desired[e]);

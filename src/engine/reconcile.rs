@@ -1731,6 +1731,7 @@ impl<'a> Pass<'a> {
                 waiting: &waiting,
                 busy: &busy,
                 idle_adopted: &idle_adopted,
+                now,
             });
             let named: BTreeSet<String> = demand
                 .jobs

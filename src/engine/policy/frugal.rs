@@ -1,11 +1,15 @@
-//! `frugal`: the classic assignment, but capacity is requested for each waiting job in one
+//! `frugal`: the classic assignment, but capacity is requested for a waiting job in one
 //! compatible entry only — the one with the most room left after the demand already placed
 //! (ties in fleet order) — instead of racing every compatible entry. Fewer speculative
-//! requests and less idle capacity (§9.1 #13), at the price of waiting on one zone.
+//! requests and less idle capacity (§9.1 #13). A job that has waited `RACE_AFTER_SECS` races
+//! like `classic`, so a stockout in the chosen zone delays it but never strands it.
 
 use super::classic::{self, desired_from, priority_order};
 use super::{AssignInput, CapacityInput, Pair, Policy};
 use crate::spec::EntryKind;
+
+/// Seconds a job waits on one entry before its demand races every compatible entry.
+pub const RACE_AFTER_SECS: i64 = 900;
 
 /// One capacity request per waiting job.
 #[derive(Clone, Copy, Debug, Default)]
@@ -36,7 +40,15 @@ impl Policy for Frugal {
         let mut placed = vec![0u64; room.len()];
         // Jobs in the original's order, so higher priority places its demand first.
         for j in priority_order(demand, |j| input.waiting[j]) {
+            let job = demand.jobs[j].job;
             let class = demand.class(&demand.jobs[j]);
+            let waiting_since = job.attempts.last().and_then(|a| a.ended_at).unwrap_or(job.submitted_at).max(job.submitted_at);
+            if input.now.elapsed_since(waiting_since, RACE_AFTER_SECS) {
+                for &e in &class.entries {
+                    placed[e as usize] += 1;
+                }
+                continue;
+            }
             let best = class
                 .entries
                 .iter()

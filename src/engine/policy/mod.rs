@@ -15,6 +15,7 @@ pub use frugal::Frugal;
 use super::demand::Demand;
 use super::fleet_index::FleetIndex;
 use super::state::Resource;
+use super::time::Timestamp;
 
 /// What a policy sees when assigning: pending jobs (by class) and the idle TPUs.
 #[derive(Clone, Copy, Debug)]
@@ -41,6 +42,8 @@ pub struct CapacityInput<'a> {
     pub busy: &'a [u32],
     /// Idle, declared, unowned adopted TPUs still free after assignment.
     pub idle_adopted: &'a [&'a Resource],
+    /// The pass's time (for policies that change behaviour as jobs wait).
+    pub now: Timestamp,
 }
 
 /// A pair chosen by a policy: indices into `demand.jobs` and `tpus`.
