@@ -171,3 +171,32 @@ fn plan_on_the_documented_example() {
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("Cargo.toml:1:"));
 }
+
+/// A damaged state (ownership that does not point both ways) is reported and repaired, never
+/// a panic: the TPU is released, the running job requeued, the cancelling one deactivated.
+#[test]
+fn plan_repairs_and_reports_a_damaged_state() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let args = [
+        "plan",
+        "--fleet",
+        "docs/plan-example/deployment.yaml",
+        "--state",
+        "tests/fixtures/plan/damaged-state.json",
+        "--now",
+        "2026-01-01T12:00:00Z",
+    ];
+    let out = tpu_runner(&args, root);
+    assert_eq!(out.status.code(), Some(1), "violations exit 1");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "TPU adopted-trc-v4 was owned by ghost/a which does not run on it; released",
+        "running job finetune-7b had no TPU owning it; requeued",
+        "cancelling job eval-sweep had no TPU owning it; deactivated",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in\n{stdout}"
+        );
+    }
+}

@@ -423,12 +423,34 @@ fn frugal_races_after_waiting() {
         "  - {id: a, type: v6e-8, zone: us-east1-d, count: 2, runtime: r}\n  - {id: b, type: v6e-8, zone: us-east1-c, count: 2, runtime: r}\n",
     ));
     let spec = support::job_spec("j", "v6e-8", None, None, Priority::Normal, true);
-    let job = Job::new(spec, support::at(0), vec![BucketRegion { region: "us-east1".into(), bucket: "gs://b".into() }]);
+    let job = Job::new(
+        spec,
+        support::at(0),
+        vec![BucketRegion {
+            region: "us-east1".into(),
+            bucket: "gs://b".into(),
+        }],
+    );
     let demand = Demand::build(&index, [&job], support::at(0));
     let frugal = tpu_runner::engine::policy::by_name("frugal").unwrap();
     let desired = |now| {
-        frugal.desired_counts(&CapacityInput { index: &index, demand: &demand, waiting: &[true], busy: &[0, 0], idle_adopted: &[], now })
+        frugal.desired_counts(&CapacityInput {
+            index: &index,
+            demand: &demand,
+            waiting: &[true],
+            busy: &[0, 0],
+            idle_adopted: &[],
+            now,
+        })
     };
-    assert_eq!(desired(support::at(60)), vec![1, 0], "one request while the wait is short");
-    assert_eq!(desired(support::at(901)), vec![1, 1], "racing after 15 minutes");
+    assert_eq!(
+        desired(support::at(60)),
+        vec![1, 0],
+        "one request while the wait is short"
+    );
+    assert_eq!(
+        desired(support::at(901)),
+        vec![1, 1],
+        "racing after 15 minutes"
+    );
 }

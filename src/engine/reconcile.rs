@@ -125,6 +125,7 @@ impl<'a> Pass<'a> {
                 self.in_flight.push((job.status, job.id.clone()));
             }
         }
+        self.repair_ownership();
         self.action_failures();
         self.refresh_from_queued_resources();
         self.refresh_from_ready_nodes();
@@ -457,6 +458,89 @@ impl<'a> Pass<'a> {
             r.idle_since = None;
             r.provisioning_node_seen_at = None;
             r.provisioning_node_missing_since = None;
+        }
+    }
+
+    // ----- step 0: ownership that does not point both ways (corrupted state) ------------
+
+    /// A TPU owned by a job that does not run on it, or a running job whose TPU does not
+    /// own it, can only come from a damaged state document. Each is reported as a violation
+    /// and repaired so that nothing stays stuck and no job is lost: the TPU is released
+    /// (unavailable until seen ready again) and the job requeued, pinned as before.
+    fn repair_ownership(&mut self) {
+        let now = self.now;
+        let mut broken_tpus = Vec::new();
+        for r in self.state.resources.values() {
+            if let Some(o) = &r.owner {
+                let reciprocal = self.state.jobs.get(&o.job_id).is_some_and(|j| {
+                    matches!(j.status, JobStatus::Running | JobStatus::Cancelling)
+                        && j.assigned_resource.as_deref() == Some(r.id.as_str())
+                        && j.current_attempt.as_deref() == Some(o.attempt_id.as_str())
+                });
+                if !reciprocal {
+                    broken_tpus.push(r.id.clone());
+                }
+            }
+        }
+        for id in broken_tpus {
+            let r = self.state.resources.get_mut(&id).expect("listed");
+            let owner = r.owner.take().expect("owned");
+            let _ = r.set_status(ResourceStatus::Unavailable);
+            self.violation(format!(
+                "TPU {id} was owned by {}/{} which does not run on it; released",
+                owner.job_id, owner.attempt_id
+            ));
+        }
+        let mut broken_jobs = Vec::new();
+        for (status, job_id) in &self.in_flight {
+            let Some(job) = self.state.jobs.get(job_id) else {
+                continue;
+            };
+            let owned = job
+                .assigned_resource
+                .as_ref()
+                .and_then(|r| self.state.resources.get(r))
+                .is_some_and(|r| {
+                    job.current_attempt
+                        .as_deref()
+                        .is_some_and(|a| r.owned_by(job_id, a))
+                })
+                && job.attempt().is_some_and(|a| !a.status.is_terminal());
+            if !owned {
+                broken_jobs.push((*status, job_id.clone()));
+            }
+        }
+        for (status, job_id) in broken_jobs {
+            let job = self.state.jobs.get_mut(&job_id).expect("listed");
+            if let Some(a) = job.attempt_mut().filter(|a| !a.status.is_terminal()) {
+                let _ = a.end(
+                    AttemptStatus::Interrupted,
+                    EndReason::Lost,
+                    None,
+                    "state damaged: the TPU did not own this attempt",
+                    now,
+                );
+            }
+            job.assigned_resource = None;
+            // A cancelling job ends deactivated; a running one is requeued.
+            let to = if status == JobStatus::Cancelling {
+                JobStatus::Deactivated
+            } else {
+                JobStatus::Pending
+            };
+            if job.transition(to, now).is_ok() && to.is_terminal() {
+                job.end_reason = Some("cancelled (state damaged)".into());
+            }
+            self.state.retire(&job_id);
+            self.violation(format!(
+                "{} job {job_id} had no TPU owning it; {}",
+                status.as_str(),
+                if status == JobStatus::Cancelling {
+                    "deactivated"
+                } else {
+                    "requeued"
+                }
+            ));
         }
     }
 

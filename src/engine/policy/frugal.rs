@@ -42,7 +42,12 @@ impl Policy for Frugal {
         for j in priority_order(demand, |j| input.waiting[j]) {
             let job = demand.jobs[j].job;
             let class = demand.class(&demand.jobs[j]);
-            let waiting_since = job.attempts.last().and_then(|a| a.ended_at).unwrap_or(job.submitted_at).max(job.submitted_at);
+            let waiting_since = job
+                .attempts
+                .last()
+                .and_then(|a| a.ended_at)
+                .unwrap_or(job.submitted_at)
+                .max(job.submitted_at);
             if input.now.elapsed_since(waiting_since, RACE_AFTER_SECS) {
                 for &e in &class.entries {
                     placed[e as usize] += 1;
