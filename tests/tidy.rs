@@ -62,13 +62,27 @@ fn engine_and_spec_are_pure() {
 
 #[test]
 fn the_simulated_world_has_no_wall_clock_and_no_unseeded_randomness() {
-    let forbidden = ["Instant::now", "SystemTime::now", "thread_rng", "rand::rng(", "OsRng", "from_entropy", "tokio", "std::thread"];
+    let forbidden = [
+        "Instant::now",
+        "SystemTime::now",
+        "thread_rng",
+        "rand::rng(",
+        "OsRng",
+        "from_entropy",
+        "tokio",
+        "std::thread",
+    ];
     for file in rust_files(&root().join("sim/src")) {
         let text = std::fs::read_to_string(&file).unwrap();
         for (n, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
             for word in forbidden {
-                assert!(!code.contains(word), "{}:{}: `{word}` is not allowed in the simulator:\n{line}", file.display(), n + 1);
+                assert!(
+                    !code.contains(word),
+                    "{}:{}: `{word}` is not allowed in the simulator:\n{line}",
+                    file.display(),
+                    n + 1
+                );
             }
         }
     }

@@ -129,6 +129,12 @@ enum Command {
         /// invariant after every step; stop at the first violation and print how to replay it.
         #[arg(long)]
         chaos: bool,
+        /// Override every scenario's horizon (hours); used by shrunk replays.
+        #[arg(long, value_name = "HOURS")]
+        horizon_hours: Option<f64>,
+        /// Cap every workload at this many jobs; used by shrunk replays.
+        #[arg(long, value_name = "N")]
+        max_jobs: Option<usize>,
     },
     /// Print a shell completion script.
     #[command(
@@ -217,6 +223,8 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             report,
             threads,
             chaos,
+            horizon_hours,
+            max_jobs,
         } => simulate::run(simulate::SimulateArgs {
             files: &files,
             seed,
@@ -226,6 +234,8 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             report: report.as_deref(),
             threads,
             chaos,
+            horizon_hours,
+            max_jobs,
         }),
         Command::Completions { shell } => {
             let mut out = Vec::new();

@@ -12,7 +12,7 @@ use super::{Failure, print_stdout};
 use crate::engine::policy;
 use crate::simulate::harness::{self, RunOptions, RunResult, Violation};
 use crate::simulate::report;
-use crate::simulate::scenario::{self, ChaosSpec, Scenario};
+use crate::simulate::scenario::{self, ChaosSpec, Scenario, WorkloadSpec};
 
 /// Options of `simulate`.
 pub(crate) struct SimulateArgs<'a> {
@@ -24,6 +24,8 @@ pub(crate) struct SimulateArgs<'a> {
     pub report: Option<&'a Path>,
     pub threads: Option<usize>,
     pub chaos: bool,
+    pub horizon_hours: Option<f64>,
+    pub max_jobs: Option<usize>,
 }
 
 /// Parses `A..B` (exclusive) or `A..=B` (inclusive).
@@ -83,7 +85,14 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
             status: ExitStatus::Usage,
         });
     }
-    let scenarios = load_all(args.files)?;
+    let mut scenarios = load_all(args.files)?;
+    for s in &mut scenarios {
+        // Faults are fixed before any override, so a shortened replay keeps the same faults.
+        if args.chaos && s.chaos.is_none() {
+            s.chaos = Some(ChaosSpec::defaults(s.horizon_secs));
+        }
+        apply_limits(s, args.horizon_hours, args.max_jobs);
+    }
     let seeds_override = match (args.seed, args.seeds) {
         (Some(s), None) => Some(vec![s]),
         (None, Some(r)) => Some(parse_seed_range(r).map_err(|e| Failure {
@@ -144,22 +153,7 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
                 loop {
                     let i = next.fetch_add(1, Ordering::SeqCst);
                     let Some(job) = work.get(i) else { break };
-                    let chaos = job.scenario.chaos.or_else(|| {
-                        args.chaos
-                            .then(|| ChaosSpec::defaults(job.scenario.horizon_secs))
-                    });
-                    let options = RunOptions {
-                        chaos,
-                        check_invariants: args.chaos,
-                        ..RunOptions::default()
-                    };
-                    let result = harness::run(
-                        job.scenario,
-                        &job.policy,
-                        job.seed,
-                        options,
-                        Default::default(),
-                    );
+                    let result = run_one(job.scenario, &job.policy, job.seed);
                     let failed = result.is_err();
                     results.lock().expect("no poisoned lock").push((i, result));
                     let k = done.fetch_add(1, Ordering::SeqCst) + 1;
@@ -188,7 +182,7 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
     for (i, r) in results {
         match r {
             Ok(r) => ok.push(r),
-            Err(v) => return Err(violation_failure(&work[i], &v)),
+            Err(v) => return Err(violation_failure(&work[i], &v, args.chaos)),
         }
     }
     if let Some(dir) = args.report {
@@ -212,7 +206,72 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
     Ok(ExitStatus::Ok)
 }
 
-fn violation_failure(job: &Job<'_>, v: &Violation) -> Failure {
+/// Overrides the horizon and caps every workload at `max_jobs` jobs.
+fn apply_limits(s: &mut Scenario, horizon_hours: Option<f64>, max_jobs: Option<usize>) {
+    if let Some(h) = horizon_hours {
+        s.horizon_secs = (h * 3600.0).max(1.0) as u64;
+    }
+    if let Some(n) = max_jobs {
+        for w in &mut s.workloads {
+            match w {
+                WorkloadSpec::Synthetic(w) => w.count = w.count.min(n),
+                WorkloadSpec::Trace(t) => t.limit = t.limit.min(n),
+            }
+        }
+    }
+}
+
+/// One run; invariants are checked whenever faults are on.
+fn run_one(scenario: &Scenario, policy: &str, seed: u64) -> Result<RunResult, Violation> {
+    let options = RunOptions {
+        chaos: scenario.chaos,
+        check_invariants: scenario.chaos.is_some(),
+        ..RunOptions::default()
+    };
+    harness::run(scenario, policy, seed, options, Default::default())
+}
+
+/// The same broken invariant in a shorter run: the horizon cut just after the violation, then
+/// the workloads halved while it still breaks. Returns (hours, jobs per workload, violation).
+fn shrink(job: &Job<'_>, v: &Violation) -> Option<(f64, Option<usize>, Violation)> {
+    let kind = |m: &str| m.split(':').next().unwrap_or(m).to_owned();
+    let target = kind(&v.message);
+    let hours =
+        ((v.at_s + job.scenario.reconcile_interval_secs as f64) / 3600.0 * 100.0).ceil() / 100.0;
+    let mut scenario = job.scenario.clone();
+    apply_limits(&mut scenario, Some(hours), None);
+    let mut best = match run_one(&scenario, &job.policy, job.seed) {
+        Err(found) if kind(&found.message) == target => (hours, None, found),
+        _ => return None,
+    };
+    let total: usize = scenario
+        .workloads
+        .iter()
+        .map(|w| match w {
+            WorkloadSpec::Synthetic(w) => w.count,
+            WorkloadSpec::Trace(t) => t.limit.min(t.arrivals.len()),
+        })
+        .max()
+        .unwrap_or(0);
+    let mut limit = total / 2;
+    for _ in 0..12 {
+        if limit == 0 {
+            break;
+        }
+        let mut smaller = scenario.clone();
+        apply_limits(&mut smaller, None, Some(limit));
+        match run_one(&smaller, &job.policy, job.seed) {
+            Err(found) if kind(&found.message) == target => {
+                best = (hours, Some(limit), found);
+                limit /= 2;
+            }
+            _ => break,
+        }
+    }
+    Some(best)
+}
+
+fn violation_failure(job: &Job<'_>, v: &Violation, chaos_flag: bool) -> Failure {
     let mut message = format!(
         "error: invariant violated in scenario `{}` with policy `{}`, seed {}, at {:.0} s simulated:\n  {}\n",
         job.scenario.name, job.policy, job.seed, v.at_s, v.message
@@ -231,17 +290,23 @@ fn violation_failure(job: &Job<'_>, v: &Violation) -> Failure {
             ));
         }
     }
-    let chaos = if job.scenario.chaos.is_some() {
-        ""
-    } else {
-        " --chaos"
-    };
-    message.push_str(&format!(
-        "replay: tpu-runner simulate {}{chaos} --policy {} --seed {}\n",
+    let chaos = if chaos_flag { " --chaos" } else { "" };
+    let replay = format!(
+        "tpu-runner simulate {}{chaos} --policy {} --seed {}",
         job.scenario.path.display(),
         job.policy,
         job.seed
-    ));
+    );
+    message.push_str(&format!("replay: {replay}\n"));
+    if let Some((hours, jobs, found)) = shrink(job, v) {
+        let jobs_flag = jobs.map_or(String::new(), |n| format!(" --max-jobs {n}"));
+        message.push_str(&format!(
+            "shrunk: the same invariant breaks at {:.0} s in a run of {hours} h{}:\n  {}\nreplay the shrunk run: {replay} --horizon-hours {hours}{jobs_flag}\n",
+            found.at_s,
+            jobs.map_or(String::new(), |n| format!(" with at most {n} jobs per workload")),
+            found.message,
+        ));
+    }
     Failure {
         message,
         status: ExitStatus::Violation,
