@@ -38,6 +38,16 @@ pub struct PassOutput {
     pub violations: Vec<String>,
 }
 
+/// Whether an attempt's remaining workers are stopped.
+enum Stop {
+    /// Confirmed: the TPU may take other work.
+    Confirmed,
+    /// A cancel is on its way; wait.
+    Pending,
+    /// Cancels kept failing; give up waiting and set the TPU aside.
+    Unconfirmed,
+}
+
 /// How an attempt ends.
 struct Finish<'s> {
     attempt_status: AttemptStatus,
@@ -577,6 +587,7 @@ impl<'a> Pass<'a> {
                             failures,
                             until,
                             reason: reason.clone(),
+                            request: name.clone(),
                         },
                     );
                     self.event(
@@ -604,8 +615,15 @@ impl<'a> Pass<'a> {
                 continue;
             };
             let entry = self.index.entry(entry_index);
-            // A request of this entry exists: a refusal backoff has done its job.
-            self.state.entry_backoff.remove(&entry.id);
+            // The refused request now exists: the backoff has done its job.
+            if self
+                .state
+                .entry_backoff
+                .get(&entry.id)
+                .is_some_and(|b| b.request == qr.name)
+            {
+                self.state.entry_backoff.remove(&entry.id);
+            }
             match self.state.resources.get_mut(&qr.node_id) {
                 None => {
                     self.state.resources.insert(
@@ -1185,15 +1203,89 @@ impl<'a> Pass<'a> {
         let statuses = report.map_or(&[][..], |r| &r.statuses[..]);
         let verdict =
             aggregate::aggregate(statuses, resource.worker_count, self.now, self.graces());
+        // Already judged lost: finish once the stop is confirmed, whatever the exit codes the
+        // stop itself caused (killed workers report 143).
+        if let Some(summary) = attempt.lost.clone() {
+            self.finish_lost(job_id, attempt, resource, &summary);
+            return;
+        }
         let complete = !matches!(verdict, Verdict::Incomplete { .. });
         // Workers without a final status may still run: they are stopped, and the stop
         // confirmed, before the attempt ends and its TPU can take other work.
-        if complete
-            && statuses.len() < resource.worker_count as usize
-            && !self.workers_stopped(job_id, attempt, resource)
-        {
+        let mut unconfirmed = false;
+        if complete && statuses.len() < resource.worker_count as usize {
+            if let Verdict::Retryable {
+                recycle: false,
+                summary,
+            } = &verdict
+            {
+                // Silent workers after partial success: lost, not failed.
+                self.mark_lost(job_id, summary);
+                let attempt = self.state.jobs[job_id]
+                    .attempt()
+                    .cloned()
+                    .expect("current attempt");
+                self.finish_lost(job_id, &attempt, resource, summary);
+                return;
+            }
+            match self.workers_stopped(job_id, attempt, resource) {
+                Stop::Pending => return,
+                Stop::Confirmed => {}
+                Stop::Unconfirmed => unconfirmed = true,
+            }
+        }
+        self.judge(job_id, attempt, resource, verdict, report);
+        if unconfirmed {
+            self.set_aside(&resource.id);
+        }
+    }
+
+    /// Records that `job_id`'s current attempt is lost (its workers are being stopped).
+    fn mark_lost(&mut self, job_id: &str, summary: &str) {
+        if let Some(a) = self.state.jobs.get_mut(job_id).and_then(Job::attempt_mut) {
+            a.lost.get_or_insert_with(|| summary.to_owned());
+        }
+    }
+
+    /// A lost attempt ends (requeued) once its workers are confirmed stopped; a TPU whose
+    /// workers could not be confirmed stopped is set aside rather than given other work.
+    fn finish_lost(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource, summary: &str) {
+        match self.workers_stopped(job_id, attempt, resource) {
+            Stop::Pending => {}
+            Stop::Confirmed => self.retryable_failure(job_id, attempt, resource, summary, 0),
+            Stop::Unconfirmed => {
+                self.retryable_failure(job_id, attempt, resource, summary, 0);
+                self.set_aside(&resource.id);
+            }
+        }
+    }
+
+    /// After an unconfirmed stop: a managed Spot TPU is recycled (its leftovers die with it),
+    /// any other is set unavailable (the next launch on it kills leftovers).
+    fn set_aside(&mut self, resource_id: &str) {
+        let Some(resource) = self.state.resources.get(resource_id).cloned() else {
+            return;
+        };
+        if resource.owner.is_some() || resource.status != ResourceStatus::Idle {
             return;
         }
+        let to = if self.recyclable(&resource) {
+            ResourceStatus::Recycling
+        } else {
+            ResourceStatus::Unavailable
+        };
+        self.set_resource_status(resource_id, to);
+    }
+
+    /// Ends a running attempt according to its workers' verdict.
+    fn judge(
+        &mut self,
+        job_id: &str,
+        attempt: &Attempt,
+        resource: &Resource,
+        verdict: Verdict,
+        report: Option<&'a AttemptReport>,
+    ) {
         match verdict {
             Verdict::Incomplete { recheck_at } => {
                 if let Some(t) = recheck_at {
@@ -1212,10 +1304,13 @@ impl<'a> Pass<'a> {
                     .unwrap_or(attempt.created_at);
                 let deadline = heartbeat.plus_secs(self.config.heartbeat_timeout_secs);
                 if tpu_up && self.now >= deadline {
-                    if self.workers_stopped(job_id, attempt, resource) {
-                        let summary = format!("no heartbeat from the workers since {heartbeat}");
-                        self.retryable_failure(job_id, attempt, resource, &summary, 0);
-                    }
+                    let summary = format!("no heartbeat from the workers since {heartbeat}");
+                    self.mark_lost(job_id, &summary);
+                    let attempt = self.state.jobs[job_id]
+                        .attempt()
+                        .cloned()
+                        .expect("current attempt");
+                    self.finish_lost(job_id, &attempt, resource, &summary);
                 } else if tpu_up {
                     self.wake_at(deadline);
                 }
@@ -1291,14 +1386,12 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// True once the attempt's remaining workers are confirmed stopped (the last cancel was
-    /// sent or found nothing running). Otherwise sends a cancel and returns false; after
-    /// `max_cleanup_failures` failed cancels it gives up waiting and returns true (the TPU is
-    /// then recycled or set aside by the caller's failure path, and the next launch on it
-    /// kills leftovers).
-    fn workers_stopped(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource) -> bool {
+    /// Whether the attempt's remaining workers are confirmed stopped (the last cancel was sent
+    /// or found nothing running). Otherwise sends a cancel (`Pending`); after
+    /// `max_cleanup_failures` failed cancels it gives up waiting (`Unconfirmed`).
+    fn workers_stopped(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource) -> Stop {
         match self.report(&attempt.id).and_then(|r| r.cancel.as_ref()) {
-            Some(CancelOutcome::Sent | CancelOutcome::NotRunning) => true,
+            Some(CancelOutcome::Sent | CancelOutcome::NotRunning) => Stop::Confirmed,
             Some(CancelOutcome::AttemptMismatch | CancelOutcome::Error { .. }) => {
                 let failures = self
                     .state
@@ -1317,18 +1410,18 @@ impl<'a> Pass<'a> {
                         Some(&attempt.id),
                         format!("{failures} failed cancels"),
                     );
-                    return true;
+                    return Stop::Unconfirmed;
                 }
                 self.out
                     .actions
                     .push(Self::cancel_action(job_id, attempt, resource));
-                false
+                Stop::Pending
             }
             None => {
                 self.out
                     .actions
                     .push(Self::cancel_action(job_id, attempt, resource));
-                false
+                Stop::Pending
             }
         }
     }
@@ -1482,7 +1575,10 @@ impl<'a> Pass<'a> {
             ) {
                 continue;
             }
-            if self.index.owns_record(&resource).is_none() {
+            // Records of removed entries, and ordinals above a lowered `count`, are drained.
+            if self.index.owns_record(&resource).is_none()
+                || (!resource.adopted && !self.index.is_declared(&resource))
+            {
                 self.orphaned_record(&resource);
                 continue;
             }
@@ -1492,9 +1588,9 @@ impl<'a> Pass<'a> {
                 self.matching_qr(&resource)
             };
             // (a) a terminal QR ends the TPU, even if the node still looks ready.
+            // Deleting and suspending requests count as terminal too: their TPU is going away.
             if let Some(qr) = qr
                 && !qr.state.is_live()
-                && !qr.state.is_deleting()
             {
                 if !resource.status.is_gone() || resource.owner.is_some() {
                     self.mark_preempted(&id);
@@ -1745,7 +1841,11 @@ impl<'a> Pass<'a> {
                 None,
                 Some(&resource.id),
                 None,
-                format!("entry={} no longer in the fleet", resource.entry_id),
+                if self.index.owns_record(resource).is_none() {
+                    format!("entry={} no longer in the fleet", resource.entry_id)
+                } else {
+                    format!("entry={}: beyond its count", resource.entry_id)
+                },
             );
         }
     }
@@ -1912,6 +2012,7 @@ impl<'a> Pass<'a> {
             launch_failures: 0,
             failed_launch: false,
             stop_failures: 0,
+            lost: None,
         });
         // Launched at the end of the pass (the original's second attempt pass).
         self.new_launches

@@ -111,6 +111,9 @@ pub struct Backoff {
     pub until: Timestamp,
     /// Why (the last refusal).
     pub reason: String,
+    /// The refused queued resource (the backoff ends when it exists).
+    #[serde(default)]
+    pub request: String,
 }
 
 /// Status of a job.
@@ -420,6 +423,10 @@ pub struct Attempt {
     /// Failed attempts to stop the remaining workers of an ended attempt.
     #[serde(default)]
     pub stop_failures: u32,
+    /// Judged lost (silent workers): why. Its workers are being stopped; once they are, the
+    /// job is requeued whatever exit codes the stop itself produced.
+    #[serde(default)]
+    pub lost: Option<String>,
 }
 
 impl Attempt {

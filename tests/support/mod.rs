@@ -111,6 +111,8 @@ pub struct CaseAttempt {
     pub started_at: Option<i64>,
     #[serde(default)]
     pub launch_failures: u32,
+    #[serde(default)]
+    pub lost: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -289,6 +291,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
                 launch_failures: a.launch_failures,
                 failed_launch: false,
                 stop_failures: 0,
+                lost: a.lost.clone(),
             });
             job.current_attempt = Some(a.id.clone());
             if matches!(j.status, JobStatus::Running | JobStatus::Cancelling) {
