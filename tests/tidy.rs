@@ -42,22 +42,7 @@ fn engine_and_spec_are_pure() {
         "println!",
         "eprintln!",
     ];
-    for dir in ["src/engine", "src/spec"] {
-        for file in rust_files(&root().join(dir)) {
-            let text = std::fs::read_to_string(&file).unwrap();
-            for (n, line) in text.lines().enumerate() {
-                let code = line.split("//").next().unwrap_or("");
-                for word in forbidden {
-                    assert!(
-                        !code.contains(word),
-                        "{}:{}: `{word}` is not allowed in a pure module:\n{line}",
-                        file.display(),
-                        n + 1
-                    );
-                }
-            }
-        }
-    }
+    assert_absent(&["src/engine", "src/spec"], &forbidden, "a pure module");
 }
 
 #[test]
@@ -72,17 +57,24 @@ fn the_simulated_world_has_no_wall_clock_and_no_unseeded_randomness() {
         "tokio",
         "std::thread",
     ];
-    for file in rust_files(&root().join("sim/src")) {
-        let text = std::fs::read_to_string(&file).unwrap();
-        for (n, line) in text.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or("");
-            for word in forbidden {
-                assert!(
-                    !code.contains(word),
-                    "{}:{}: `{word}` is not allowed in the simulator:\n{line}",
-                    file.display(),
-                    n + 1
-                );
+    assert_absent(&["sim/src"], &forbidden, "the simulator");
+}
+
+/// Fails on the first code line (comments excluded) under `dirs` that contains a forbidden word.
+fn assert_absent(dirs: &[&str], forbidden: &[&str], place: &str) {
+    for dir in dirs {
+        for file in rust_files(&root().join(dir)) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                for word in forbidden {
+                    assert!(
+                        !code.contains(word),
+                        "{}:{}: `{word}` is not allowed in {place}:\n{line}",
+                        file.display(),
+                        n + 1
+                    );
+                }
             }
         }
     }

@@ -1512,35 +1512,41 @@ impl<'a> Pass<'a> {
             } else {
                 "repeated_retryable_infrastructure_failure"
             };
-            // Deletions are re-requested until seen happening (a lost request is not a stuck one).
+            // Deletions are re-requested until seen happening (a lost request is not a stuck one):
+            // the queued resource if there is one, else the node.
             let first = resource.status == ResourceStatus::Recycling;
-            if let Some(qr) = self.matching_qr(&resource) {
-                if !qr.state.is_deleting() {
-                    self.delete_qr(&qr.name, &qr.zone);
-                    if first {
-                        self.event(
+            let target = match (self.matching_qr(&resource), self.matching_node(&resource)) {
+                (Some(qr), _) => Some((
+                    true,
+                    !qr.state.is_deleting(),
+                    qr.name.clone(),
+                    qr.zone.clone(),
+                )),
+                (None, Some(node)) => Some((
+                    false,
+                    !node.state.is_terminal(),
+                    node.name.clone(),
+                    node.zone.clone(),
+                )),
+                (None, None) => None,
+            };
+            if let Some((is_qr, deletable, name, zone)) = target {
+                if deletable {
+                    let (kind, detail) = if is_qr {
+                        self.delete_qr(&name, &zone);
+                        (
                             "retryable_infrastructure_recycle_requested",
-                            None,
-                            Some(&id),
-                            None,
                             format!("reason={reason}"),
-                        );
-                        self.set_resource_status(&id, ResourceStatus::RecyclingRequested);
-                    }
-                }
-                continue;
-            }
-            if let Some(node) = self.matching_node(&resource) {
-                if !node.state.is_terminal() {
-                    self.delete_node(&node.name, &node.zone);
-                    if first {
-                        self.event(
+                        )
+                    } else {
+                        self.delete_node(&name, &zone);
+                        (
                             "retryable_infrastructure_tpu_recycle_requested",
-                            None,
-                            Some(&id),
-                            None,
                             format!("reason={reason}:queued_resource_absent"),
-                        );
+                        )
+                    };
+                    if first {
+                        self.event(kind, None, Some(&id), None, detail);
                         self.set_resource_status(&id, ResourceStatus::RecyclingRequested);
                     }
                 }
