@@ -15,16 +15,18 @@ impl<'a> Pass<'a> {
         let desired = std::mem::take(&mut self.desired);
         let named = std::mem::take(&mut self.named);
         let mut remaining = self.remaining_chips();
-        let mut nodes_by_entry: BTreeMap<&str, Vec<&'a NodeInfo>> = BTreeMap::new();
-        for n in &self.obs.nodes {
-            if let Some(entry) = n.labels.get(super::observe::LABEL_FLEET_ENTRY) {
-                nodes_by_entry.entry(entry).or_default().push(n);
+        // Nodes and queued resources labelled for each entry, in observation order.
+        let n_entries = self.index.fleet.tpus.len();
+        let mut nodes_by_entry: Vec<Vec<&'a NodeInfo>> = vec![Vec::new(); n_entries];
+        for (n, seen) in self.obs.nodes.iter().zip(&self.node_facts) {
+            if let Some(e) = seen.labelled {
+                nodes_by_entry[e as usize].push(n);
             }
         }
-        let mut qrs_by_entry: BTreeMap<&str, Vec<&'a QueuedResourceInfo>> = BTreeMap::new();
-        for q in &self.obs.queued_resources {
-            if let Some(entry) = q.labels.get(super::observe::LABEL_FLEET_ENTRY) {
-                qrs_by_entry.entry(entry).or_default().push(q);
+        let mut qrs_by_entry: Vec<Vec<&'a QueuedResourceInfo>> = vec![Vec::new(); n_entries];
+        for (q, seen) in self.obs.queued_resources.iter().zip(&self.qr_facts) {
+            if let Some(e) = seen.labelled {
+                qrs_by_entry[e as usize].push(q);
             }
         }
         for e in 0..self.index.fleet.tpus.len() {
@@ -41,21 +43,14 @@ impl<'a> Pass<'a> {
                     entry.id
                 ));
             }
-            let nodes: Vec<&NodeInfo> = nodes_by_entry
-                .get(entry.id.as_str())
-                .into_iter()
-                .flatten()
-                .copied()
-                .filter(|n| self.index.node_labelled_for(n, e))
-                .collect();
-            let qrs: Vec<&QueuedResourceInfo> = qrs_by_entry
-                .get(entry.id.as_str())
-                .into_iter()
-                .flatten()
-                .copied()
-                .filter(|q| self.index.qr_labelled_for(q, e))
-                .collect();
-            self.size_entry(e, asked.min(count), &named, &nodes, &qrs, &mut remaining);
+            self.size_entry(
+                e,
+                asked.min(count),
+                &named,
+                &nodes_by_entry[e],
+                &qrs_by_entry[e],
+                &mut remaining,
+            );
         }
     }
 
@@ -373,17 +368,16 @@ impl<'a> Pass<'a> {
 
     /// The ready, matching node of ordinal `name` of entry `e` (not behind a terminal request).
     fn ordinal_ready(&self, name: &str, e: usize) -> bool {
-        self.nodes
-            .get(name)
-            .is_some_and(|n| self.index.node_labelled_for(n, e) && self.ready(n))
+        self.node_labelled(name) == Some(e)
+            && self.ready(self.nodes[name])
             && self.qr_by_node.get(name).is_none_or(|q| q.state.is_live())
     }
 
     /// The matching queued resource of ordinal `name` of entry `e`.
     fn ordinal_qr(&self, name: &str, e: usize) -> Option<&'a super::observe::QueuedResourceInfo> {
-        self.qr_by_node.get(name).copied().filter(|q| {
-            q.name.strip_prefix(names::QR_PREFIX) == Some(name) && self.index.qr_labelled_for(q, e)
-        })
+        let qr = *self.qr_by_node.get(name)?;
+        (qr.name.strip_prefix(names::QR_PREFIX) == Some(name) && self.qr_labelled(name) == Some(e))
+            .then_some(qr)
     }
 
     fn was_deleted_qr(&self, node: &str) -> bool {

@@ -250,26 +250,29 @@ impl InventoryTargets<'_> {
 }
 
 impl FleetIndex {
-    /// True when `node` carries entry `entry_index`'s labels, zone, type and Spot model — any
-    /// ordinal, including ones above `count` (so a lowered count drains the extra TPUs).
-    pub fn node_labelled_for(&self, node: &NodeInfo, entry_index: usize) -> bool {
-        let entry = self.entry(entry_index);
-        !entry.is_adopted()
-            && node.spot
-            && entry.zone == node.zone
-            && entry.tpu_type == node.tpu_type
-            && node.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(self.runner())
-            && node.labels.get(LABEL_FLEET_ENTRY) == Some(&entry.id)
+    /// The managed Spot entry whose labels, zone and type `node` carries — any ordinal,
+    /// including ones above `count` (so a lowered count drains the extra TPUs).
+    pub fn node_labelled_entry(&self, node: &NodeInfo) -> Option<usize> {
+        self.labelled_entry(node.spot, &node.zone, &node.tpu_type, &node.labels)
     }
 
     /// Same for a queued resource.
-    pub fn qr_labelled_for(&self, qr: &QueuedResourceInfo, entry_index: usize) -> bool {
-        let entry = self.entry(entry_index);
-        !entry.is_adopted()
-            && qr.spot
-            && entry.zone == qr.zone
-            && entry.tpu_type == qr.tpu_type
-            && qr.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(self.runner())
-            && qr.labels.get(LABEL_FLEET_ENTRY) == Some(&entry.id)
+    pub fn qr_labelled_entry(&self, qr: &QueuedResourceInfo) -> Option<usize> {
+        self.labelled_entry(qr.spot, &qr.zone, &qr.tpu_type, &qr.labels)
+    }
+
+    fn labelled_entry(
+        &self,
+        spot: bool,
+        zone: &str,
+        tpu_type: &crate::spec::TpuType,
+        labels: &BTreeMap<String, String>,
+    ) -> Option<usize> {
+        if !spot || labels.get(LABEL_MANAGED_BY).map(String::as_str) != Some(self.runner()) {
+            return None;
+        }
+        let e = self.entry_index(labels.get(LABEL_FLEET_ENTRY)?)?;
+        let entry = self.entry(e);
+        (!entry.is_adopted() && entry.zone == zone && entry.tpu_type == *tpu_type).then_some(e)
     }
 }

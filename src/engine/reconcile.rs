@@ -4,6 +4,7 @@
 //! `now`; output: mutated state, actions, events and the next time a pass is needed.
 //! Level-triggered and idempotent: a pass never depends on why it ran.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 
 use rustc_hash::FxHashMap;
@@ -48,6 +49,15 @@ enum Stop {
     Unconfirmed,
 }
 
+/// Which fleet entry an observed node or queued resource belongs to, derived once per pass.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Seen {
+    /// Entry match (§3.2): `FleetIndex::node_entry` / `queued_resource_entry`.
+    pub entry: Option<u32>,
+    /// The entry it is labelled for, any ordinal (`FleetIndex::node_labelled_entry`).
+    pub labelled: Option<u32>,
+}
+
 /// How an attempt ends.
 struct Finish<'s> {
     attempt_status: AttemptStatus,
@@ -76,6 +86,12 @@ pub(crate) struct Pass<'a> {
     pub(super) nodes: FxHashMap<&'a str, &'a NodeInfo>,
     pub(super) qrs: FxHashMap<&'a str, &'a QueuedResourceInfo>,
     pub(super) qr_by_node: FxHashMap<&'a str, &'a QueuedResourceInfo>,
+    /// Entry facts of `obs.nodes` and `obs.queued_resources` (same order), derived once.
+    pub(super) node_facts: Vec<Seen>,
+    pub(super) qr_facts: Vec<Seen>,
+    /// The same facts by node name (for a queued resource: by its node id).
+    node_seen: FxHashMap<&'a str, Seen>,
+    qr_seen: FxHashMap<&'a str, Seen>,
     /// Node and QR names deleted during this pass.
     pub(super) deleted: BTreeSet<String>,
     /// Attempts created by this pass's assignment (launched at the end).
@@ -108,6 +124,34 @@ impl<'a> Pass<'a> {
             .iter()
             .map(|q| (q.node_id.as_str(), q))
             .collect();
+        let node_facts: Vec<Seen> = obs
+            .nodes
+            .iter()
+            .map(|n| Seen {
+                entry: index.node_entry(n).map(|e| e as u32),
+                labelled: index.node_labelled_entry(n).map(|e| e as u32),
+            })
+            .collect();
+        let qr_facts: Vec<Seen> = obs
+            .queued_resources
+            .iter()
+            .map(|q| Seen {
+                entry: index.queued_resource_entry(q).map(|e| e as u32),
+                labelled: index.qr_labelled_entry(q).map(|e| e as u32),
+            })
+            .collect();
+        let node_seen = obs
+            .nodes
+            .iter()
+            .zip(&node_facts)
+            .map(|(n, f)| (n.name.as_str(), *f))
+            .collect();
+        let qr_seen = obs
+            .queued_resources
+            .iter()
+            .zip(&qr_facts)
+            .map(|(q, f)| (q.node_id.as_str(), *f))
+            .collect();
         Pass {
             index,
             config,
@@ -119,6 +163,10 @@ impl<'a> Pass<'a> {
             nodes,
             qrs,
             qr_by_node,
+            node_facts,
+            qr_facts,
+            node_seen,
+            qr_seen,
             deleted: BTreeSet::new(),
             new_launches: Vec::new(),
             desired: Vec::new(),
@@ -197,28 +245,36 @@ impl<'a> Pass<'a> {
         self.out.violations.push(what.to_string());
     }
 
-    fn resource_id_for(&self, entry: usize, node_name: &str) -> String {
+    fn resource_id_for<'n>(&self, entry: usize, node_name: &'n str) -> Cow<'n, str> {
         if self.index.entry(entry).is_adopted() {
-            format!("adopted-{node_name}")
+            Cow::Owned(format!("adopted-{node_name}"))
         } else {
-            node_name.to_owned()
+            Cow::Borrowed(node_name)
         }
     }
 
     /// A node that counts: present and matching its declared entry.
     pub(super) fn matching_node(&self, resource: &Resource) -> Option<&'a NodeInfo> {
-        let node = *self.nodes.get(resource.tpu_name.as_str())?;
-        let entry = self.index.node_entry(node)?;
-        (self.index.entry(entry).id == resource.entry_id).then_some(node)
+        let name = resource.tpu_name.as_str();
+        let entry = self.node_seen.get(name)?.entry?;
+        (self.index.entry(entry as usize).id == resource.entry_id).then(|| self.nodes[name])
     }
 
     pub(super) fn matching_qr(&self, resource: &Resource) -> Option<&'a QueuedResourceInfo> {
-        let qr = *self.qr_by_node.get(resource.tpu_name.as_str())?;
-        if qr.name.strip_prefix(names::QR_PREFIX) != Some(resource.tpu_name.as_str()) {
-            return None;
-        }
-        let entry = self.index.queued_resource_entry(qr)?;
-        (self.index.entry(entry).id == resource.entry_id).then_some(qr)
+        let name = resource.tpu_name.as_str();
+        // An entry match implies the name is `qr-<node id>`.
+        let entry = self.qr_seen.get(name)?.entry?;
+        (self.index.entry(entry as usize).id == resource.entry_id).then(|| self.qr_by_node[name])
+    }
+
+    /// The entry whose labels, zone, type and Spot model node `name` carries.
+    pub(super) fn node_labelled(&self, name: &str) -> Option<usize> {
+        Some(self.node_seen.get(name)?.labelled? as usize)
+    }
+
+    /// The same for the queued resource of node `name`.
+    pub(super) fn qr_labelled(&self, name: &str) -> Option<usize> {
+        Some(self.qr_seen.get(name)?.labelled? as usize)
     }
 
     pub(super) fn transport_ok(&self, node: &NodeInfo) -> bool {
@@ -607,11 +663,11 @@ impl<'a> Pass<'a> {
 
     fn refresh_from_queued_resources(&mut self) {
         let qrs: &'a [QueuedResourceInfo] = &self.obs.queued_resources;
-        for qr in qrs {
+        for (i, qr) in qrs.iter().enumerate() {
             if !qr.state.is_live() {
                 continue;
             }
-            let Some(entry_index) = self.index.queued_resource_entry(qr) else {
+            let Some(entry_index) = self.qr_facts[i].entry.map(|e| e as usize) else {
                 continue;
             };
             let entry = self.index.entry(entry_index);
@@ -652,18 +708,25 @@ impl<'a> Pass<'a> {
     fn refresh_from_ready_nodes(&mut self) {
         let nodes: &'a [NodeInfo] = &self.obs.nodes;
         let now = self.now;
-        for node in nodes {
-            let Some(entry_index) = self.index.node_entry(node) else {
+        for (i, node) in nodes.iter().enumerate() {
+            let Some(entry_index) = self.node_facts[i].entry.map(|e| e as usize) else {
                 continue;
             };
             let entry = self.index.entry(entry_index);
             let id = self.resource_id_for(entry_index, &node.name);
             let ready = self.ready(node);
-            match self.state.resources.get_mut(&id) {
+            match self.state.resources.get_mut(id.as_ref()) {
                 Some(r) if ready => {
-                    r.zone = entry.zone.clone();
-                    r.tpu_type = entry.tpu_type.clone();
-                    r.entry_id = entry.id.clone();
+                    // Most passes change nothing here: compare before copying.
+                    if r.zone != entry.zone {
+                        r.zone.clone_from(&entry.zone);
+                    }
+                    if r.tpu_type != entry.tpu_type {
+                        r.tpu_type.clone_from(&entry.tpu_type);
+                    }
+                    if r.entry_id != entry.id {
+                        r.entry_id.clone_from(&entry.id);
+                    }
                     r.adopted = entry.is_adopted();
                     r.worker_count = node.worker_count.max(1);
                     if r.owner.is_some() {
@@ -693,7 +756,7 @@ impl<'a> Pass<'a> {
                     };
                     let mut record = Resource::new(&node.name, entry, status, node.worker_count);
                     record.idle_since = (ready && !entry.is_adopted()).then_some(now);
-                    self.state.resources.insert(id.clone(), record);
+                    self.state.resources.insert(id.into_owned(), record);
                 }
             }
         }
@@ -1569,7 +1632,15 @@ impl<'a> Pass<'a> {
     }
 
     fn unusable_resources(&mut self) {
-        let ids: Vec<String> = self.state.resources.keys().cloned().collect();
+        // Handling one record never touches another record, so the healthy majority can be
+        // skipped up front without copying their ids.
+        let ids: Vec<String> = self
+            .state
+            .resources
+            .iter()
+            .filter(|(_, r)| !self.healthy_and_settled(r))
+            .map(|(id, _)| id.clone())
+            .collect();
         for id in ids {
             if self.healthy_and_settled(&self.state.resources[&id]) {
                 continue;
