@@ -145,49 +145,56 @@ impl<'a> Pass<'a> {
         let ordinals: &[String] = &index.ordinals[e];
         let busy_name =
             |p: &Pass<'_>, name: &str| p.state.resources.get(name).is_some_and(Resource::is_busy);
-        let qr_of = |p: &Pass<'a>, name: &str| p.ordinal_qr(name, e);
 
-        // What each ordinal has, looked up once.
-        struct Ordinal<'n> {
-            name: &'n str,
+        // What each ordinal has, looked up once (the observation does not change in a pass).
+        struct Ordinal<'q> {
             busy: bool,
             named: bool,
-            live: bool,
-            behind_terminal_qr: bool,
+            ready: bool,
+            qr: Option<&'q QueuedResourceInfo>,
         }
-        let facts: Vec<Ordinal<'_>> = ordinals
+        impl Ordinal<'_> {
+            fn live(&self) -> bool {
+                self.ready || self.qr.is_some_and(|q| q.state.is_live())
+            }
+        }
+        let facts: Vec<Ordinal<'a>> = ordinals
             .iter()
-            .map(|name| {
-                let qr = qr_of(self, name);
-                Ordinal {
-                    name,
-                    busy: busy_name(self, name),
-                    named: named.contains(name),
-                    live: self.ordinal_ready(name, e) || qr.is_some_and(|q| q.state.is_live()),
-                    behind_terminal_qr: qr.is_some_and(|q| !q.state.is_live()),
-                }
+            .map(|name| Ordinal {
+                busy: busy_name(self, name),
+                named: !named.is_empty() && named.contains(name),
+                ready: self.ordinal_ready(name, e),
+                qr: self.ordinal_qr(name, e),
             })
             .collect();
         // Ordinal preference: busy, named by a pending job, live, then the rest (minus ones
-        // behind a terminal queued resource, which must be cleaned up first).
-        let mut preference: Vec<&str> = Vec::with_capacity(ordinals.len());
-        let mut placed = vec![false; facts.len()];
+        // behind a terminal queued resource, which must be cleaned up first). The first
+        // `desired` of them form the desired set.
+        let mut in_desired = vec![false; facts.len()];
+        let mut chosen = 0;
         let tiers: [fn(&Ordinal<'_>) -> bool; 4] = [
             |o| o.busy,
             |o| o.named,
-            |o| o.live,
-            |o| !o.behind_terminal_qr,
+            |o| o.live(),
+            |o| o.qr.is_none_or(|q| q.state.is_live()),
         ];
-        for tier in tiers {
+        'tiers: for tier in tiers {
             for (i, o) in facts.iter().enumerate() {
-                if !placed[i] && tier(o) {
-                    placed[i] = true;
-                    preference.push(o.name);
+                if chosen == desired as usize {
+                    break 'tiers;
+                }
+                if !in_desired[i] && tier(o) {
+                    in_desired[i] = true;
+                    chosen += 1;
                 }
             }
         }
-        let desired_set: BTreeSet<&str> =
-            preference.iter().take(desired as usize).copied().collect();
+        // Position of ordinal node `name` of this entry in the desired set, if there.
+        let desired_has = |name: &str| {
+            index.declared(name).is_some_and(|d| {
+                d.entry == e && d.ordinal > 0 && in_desired[d.ordinal as usize - 1]
+            })
+        };
 
         if desired == 0 {
             let mut just_deleted = BTreeSet::new();
@@ -232,10 +239,7 @@ impl<'a> Pass<'a> {
         // Ready nodes outside the desired set: kept until their idle timeout.
         let mut retained = BTreeSet::new();
         for node in matching_nodes {
-            if desired_set.contains(node.name.as_str())
-                || !self.ready(node)
-                || busy_name(self, &node.name)
-            {
+            if desired_has(&node.name) || !self.ready(node) || busy_name(self, &node.name) {
                 continue;
             }
             if self.idle_timeout_elapsed(&node.name) {
@@ -253,8 +257,8 @@ impl<'a> Pass<'a> {
             }
         }
         for qr in matching_qrs.iter().filter(|q| !q.state.is_deleting()) {
-            let outside = !desired_set.contains(qr.node_id.as_str())
-                || qr.name != names::queued_resource_name(&qr.node_id);
+            let outside = !desired_has(&qr.node_id)
+                || qr.name.strip_prefix(names::QR_PREFIX) != Some(qr.node_id.as_str());
             if outside && !retained.contains(&qr.node_id) && !busy_name(self, &qr.node_id) {
                 self.delete_qr(&qr.name, &qr.zone);
                 self.event(
@@ -267,9 +271,15 @@ impl<'a> Pass<'a> {
             }
         }
         // Clean up desired ordinals whose TPU or request ended.
-        for name in &desired_set {
-            let node_terminal = self.nodes.get(name).is_some_and(|n| n.state.is_terminal());
-            if let Some(qr) = qr_of(self, name)
+        for (i, name) in ordinals.iter().enumerate() {
+            if !in_desired[i] {
+                continue;
+            }
+            let node_terminal = self
+                .nodes
+                .get(name.as_str())
+                .is_some_and(|n| n.state.is_terminal());
+            if let Some(qr) = facts[i].qr
                 && !qr.state.is_deleting()
                 && (node_terminal || !qr.state.is_live())
             {
@@ -288,12 +298,13 @@ impl<'a> Pass<'a> {
                 );
             }
         }
-        let current = desired_set
+        let current = facts
             .iter()
-            .filter(|n| {
-                self.ordinal_ready(n, e)
-                    || (qr_of(self, n).is_some_and(|q| q.state.is_live())
-                        && !self.was_deleted_qr(n))
+            .zip(&in_desired)
+            .filter(|(o, d)| {
+                **d && (o.ready
+                    || o.qr
+                        .is_some_and(|q| q.state.is_live() && !self.deleted.contains(&q.name)))
             })
             .count() as u32;
         let mut missing = desired.saturating_sub(current);
@@ -324,11 +335,11 @@ impl<'a> Pass<'a> {
                 return;
             }
         }
-        for name in ordinals {
+        for (i, name) in ordinals.iter().enumerate() {
             if missing == 0 {
                 break;
             }
-            if !desired_set.contains(name.as_str()) {
+            if !in_desired[i] {
                 continue;
             }
             let qr_name = names::queued_resource_name(name);
@@ -378,10 +389,6 @@ impl<'a> Pass<'a> {
         let qr = *self.qr_by_node.get(name)?;
         (qr.name.strip_prefix(names::QR_PREFIX) == Some(name) && self.qr_labelled(name) == Some(e))
             .then_some(qr)
-    }
-
-    fn was_deleted_qr(&self, node: &str) -> bool {
-        self.deleted.contains(&names::queued_resource_name(node))
     }
 
     /// Record a TPU being provisioned under `name` (new or reset).

@@ -129,6 +129,10 @@ pub struct PendingJob<'a> {
     pub class: u32,
     /// False while it backs off after an infrastructure failure (still counts as demand).
     pub assignable: bool,
+    /// The job's order among pending jobs (§3.9): no compatible entry last, higher priority
+    /// first, fewer compatible entries first, then FIFO. Packed so sorting never touches the
+    /// job; ties (same submit time) end in id order because `Demand::jobs` is in id order.
+    pub order_key: (u64, i64),
 }
 
 /// Every pending job of the state, grouped by requirement.
@@ -171,10 +175,18 @@ impl<'a> Demand<'a> {
                 (demand.classes.len() - 1) as u32
             });
             let assignable = job.not_before.is_none_or(|t| t <= now);
+            let n_entries = demand.classes[class as usize].entries.len() as u64;
+            let rank = u64::from(job.spec.priority.rank());
             demand.jobs.push(PendingJob {
                 job,
                 class,
                 assignable,
+                order_key: (
+                    (u64::from(n_entries == 0) << 63)
+                        | ((3 - rank) << 32)
+                        | n_entries.min(u64::from(u32::MAX)),
+                    job.submitted_at.0,
+                ),
             });
         }
         demand

@@ -101,6 +101,11 @@ impl FleetIndex {
         }
     }
 
+    /// Where declared node `name` comes from.
+    pub fn declared(&self, name: &str) -> Option<Declared> {
+        self.declared_lookup.get(name).copied()
+    }
+
     /// The entry at `index`.
     pub fn entry(&self, index: usize) -> &TpuEntry {
         &self.fleet.tpus[index]

@@ -1994,12 +1994,17 @@ impl<'a> Pass<'a> {
                 idle_adopted: &idle_adopted,
                 now,
             });
+            // Names asked for by a class with a waiting job (no need to visit every job).
+            let mut class_waits = vec![false; demand.classes.len()];
+            for (j, w) in demand.jobs.iter().zip(&waiting) {
+                class_waits[j.class as usize] |= *w;
+            }
             let named: BTreeSet<String> = demand
-                .jobs
+                .classes
                 .iter()
-                .zip(&waiting)
+                .zip(&class_waits)
                 .filter(|(_, w)| **w)
-                .filter_map(|(j, _)| j.job.spec.tpu_name.clone())
+                .filter_map(|(c, _)| c.req.tpu_name.map(str::to_owned))
                 .collect();
             let pairs: Vec<(String, String)> = pairs
                 .into_iter()

@@ -101,10 +101,18 @@ fn write_string(s: &str, out: &mut String) {
 
 /// Lowercase hex SHA-1 of `bytes`.
 pub fn sha1_hex(bytes: &[u8]) -> String {
-    Sha1::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let mut out = String::with_capacity(40);
+    push_hex(&Sha1::digest(bytes), &mut out);
+    out
+}
+
+/// Appends `bytes` as lowercase hex.
+fn push_hex(bytes: &[u8], out: &mut String) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 0xf)] as char);
+    }
 }
 
 /// `prefix-<10 hex>`: SHA-1 of the canonical JSON of `value`.
@@ -126,7 +134,10 @@ pub fn attempt_id(job: &str, resource: &str, previous: &str) -> String {
     canonical.push_str(",\"resource\":");
     write_string(resource, &mut canonical);
     canonical.push('}');
-    format!("attempt-{}", &sha1_hex(canonical.as_bytes())[..10])
+    let mut id = String::with_capacity(18);
+    id.push_str("attempt-");
+    push_hex(&Sha1::digest(canonical.as_bytes())[..5], &mut id);
+    id
 }
 
 /// Default entry id when `id` is absent: `slug(type)-slug(zone)-<1-based index>`.

@@ -3,7 +3,6 @@
 //! job; capacity races every pending job across every compatible managed entry:
 //! desired = min(count, max(keep_warm_count, busy + demand)).
 
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::matching::{ClassGraph, greedy_match};
@@ -79,22 +78,13 @@ pub(super) fn desired_from(index: &FleetIndex, busy: &[u32], compatible_jobs: &[
 /// Indices of `demand.jobs` passing `keep`, in the original's order: jobs with a compatible
 /// entry first, higher priority first, fewer compatible entries first, then FIFO, then id.
 pub(super) fn priority_order(demand: &Demand<'_>, keep: impl Fn(usize) -> bool) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..demand.jobs.len()).filter(|&j| keep(j)).collect();
-    // `demand.jobs` is in id order and the sort is stable, so ties end in id order without
-    // comparing strings.
-    let key = |j: usize| {
-        let job = &demand.jobs[j];
-        let n_entries = demand.class(job).entries.len();
-        (
-            n_entries == 0,
-            Reverse(job.job.spec.priority.rank()),
-            n_entries,
-            job.job.submitted_at,
-        )
-    };
-    let keys: Vec<_> = (0..demand.jobs.len()).map(key).collect();
-    order.sort_by_key(|&j| keys[j]);
-    order
+    // The index breaks ties: `demand.jobs` is in id order.
+    let mut keyed: Vec<((u64, i64), u32)> = (0..demand.jobs.len())
+        .filter(|&j| keep(j))
+        .map(|j| (demand.jobs[j].order_key, j as u32))
+        .collect();
+    keyed.sort_unstable();
+    keyed.into_iter().map(|(_, j)| j as usize).collect()
 }
 
 /// Matches jobs (`order`, indices into `demand.jobs`) to `tpus` with the class-graph matcher,
