@@ -2,6 +2,10 @@
 //! and 100k pending jobs with one idle TPU per ten jobs, over 50 to 500 fleet entries. The
 //! state is cloned outside the timed section.
 
+// The allocator the `tpu-runner` binary uses (src/main.rs).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use tpu_runner::engine::policy::Classic;
 use tpu_runner::engine::{Engine, EngineConfig, Timestamp, synthetic};

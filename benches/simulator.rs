@@ -2,6 +2,10 @@
 //! scenario and of a one-day cut of the scale scenario. Report simulated seconds per wall
 //! second from `simulated_s` / time.
 
+// The allocator the `tpu-runner` binary uses (src/main.rs).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{Criterion, criterion_group, criterion_main};
 use tpu_runner::simulate::harness::{self, Hooks, RunOptions};
 use tpu_runner::simulate::scenario;

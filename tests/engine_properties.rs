@@ -282,6 +282,24 @@ fn oracle_assigned(index: &FleetIndex, jobs: &[&Job], tpus: &[Resource]) -> BTre
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
+    /// Grouping by cached fingerprints puts two jobs in one class exactly when their
+    /// requirements are equal (types, zone, TPU name, pinned region or bucket regions).
+    #[test]
+    fn demand_classes_follow_requirement_equality(
+        entries in proptest::collection::vec(entry_gen(), 1..5),
+        jobs in proptest::collection::vec(job_gen(), 0..12),
+    ) {
+        let index = build_fleet(&entries);
+        let jobs = build_jobs(&jobs);
+        let demand = Demand::build(&index, jobs.iter(), support::at(100));
+        for a in &demand.jobs {
+            for b in &demand.jobs {
+                let same = Requirement::of(a.job) == Requirement::of(b.job);
+                prop_assert_eq!(a.class == b.class, same, "{} vs {}", a.job.id, b.job.id);
+            }
+        }
+    }
+
     #[test]
     fn classic_assignment_matches_the_original(
         entries in proptest::collection::vec(entry_gen(), 1..5),

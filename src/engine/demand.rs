@@ -7,9 +7,10 @@ use super::state::{Job, RegionChoice, Resource};
 use super::time::Timestamp;
 use crate::spec::{EntryKind, TpuEntry, TpuRequest, TpuType};
 
-/// Where a job may run, borrowed from the job (no allocation per job). Equality and hashing
-/// look at regions only, not at which bucket serves a region: two jobs that may run in the
-/// same places are one class.
+/// Where a job may run, borrowed from the job (no allocation per job). Equality looks at
+/// regions only, not at which bucket serves a region: two jobs that may run in the same
+/// places are one class ([`Demand::build`] groups by the jobs' cached fingerprints, which
+/// agree with this equality).
 #[derive(Clone, Copy, Debug)]
 pub struct Requirement<'a> {
     /// Acceptable types.
@@ -45,19 +46,6 @@ impl PartialEq for Requirement<'_> {
 }
 
 impl Eq for Requirement<'_> {}
-
-impl std::hash::Hash for Requirement<'_> {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.tpu.hash(state);
-        self.zone.hash(state);
-        self.tpu_name.hash(state);
-        let (pinned, regions) = self.regions_key();
-        pinned.hash(state);
-        for r in regions {
-            r.region.hash(state);
-        }
-    }
-}
 
 impl<'a> Requirement<'a> {
     /// The requirement of `job`.
@@ -152,13 +140,24 @@ impl<'a> Demand<'a> {
         now: Timestamp,
     ) -> Demand<'a> {
         // Only looked up, never iterated: class ids follow job order, so hashing is safe
-        // for determinism and much cheaper than ordered keys at 100k jobs.
-        let mut by_req: rustc_hash::FxHashMap<Requirement<'a>, u32> =
-            rustc_hash::FxHashMap::default();
+        // for determinism and much cheaper than ordered keys at 100k jobs. Keyed by the
+        // job's cached requirement fingerprints, so most jobs are grouped without reading
+        // their strings.
+        #[derive(PartialEq, Eq, Hash)]
+        enum ClassKey<'a> {
+            AnyOf(u128),
+            Pinned(u128, &'a str),
+        }
+        let mut by_req: rustc_hash::FxHashMap<ClassKey<'a>, u32> = rustc_hash::FxHashMap::default();
         let mut demand = Demand::default();
         for job in pending {
-            let req = Requirement::of(job);
-            let class = *by_req.entry(req).or_insert_with(|| {
+            let print = job.print();
+            let key = match &job.placement {
+                Some(p) => ClassKey::Pinned(print.base, &p.region),
+                None => ClassKey::AnyOf(print.with_regions),
+            };
+            let class = *by_req.entry(key).or_insert_with(|| {
+                let req = Requirement::of(job);
                 let entries: Vec<u32> = (0..index.fleet.tpus.len())
                     .filter(|&e| req.accepts_entry(index, e))
                     .map(|e| e as u32)

@@ -178,7 +178,8 @@ impl<'a> Pass<'a> {
     pub(crate) fn run(mut self) -> PassOutput {
         // One sweep over the active jobs finds the running and cancelling ones (a queue of
         // 100k jobs is memory-bound: every extra sweep costs milliseconds).
-        for job in self.state.jobs.values() {
+        for job in self.state.jobs.values_mut() {
+            job.ensure_print();
             if matches!(job.status, JobStatus::Running | JobStatus::Cancelling) {
                 self.in_flight.push((job.status, job.id.clone()));
             }
@@ -2006,9 +2007,17 @@ impl<'a> Pass<'a> {
                 .filter(|(_, w)| **w)
                 .filter_map(|(c, _)| c.req.tpu_name.map(str::to_owned))
                 .collect();
-            let pairs: Vec<(String, String)> = pairs
+            // Applied in job-id order, so the lookups into a large queue walk it in order;
+            // `usize` is the pair's place in the policy's order, which the output keeps.
+            let mut by_job: Vec<(usize, usize, usize)> = pairs
                 .into_iter()
-                .map(|(j, t)| (demand.jobs[j].job.id.clone(), candidates[t].id.clone()))
+                .enumerate()
+                .map(|(pos, (j, t))| (j, t, pos))
+                .collect();
+            by_job.sort_unstable();
+            let pairs: Vec<(String, String, usize)> = by_job
+                .into_iter()
+                .map(|(j, t, pos)| (demand.jobs[j].job.id.clone(), candidates[t].id.clone(), pos))
                 .collect();
             (pairs, waits, desired, named)
         };
@@ -2017,9 +2026,17 @@ impl<'a> Pass<'a> {
         }
         self.desired = desired;
         self.named = named;
-        for (job_id, resource_id) in pairs {
+        let (first_event, first_launch) = (self.out.events.len(), self.new_launches.len());
+        let mut event_pos = Vec::with_capacity(pairs.len());
+        let mut launch_pos = Vec::with_capacity(pairs.len());
+        for (job_id, resource_id, pos) in pairs {
+            let (events, launches) = (self.out.events.len(), self.new_launches.len());
             self.assign_job(&job_id, &resource_id);
+            event_pos.resize(event_pos.len() + self.out.events.len() - events, pos);
+            launch_pos.resize(launch_pos.len() + self.new_launches.len() - launches, pos);
         }
+        in_order_of(&mut self.out.events, first_event, &event_pos);
+        in_order_of(&mut self.new_launches, first_launch, &launch_pos);
     }
 
     /// assign_job (§2.1): re-checks everything, pins the placement, creates the attempt.
@@ -2112,6 +2129,14 @@ impl<'a> Pass<'a> {
         let launches = std::mem::take(&mut self.new_launches);
         self.out.actions.extend(launches);
     }
+}
+
+/// Reorders `items[start..]` by `pos` (one per item), keeping equal positions in order.
+fn in_order_of<T>(items: &mut Vec<T>, start: usize, pos: &[usize]) {
+    let tail = items.split_off(start);
+    let mut tagged: Vec<(usize, T)> = pos.iter().copied().zip(tail).collect();
+    tagged.sort_by_key(|(p, _)| *p);
+    items.extend(tagged.into_iter().map(|(_, t)| t));
 }
 
 /// The launch of `attempt_id` of `job` on `resource`.

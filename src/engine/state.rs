@@ -230,6 +230,72 @@ pub struct Job {
     /// Why it ended (for terminal jobs).
     #[serde(default)]
     pub end_reason: Option<String>,
+    /// Fingerprint of what the job accepts, derived from `spec` and `bucket_regions` (which
+    /// never change after submission); never serialised, filled again by the first pass.
+    #[serde(skip)]
+    pub(crate) print: RequirementPrintCache,
+}
+
+/// A cached [`RequirementPrint`]. Derived data: every two caches compare equal, so it never
+/// makes two jobs differ.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequirementPrintCache(pub(crate) Option<RequirementPrint>);
+
+impl PartialEq for RequirementPrintCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// 128-bit fingerprints (truncated SHA-1) of a job's requirement, so grouping a large queue
+/// by requirement reads two numbers per job instead of following its strings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RequirementPrint {
+    /// Types, zone and TPU name.
+    pub base: u128,
+    /// The same plus the bucket regions (for jobs not pinned to a region).
+    pub with_regions: u128,
+}
+
+impl RequirementPrint {
+    /// The fingerprints of `job`'s requirement.
+    pub fn of(job: &Job) -> RequirementPrint {
+        use sha1::{Digest, Sha1};
+        fn field(h: &mut Sha1, bytes: &[u8]) {
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        }
+        fn finish(h: Sha1) -> u128 {
+            let digest = h.finalize();
+            u128::from_le_bytes(digest[..16].try_into().expect("SHA-1 has 20 bytes"))
+        }
+        let mut h = Sha1::new();
+        match &job.spec.tpu {
+            crate::spec::TpuRequest::Any => field(&mut h, b"any"),
+            crate::spec::TpuRequest::OneOf(types) => {
+                field(&mut h, b"one_of");
+                h.update((types.len() as u64).to_le_bytes());
+                for t in types {
+                    field(&mut h, t.to_string().as_bytes());
+                }
+            }
+        }
+        for text in [&job.spec.zone, &job.spec.tpu_name] {
+            match text {
+                Some(text) => field(&mut h, text.as_bytes()),
+                None => h.update([0xff]),
+            }
+        }
+        let base = h.clone();
+        h.update((job.bucket_regions.len() as u64).to_le_bytes());
+        for b in &job.bucket_regions {
+            field(&mut h, b.region.as_bytes());
+        }
+        RequirementPrint {
+            base: finish(base),
+            with_regions: finish(h),
+        }
+    }
 }
 
 impl Job {
@@ -252,7 +318,26 @@ impl Job {
             not_before: None,
             ended_at: None,
             end_reason: None,
+            print: RequirementPrintCache::default(),
         }
+        .with_print()
+    }
+
+    fn with_print(mut self) -> Job {
+        self.print = RequirementPrintCache(Some(RequirementPrint::of(&self)));
+        self
+    }
+
+    /// Fills the requirement fingerprint if it is missing (a job read from JSON).
+    pub(crate) fn ensure_print(&mut self) {
+        if self.print.0.is_none() {
+            self.print = RequirementPrintCache(Some(RequirementPrint::of(self)));
+        }
+    }
+
+    /// The requirement fingerprint (computed now if missing).
+    pub fn print(&self) -> RequirementPrint {
+        self.print.0.unwrap_or_else(|| RequirementPrint::of(self))
     }
 
     /// Moves to `to`, refusing illegal moves.
