@@ -56,6 +56,9 @@ impl<'a> Pass<'a> {
 
     /// Chips still free per limited quota key: the limit minus chips of live inventory.
     fn remaining_chips(&self) -> BTreeMap<QuotaKey, i64> {
+        if self.index.chip_limits.is_empty() {
+            return BTreeMap::new();
+        }
         let mut reserved: BTreeMap<QuotaKey, i64> = BTreeMap::new();
         let key = |spot: bool, t: &crate::spec::TpuType, zone: &str| QuotaKey {
             model: if spot {
@@ -71,7 +74,7 @@ impl<'a> Pass<'a> {
             let behind_terminal_qr = self
                 .qr_by_node
                 .get(node.name.as_str())
-                .is_some_and(|q| !q.state.is_live());
+                .is_some_and(|(q, _)| !q.state.is_live());
             if !node.state.is_terminal() && !behind_terminal_qr {
                 *reserved
                     .entry(key(node.spot, &node.tpu_type, &node.zone))
@@ -216,7 +219,7 @@ impl<'a> Pass<'a> {
                 }
             }
             for qr in matching_qrs.iter().filter(|q| !q.state.is_deleting()) {
-                let node = self.nodes.get(qr.node_id.as_str());
+                let node = self.nodes.get(qr.node_id.as_str()).map(|(n, _)| *n);
                 let drop = match node {
                     None => true,
                     Some(n) => !self.ready(n) || just_deleted.contains(&n.name),
@@ -278,7 +281,7 @@ impl<'a> Pass<'a> {
             let node_terminal = self
                 .nodes
                 .get(name.as_str())
-                .is_some_and(|n| n.state.is_terminal());
+                .is_some_and(|(n, _)| n.state.is_terminal());
             if let Some(qr) = facts[i].qr
                 && !qr.state.is_deleting()
                 && (node_terminal || !qr.state.is_live())
@@ -379,15 +382,19 @@ impl<'a> Pass<'a> {
 
     /// The ready, matching node of ordinal `name` of entry `e` (not behind a terminal request).
     fn ordinal_ready(&self, name: &str, e: usize) -> bool {
-        self.node_labelled(name) == Some(e)
-            && self.ready(self.nodes[name])
-            && self.qr_by_node.get(name).is_none_or(|q| q.state.is_live())
+        self.nodes
+            .get(name)
+            .is_some_and(|(n, seen)| seen.labelled == Some(e as u32) && self.ready(n))
+            && self
+                .qr_by_node
+                .get(name)
+                .is_none_or(|(q, _)| q.state.is_live())
     }
 
     /// The matching queued resource of ordinal `name` of entry `e`.
     fn ordinal_qr(&self, name: &str, e: usize) -> Option<&'a super::observe::QueuedResourceInfo> {
-        let qr = *self.qr_by_node.get(name)?;
-        (qr.name.strip_prefix(names::QR_PREFIX) == Some(name) && self.qr_labelled(name) == Some(e))
+        let (qr, seen) = *self.qr_by_node.get(name)?;
+        (qr.name.strip_prefix(names::QR_PREFIX) == Some(name) && seen.labelled == Some(e as u32))
             .then_some(qr)
     }
 

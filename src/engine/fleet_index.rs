@@ -28,8 +28,8 @@ pub struct FleetIndex {
     declared_lookup: rustc_hash::FxHashMap<String, Declared>,
     /// Managed ordinal node names per entry (empty for adopted entries), ordinal order.
     pub ordinals: Vec<Vec<String>>,
-    /// Entry index by id.
-    pub by_id: BTreeMap<String, usize>,
+    /// Entry index by id (hashed: only looked up, never iterated).
+    by_id: rustc_hash::FxHashMap<String, usize>,
     /// Chip limit per quota key.
     pub chip_limits: BTreeMap<QuotaKey, u32>,
     /// The declared inventory targets.

@@ -83,15 +83,14 @@ pub(crate) struct Pass<'a> {
     pub(super) now: Timestamp,
     pub(super) out: PassOutput,
     // Lookup-only indexes of the observation (never iterated, so hashing is deterministic).
-    pub(super) nodes: FxHashMap<&'a str, &'a NodeInfo>,
+    /// Observed nodes by name, with their entry facts.
+    pub(super) nodes: FxHashMap<&'a str, (&'a NodeInfo, Seen)>,
     pub(super) qrs: FxHashMap<&'a str, &'a QueuedResourceInfo>,
-    pub(super) qr_by_node: FxHashMap<&'a str, &'a QueuedResourceInfo>,
+    /// Observed queued resources by node id, with their entry facts.
+    pub(super) qr_by_node: FxHashMap<&'a str, (&'a QueuedResourceInfo, Seen)>,
     /// Entry facts of `obs.nodes` and `obs.queued_resources` (same order), derived once.
     pub(super) node_facts: Vec<Seen>,
     pub(super) qr_facts: Vec<Seen>,
-    /// The same facts by node name (for a queued resource: by its node id).
-    node_seen: FxHashMap<&'a str, Seen>,
-    qr_seen: FxHashMap<&'a str, Seen>,
     /// Node and QR names deleted during this pass.
     pub(super) deleted: BTreeSet<String>,
     /// Attempts created by this pass's assignment (launched at the end).
@@ -113,17 +112,6 @@ impl<'a> Pass<'a> {
         obs: &'a Observation,
         now: Timestamp,
     ) -> Pass<'a> {
-        let nodes = obs.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-        let qrs = obs
-            .queued_resources
-            .iter()
-            .map(|q| (q.name.as_str(), q))
-            .collect();
-        let qr_by_node = obs
-            .queued_resources
-            .iter()
-            .map(|q| (q.node_id.as_str(), q))
-            .collect();
         let node_facts: Vec<Seen> = obs
             .nodes
             .iter()
@@ -140,17 +128,22 @@ impl<'a> Pass<'a> {
                 labelled: index.qr_labelled_entry(q).map(|e| e as u32),
             })
             .collect();
-        let node_seen = obs
+        let nodes = obs
             .nodes
             .iter()
             .zip(&node_facts)
-            .map(|(n, f)| (n.name.as_str(), *f))
+            .map(|(n, f)| (n.name.as_str(), (n, *f)))
             .collect();
-        let qr_seen = obs
+        let qrs = obs
+            .queued_resources
+            .iter()
+            .map(|q| (q.name.as_str(), q))
+            .collect();
+        let qr_by_node = obs
             .queued_resources
             .iter()
             .zip(&qr_facts)
-            .map(|(q, f)| (q.node_id.as_str(), *f))
+            .map(|(q, f)| (q.node_id.as_str(), (q, *f)))
             .collect();
         Pass {
             index,
@@ -165,8 +158,6 @@ impl<'a> Pass<'a> {
             qr_by_node,
             node_facts,
             qr_facts,
-            node_seen,
-            qr_seen,
             deleted: BTreeSet::new(),
             new_launches: Vec::new(),
             desired: Vec::new(),
@@ -256,26 +247,14 @@ impl<'a> Pass<'a> {
 
     /// A node that counts: present and matching its declared entry.
     pub(super) fn matching_node(&self, resource: &Resource) -> Option<&'a NodeInfo> {
-        let name = resource.tpu_name.as_str();
-        let entry = self.node_seen.get(name)?.entry?;
-        (self.index.entry(entry as usize).id == resource.entry_id).then(|| self.nodes[name])
+        let (node, seen) = self.nodes.get(resource.tpu_name.as_str())?;
+        (self.index.entry(seen.entry? as usize).id == resource.entry_id).then_some(*node)
     }
 
     pub(super) fn matching_qr(&self, resource: &Resource) -> Option<&'a QueuedResourceInfo> {
-        let name = resource.tpu_name.as_str();
         // An entry match implies the name is `qr-<node id>`.
-        let entry = self.qr_seen.get(name)?.entry?;
-        (self.index.entry(entry as usize).id == resource.entry_id).then(|| self.qr_by_node[name])
-    }
-
-    /// The entry whose labels, zone, type and Spot model node `name` carries.
-    pub(super) fn node_labelled(&self, name: &str) -> Option<usize> {
-        Some(self.node_seen.get(name)?.labelled? as usize)
-    }
-
-    /// The same for the queued resource of node `name`.
-    pub(super) fn qr_labelled(&self, name: &str) -> Option<usize> {
-        Some(self.qr_seen.get(name)?.labelled? as usize)
+        let (qr, seen) = self.qr_by_node.get(resource.tpu_name.as_str())?;
+        (self.index.entry(seen.entry? as usize).id == resource.entry_id).then_some(*qr)
     }
 
     pub(super) fn transport_ok(&self, node: &NodeInfo) -> bool {
@@ -1896,7 +1875,7 @@ impl<'a> Pass<'a> {
             .qrs
             .get(names::queued_resource_name(&resource.tpu_name).as_str())
             .copied();
-        let node = self.nodes.get(resource.tpu_name.as_str()).copied();
+        let node = self.nodes.get(resource.tpu_name.as_str()).map(|(n, _)| *n);
         match (qr, node) {
             (Some(q), _) if !q.state.is_deleting() => self.delete_qr(&q.name, &q.zone),
             (None, Some(n)) if n.state != super::observe::NodeState::Deleting => {
