@@ -144,7 +144,7 @@ impl FleetIndex {
         let entry = self.entry(declared.entry);
         let ok = !entry.is_adopted()
             && declared.ordinal > 0
-            && qr.name == names::queued_resource_name(&qr.node_id)
+            && qr.name.strip_prefix(names::QR_PREFIX) == Some(qr.node_id.as_str())
             && entry.zone == qr.zone
             && entry.tpu_type == qr.tpu_type
             && qr.spot

@@ -1612,13 +1612,13 @@ impl<'a> Pass<'a> {
     }
 
     fn unusable_resources(&mut self) {
-        // Handling one record never touches another record, so the healthy majority can be
-        // skipped up front without copying their ids.
+        // Handling one record never touches another record, so the healthy majority and the
+        // long gone can be skipped up front without copying their ids.
         let ids: Vec<String> = self
             .state
             .resources
             .iter()
-            .filter(|(_, r)| !self.healthy_and_settled(r))
+            .filter(|(_, r)| !self.healthy_and_settled(r) && !self.gone_and_unseen(r))
             .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
@@ -1842,6 +1842,16 @@ impl<'a> Pass<'a> {
                 }
             }
         }
+    }
+
+    /// A managed TPU that is gone, runs nothing and has neither node nor queued resource: the
+    /// unusable-resource step has nothing to do for it (case (g) with a gone record).
+    fn gone_and_unseen(&self, r: &Resource) -> bool {
+        !r.adopted
+            && r.owner.is_none()
+            && r.status.is_gone()
+            && !self.nodes.contains_key(r.tpu_name.as_str())
+            && !self.qr_by_node.contains_key(r.tpu_name.as_str())
     }
 
     /// The common case of the unusable-resource step, decided without copying the record: a
