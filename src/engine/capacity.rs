@@ -29,6 +29,22 @@ impl<'a> Pass<'a> {
                 qrs_by_entry[e as usize].push(q);
             }
         }
+        // Busy declared ordinals, found in one sweep over the records instead of a lookup per
+        // ordinal. Sizing never changes whether a record is busy (it only deletes or
+        // re-provisions idle ones), so the table stays true through the step.
+        let mut busy_ordinals: Vec<Vec<bool>> = self
+            .index
+            .ordinals
+            .iter()
+            .map(|o| vec![false; o.len()])
+            .collect();
+        for r in self.state.resources.values().filter(|r| r.is_busy()) {
+            if let Some(d) = self.index.declared(&r.tpu_name)
+                && d.ordinal > 0
+            {
+                busy_ordinals[d.entry][d.ordinal as usize - 1] = true;
+            }
+        }
         for e in 0..self.index.fleet.tpus.len() {
             let entry = self.index.entry(e);
             if entry.is_adopted() {
@@ -49,6 +65,7 @@ impl<'a> Pass<'a> {
                 &named,
                 &nodes_by_entry[e],
                 &qrs_by_entry[e],
+                &busy_ordinals[e],
                 &mut remaining,
             );
         }
@@ -141,6 +158,7 @@ impl<'a> Pass<'a> {
         named: &BTreeSet<String>,
         matching_nodes: &[&'a NodeInfo],
         matching_qrs: &[&'a QueuedResourceInfo],
+        busy_ordinals: &[bool],
         remaining: &mut BTreeMap<QuotaKey, i64>,
     ) {
         let index = self.index;
@@ -163,8 +181,9 @@ impl<'a> Pass<'a> {
         }
         let facts: Vec<Ordinal<'a>> = ordinals
             .iter()
-            .map(|name| Ordinal {
-                busy: busy_name(self, name),
+            .zip(busy_ordinals)
+            .map(|(name, &busy)| Ordinal {
+                busy,
                 named: !named.is_empty() && named.contains(name),
                 ready: self.ordinal_ready(name, e),
                 qr: self.ordinal_qr(name, e),
