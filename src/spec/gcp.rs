@@ -148,7 +148,7 @@ const TENSORCORE_FAMILIES: &[&str] = &["v2", "v3", "v4", "v5p"];
 /// A TPU accelerator type such as `v6e-16` or `v4-64`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TpuType {
-    family: String,
+    family: smol_str::SmolStr,
     size: u32,
 }
 
@@ -179,7 +179,7 @@ impl TpuType {
             ));
         }
         Ok(TpuType {
-            family: family.to_owned(),
+            family: family.into(),
             size,
         })
     }
