@@ -80,6 +80,38 @@ fn skipping_idle_passes_changes_nothing() {
 }
 
 #[test]
+fn checkpointing_on_the_preemption_notice_loses_only_the_notice() {
+    let mut s = load("tests/fixtures/scenarios/notice.yaml");
+    let run = |s: &scenario::Scenario| {
+        harness::run(s, "classic", 1, RunOptions::default(), Default::default())
+            .unwrap()
+            .metrics
+    };
+    let hourly = run(&s);
+    for w in &mut s.workloads {
+        if let scenario::WorkloadSpec::Synthetic(w) = w {
+            w.checkpoint_on_notice = true;
+        }
+    }
+    let on_notice = run(&s);
+    assert!(hourly.preemptions > 5, "{} preemptions", hourly.preemptions);
+    // Each preemption costs at most the 30 s notice on 8 chips.
+    let at_most = on_notice.preemptions as f64 * 30.0 * 8.0 / 3600.0;
+    assert!(
+        on_notice.lost_chip_hours <= at_most + 1e-9,
+        "lost {} > {at_most}",
+        on_notice.lost_chip_hours
+    );
+    assert!(on_notice.lost_chip_hours > 0.0);
+    assert!(
+        hourly.lost_chip_hours > 5.0 * on_notice.lost_chip_hours,
+        "hourly checkpoints lose {}, notice checkpoints {}",
+        hourly.lost_chip_hours,
+        on_notice.lost_chip_hours
+    );
+}
+
+#[test]
 fn ample_capacity_without_preemption_reaches_the_bound() {
     let s = load("scenarios/smoke.yaml");
     for seed in 1..=3 {

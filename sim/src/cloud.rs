@@ -179,6 +179,7 @@ enum Event {
     Provisioned { serial: u64 },
     DeletionDone { serial: u64 },
     Preempt { serial: u64 },
+    NoticeEnd { serial: u64 },
     SetupDone { attempt: String },
     RunEnd { attempt: String },
     SilentDeath { attempt: String },
@@ -215,6 +216,8 @@ struct Node {
     run: Option<String>,
     caches: BTreeSet<String>,
     spot: bool,
+    /// When a preemption notice was given (the TPU goes away `preemption_notice_secs` later).
+    notice_at: Option<Millis>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,6 +249,8 @@ struct Run {
     alive: bool,
     last_heartbeat: Millis,
     statuses: Vec<WorkerStatusView>,
+    /// Seconds of this run's progress saved at a preemption notice.
+    saved_at_notice: Option<f64>,
 }
 
 #[derive(Clone, Debug)]
@@ -563,6 +568,16 @@ impl SimCloud {
                         .is_some_and(|n| n.state == NodeState::Ready)
                 {
                     self.preempt(&key);
+                }
+            }
+            Event::NoticeEnd { serial } => {
+                if let Some((false, key)) = self.by_serial.get(&serial).cloned()
+                    && self
+                        .nodes
+                        .get(&key)
+                        .is_some_and(|n| matches!(n.state, NodeState::Creating | NodeState::Ready))
+                {
+                    self.reclaim(&key);
                     let pool = self.nodes[&key].pool;
                     self.provision_waiting(pool);
                 }
@@ -640,9 +655,9 @@ impl SimCloud {
                     let run = self.runs.get_mut(&attempt).expect("exists");
                     run.alive = false;
                     let progress = (self.now - run.run_start) as f64 / 1000.0;
-                    let (job, chips) = (run.job_id.clone(), run.chips);
+                    let (job, chips, notice) = (run.job_id.clone(), run.chips, run.saved_at_notice);
                     if run.state == RunState::Running {
-                        self.account_interruption(&job, progress, chips);
+                        self.account_interruption(&job, progress, chips, notice);
                     }
                     self.version += 1;
                 }
@@ -659,10 +674,20 @@ impl SimCloud {
         nodes as u32
     }
 
-    /// Preempt the newest nodes while more are in use than available.
+    /// Preempt the newest nodes while more are in use than available (nodes already under
+    /// notice are on their way out and count as gone).
     fn enforce_capacity(&mut self, pool: usize) {
         let available = self.available[pool];
-        let mut in_use = self.in_use(pool);
+        let leaving = self
+            .nodes
+            .values()
+            .filter(|n| {
+                n.pool == pool
+                    && n.notice_at.is_some()
+                    && matches!(n.state, NodeState::Creating | NodeState::Ready)
+            })
+            .count() as u32;
+        let mut in_use = self.in_use(pool) - leaving;
         if in_use <= available {
             return;
         }
@@ -670,7 +695,9 @@ impl SimCloud {
             .nodes
             .iter()
             .filter(|(_, n)| {
-                n.pool == pool && matches!(n.state, NodeState::Creating | NodeState::Ready)
+                n.pool == pool
+                    && n.notice_at.is_none()
+                    && matches!(n.state, NodeState::Creating | NodeState::Ready)
             })
             .map(|(k, n)| (n.serial, k.clone()))
             .collect();
@@ -699,7 +726,39 @@ impl SimCloud {
         }
     }
 
+    /// A Spot preemption: the notice now, the TPU gone `preemption_notice_secs` later. A job
+    /// that checkpoints on notice saves its progress at the notice.
     fn preempt(&mut self, key: &str) {
+        let notice_ms = (self.config.preemption_notice_secs * 1000.0) as u64;
+        let now = self.now;
+        let Some(node) = self.nodes.get_mut(key) else {
+            return;
+        };
+        if notice_ms == 0 || node.state == NodeState::Creating {
+            self.reclaim(key);
+            return;
+        }
+        if node.notice_at.is_some() {
+            return;
+        }
+        node.notice_at = Some(now);
+        let (serial, run) = (node.serial, node.run.clone());
+        if let Some(attempt) = run
+            && let Some(r) = self.runs.get_mut(&attempt)
+            && r.alive
+            && r.state == RunState::Running
+            && self
+                .jobs
+                .get(&r.job_id)
+                .is_some_and(|p| p.behaviour.checkpoint_on_notice)
+        {
+            r.saved_at_notice = Some(now.saturating_sub(r.run_start) as f64 / 1000.0);
+        }
+        self.push(now + notice_ms, Event::NoticeEnd { serial });
+    }
+
+    /// The TPU goes away now: PREEMPTED, its request suspended, its run killed.
+    fn reclaim(&mut self, key: &str) {
         self.release_allocation(key);
         let Some(node) = self.nodes.get_mut(key) else {
             return;
@@ -734,22 +793,30 @@ impl SimCloud {
         let was_running = run.state == RunState::Running;
         run.alive = false;
         let progress = (now.saturating_sub(run.run_start)) as f64 / 1000.0;
-        let (job, chips) = (run.job_id.clone(), run.chips);
+        let (job, chips, notice) = (run.job_id.clone(), run.chips, run.saved_at_notice);
         if was_running {
-            self.account_interruption(&job, progress, chips);
+            self.account_interruption(&job, progress, chips, notice);
         }
     }
 
-    /// Busy time and saved/lost progress of an interrupted run.
-    fn account_interruption(&mut self, job: &str, progress_secs: f64, chips: u32) {
+    /// Busy time and saved/lost progress of an interrupted run (saved: the last periodic
+    /// checkpoint, or the one written at a preemption notice if later).
+    fn account_interruption(
+        &mut self,
+        job: &str,
+        progress_secs: f64,
+        chips: u32,
+        saved_at_notice: Option<f64>,
+    ) {
         self.accounting.busy_chip_secs += progress_secs * chips as f64;
         if let Some(p) = self.jobs.get_mut(job) {
             let ckpt = p.behaviour.checkpoint_secs;
-            let saved = if ckpt > 0.0 {
+            let periodic = if ckpt > 0.0 {
                 (progress_secs / ckpt).floor() * ckpt
             } else {
                 0.0
             };
+            let saved = periodic.max(saved_at_notice.unwrap_or(0.0).min(progress_secs));
             let saved = saved
                 .min(p.behaviour.work_secs - p.checkpointed_secs)
                 .max(0.0);
@@ -806,6 +873,7 @@ impl SimCloud {
             run: None,
             caches: BTreeSet::new(),
             spot: true,
+            notice_at: None,
         };
         self.serial += 1;
         self.by_serial
@@ -1075,6 +1143,7 @@ impl SimCloud {
                 run: None,
                 caches: BTreeSet::new(),
                 spot: false,
+                notice_at: None,
             },
         );
         self.version += 1;
@@ -1175,6 +1244,7 @@ impl SimCloud {
                 alive: true,
                 last_heartbeat: self.now,
                 statuses: Vec::new(),
+                saved_at_notice: None,
             },
         );
         self.version += 1;
@@ -1324,7 +1394,7 @@ impl SimCloud {
                     }
                 }
             }
-            _ => self.account_interruption(&run.job_id, duration, run.chips),
+            _ => self.account_interruption(&run.job_id, duration, run.chips, run.saved_at_notice),
         }
         let partial = run.outcome == Outcome::PartialFailure;
         let r = self.runs.get_mut(attempt).expect("exists");
@@ -1378,6 +1448,7 @@ impl SimCloud {
                 &run.job_id,
                 (now - run.run_start) as f64 / 1000.0,
                 run.chips,
+                run.saved_at_notice,
             );
         }
         let r = self.runs.get_mut(attempt).expect("checked");

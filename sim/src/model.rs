@@ -20,6 +20,8 @@ pub struct CloudConfig {
     pub provisioning_by_region: BTreeMap<String, Latency>,
     /// Seconds a deletion takes.
     pub delete_secs: f64,
+    /// Seconds between a Spot preemption notice and the TPU going away (GCP: 30 s).
+    pub preemption_notice_secs: f64,
     /// API behaviour.
     pub api: ApiConfig,
     /// Worker behaviour.
@@ -158,4 +160,7 @@ pub struct JobBehaviour {
     pub setup_failure: f64,
     /// Cache key warmed by the job on its TPU.
     pub cache_key: Option<String>,
+    /// The job saves a checkpoint when its TPU gets a preemption notice (only the seconds of
+    /// the notice itself are lost).
+    pub checkpoint_on_notice: bool,
 }

@@ -74,6 +74,8 @@ pub struct Synthetic {
     pub priorities: [f64; 3],
     /// Seconds between checkpoints (0 = none).
     pub checkpoint_secs: f64,
+    /// Save a checkpoint on a preemption notice.
+    pub checkpoint_on_notice: bool,
     /// Probability an attempt fails in the application.
     pub app_failure: f64,
     /// Probability an attempt hits a slice failure.
@@ -133,6 +135,7 @@ impl Synthetic {
                         infra_failure: self.infra_failure,
                         setup_failure: self.setup_failure,
                         cache_key: Some(format!("{}-cache", self.name)),
+                        checkpoint_on_notice: self.checkpoint_on_notice,
                     },
                 }
             })
@@ -226,6 +229,7 @@ impl TraceReplay {
                         infra_failure: t.infra_failure,
                         setup_failure: t.setup_failure,
                         cache_key: Some(format!("{}-cache", self.name)),
+                        checkpoint_on_notice: t.checkpoint_on_notice,
                     },
                 }
             })

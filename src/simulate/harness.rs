@@ -164,6 +164,7 @@ pub fn cloud_config(scenario: &Scenario, seed: u64, chaos: Option<&ChaosSpec>) -
         provisioning: scenario.cloud.provisioning,
         provisioning_by_region: scenario.cloud.provisioning_by_region.clone(),
         delete_secs: scenario.cloud.delete_secs,
+        preemption_notice_secs: scenario.cloud.preemption_notice_secs,
         api,
         workers,
         faults,

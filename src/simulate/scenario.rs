@@ -108,6 +108,9 @@ impl ChaosSpec {
     }
 }
 
+/// GCP's Spot VM preemption notice (ACPI soft-off to termination), seconds.
+const PREEMPTION_NOTICE_SECS: f64 = 30.0;
+
 /// The cloud model of a scenario.
 #[derive(Clone, Debug)]
 pub struct CloudSpec {
@@ -117,6 +120,8 @@ pub struct CloudSpec {
     pub provisioning_by_region: BTreeMap<String, Latency>,
     /// Seconds a deletion takes.
     pub delete_secs: f64,
+    /// Seconds between a Spot preemption notice and the TPU going away.
+    pub preemption_notice_secs: f64,
     /// API error rates.
     pub api: ApiConfig,
     /// Worker behaviour.
@@ -619,7 +624,8 @@ fn probability(c: &mut Checker<'_>, f: &Fields<'_>, name: &str) -> Option<f64> {
 }
 
 /// Defaults (sources in scenarios/README.md): provisioning 5 min median (public reports 2–9
-/// min per region), deletion 60 s, set-up 120 s (30 s warm), no faults, unlimited capacity.
+/// min per region), deletion 60 s, Spot preemption notice 30 s, set-up 120 s (30 s warm), no
+/// faults, unlimited capacity.
 fn default_cloud(fleet: &FleetSpec) -> CloudSpec {
     CloudSpec {
         provisioning: Latency {
@@ -628,6 +634,7 @@ fn default_cloud(fleet: &FleetSpec) -> CloudSpec {
         },
         provisioning_by_region: BTreeMap::new(),
         delete_secs: 60.0,
+        preemption_notice_secs: PREEMPTION_NOTICE_SECS,
         api: ApiConfig::default(),
         workers: WorkerConfig::default(),
         pools: fleet_pools(
@@ -685,6 +692,7 @@ fn read_cloud(
             "provisioning",
             "provisioning_by_region",
             "delete_secs",
+            "preemption_notice_secs",
             "api",
             "workers",
             "pools",
@@ -727,6 +735,11 @@ fn read_cloud(
     let delete_secs = f.get("delete_secs").map_or(Some(60.0), |n| {
         c.number(n, "cloud.delete_secs", 0.0, 86400.0, "seconds")
     });
+    let notice = f
+        .get("preemption_notice_secs")
+        .map_or(Some(PREEMPTION_NOTICE_SECS), |n| {
+            c.number(n, "cloud.preemption_notice_secs", 0.0, 3600.0, "seconds")
+        });
     let api = f
         .get("api")
         .map_or(Some(ApiConfig::default()), |n| read_api(c, n, "cloud.api"));
@@ -795,6 +808,7 @@ fn read_cloud(
         provisioning: provisioning?,
         provisioning_by_region: by_region,
         delete_secs: delete_secs?,
+        preemption_notice_secs: notice?,
         api: api?,
         workers: workers?,
         pools: fleet_pools(fleet, &listed?, &pool_defaults?),
@@ -1184,6 +1198,7 @@ const WORKLOAD_FIELDS: &[&str] = &[
     "regions",
     "priorities",
     "checkpoint_secs",
+    "checkpoint_on_notice",
     "app_failure",
     "infra_failure",
     "setup_failure",
@@ -1412,6 +1427,9 @@ fn read_template(
             "seconds, 0 for none",
         )
     });
+    let on_notice = f.get("checkpoint_on_notice").map_or(Some(false), |n| {
+        c.boolean(n, &f.path("checkpoint_on_notice"))
+    });
     let min = f.get("min_duration_secs").map_or(Some(60.0), |n| {
         c.number(n, &f.path("min_duration_secs"), 0.0, 1e9, "seconds")
     });
@@ -1430,6 +1448,7 @@ fn read_template(
         regions: regions?,
         priorities: priorities?,
         checkpoint_secs: checkpoint?,
+        checkpoint_on_notice: on_notice?,
         app_failure: probability(c, f, "app_failure")?,
         infra_failure: probability(c, f, "infra_failure")?,
         setup_failure: probability(c, f, "setup_failure")?,
