@@ -112,6 +112,44 @@ fn checkpointing_on_the_preemption_notice_loses_only_the_notice() {
 }
 
 #[test]
+fn slow_api_calls_delay_the_next_pass() {
+    use tpu_runner_sim::{ApiLatency, Latency};
+    let mut s = load("tests/fixtures/scenarios/faulty-small.yaml");
+    let run = |s: &scenario::Scenario| {
+        harness::run(s, "classic", 1, RunOptions::default(), Default::default())
+            .unwrap()
+            .metrics
+    };
+    s.cloud.api_latency = ApiLatency::ZERO;
+    let instant = run(&s);
+    s.cloud.api_latency.mutation = Latency {
+        median_secs: 20.0,
+        sigma: 0.0,
+    };
+    let slow = run(&s);
+    // Mutations are made one after another: a pass that creates or deletes k requests takes
+    // 20k s, so there are fewer passes and jobs wait longer.
+    assert!(
+        slow.passes < instant.passes,
+        "{} vs {} passes",
+        slow.passes,
+        instant.passes
+    );
+    assert!(slow.queue_wait_s.mean > instant.queue_wait_s.mean);
+    // Latencies are a pure function of seed, pass and call.
+    let cloud = tpu_runner_sim::SimCloud::new(harness::cloud_config(&s, 7, None));
+    let a = cloud.call_latency_ms(tpu_runner_sim::CallKind::Read, 30_000, 0);
+    assert_eq!(
+        a,
+        cloud.call_latency_ms(tpu_runner_sim::CallKind::Read, 30_000, 0)
+    );
+    assert_eq!(
+        cloud.call_latency_ms(tpu_runner_sim::CallKind::Mutation, 30_000, 3),
+        20_000
+    );
+}
+
+#[test]
 fn ample_capacity_without_preemption_reaches_the_bound() {
     let s = load("scenarios/smoke.yaml");
     for seed in 1..=3 {

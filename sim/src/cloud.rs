@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use rustc_hash::FxHashMap;
 
-use crate::model::{ApiConfig, Capacity, CloudConfig, JobBehaviour, Latency};
+use crate::model::{ApiConfig, CallKind, Capacity, CloudConfig, JobBehaviour, Latency};
 use crate::rng::SimRng;
 
 /// Virtual milliseconds since the start of the run.
@@ -924,6 +924,26 @@ impl SimCloud {
     }
 
     // ----- the API ------------------------------------------------------------------
+
+    /// How long the `index`-th call of `kind` made by the pass that started at `pass_at`
+    /// takes, in milliseconds: a pure function of the seed, the pass and the call (not a
+    /// draw from a shared stream), so a run that skips idle passes sees the same latencies
+    /// as one that runs them all.
+    pub fn call_latency_ms(&self, kind: CallKind, pass_at: Millis, index: u32) -> Millis {
+        let latency = match kind {
+            CallKind::Read => self.config.api_latency.read,
+            CallKind::Mutation => self.config.api_latency.mutation,
+            CallKind::Remote => self.config.api_latency.remote,
+        };
+        if latency.median_secs <= 0.0 {
+            return 0;
+        }
+        let call = pass_at
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add((u64::from(index) << 2) | kind as u64);
+        let mut rng = SimRng::new(self.config.seed ^ call, "api_latency");
+        (sample(&mut rng, latency).max(0.0) * 1000.0) as Millis
+    }
 
     fn api(&mut self, kind: &'static str, mutation: bool) -> Result<bool, ApiError> {
         *self.accounting.api_calls.entry(kind).or_default() += 1;

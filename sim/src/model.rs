@@ -24,6 +24,8 @@ pub struct CloudConfig {
     pub preemption_notice_secs: f64,
     /// API behaviour.
     pub api: ApiConfig,
+    /// How long API calls take.
+    pub api_latency: ApiLatency,
     /// Worker behaviour.
     pub workers: WorkerConfig,
     /// Injected cloud faults.
@@ -109,6 +111,48 @@ pub struct ApiConfig {
     pub timeout: f64,
     /// Probability a mutation succeeds but its reply is lost (reported as a timeout).
     pub lost_reply: f64,
+}
+
+/// How long API calls take. The controller reads its inventory concurrently (one batch) and
+/// makes its mutations and worker calls one after another, so a pass with many actions
+/// takes longer and the next one starts later.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ApiLatency {
+    /// One inventory read (all exact-name GETs of a pass, in parallel).
+    pub read: Latency,
+    /// One mutation (create or delete a queued resource or node).
+    pub mutation: Latency,
+    /// One worker call over SSH (launch or cancel an attempt).
+    pub remote: Latency,
+}
+
+impl ApiLatency {
+    /// Calls that take no time.
+    pub const ZERO: ApiLatency = ApiLatency {
+        read: Latency {
+            median_secs: 0.0,
+            sigma: 0.0,
+        },
+        mutation: Latency {
+            median_secs: 0.0,
+            sigma: 0.0,
+        },
+        remote: Latency {
+            median_secs: 0.0,
+            sigma: 0.0,
+        },
+    };
+}
+
+/// Kinds of API call, for [`ApiLatency`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallKind {
+    /// Inventory read.
+    Read,
+    /// Create or delete.
+    Mutation,
+    /// Launch or cancel over SSH.
+    Remote,
 }
 
 /// Worker behaviour.

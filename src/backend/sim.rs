@@ -27,6 +27,8 @@ pub struct SimBackend {
     pub runner: String,
     /// Whether nodes have public IPs (the fleet's `direct` transport needs them).
     pub public_ip: bool,
+    /// Calls made so far by the pass that started at `.0` (for their latencies).
+    pub calls: (u64, u32),
 }
 
 impl SimBackend {
@@ -165,7 +167,19 @@ impl CloudBackend for SimBackend {
         }))
     }
 
-    fn execute(&mut self, action: &Action, _now: Timestamp) -> Outcome {
+    fn execute(&mut self, action: &Action, now: Timestamp) -> Outcome {
+        // Calls are made one after another: the world moves on while each one is in flight.
+        let pass = self.millis(now);
+        if self.calls.0 != pass {
+            self.calls = (pass, 0);
+        }
+        let kind = match action {
+            Action::Launch(_) | Action::Cancel { .. } => tpu_runner_sim::CallKind::Remote,
+            _ => tpu_runner_sim::CallKind::Mutation,
+        };
+        let latency = self.cloud.call_latency_ms(kind, pass, self.calls.1);
+        self.calls.1 += 1;
+        self.cloud.advance_to(self.cloud.now() + latency);
         match action {
             Action::CreateQueuedResource {
                 name,

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use tpu_runner_sim::workload::JobArrival;
-use tpu_runner_sim::{CloudConfig, CloudFaults, PoolConfig, SimCloud, SimRng};
+use tpu_runner_sim::{CallKind, CloudConfig, CloudFaults, PoolConfig, SimCloud, SimRng};
 
 use super::checker::Invariants;
 use super::metrics::{BoundJob, Metrics, Stats, goodput_bound};
@@ -164,6 +164,7 @@ pub fn cloud_config(scenario: &Scenario, seed: u64, chaos: Option<&ChaosSpec>) -
         provisioning: scenario.cloud.provisioning,
         provisioning_by_region: scenario.cloud.provisioning_by_region.clone(),
         delete_secs: scenario.cloud.delete_secs,
+        api_latency: scenario.cloud.api_latency,
         preemption_notice_secs: scenario.cloud.preemption_notice_secs,
         api,
         workers,
@@ -298,6 +299,7 @@ pub fn run(
         epoch: EPOCH,
         runner: scenario.fleet.name.clone(),
         public_ip: scenario.fleet.ssh_transport == SshTransport::Direct,
+        calls: (u64::MAX, 0),
     };
     let all_arrivals = arrivals(scenario, seed);
     let mut jobs_skipped = 0u64;
@@ -340,6 +342,7 @@ pub fn run(
     let mut event_hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut recent: std::collections::VecDeque<Event> = std::collections::VecDeque::new();
     let mut t_ms = 0u64;
+    let mut next_sample_ms = 0u64;
     loop {
         backend.cloud.advance_to(t_ms);
         let now = EPOCH.plus_millis(t_ms as i64);
@@ -369,6 +372,12 @@ pub fn run(
         let mut output = None;
         acted = false;
         changed = false;
+        // Every pass reads the inventory (skipped ones too: they would have read and found
+        // nothing to do); its actions go out once the reads are back.
+        let read_done_ms = t_ms + backend.cloud.call_latency_ms(CallKind::Read, t_ms, 0);
+        if !must_run {
+            backend.cloud.advance_to(read_done_ms);
+        }
         if must_run {
             let faults_on = chaos.is_some_and(|c| t_ms < c.stop_secs * 1000);
             let fault = |rng: &mut SimRng, p: f64| faults_on && rng.chance(p);
@@ -405,6 +414,7 @@ pub fn run(
                 chaos.and_then(|c| fault(&mut chaos_rng, c.crash).then(|| chaos_rng.index(3)));
             match driver::observe(&engine, &state, &mut backend, &feedback, now) {
                 Err(_) => {
+                    backend.cloud.advance_to(read_done_ms);
                     metrics.failed_passes += 1;
                     next_wake = Some(now);
                 }
@@ -425,6 +435,7 @@ pub fn run(
                     };
                     let committed = crash.map(|_| state.clone());
                     let mut out = engine.reconcile(&mut state, &observation, now);
+                    backend.cloud.advance_to(read_done_ms);
                     if let Some(m) = mutator.as_deref_mut() {
                         m(&mut state, &mut out.actions, now);
                     }
@@ -510,8 +521,9 @@ pub fn run(
                 });
             }
         }
-        if t_ms % sample_every_ms == 0 {
+        if t_ms >= next_sample_ms {
             series.push(sample(&backend, &state, scenario, &ceilings, t_ms));
+            next_sample_ms = (t_ms / sample_every_ms + 1) * sample_every_ms;
         }
         let all_arrived = next_arrival >= arrivals.len();
         let quiet = all_arrived
@@ -522,7 +534,8 @@ pub fn run(
         if t_ms >= horizon_ms || quiet {
             break;
         }
-        t_ms += tick_ms;
+        // The controller sleeps one interval after its pass (reads and calls took time).
+        t_ms = (backend.cloud.now().max(t_ms) + tick_ms).min(horizon_ms);
     }
 
     let acc = backend.cloud.accounting();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tpu_runner_sim::workload::{Dist, Synthetic, TraceReplay, read_column};
-use tpu_runner_sim::{ApiConfig, Capacity, Latency, SpotTrace, WorkerConfig};
+use tpu_runner_sim::{ApiConfig, ApiLatency, Capacity, Latency, SpotTrace, WorkerConfig};
 
 use crate::engine::EngineConfig;
 use crate::engine::policy;
@@ -111,6 +111,24 @@ impl ChaosSpec {
 /// GCP's Spot VM preemption notice (ACPI soft-off to termination), seconds.
 const PREEMPTION_NOTICE_SECS: f64 = 30.0;
 
+/// API call latencies: a batch of parallel inventory reads 0.3 s, a mutation 1 s, an SSH
+/// call 3 s (medians; no public figures, kept well under the original's timeouts of 90 s,
+/// 300 s and 180 s).
+const API_LATENCY: ApiLatency = ApiLatency {
+    read: Latency {
+        median_secs: 0.3,
+        sigma: 0.5,
+    },
+    mutation: Latency {
+        median_secs: 1.0,
+        sigma: 0.5,
+    },
+    remote: Latency {
+        median_secs: 3.0,
+        sigma: 0.5,
+    },
+};
+
 /// The cloud model of a scenario.
 #[derive(Clone, Debug)]
 pub struct CloudSpec {
@@ -122,6 +140,8 @@ pub struct CloudSpec {
     pub delete_secs: f64,
     /// Seconds between a Spot preemption notice and the TPU going away.
     pub preemption_notice_secs: f64,
+    /// How long API calls take.
+    pub api_latency: ApiLatency,
     /// API error rates.
     pub api: ApiConfig,
     /// Worker behaviour.
@@ -635,6 +655,7 @@ fn default_cloud(fleet: &FleetSpec) -> CloudSpec {
         provisioning_by_region: BTreeMap::new(),
         delete_secs: 60.0,
         preemption_notice_secs: PREEMPTION_NOTICE_SECS,
+        api_latency: API_LATENCY,
         api: ApiConfig::default(),
         workers: WorkerConfig::default(),
         pools: fleet_pools(
@@ -693,6 +714,7 @@ fn read_cloud(
             "provisioning_by_region",
             "delete_secs",
             "preemption_notice_secs",
+            "api_latency",
             "api",
             "workers",
             "pools",
@@ -740,6 +762,29 @@ fn read_cloud(
         .map_or(Some(PREEMPTION_NOTICE_SECS), |n| {
             c.number(n, "cloud.preemption_notice_secs", 0.0, 3600.0, "seconds")
         });
+    let api_latency = match f.get("api_latency") {
+        None => Some(API_LATENCY),
+        Some(n) => c
+            .mapping(
+                n,
+                "cloud.api_latency",
+                "API call latencies",
+                &["read", "mutation", "remote"],
+                &[],
+            )
+            .and_then(|l| {
+                let read = |c: &mut Checker<'_>, name: &str, default: Latency| {
+                    l.get(name).map_or(Some(default), |n| {
+                        read_latency(c, n, &format!("cloud.api_latency.{name}"))
+                    })
+                };
+                Some(ApiLatency {
+                    read: read(c, "read", API_LATENCY.read)?,
+                    mutation: read(c, "mutation", API_LATENCY.mutation)?,
+                    remote: read(c, "remote", API_LATENCY.remote)?,
+                })
+            }),
+    };
     let api = f
         .get("api")
         .map_or(Some(ApiConfig::default()), |n| read_api(c, n, "cloud.api"));
@@ -809,6 +854,7 @@ fn read_cloud(
         provisioning_by_region: by_region,
         delete_secs: delete_secs?,
         preemption_notice_secs: notice?,
+        api_latency: api_latency?,
         api: api?,
         workers: workers?,
         pools: fleet_pools(fleet, &listed?, &pool_defaults?),
