@@ -10,6 +10,16 @@ use super::reconcile::Pass;
 use super::state::{Resource, ResourceStatus};
 use crate::spec::{ProvisioningModel, QuotaKey, names};
 
+/// What the observation and the records hold for one entry.
+struct EntryInventory<'a, 's> {
+    /// Nodes labelled for the entry (any ordinal), in observation order.
+    nodes: &'s [&'a NodeInfo],
+    /// Queued resources labelled for the entry.
+    qrs: &'s [&'a QueuedResourceInfo],
+    /// Per declared ordinal: its record is busy.
+    busy_ordinals: &'s [bool],
+}
+
 impl<'a> Pass<'a> {
     pub(super) fn capacity(&mut self) {
         let desired = std::mem::take(&mut self.desired);
@@ -59,15 +69,12 @@ impl<'a> Pass<'a> {
                     entry.id
                 ));
             }
-            self.size_entry(
-                e,
-                asked.min(count),
-                &named,
-                &nodes_by_entry[e],
-                &qrs_by_entry[e],
-                &busy_ordinals[e],
-                &mut remaining,
-            );
+            let seen = EntryInventory {
+                nodes: &nodes_by_entry[e],
+                qrs: &qrs_by_entry[e],
+                busy_ordinals: &busy_ordinals[e],
+            };
+            self.size_entry(e, asked.min(count), &named, &seen, &mut remaining);
         }
     }
 
@@ -156,11 +163,11 @@ impl<'a> Pass<'a> {
         e: usize,
         desired: u32,
         named: &BTreeSet<String>,
-        matching_nodes: &[&'a NodeInfo],
-        matching_qrs: &[&'a QueuedResourceInfo],
-        busy_ordinals: &[bool],
+        seen: &EntryInventory<'a, '_>,
         remaining: &mut BTreeMap<QuotaKey, i64>,
     ) {
+        let (matching_nodes, matching_qrs, busy_ordinals) =
+            (seen.nodes, seen.qrs, seen.busy_ordinals);
         let index = self.index;
         let entry = index.entry(e);
         let ordinals: &[String] = &index.ordinals[e];
