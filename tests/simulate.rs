@@ -18,6 +18,13 @@ fn load(rel: &str) -> scenario::Scenario {
     scenario::load(&root().join(rel)).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The metrics of seed 1 under `classic`.
+fn classic_seed_1(s: &scenario::Scenario) -> tpu_runner::simulate::metrics::Metrics {
+    harness::run(s, "classic", 1, RunOptions::default(), Default::default())
+        .unwrap()
+        .metrics
+}
+
 fn without_wall(json: &str) -> String {
     json.lines()
         .filter(|l| !l.contains("\"wall_s\""))
@@ -82,11 +89,7 @@ fn skipping_idle_passes_changes_nothing() {
 #[test]
 fn checkpointing_on_the_preemption_notice_loses_only_the_notice() {
     let mut s = load("tests/fixtures/scenarios/notice.yaml");
-    let run = |s: &scenario::Scenario| {
-        harness::run(s, "classic", 1, RunOptions::default(), Default::default())
-            .unwrap()
-            .metrics
-    };
+    let run = classic_seed_1;
     let hourly = run(&s);
     for w in &mut s.workloads {
         if let scenario::WorkloadSpec::Synthetic(w) = w {
@@ -115,11 +118,7 @@ fn checkpointing_on_the_preemption_notice_loses_only_the_notice() {
 fn slow_api_calls_delay_the_next_pass() {
     use tpu_runner_sim::{ApiLatency, Latency};
     let mut s = load("tests/fixtures/scenarios/faulty-small.yaml");
-    let run = |s: &scenario::Scenario| {
-        harness::run(s, "classic", 1, RunOptions::default(), Default::default())
-            .unwrap()
-            .metrics
-    };
+    let run = classic_seed_1;
     s.cloud.api_latency = ApiLatency::ZERO;
     let instant = run(&s);
     s.cloud.api_latency.mutation = Latency {
