@@ -57,33 +57,62 @@ fn same_seed_same_bytes_different_seed_different_run() {
 
 #[test]
 fn skipping_idle_passes_changes_nothing() {
-    let s = load("tests/fixtures/scenarios/faulty-small.yaml");
-    let skip = harness::run(&s, "classic", 3, RunOptions::default(), Default::default()).unwrap();
-    let every = harness::run(
-        &s,
-        "classic",
-        3,
-        RunOptions {
-            never_skip: true,
-            ..RunOptions::default()
-        },
-        Default::default(),
-    )
-    .unwrap();
-    assert_eq!(
-        skip.event_hash, every.event_hash,
-        "replay: tpu-runner simulate tests/fixtures/scenarios/faulty-small.yaml --seed 3"
-    );
-    assert_eq!(
-        skip.metrics.goodput_chip_hours,
-        every.metrics.goodput_chip_hours
-    );
-    assert!(
-        skip.metrics.passes < every.metrics.passes,
-        "{} vs {}",
-        skip.metrics.passes,
-        every.metrics.passes
-    );
+    // Preemptions with a notice, stockouts, failures and API latency: time moves inside a
+    // pass, and a skipped pass must see exactly what a run one would have seen.
+    // (scenario, seeds, median seconds of an inventory read if overridden)
+    let cases = [
+        ("tests/fixtures/scenarios/faulty-small.yaml", 1..=6, None),
+        (
+            "tests/fixtures/scenarios/faulty-small.yaml",
+            1..=6,
+            Some(10.0),
+        ),
+        ("tests/fixtures/scenarios/notice.yaml", 1..=3, None),
+    ];
+    for (rel, seeds, read_secs) in cases {
+        let mut s = load(rel);
+        if let Some(median_secs) = read_secs {
+            s.cloud.api_latency.read = tpu_runner_sim::Latency {
+                median_secs,
+                sigma: 0.5,
+            };
+        }
+        for seed in seeds {
+            let skip = harness::run(
+                &s,
+                "classic",
+                seed,
+                RunOptions::default(),
+                Default::default(),
+            )
+            .unwrap();
+            let every = harness::run(
+                &s,
+                "classic",
+                seed,
+                RunOptions {
+                    never_skip: true,
+                    ..RunOptions::default()
+                },
+                Default::default(),
+            )
+            .unwrap();
+            assert_eq!(
+                skip.event_hash, every.event_hash,
+                "replay: tpu-runner simulate {rel} --seed {seed}"
+            );
+            assert_eq!(
+                skip.metrics.goodput_chip_hours,
+                every.metrics.goodput_chip_hours
+            );
+            assert!(
+                skip.metrics.passes < every.metrics.passes,
+                "{} vs {}",
+                skip.metrics.passes,
+                every.metrics.passes
+            );
+        }
+    }
 }
 
 #[test]

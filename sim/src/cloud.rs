@@ -568,6 +568,9 @@ impl SimCloud {
                         .is_some_and(|n| n.state == NodeState::Ready)
                 {
                     self.preempt(&key);
+                    // Without a notice the slice is free now.
+                    let pool = self.nodes[&key].pool;
+                    self.provision_waiting(pool);
                 }
             }
             Event::NoticeEnd { serial } => {

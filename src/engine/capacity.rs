@@ -48,8 +48,8 @@ impl<'a> Pass<'a> {
             .iter()
             .map(|o| vec![false; o.len()])
             .collect();
-        for r in self.state.resources.values().filter(|r| r.is_busy()) {
-            if let Some(d) = self.index.declared(&r.tpu_name)
+        for (id, _) in self.state.resources.iter().filter(|(_, r)| r.is_busy()) {
+            if let Some(d) = self.index.declared(id)
                 && d.ordinal > 0
             {
                 busy_ordinals[d.entry][d.ordinal as usize - 1] = true;
@@ -299,11 +299,11 @@ impl<'a> Pass<'a> {
                 );
             }
         }
-        // Clean up desired ordinals whose TPU or request ended.
-        for (i, name) in ordinals.iter().enumerate() {
-            if !in_desired[i] {
-                continue;
-            }
+        // Clean up desired ordinals whose TPU or request ended (in name order).
+        let mut by_name: Vec<usize> = (0..ordinals.len()).filter(|&i| in_desired[i]).collect();
+        by_name.sort_by_key(|&i| &ordinals[i]);
+        for i in by_name {
+            let name = &ordinals[i];
             let node_terminal = self
                 .nodes
                 .get(name.as_str())

@@ -412,6 +412,9 @@ pub fn run(
             .ok();
             let crash =
                 chaos.and_then(|c| fault(&mut chaos_rng, c.crash).then(|| chaos_rng.index(3)));
+            // What this pass sees is the cloud at its start: changes while its reads and
+            // calls are in flight are for the next pass to see (as a skipped pass would).
+            let seen_version = backend.cloud.version();
             match driver::observe(&engine, &state, &mut backend, &feedback, now) {
                 Err(_) => {
                     backend.cloud.advance_to(read_done_ms);
@@ -498,7 +501,7 @@ pub fn run(
                     last_fingerprint = fingerprint;
                 }
             }
-            last_version = backend.cloud.version();
+            last_version = seen_version;
         }
         if invariants.is_some() || checker.is_some() {
             let view = StepView {
