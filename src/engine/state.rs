@@ -282,8 +282,11 @@ impl RequirementPrint {
         }
         for text in [&job.spec.zone, &job.spec.tpu_name] {
             match text {
-                Some(text) => field(&mut h, text.as_bytes()),
-                None => h.update([0xff]),
+                Some(text) => {
+                    h.update([1]);
+                    field(&mut h, text.as_bytes());
+                }
+                None => h.update([0]),
             }
         }
         let base = h.clone();
@@ -303,7 +306,7 @@ impl Job {
     pub fn new(spec: JobSpec, submitted_at: Timestamp, bucket_regions: Vec<BucketRegion>) -> Job {
         let mut bucket_regions = bucket_regions;
         bucket_regions.sort();
-        Job {
+        let mut job = Job {
             id: spec.id.clone(),
             spec,
             submitted_at,
@@ -319,13 +322,9 @@ impl Job {
             ended_at: None,
             end_reason: None,
             print: RequirementPrintCache::default(),
-        }
-        .with_print()
-    }
-
-    fn with_print(mut self) -> Job {
-        self.print = RequirementPrintCache(Some(RequirementPrint::of(&self)));
-        self
+        };
+        job.ensure_print();
+        job
     }
 
     /// Fills the requirement fingerprint if it is missing (a job read from JSON).
