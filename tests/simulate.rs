@@ -178,6 +178,34 @@ fn slow_api_calls_delay_the_next_pass() {
 }
 
 #[test]
+fn read_quotas_throttle_the_inventory() {
+    let mut s = load("tests/fixtures/scenarios/faulty-small.yaml");
+    let free = classic_seed_1(&s);
+    assert_eq!(free.failed_passes, 0);
+    // 14 exact-name reads per pass, one pass about every 30 s. With 40 reads a minute the
+    // bucket keeps up; jobs run as before, give or take a retried pass.
+    s.cloud.api_quota.reads_per_minute = 40.0;
+    let enough = classic_seed_1(&s);
+    assert!(enough.failed_passes * 10 < enough.passes, "{enough:?}");
+    assert!(enough.jobs_succeeded * 10 >= free.jobs_succeeded * 9);
+    // With 20 a minute a pass spends the refill and fails on its 11th read, every time: the
+    // controller starves (the cost of reading every declared name, where a list per zone
+    // would need one call).
+    s.cloud.api_quota.reads_per_minute = 20.0;
+    let starved = classic_seed_1(&s);
+    assert!(starved.failed_passes > 10 * starved.passes.max(1));
+    assert_eq!(starved.jobs_succeeded, 0);
+    assert!(
+        starved
+            .api_errors
+            .get("quota_exceeded")
+            .copied()
+            .unwrap_or(0)
+            > 0
+    );
+}
+
+#[test]
 fn ample_capacity_without_preemption_reaches_the_bound() {
     let s = load("scenarios/smoke.yaml");
     for seed in 1..=3 {

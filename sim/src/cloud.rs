@@ -289,6 +289,9 @@ pub struct SimCloud {
     accounting: Accounting,
     /// Bumped on every change visible through `get`/`attempt` (lets drivers skip idle passes).
     version: u64,
+    /// Quota tokens left for reads and mutations, as of `quota_at`.
+    quota_tokens: [f64; 2],
+    quota_at: Millis,
     /// Every change of a pool's available slices: (time, pool, slices).
     capacity_log: Vec<(Millis, usize, u32)>,
 }
@@ -327,6 +330,11 @@ impl SimCloud {
             rng_faults: SimRng::new(seed, "faults"),
             accounting: Accounting::default(),
             version: 0,
+            quota_tokens: [
+                config.api_quota.reads_per_minute,
+                config.api_quota.mutations_per_minute,
+            ],
+            quota_at: 0,
             capacity_log: Vec::new(),
             config,
         };
@@ -948,6 +956,27 @@ impl SimCloud {
         (sample(&mut rng, latency).max(0.0) * 1000.0) as Millis
     }
 
+    /// Takes one call from the read or mutation quota, refilled with simulated time; false
+    /// when the bucket is empty (the call is refused and uses nothing).
+    fn within_quota(&mut self, mutation: bool) -> bool {
+        let quota = &self.config.api_quota;
+        let per_minute = [quota.reads_per_minute, quota.mutations_per_minute];
+        let elapsed_min = self.now.saturating_sub(self.quota_at) as f64 / 60_000.0;
+        self.quota_at = self.now;
+        for (tokens, rate) in self.quota_tokens.iter_mut().zip(per_minute) {
+            *tokens = (*tokens + elapsed_min * rate).min(rate);
+        }
+        let k = usize::from(mutation);
+        if per_minute[k] <= 0.0 {
+            return true;
+        }
+        if self.quota_tokens[k] < 1.0 {
+            return false;
+        }
+        self.quota_tokens[k] -= 1.0;
+        true
+    }
+
     fn api(&mut self, kind: &'static str, mutation: bool) -> Result<bool, ApiError> {
         *self.accounting.api_calls.entry(kind).or_default() += 1;
         let ApiConfig {
@@ -957,6 +986,14 @@ impl SimCloud {
             lost_reply,
         } = self.config.api;
         let u = self.rng_api.uniform();
+        if !self.within_quota(mutation) {
+            *self
+                .accounting
+                .api_errors
+                .entry("quota_exceeded")
+                .or_default() += 1;
+            return Err(ApiError::RateLimited);
+        }
         if !self.faults_active(self.now) {
             return Ok(false);
         }

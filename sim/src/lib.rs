@@ -11,8 +11,8 @@ pub mod workload;
 
 pub use cloud::{Accounting, SimCloud};
 pub use model::{
-    ApiConfig, ApiLatency, CallKind, Capacity, CloudConfig, CloudFaults, JobBehaviour, Latency,
-    PoolConfig, WorkerConfig,
+    ApiConfig, ApiLatency, ApiQuota, CallKind, Capacity, CloudConfig, CloudFaults, JobBehaviour,
+    Latency, PoolConfig, WorkerConfig,
 };
 pub use rng::SimRng;
 pub use trace::SpotTrace;

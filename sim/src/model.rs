@@ -26,6 +26,8 @@ pub struct CloudConfig {
     pub api: ApiConfig,
     /// How long API calls take.
     pub api_latency: ApiLatency,
+    /// Per-project API quotas (calls over them are refused with 429).
+    pub api_quota: ApiQuota,
     /// Worker behaviour.
     pub workers: WorkerConfig,
     /// Injected cloud faults.
@@ -142,6 +144,16 @@ impl ApiLatency {
             sigma: 0.0,
         },
     };
+}
+
+/// Per-project API quotas as calls per minute (0 = unlimited), enforced as token buckets
+/// holding one minute of calls; a refused call uses no quota.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ApiQuota {
+    /// Inventory reads (GET of a node or queued resource) per minute.
+    pub reads_per_minute: f64,
+    /// Creates and deletes per minute.
+    pub mutations_per_minute: f64,
 }
 
 /// Kinds of API call, for [`ApiLatency`].

@@ -165,6 +165,7 @@ pub fn cloud_config(scenario: &Scenario, seed: u64, chaos: Option<&ChaosSpec>) -
         provisioning_by_region: scenario.cloud.provisioning_by_region.clone(),
         delete_secs: scenario.cloud.delete_secs,
         api_latency: scenario.cloud.api_latency,
+        api_quota: scenario.cloud.api_quota,
         preemption_notice_secs: scenario.cloud.preemption_notice_secs,
         api,
         workers,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tpu_runner_sim::workload::{Dist, Synthetic, TraceReplay, read_column};
-use tpu_runner_sim::{ApiConfig, ApiLatency, Capacity, Latency, SpotTrace, WorkerConfig};
+use tpu_runner_sim::{ApiConfig, ApiLatency, ApiQuota, Capacity, Latency, SpotTrace, WorkerConfig};
 
 use crate::engine::EngineConfig;
 use crate::engine::policy;
@@ -142,6 +142,8 @@ pub struct CloudSpec {
     pub preemption_notice_secs: f64,
     /// How long API calls take.
     pub api_latency: ApiLatency,
+    /// Per-project API quotas.
+    pub api_quota: ApiQuota,
     /// API error rates.
     pub api: ApiConfig,
     /// Worker behaviour.
@@ -656,6 +658,7 @@ fn default_cloud(fleet: &FleetSpec) -> CloudSpec {
         delete_secs: 60.0,
         preemption_notice_secs: PREEMPTION_NOTICE_SECS,
         api_latency: API_LATENCY,
+        api_quota: ApiQuota::default(),
         api: ApiConfig::default(),
         workers: WorkerConfig::default(),
         pools: fleet_pools(
@@ -715,6 +718,7 @@ fn read_cloud(
             "delete_secs",
             "preemption_notice_secs",
             "api_latency",
+            "api_quota",
             "api",
             "workers",
             "pools",
@@ -782,6 +786,34 @@ fn read_cloud(
                     read: read(c, "read", API_LATENCY.read)?,
                     mutation: read(c, "mutation", API_LATENCY.mutation)?,
                     remote: read(c, "remote", API_LATENCY.remote)?,
+                })
+            }),
+    };
+    let api_quota = match f.get("api_quota") {
+        None => Some(ApiQuota::default()),
+        Some(n) => c
+            .mapping(
+                n,
+                "cloud.api_quota",
+                "API quotas in calls per minute",
+                &["reads_per_minute", "mutations_per_minute"],
+                &[],
+            )
+            .and_then(|q| {
+                let rate = |c: &mut Checker<'_>, name: &str| {
+                    q.get(name).map_or(Some(0.0), |n| {
+                        c.number(
+                            n,
+                            &q.path(name),
+                            0.0,
+                            1e9,
+                            "calls per minute, 0 for no limit",
+                        )
+                    })
+                };
+                Some(ApiQuota {
+                    reads_per_minute: rate(c, "reads_per_minute")?,
+                    mutations_per_minute: rate(c, "mutations_per_minute")?,
                 })
             }),
     };
@@ -855,6 +887,7 @@ fn read_cloud(
         delete_secs: delete_secs?,
         preemption_notice_secs: notice?,
         api_latency: api_latency?,
+        api_quota: api_quota?,
         api: api?,
         workers: workers?,
         pools: fleet_pools(fleet, &listed?, &pool_defaults?),
