@@ -764,7 +764,13 @@ fn read_cloud(
     let notice = f
         .get("preemption_notice_secs")
         .map_or(Some(PREEMPTION_NOTICE_SECS), |n| {
-            c.number(n, "cloud.preemption_notice_secs", 0.0, 3600.0, "seconds")
+            c.number(
+                n,
+                "cloud.preemption_notice_secs",
+                0.0,
+                3600.0,
+                "seconds, 0 to 3600",
+            )
         });
     let api_latency = match f.get("api_latency") {
         None => Some(API_LATENCY),
