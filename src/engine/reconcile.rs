@@ -1061,6 +1061,12 @@ impl<'a> Pass<'a> {
     fn attempts(&mut self) {
         let running: Vec<String> = self.jobs_in(JobStatus::Running);
         for job_id in running {
+            if let Some(wakes) = self.still_running(&job_id) {
+                for t in wakes.into_iter().flatten() {
+                    self.wake_at(t);
+                }
+                continue;
+            }
             let job = &self.state.jobs[&job_id];
             let (Some(attempt), Some(resource_id)) =
                 (job.attempt().cloned(), job.assigned_resource.clone())
@@ -1239,6 +1245,46 @@ impl<'a> Pass<'a> {
                 a.launch_failures += 1;
                 a.launch_failures
             })
+    }
+
+    /// The common case of `running`, decided without copying the attempt and its TPU: the
+    /// attempt runs on a TPU that owns it, its workers have not all finished, and its
+    /// heartbeat deadline is ahead (or its TPU is down, which the unusable-resource step
+    /// handles). Then the only effect is when to look again: `Some` of the wake-ups.
+    fn still_running(&self, job_id: &str) -> Option<[Option<Timestamp>; 2]> {
+        let job = self.state.jobs.get(job_id)?;
+        let attempt = job.attempt()?;
+        let resource_id = job.assigned_resource.as_deref()?;
+        let resource = self.state.resources.get(resource_id)?;
+        if attempt.status != AttemptStatus::Running
+            || attempt.lost.is_some()
+            || attempt.resource_id != resource_id
+            || !resource.owned_by(job_id, &attempt.id)
+        {
+            return None;
+        }
+        let report = self.report(&attempt.id);
+        let statuses = report.map_or(&[][..], |r| &r.statuses[..]);
+        let Verdict::Incomplete { recheck_at } =
+            aggregate::aggregate(statuses, resource.worker_count, self.now, self.graces())
+        else {
+            return None;
+        };
+        // As in `judge` for an incomplete verdict.
+        let tpu_up = self.matching_node(resource).is_some_and(|n| self.ready(n))
+            && (resource.adopted
+                || self
+                    .matching_qr(resource)
+                    .is_some_and(|q| q.state.is_live()));
+        let heartbeat = report
+            .and_then(|r| r.heartbeat_at)
+            .or(attempt.started_at)
+            .unwrap_or(attempt.created_at);
+        let deadline = heartbeat.plus_secs(self.config.heartbeat_timeout_secs);
+        if tpu_up && self.now >= deadline {
+            return None;
+        }
+        Some([recheck_at, tpu_up.then_some(deadline)])
     }
 
     fn running(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource) {
