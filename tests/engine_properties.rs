@@ -393,7 +393,7 @@ proptest! {
                     tpu_type: r.tpu_type.clone(),
                     state: QrState::Active,
                     spot: true,
-                    labels: labels.clone(),
+                    labels: labels.clone().into(),
                 });
             }
             obs.nodes.push(NodeInfo {
@@ -403,7 +403,7 @@ proptest! {
                 state: NodeState::Ready,
                 health: Health::Healthy,
                 spot: entry.provisioning_model == spec::ProvisioningModel::Spot,
-                labels,
+                labels: labels.into(),
                 queued_resource: None,
                 worker_count: 1,
                 public_ip: false,

@@ -59,8 +59,11 @@ pub struct QrView {
     /// State.
     pub state: QrState,
     /// Labels given at creation.
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
 }
+
+/// Labels of a cloud object: set at creation and shared, never copied, by every read.
+pub type Labels = std::sync::Arc<BTreeMap<String, String>>;
 
 /// A node as `get` returns it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,7 +79,7 @@ pub struct NodeView {
     /// Hosts.
     pub hosts: u32,
     /// Labels.
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     /// The queued resource that made it.
     pub queued_resource: Option<String>,
     /// Spot capacity (false for existing on-demand nodes).
@@ -197,7 +200,7 @@ struct Qr {
     pool: usize,
     state: QrState,
     created_at: Millis,
-    labels: BTreeMap<String, String>,
+    labels: Labels,
 }
 
 #[derive(Clone, Debug)]
@@ -210,7 +213,7 @@ struct Node {
     state: NodeState,
     hosts: u32,
     chips: u32,
-    labels: BTreeMap<String, String>,
+    labels: Labels,
     queued_resource: Option<String>,
     active_since: Option<Millis>,
     run: Option<String>,
@@ -1028,7 +1031,7 @@ impl SimCloud {
         name: &str,
         node_id: &str,
         accelerator: &str,
-        labels: BTreeMap<String, String>,
+        labels: Labels,
     ) -> Result<(), ApiError> {
         let lost_reply = self.api("create_queued_resource", true)?;
         let key = name.to_owned();
@@ -1197,7 +1200,7 @@ impl SimCloud {
                 state: NodeState::Ready,
                 hosts,
                 chips,
-                labels: BTreeMap::new(),
+                labels: Labels::default(),
                 queued_resource: None,
                 active_since: Some(self.now),
                 run: None,

@@ -198,7 +198,7 @@ impl CloudBackend for SimBackend {
                     name,
                     node_id,
                     &tpu_type.to_string(),
-                    labels,
+                    labels.into(),
                 ) {
                     Ok(()) => Outcome::Done,
                     Err(e) => Outcome::Refused(api_failure(e, name)),

@@ -111,7 +111,7 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
                     QrState::WaitingForResources
                 },
                 spot: true,
-                labels: labels.clone(),
+                labels: labels.clone().into(),
             });
         }
         if up {
@@ -125,7 +125,7 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
                 labels: if r.adopted {
                     Default::default()
                 } else {
-                    labels
+                    labels.into()
                 },
                 queued_resource: None,
                 worker_count: r.worker_count,

@@ -14,6 +14,9 @@ pub const LABEL_MANAGED_BY: &str = "managed-by";
 /// Label naming the fleet entry on managed TPUs and queued resources.
 pub const LABEL_FLEET_ENTRY: &str = "fleet-entry";
 
+/// Labels of an observed object, shared so that observing it again copies nothing.
+pub type Labels = std::sync::Arc<BTreeMap<String, String>>;
+
 /// A snapshot of the cloud, taken once per pass.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Observation {
@@ -47,9 +50,9 @@ pub struct NodeInfo {
     pub health: Health,
     /// Spot (preemptible) capacity.
     pub spot: bool,
-    /// Labels.
+    /// Labels (shared: reading the same object again copies nothing).
     #[serde(default)]
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     /// The queued resource that created it, if any.
     #[serde(default)]
     pub queued_resource: Option<String>,
@@ -150,9 +153,9 @@ pub struct QueuedResourceInfo {
     pub state: QrState,
     /// Spot tier.
     pub spot: bool,
-    /// Labels.
+    /// Labels (shared, as for nodes).
     #[serde(default)]
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
 }
 
 /// Queued resource states.

@@ -147,10 +147,11 @@ pub fn planning_instance(
         let entry = &fleet.tpus[i % fleet.tpus.len()];
         let ordinal = (i / fleet.tpus.len()) as u32 + 1;
         let name = entry.node_name(&fleet.name, ordinal);
-        let labels = BTreeMap::from([
+        let labels: crate::engine::observe::Labels = BTreeMap::from([
             (LABEL_MANAGED_BY.to_owned(), fleet.name.clone()),
             (LABEL_FLEET_ENTRY.to_owned(), entry.id.clone()),
-        ]);
+        ])
+        .into();
         let mut record = Resource::new(&name, entry, ResourceStatus::Idle, 1);
         record.idle_since = Some(epoch);
         state.resources.insert(name.clone(), record);

@@ -346,7 +346,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
             state: n.state,
             health: n.health,
             spot: entry.provisioning_model == spec::ProvisioningModel::Spot,
-            labels,
+            labels: labels.into(),
             queued_resource: (!entry.is_adopted())
                 .then(|| spec::names::queued_resource_name(&name)),
             worker_count: n.workers,
@@ -367,7 +367,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
             tpu_type: entry.tpu_type.clone(),
             state: q.state,
             spot: true,
-            labels,
+            labels: labels.into(),
         });
     }
     obs.attempts = case.reports.clone();
