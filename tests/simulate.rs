@@ -18,11 +18,14 @@ fn load(rel: &str) -> scenario::Scenario {
     scenario::load(&root().join(rel)).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A run of `seed` under `classic`.
+fn classic(s: &scenario::Scenario, seed: u64, options: RunOptions) -> harness::RunResult {
+    harness::run(s, "classic", seed, options, Default::default()).unwrap()
+}
+
 /// The metrics of seed 1 under `classic`.
 fn classic_seed_1(s: &scenario::Scenario) -> tpu_runner::simulate::metrics::Metrics {
-    harness::run(s, "classic", 1, RunOptions::default(), Default::default())
-        .unwrap()
-        .metrics
+    classic(s, 1, RunOptions::default()).metrics
 }
 
 fn without_wall(json: &str) -> String {
@@ -35,9 +38,9 @@ fn without_wall(json: &str) -> String {
 #[test]
 fn same_seed_same_bytes_different_seed_different_run() {
     let s = load("tests/fixtures/scenarios/faulty-small.yaml");
-    let a = harness::run(&s, "classic", 7, RunOptions::default(), Default::default()).unwrap();
-    let b = harness::run(&s, "classic", 7, RunOptions::default(), Default::default()).unwrap();
-    let c = harness::run(&s, "classic", 8, RunOptions::default(), Default::default()).unwrap();
+    let a = classic(&s, 7, RunOptions::default());
+    let b = classic(&s, 7, RunOptions::default());
+    let c = classic(&s, 8, RunOptions::default());
     let ja = without_wall(&report::json(std::slice::from_ref(&a)));
     let jb = without_wall(&report::json(std::slice::from_ref(&b)));
     assert_eq!(
@@ -78,25 +81,15 @@ fn skipping_idle_passes_changes_nothing() {
             };
         }
         for seed in seeds {
-            let skip = harness::run(
+            let skip = classic(&s, seed, RunOptions::default());
+            let every = classic(
                 &s,
-                "classic",
-                seed,
-                RunOptions::default(),
-                Default::default(),
-            )
-            .unwrap();
-            let every = harness::run(
-                &s,
-                "classic",
                 seed,
                 RunOptions {
                     never_skip: true,
                     ..RunOptions::default()
                 },
-                Default::default(),
-            )
-            .unwrap();
+            );
             assert_eq!(
                 skip.event_hash, every.event_hash,
                 "replay: tpu-runner simulate {rel} --seed {seed}"
@@ -209,14 +202,7 @@ fn read_quotas_throttle_the_inventory() {
 fn ample_capacity_without_preemption_reaches_the_bound() {
     let s = load("scenarios/smoke.yaml");
     for seed in 1..=3 {
-        let r = harness::run(
-            &s,
-            "classic",
-            seed,
-            RunOptions::default(),
-            Default::default(),
-        )
-        .unwrap();
+        let r = classic(&s, seed, RunOptions::default());
         assert_eq!(
             r.metrics.jobs_succeeded, r.metrics.jobs_submitted,
             "seed {seed}"
@@ -239,14 +225,7 @@ fn goodput_never_exceeds_the_bound() {
     ] {
         let s = load(rel);
         for seed in 1..=2 {
-            let r = harness::run(
-                &s,
-                "classic",
-                seed,
-                RunOptions::default(),
-                Default::default(),
-            )
-            .unwrap();
+            let r = classic(&s, seed, RunOptions::default());
             let m = &r.metrics;
             assert!(
                 m.goodput_chip_hours <= m.bound_goodput_chip_hours * (1.0 + 1e-9) + 1e-6,

@@ -1270,7 +1270,21 @@ impl<'a> Pass<'a> {
         else {
             return None;
         };
-        // As in `judge` for an incomplete verdict.
+        let (tpu_up, _, deadline) = self.heartbeat(attempt, resource, report);
+        if tpu_up && self.now >= deadline {
+            return None;
+        }
+        Some([recheck_at, tpu_up.then_some(deadline)])
+    }
+
+    /// For an attempt whose workers have not all finished: whether its TPU still looks
+    /// healthy, its last sign of life, and the heartbeat deadline after it.
+    fn heartbeat(
+        &self,
+        attempt: &Attempt,
+        resource: &Resource,
+        report: Option<&AttemptReport>,
+    ) -> (bool, Timestamp, Timestamp) {
         let tpu_up = self.matching_node(resource).is_some_and(|n| self.ready(n))
             && (resource.adopted
                 || self
@@ -1281,10 +1295,7 @@ impl<'a> Pass<'a> {
             .or(attempt.started_at)
             .unwrap_or(attempt.created_at);
         let deadline = heartbeat.plus_secs(self.config.heartbeat_timeout_secs);
-        if tpu_up && self.now >= deadline {
-            return None;
-        }
-        Some([recheck_at, tpu_up.then_some(deadline)])
+        (tpu_up, heartbeat, deadline)
     }
 
     fn running(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource) {
@@ -1382,16 +1393,7 @@ impl<'a> Pass<'a> {
                 }
                 // Silence only means a lost attempt on a TPU that still looks healthy; a TPU
                 // that is gone is handled (as a preemption) by the unusable-resource step.
-                let tpu_up = self.matching_node(resource).is_some_and(|n| self.ready(n))
-                    && (resource.adopted
-                        || self
-                            .matching_qr(resource)
-                            .is_some_and(|q| q.state.is_live()));
-                let heartbeat = report
-                    .and_then(|r| r.heartbeat_at)
-                    .or(attempt.started_at)
-                    .unwrap_or(attempt.created_at);
-                let deadline = heartbeat.plus_secs(self.config.heartbeat_timeout_secs);
+                let (tpu_up, heartbeat, deadline) = self.heartbeat(attempt, resource, report);
                 if tpu_up && self.now >= deadline {
                     let summary = format!("no heartbeat from the workers since {heartbeat}");
                     self.mark_lost(job_id, &summary);
