@@ -213,27 +213,7 @@ fn build_tpus(index: &FleetIndex, idle: &[u32]) -> Vec<Resource> {
                 .collect(),
         };
         for name in names {
-            let id = if entry.is_adopted() {
-                format!("adopted-{name}")
-            } else {
-                name.clone()
-            };
-            out.push(Resource {
-                id,
-                tpu_name: name,
-                zone: entry.zone.clone(),
-                tpu_type: entry.tpu_type.clone(),
-                entry_id: entry.id.clone(),
-                adopted: entry.is_adopted(),
-                status: ResourceStatus::Idle,
-                owner: None,
-                worker_count: 1,
-                idle_since: None,
-                provisioning_node_seen_at: None,
-                provisioning_node_missing_since: None,
-                retryable_failures: None,
-                cancellation_failures: None,
-            });
+            out.push(Resource::new(&name, entry, ResourceStatus::Idle, 1));
         }
     }
     out.sort_by(|a, b| (!a.adopted, &a.id).cmp(&(!b.adopted, &b.id)));

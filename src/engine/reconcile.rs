@@ -4,7 +4,6 @@
 //! `now`; output: mutated state, actions, events and the next time a pass is needed.
 //! Level-triggered and idempotent: a pass never depends on why it ran.
 
-use std::borrow::Cow;
 use std::collections::BTreeSet;
 
 use rustc_hash::FxHashMap;
@@ -235,14 +234,6 @@ impl<'a> Pass<'a> {
 
     pub(super) fn violation(&mut self, what: impl std::fmt::Display) {
         self.out.violations.push(what.to_string());
-    }
-
-    fn resource_id_for<'n>(&self, entry: usize, node_name: &'n str) -> Cow<'n, str> {
-        if self.index.entry(entry).is_adopted() {
-            Cow::Owned(format!("adopted-{node_name}"))
-        } else {
-            Cow::Borrowed(node_name)
-        }
     }
 
     /// A node that counts: present and matching its declared entry.
@@ -693,7 +684,7 @@ impl<'a> Pass<'a> {
                 continue;
             };
             let entry = self.index.entry(entry_index);
-            let id = self.resource_id_for(entry_index, &node.name);
+            let id = Resource::id_for(&node.name, entry.is_adopted());
             let ready = self.ready(node);
             match self.state.resources.get_mut(id.as_ref()) {
                 Some(r) if ready => {

@@ -668,6 +668,16 @@ pub struct Resource {
 }
 
 impl Resource {
+    /// The record id of TPU `tpu_name`: the name itself, or `adopted-<name>` for an adopted
+    /// TPU (an adopted TPU never shares an id with a managed ordinal of the same name).
+    pub fn id_for(tpu_name: &str, adopted: bool) -> std::borrow::Cow<'_, str> {
+        if adopted {
+            format!("adopted-{tpu_name}").into()
+        } else {
+            tpu_name.into()
+        }
+    }
+
     /// A new record for node `tpu_name` of `entry` (id `adopted-<name>` for adopted TPUs).
     pub fn new(
         tpu_name: &str,
@@ -677,11 +687,7 @@ impl Resource {
     ) -> Resource {
         let adopted = entry.is_adopted();
         Resource {
-            id: if adopted {
-                format!("adopted-{tpu_name}")
-            } else {
-                tpu_name.to_owned()
-            },
+            id: Resource::id_for(tpu_name, adopted).into_owned(),
             tpu_name: tpu_name.to_owned(),
             zone: entry.zone.clone(),
             tpu_type: entry.tpu_type.clone(),

@@ -203,9 +203,11 @@ pub fn resolve(index: &FleetIndex, tpu: &str) -> (usize, String, String) {
             let name = entry.node_name(index.runner(), k);
             (e, name.clone(), name)
         }
-        (None, spec::EntryKind::Adopted { existing }) => {
-            (e, existing.clone(), format!("adopted-{existing}"))
-        }
+        (None, spec::EntryKind::Adopted { existing }) => (
+            e,
+            existing.clone(),
+            Resource::id_for(existing, true).into_owned(),
+        ),
         (None, _) => panic!("{tpu}: managed entries need #ordinal"),
     }
 }
@@ -307,12 +309,6 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
             id.clone(),
             Resource {
                 id,
-                tpu_name: name,
-                zone: entry.zone.clone(),
-                tpu_type: entry.tpu_type.clone(),
-                entry_id: entry.id.clone(),
-                adopted: entry.is_adopted(),
-                status: r.status,
                 owner: r.owner.as_ref().map(|(j, a)| Owner {
                     job_id: j.clone(),
                     attempt_id: a.clone(),
@@ -326,7 +322,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
                     attempt_id: None,
                     count: *c,
                 }),
-                cancellation_failures: None,
+                ..Resource::new(&name, entry, r.status, r.workers)
             },
         );
     }
