@@ -1661,9 +1661,6 @@ impl<'a> Pass<'a> {
             .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
-            if self.healthy_and_settled(&self.state.resources[&id]) {
-                continue;
-            }
             let resource = self.state.resources[&id].clone();
             if matches!(
                 resource.status,
