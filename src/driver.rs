@@ -1,5 +1,5 @@
 //! The driver: one controller pass against any `CloudBackend`. It builds the observation
-//! (inventory by exact name, worker reports, and the results of the previous pass's actions),
+//! (inventory of the runner's zones and adopted TPUs, worker reports, and the results of the previous pass's actions),
 //! runs the engine, then carries out the actions and keeps their results for the next pass.
 //! The same code runs in the simulator and in production.
 
@@ -36,8 +36,8 @@ pub fn observe<B: CloudBackend>(
     feedback: &Feedback,
     now: Timestamp,
 ) -> Result<Observation, BackendError> {
-    let targets = engine.inventory_targets(state);
-    let (nodes, queued_resources) = backend.inventory(&targets, now)?;
+    let scope = engine.inventory_scope(state);
+    let (nodes, queued_resources) = backend.inventory(&scope, now)?;
     let mut attempts = BTreeMap::new();
     for job in state
         .jobs

@@ -6,6 +6,7 @@
 mod support;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use proptest::prelude::*;
 use tpu_runner::engine::demand::{Demand, Requirement};
@@ -366,7 +367,7 @@ proptest! {
             if !r.adopted {
                 labels.insert(LABEL_MANAGED_BY.to_owned(), index.runner().to_owned());
                 labels.insert(LABEL_FLEET_ENTRY.to_owned(), r.entry_id.clone());
-                obs.queued_resources.push(QueuedResourceInfo {
+                obs.queued_resources.push(Arc::new(QueuedResourceInfo {
                     name: spec::names::queued_resource_name(&r.tpu_name),
                     zone: r.zone.clone(),
                     node_id: r.tpu_name.clone(),
@@ -374,9 +375,9 @@ proptest! {
                     state: QrState::Active,
                     spot: true,
                     labels: labels.clone().into(),
-                });
+                }));
             }
-            obs.nodes.push(NodeInfo {
+            obs.nodes.push(Arc::new(NodeInfo {
                 name: r.tpu_name.clone(),
                 zone: r.zone.clone(),
                 tpu_type: r.tpu_type.clone(),
@@ -387,7 +388,7 @@ proptest! {
                 queued_resource: None,
                 worker_count: 1,
                 public_ip: false,
-            });
+            }));
         }
         let mut again = state.clone();
         let out = engine.reconcile(&mut state, &obs, support::at(100));

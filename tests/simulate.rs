@@ -175,18 +175,22 @@ fn read_quotas_throttle_the_inventory() {
     let mut s = load("tests/fixtures/scenarios/faulty-small.yaml");
     let free = classic_seed_1(&s);
     assert_eq!(free.failed_passes, 0);
-    // 14 exact-name reads per pass, one pass about every 30 s. With 40 reads a minute the
-    // bucket keeps up; jobs run as before, give or take a retried pass.
-    s.cloud.api_quota.reads_per_minute = 40.0;
+    // 4 reads per pass (a node list and a queued-resource list in each of 2 zones), one
+    // pass about every 30 s. With 12 reads a minute the bucket keeps up; jobs run as
+    // before, give or take a retried pass.
+    s.cloud.api_quota.reads_per_minute = 12.0;
     let enough = classic_seed_1(&s);
     assert!(enough.failed_passes * 10 < enough.passes, "{enough:?}");
     assert!(enough.jobs_succeeded * 10 >= free.jobs_succeeded * 9);
-    // With 20 a minute a pass spends the refill and fails on its 11th read, every time: the
-    // controller starves (the cost of reading every declared name, where a list per zone
-    // would need one call).
-    s.cloud.api_quota.reads_per_minute = 20.0;
+    // With 3 a minute a pass spends the refill and fails on its 2nd or 3rd read, every
+    // time: the controller starves. (Reading every declared name, as the original did,
+    // needs 14 reads per pass here: it starved at 20 a minute.)
+    s.cloud.api_quota.reads_per_minute = 3.0;
     let starved = classic_seed_1(&s);
-    assert!(starved.failed_passes > 10 * starved.passes.max(1));
+    assert!(
+        starved.failed_passes > 10 * starved.passes.max(1),
+        "{starved:?}"
+    );
     assert_eq!(starved.jobs_succeeded, 0);
     assert!(
         starved
@@ -371,4 +375,84 @@ fn bad_scenarios_get_clear_errors() {
         assert!(text.contains(":"), "{text}");
         insta::assert_snapshot!(text);
     });
+}
+
+#[test]
+fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
+    use std::sync::Arc;
+    use tpu_runner::backend::CloudBackend;
+    use tpu_runner::backend::sim::SimBackend;
+    use tpu_runner::engine::observe::{NodeState, QrState};
+    use tpu_runner::engine::{InventoryScope, Timestamp};
+
+    let s = load("tests/fixtures/scenarios/faulty-small.yaml");
+    let mut cloud = tpu_runner_sim::SimCloud::new(harness::cloud_config(&s, 1, None));
+    let labels = |runner: &str| {
+        Arc::new(
+            [("managed-by".to_owned(), runner.to_owned())]
+                .into_iter()
+                .collect(),
+        )
+    };
+    for (zone, node, runner) in [
+        ("us-west1-a", "b", "me"),
+        ("us-west1-a", "a", "me"),
+        ("us-west1-a", "c", "someone-else"),
+        ("us-east1-d", "d", "me"),
+    ] {
+        cloud
+            .create_queued_resource(zone, &format!("qr-{node}"), node, "v6e-8", labels(runner))
+            .unwrap();
+    }
+    let mut backend = SimBackend {
+        cloud,
+        epoch: Timestamp(0),
+        runner: "me".into(),
+        public_ip: false,
+        calls: (u64::MAX, 0),
+        converted: Default::default(),
+    };
+    let scope = InventoryScope {
+        runner: "me",
+        zones: ["us-west1-a"].into_iter().collect(),
+        adopted: Default::default(),
+    };
+    let (_, qrs) = backend.inventory(&scope, Timestamp(0)).unwrap();
+    // Ours, in this zone, in name order; one call per zone and kind.
+    let names: Vec<&str> = qrs.iter().map(|q| q.name.as_str()).collect();
+    assert_eq!(names, ["qr-a", "qr-b"]);
+    assert!(qrs.iter().all(|q| q.state != QrState::Active), "{qrs:?}");
+    let calls = |b: &SimBackend, kind: &str| b.cloud.accounting().api_calls.get(kind).copied();
+    assert_eq!(calls(&backend, "list_queued_resources"), Some(1));
+    assert_eq!(calls(&backend, "get_queued_resource"), None);
+    // Unchanged objects are shared with the previous read, not converted again.
+    let (_, again) = backend.inventory(&scope, Timestamp(0)).unwrap();
+    assert!(Arc::ptr_eq(&qrs[0], &again[0]) && Arc::ptr_eq(&qrs[1], &again[1]));
+    // Changes are seen on the next read: the requests were granted, nodes came up.
+    backend.cloud.advance_to(3_600_000);
+    let (nodes, qrs) = backend.inventory(&scope, Timestamp(0)).unwrap();
+    for q in &qrs {
+        let now = backend.cloud.get_queued_resource(&q.zone, &q.name).unwrap();
+        assert_eq!(
+            format!("{:?}", now.unwrap().state),
+            format!("{:?}", q.state)
+        );
+    }
+    assert!(qrs.iter().any(|q| q.state == QrState::Active), "{qrs:?}");
+    assert!(!Arc::ptr_eq(&qrs[0], &again[0]));
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["a", "b"]);
+    assert!(
+        nodes.iter().any(|n| n.state == NodeState::Ready),
+        "{nodes:?}"
+    );
+    // Deleted objects leave the listing.
+    backend
+        .cloud
+        .delete_queued_resource("us-west1-a", "qr-a")
+        .unwrap();
+    backend.cloud.advance_to(2 * 3_600_000);
+    let (_, qrs) = backend.inventory(&scope, Timestamp(0)).unwrap();
+    let names: Vec<&str> = qrs.iter().map(|q| q.name.as_str()).collect();
+    assert_eq!(names, ["qr-b"]);
 }

@@ -45,43 +45,48 @@ pub enum NodeState {
     Deleting,
 }
 
-/// A queued resource as `get` returns it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct QrView {
+/// A queued resource as `get` and `list` return it, borrowed from the cloud (reading copies
+/// nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QrView<'a> {
+    /// Incarnation: a queued resource created again under the same name has a new serial.
+    pub serial: u64,
     /// Name.
-    pub name: String,
+    pub name: &'a str,
     /// Zone.
-    pub zone: String,
+    pub zone: &'a str,
     /// Node id.
-    pub node_id: String,
+    pub node_id: &'a str,
     /// Accelerator type.
-    pub accelerator: String,
-    /// State.
+    pub accelerator: &'a str,
+    /// State (the only field that changes during an incarnation).
     pub state: QrState,
     /// Labels given at creation.
-    pub labels: Labels,
+    pub labels: &'a Labels,
 }
 
 /// Labels of a cloud object: set at creation and shared, never copied, by every read.
 pub type Labels = std::sync::Arc<BTreeMap<String, String>>;
 
-/// A node as `get` returns it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeView {
+/// A node as `get` and `list` return it, borrowed from the cloud.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeView<'a> {
+    /// Incarnation: a node created again under the same name has a new serial.
+    pub serial: u64,
     /// Name.
-    pub name: String,
+    pub name: &'a str,
     /// Zone.
-    pub zone: String,
+    pub zone: &'a str,
     /// Accelerator type.
-    pub accelerator: String,
-    /// State.
+    pub accelerator: &'a str,
+    /// State (the only field that changes during an incarnation).
     pub state: NodeState,
     /// Hosts.
     pub hosts: u32,
     /// Labels.
-    pub labels: Labels,
+    pub labels: &'a Labels,
     /// The queued resource that made it.
-    pub queued_resource: Option<String>,
+    pub queued_resource: Option<&'a str>,
     /// Spot capacity (false for existing on-demand nodes).
     pub spot: bool,
 }
@@ -223,6 +228,47 @@ struct Node {
     notice_at: Option<Millis>,
 }
 
+impl Qr {
+    fn view(&self) -> QrView<'_> {
+        QrView {
+            serial: self.serial,
+            name: &self.name,
+            zone: &self.zone,
+            node_id: &self.node_id,
+            accelerator: &self.accelerator,
+            state: self.state,
+            labels: &self.labels,
+        }
+    }
+}
+
+impl Node {
+    fn view(&self) -> NodeView<'_> {
+        NodeView {
+            serial: self.serial,
+            name: &self.name,
+            zone: &self.zone,
+            accelerator: &self.accelerator,
+            state: self.state,
+            hosts: self.hosts,
+            labels: &self.labels,
+            queued_resource: self.queued_resource.as_deref(),
+            spot: self.spot,
+        }
+    }
+}
+
+/// Names of the objects of `zone` in a `(zone, name)` index, in name order.
+fn in_zone<'a>(
+    index: &'a BTreeSet<(String, String)>,
+    zone: &'a str,
+) -> impl Iterator<Item = &'a str> {
+    index
+        .range((zone.to_owned(), String::new())..)
+        .take_while(move |(z, _)| z == zone)
+        .map(|(_, name)| name.as_str())
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RunState {
     Setup,
@@ -277,6 +323,9 @@ pub struct SimCloud {
     // sort first.
     qrs: FxHashMap<String, Qr>,
     nodes: FxHashMap<String, Node>,
+    /// `(zone, name)` of every queued resource and node, for listing a zone in name order.
+    qr_zones: BTreeSet<(String, String)>,
+    node_zones: BTreeSet<(String, String)>,
     by_serial: BTreeMap<u64, (bool, String)>,
     runs: BTreeMap<String, Run>,
     jobs: BTreeMap<String, JobProgress>,
@@ -319,6 +368,8 @@ impl SimCloud {
             queue: BinaryHeap::new(),
             qrs: FxHashMap::default(),
             nodes: FxHashMap::default(),
+            qr_zones: BTreeSet::new(),
+            node_zones: BTreeSet::new(),
             by_serial: BTreeMap::new(),
             runs: BTreeMap::new(),
             jobs: BTreeMap::new(),
@@ -561,9 +612,9 @@ impl SimCloud {
             Event::DeletionDone { serial } => {
                 if let Some((is_qr, key)) = self.by_serial.remove(&serial) {
                     let pool = if is_qr {
-                        self.qrs.remove(&key).map(|q| q.pool)
+                        self.remove_qr(&key).map(|q| q.pool)
                     } else {
-                        self.nodes.remove(&key).map(|n| n.pool)
+                        self.remove_node(&key).map(|n| n.pool)
                     };
                     self.version += 1;
                     if let Some(pool) = pool {
@@ -618,11 +669,11 @@ impl SimCloud {
                         if let Some(run) = self.nodes.get_mut(&node_id).and_then(|n| n.run.take()) {
                             self.kill_run(&run);
                         }
-                        if let Some(n) = self.nodes.remove(&node_id) {
+                        if let Some(n) = self.remove_node(&node_id) {
                             self.by_serial.remove(&n.serial);
                         }
                     }
-                    self.qrs.remove(&key);
+                    self.remove_qr(&key);
                     self.by_serial.remove(&serial);
                     self.version += 1;
                     self.provision_waiting(pool);
@@ -646,7 +697,7 @@ impl SimCloud {
                     if let Some(run) = self.nodes.get_mut(&key).and_then(|n| n.run.take()) {
                         self.kill_run(&run);
                     }
-                    let pool = self.nodes.remove(&key).map(|n| n.pool);
+                    let pool = self.remove_node(&key).map(|n| n.pool);
                     self.by_serial.remove(&serial);
                     self.version += 1;
                     if let Some(pool) = pool {
@@ -892,7 +943,7 @@ impl SimCloud {
         self.serial += 1;
         self.by_serial
             .insert(node.serial, (false, node_key.clone()));
-        self.nodes.insert(node_key, node);
+        self.insert_node(node_key, node);
         self.version += 1;
         self.push(
             self.now + (secs * 1000.0) as u64,
@@ -1056,7 +1107,7 @@ impl SimCloud {
         };
         let serial = qr.serial;
         self.by_serial.insert(qr.serial, (true, key.clone()));
-        self.qrs.insert(key, qr);
+        self.insert_qr(key, qr);
         self.version += 1;
         let faults = self.config.faults;
         self.schedule_fault(
@@ -1158,22 +1209,28 @@ impl SimCloud {
     }
 
     /// GET a node.
-    pub fn get_node(&mut self, zone: &str, name: &str) -> Result<Option<NodeView>, ApiError> {
+    pub fn get_node(&mut self, zone: &str, name: &str) -> Result<Option<NodeView<'_>>, ApiError> {
         self.api("get_node", false)?;
         Ok(self
             .nodes
             .get(name)
             .filter(|n| n.zone == zone)
-            .map(|n| NodeView {
-                name: n.name.clone(),
-                zone: n.zone.clone(),
-                accelerator: n.accelerator.clone(),
-                state: n.state,
-                hosts: n.hosts,
-                labels: n.labels.clone(),
-                queued_resource: n.queued_resource.clone(),
-                spot: n.spot,
-            }))
+            .map(Node::view))
+    }
+
+    /// LIST the nodes of `zone` carrying label `key` = `value`, in name order (one call; the
+    /// API's pages are not modelled).
+    pub fn list_nodes<'a>(
+        &'a mut self,
+        zone: &'a str,
+        (key, value): (&'a str, &'a str),
+    ) -> Result<impl Iterator<Item = NodeView<'a>> + 'a, ApiError> {
+        self.api("list_nodes", false)?;
+        let nodes = &self.nodes;
+        Ok(in_zone(&self.node_zones, zone)
+            .map(move |name| &nodes[name])
+            .filter(move |n| n.labels.get(key).is_some_and(|v| v == value))
+            .map(Node::view))
     }
 
     /// Adds a node that exists before the run (an adopted, on-demand TPU): READY, never
@@ -1189,7 +1246,7 @@ impl SimCloud {
         self.serial += 1;
         let key = name.to_owned();
         self.by_serial.insert(self.serial, (false, key.clone()));
-        self.nodes.insert(
+        self.insert_node(
             key,
             Node {
                 serial: self.serial,
@@ -1217,20 +1274,45 @@ impl SimCloud {
         &mut self,
         zone: &str,
         name: &str,
-    ) -> Result<Option<QrView>, ApiError> {
+    ) -> Result<Option<QrView<'_>>, ApiError> {
         self.api("get_queued_resource", false)?;
-        Ok(self
-            .qrs
-            .get(name)
-            .filter(|q| q.zone == zone)
-            .map(|q| QrView {
-                name: q.name.clone(),
-                zone: q.zone.clone(),
-                node_id: q.node_id.clone(),
-                accelerator: q.accelerator.clone(),
-                state: q.state,
-                labels: q.labels.clone(),
-            }))
+        Ok(self.qrs.get(name).filter(|q| q.zone == zone).map(Qr::view))
+    }
+
+    /// LIST the queued resources of `zone` carrying label `key` = `value`, in name order.
+    pub fn list_queued_resources<'a>(
+        &'a mut self,
+        zone: &'a str,
+        (key, value): (&'a str, &'a str),
+    ) -> Result<impl Iterator<Item = QrView<'a>> + 'a, ApiError> {
+        self.api("list_queued_resources", false)?;
+        let qrs = &self.qrs;
+        Ok(in_zone(&self.qr_zones, zone)
+            .map(move |name| &qrs[name])
+            .filter(move |q| q.labels.get(key).is_some_and(|v| v == value))
+            .map(Qr::view))
+    }
+
+    fn insert_node(&mut self, key: String, node: Node) {
+        self.node_zones.insert((node.zone.clone(), key.clone()));
+        self.nodes.insert(key, node);
+    }
+
+    fn remove_node(&mut self, key: &str) -> Option<Node> {
+        let node = self.nodes.remove(key)?;
+        self.node_zones.remove(&(node.zone.clone(), key.to_owned()));
+        Some(node)
+    }
+
+    fn insert_qr(&mut self, key: String, qr: Qr) {
+        self.qr_zones.insert((qr.zone.clone(), key.clone()));
+        self.qrs.insert(key, qr);
+    }
+
+    fn remove_qr(&mut self, key: &str) -> Option<Qr> {
+        let qr = self.qrs.remove(key)?;
+        self.qr_zones.remove(&(qr.zone.clone(), key.to_owned()));
+        Some(qr)
     }
 
     // ----- workers --------------------------------------------------------------------

@@ -1,15 +1,17 @@
-//! The boundary between the engine's decisions and a cloud: `CloudBackend` fetches exactly
-//! the named resources and worker reports, and carries out one action at a time. Two
+//! The boundary between the engine's decisions and a cloud: `CloudBackend` reads the
+//! inventory scope (the runner's objects per zone, adopted TPUs by name) and worker reports,
+//! and carries out one action at a time. Two
 //! implementations: the simulator (`sim`) and GCP (to come). Refusals are returned as data.
 
 pub mod sim;
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::engine::observe::{
     AttemptReport, CancelOutcome, CloudFailure, NodeInfo, QueuedResourceInfo, RemoteError,
 };
-use crate::engine::{Action, InventoryTargets, Timestamp};
+use crate::engine::{Action, InventoryScope, Timestamp};
 
 /// A failed inventory or report read: the pass is skipped and retried later.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,14 +41,20 @@ pub enum Outcome {
     Cancelled(CancelOutcome),
 }
 
+/// What an inventory read found: nodes and queued resources, each sorted by (zone, name).
+pub type Inventory = (Vec<Arc<NodeInfo>>, Vec<Arc<QueuedResourceInfo>>);
+
 /// A cloud the driver can observe and act on.
 pub trait CloudBackend {
-    /// Fetches the nodes and queued resources named in `targets` (absent ones are left out).
+    /// Lists the nodes and queued resources labelled `managed-by` = `scope.runner` in each
+    /// of `scope.zones` and fetches the adopted nodes by name (absent ones are left out);
+    /// returns each kind sorted by (zone, name), without duplicates. Any failed call fails
+    /// the whole read.
     fn inventory(
         &mut self,
-        targets: &InventoryTargets<'_>,
+        scope: &InventoryScope<'_>,
         now: Timestamp,
-    ) -> Result<(Vec<NodeInfo>, Vec<QueuedResourceInfo>), BackendError>;
+    ) -> Result<Inventory, BackendError>;
     /// What the workers of `attempt_id` report (launch acknowledged, status objects,
     /// heartbeat); `None` if nothing is known of it.
     fn attempt_report(

@@ -3,17 +3,20 @@
 //! virtual time (`epoch` + simulator milliseconds).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
 
 use tpu_runner_sim::SimCloud;
 use tpu_runner_sim::cloud::{self as simc, ApiError, CancelResult};
 
-use super::{BackendError, CloudBackend, Outcome};
+use super::{BackendError, CloudBackend, Inventory, Outcome};
 use crate::engine::observe::{
     AttemptReport, CancelOutcome, CloudFailure, Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY,
     NodeInfo, NodeState, QrState, QueuedResourceInfo, RemoteError, RemoteErrorKind, WorkerState,
     WorkerStatus,
 };
-use crate::engine::{Action, InventoryTargets, Timestamp};
+use crate::engine::{Action, InventoryScope, Timestamp};
 use crate::spec::TpuType;
 
 /// The simulated cloud seen through the backend boundary.
@@ -29,6 +32,88 @@ pub struct SimBackend {
     pub public_ip: bool,
     /// Calls made so far by the pass that started at `.0` (for their latencies).
     pub calls: (u64, u32),
+    /// Cloud objects converted to observation types, reused while unchanged.
+    pub converted: Converted,
+}
+
+/// Cloud objects already converted to observation types, by name. An object is converted
+/// again only when its incarnation (serial) or state changes, its only mutable field, so an
+/// inventory read of an unchanged fleet copies nothing. Only looked up, never iterated in an
+/// order that matters.
+#[derive(Debug, Default)]
+pub struct Converted {
+    nodes: FxHashMap<String, (u64, simc::NodeState, u64, Arc<NodeInfo>)>,
+    qrs: FxHashMap<String, (u64, simc::QrState, u64, Arc<QueuedResourceInfo>)>,
+    /// Reads so far; each entry remembers the last read that saw it.
+    pass: u64,
+}
+
+impl Converted {
+    fn node(&mut self, n: &simc::NodeView<'_>, public_ip: bool) -> Option<Arc<NodeInfo>> {
+        let pass = self.pass;
+        if let Some((serial, state, seen, info)) = self.nodes.get_mut(n.name)
+            && (*serial, *state) == (n.serial, n.state)
+        {
+            *seen = pass;
+            return Some(info.clone());
+        }
+        let info = Arc::new(NodeInfo {
+            tpu_type: TpuType::parse(n.accelerator).ok()?,
+            name: n.name.to_owned(),
+            zone: n.zone.to_owned(),
+            state: match n.state {
+                simc::NodeState::Creating => NodeState::Creating,
+                simc::NodeState::Ready => NodeState::Ready,
+                simc::NodeState::Preempted => NodeState::Preempted,
+                simc::NodeState::Deleting => NodeState::Deleting,
+            },
+            health: Health::Healthy,
+            spot: n.spot,
+            labels: n.labels.clone(),
+            queued_resource: n.queued_resource.map(str::to_owned),
+            worker_count: n.hosts,
+            public_ip,
+        });
+        self.nodes
+            .insert(n.name.to_owned(), (n.serial, n.state, pass, info.clone()));
+        Some(info)
+    }
+
+    fn queued_resource(&mut self, q: &simc::QrView<'_>) -> Option<Arc<QueuedResourceInfo>> {
+        let pass = self.pass;
+        if let Some((serial, state, seen, info)) = self.qrs.get_mut(q.name)
+            && (*serial, *state) == (q.serial, q.state)
+        {
+            *seen = pass;
+            return Some(info.clone());
+        }
+        let info = Arc::new(QueuedResourceInfo {
+            tpu_type: TpuType::parse(q.accelerator).ok()?,
+            name: q.name.to_owned(),
+            zone: q.zone.to_owned(),
+            node_id: q.node_id.to_owned(),
+            state: match q.state {
+                simc::QrState::WaitingForResources => QrState::WaitingForResources,
+                simc::QrState::Provisioning => QrState::Provisioning,
+                simc::QrState::Active => QrState::Active,
+                simc::QrState::Failed => QrState::Failed,
+                simc::QrState::Suspended => QrState::Suspended,
+                simc::QrState::Deleting => QrState::Deleting,
+            },
+            spot: true,
+            labels: q.labels.clone(),
+        });
+        self.qrs
+            .insert(q.name.to_owned(), (q.serial, q.state, pass, info.clone()));
+        Some(info)
+    }
+
+    /// Drops what the last read did not see (deleted objects).
+    fn forget_unseen(&mut self) {
+        let pass = self.pass;
+        self.nodes.retain(|_, e| e.2 == pass);
+        self.qrs.retain(|_, e| e.2 == pass);
+    }
 }
 
 impl SimBackend {
@@ -68,68 +153,46 @@ fn read_error(e: ApiError, what: &str) -> BackendError {
 impl CloudBackend for SimBackend {
     fn inventory(
         &mut self,
-        targets: &InventoryTargets<'_>,
+        scope: &InventoryScope<'_>,
         _now: Timestamp,
-    ) -> Result<(Vec<NodeInfo>, Vec<QueuedResourceInfo>), BackendError> {
+    ) -> Result<Inventory, BackendError> {
+        let label = (LABEL_MANAGED_BY, scope.runner);
+        let public_ip = self.public_ip;
+        let cache = &mut self.converted;
+        cache.pass += 1;
         let mut nodes = Vec::new();
-        for (zone, name) in targets.nodes() {
-            let Some(n) = self
+        for zone in &scope.zones {
+            for n in self
                 .cloud
-                .get_node(zone, name)
-                .map_err(|e| read_error(e, name))?
-            else {
-                continue;
-            };
-            let Ok(tpu_type) = TpuType::parse(&n.accelerator) else {
-                continue;
-            };
-            nodes.push(NodeInfo {
-                name: n.name,
-                zone: n.zone,
-                tpu_type,
-                state: match n.state {
-                    simc::NodeState::Creating => NodeState::Creating,
-                    simc::NodeState::Ready => NodeState::Ready,
-                    simc::NodeState::Preempted => NodeState::Preempted,
-                    simc::NodeState::Deleting => NodeState::Deleting,
-                },
-                health: Health::Healthy,
-                spot: n.spot,
-                labels: n.labels,
-                queued_resource: n.queued_resource,
-                worker_count: n.hosts,
-                public_ip: self.public_ip,
-            });
+                .list_nodes(zone, label)
+                .map_err(|e| read_error(e, zone))?
+            {
+                nodes.extend(cache.node(&n, public_ip));
+            }
+        }
+        // Listed zone by zone, each in name order: sorted already unless adopted TPUs join.
+        if !scope.adopted.is_empty() {
+            for (zone, name) in &scope.adopted {
+                let found = self
+                    .cloud
+                    .get_node(zone, name)
+                    .map_err(|e| read_error(e, name))?;
+                nodes.extend(found.and_then(|n| cache.node(&n, public_ip)));
+            }
+            nodes.sort_by(|a, b| (&a.zone, &a.name).cmp(&(&b.zone, &b.name)));
+            nodes.dedup_by(|a, b| a.name == b.name);
         }
         let mut qrs = Vec::new();
-        for (zone, name) in targets.queued_resources() {
-            let Some(q) = self
+        for zone in &scope.zones {
+            for q in self
                 .cloud
-                .get_queued_resource(zone, name)
-                .map_err(|e| read_error(e, name))?
-            else {
-                continue;
-            };
-            let Ok(tpu_type) = TpuType::parse(&q.accelerator) else {
-                continue;
-            };
-            qrs.push(QueuedResourceInfo {
-                name: q.name,
-                zone: q.zone,
-                node_id: q.node_id,
-                tpu_type,
-                state: match q.state {
-                    simc::QrState::WaitingForResources => QrState::WaitingForResources,
-                    simc::QrState::Provisioning => QrState::Provisioning,
-                    simc::QrState::Active => QrState::Active,
-                    simc::QrState::Failed => QrState::Failed,
-                    simc::QrState::Suspended => QrState::Suspended,
-                    simc::QrState::Deleting => QrState::Deleting,
-                },
-                spot: true,
-                labels: q.labels,
-            });
+                .list_queued_resources(zone, label)
+                .map_err(|e| read_error(e, zone))?
+            {
+                qrs.extend(cache.queued_resource(&q));
+            }
         }
+        cache.forget_unseen();
         Ok((nodes, qrs))
     }
 

@@ -2,6 +2,7 @@
 //! decisions (actions, events) and why each pending job still waits.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -100,7 +101,7 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
             index.entry(e).provisioning_model == crate::spec::ProvisioningModel::Spot
         });
         if !r.adopted && (up || r.status == ResourceStatus::Provisioning) {
-            obs.queued_resources.push(QueuedResourceInfo {
+            obs.queued_resources.push(Arc::new(QueuedResourceInfo {
                 name: names::queued_resource_name(&r.tpu_name),
                 zone: r.zone.clone(),
                 node_id: r.tpu_name.clone(),
@@ -112,10 +113,10 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
                 },
                 spot: true,
                 labels: labels.clone().into(),
-            });
+            }));
         }
         if up {
-            obs.nodes.push(NodeInfo {
+            obs.nodes.push(Arc::new(NodeInfo {
                 name: r.tpu_name.clone(),
                 zone: r.zone.clone(),
                 tpu_type: r.tpu_type.clone(),
@@ -130,7 +131,7 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
                 queued_resource: None,
                 worker_count: r.worker_count,
                 public_ip: true,
-            });
+            }));
         }
     }
     obs

@@ -1,6 +1,6 @@
 //! Facts derived once from the fleet: declared node names per entry, which entry a node or
-//! queued resource belongs to (§3.2 entry match), chip quotas, and the inventory targets the
-//! drivers fetch by exact name. Pure and cheap to query.
+//! queued resource belongs to (§3.2 entry match), chip quotas, and the inventory scope the
+//! drivers read (zones to list, adopted TPUs to fetch by name). Pure and cheap to query.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -32,8 +32,8 @@ pub struct FleetIndex {
     by_id: rustc_hash::FxHashMap<String, usize>,
     /// Chip limit per quota key.
     pub chip_limits: BTreeMap<QuotaKey, u32>,
-    /// The declared inventory targets.
-    pub declared_targets: DeclaredTargets,
+    /// Zones of the managed entries (listed on every pass).
+    managed_zones: BTreeSet<String>,
 }
 
 impl FleetIndex {
@@ -77,18 +77,12 @@ impl FleetIndex {
             .map(|(i, e)| (e.id.clone(), i))
             .collect();
         let chip_limits = fleet.chip_limits();
-        let mut declared_targets = DeclaredTargets::default();
-        for (name, d) in &declared {
-            let entry = &fleet.tpus[d.entry];
-            declared_targets
-                .nodes
-                .insert((entry.zone.clone(), name.clone()));
-            if !entry.is_adopted() {
-                declared_targets
-                    .queued_resources
-                    .insert((entry.zone.clone(), names::queued_resource_name(name)));
-            }
-        }
+        let managed_zones = fleet
+            .tpus
+            .iter()
+            .filter(|e| !e.is_adopted())
+            .map(|e| e.zone.clone())
+            .collect();
         let declared_lookup = declared.iter().map(|(k, v)| (k.clone(), *v)).collect();
         FleetIndex {
             fleet,
@@ -97,7 +91,7 @@ impl FleetIndex {
             ordinals,
             by_id,
             chip_limits,
-            declared_targets,
+            managed_zones,
         }
     }
 
@@ -179,31 +173,33 @@ impl FleetIndex {
                 .is_some_and(|d| self.entry(d.entry).id == resource.entry_id)
     }
 
-    /// The exact names the drivers fetch (never listing): declared nodes and ordinal queued
-    /// resources (computed once per fleet), plus records of the state that are not gone and
-    /// not declared (including records whose entry was removed, so their TPUs can be cleaned
-    /// up instead of orphaned).
-    pub fn inventory_targets<'s>(&'s self, state: &State) -> InventoryTargets<'s> {
-        let mut extra_nodes = BTreeSet::new();
-        let mut extra_queued_resources = BTreeSet::new();
+    /// What the drivers read for the next observation: every node and queued resource
+    /// labelled for this runner in the zones of the managed entries and of live managed
+    /// records (one list per zone and kind, so the cost of a read grows with zones, not with
+    /// ordinals), plus adopted TPUs by exact name (they carry no labels of ours). Records whose
+    /// entry was removed keep their zone listed, so their TPUs are cleaned up, not orphaned.
+    pub fn inventory_scope<'s>(&'s self, state: &'s State) -> InventoryScope<'s> {
+        let mut zones: BTreeSet<&str> = self.managed_zones.iter().map(String::as_str).collect();
+        let mut adopted: BTreeSet<(&str, &str)> = self
+            .fleet
+            .tpus
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EntryKind::Adopted { existing } => Some((e.zone.as_str(), existing.as_str())),
+                EntryKind::Managed { .. } => None,
+            })
+            .collect();
         for r in state.resources.values().filter(|r| !r.status.is_gone()) {
-            let declared = self
-                .declared_lookup
-                .get(&r.tpu_name)
-                .is_some_and(|d| self.entry(d.entry).zone == r.zone);
-            if declared {
-                continue;
-            }
-            extra_nodes.insert((r.zone.clone(), r.tpu_name.clone()));
-            if !r.adopted {
-                extra_queued_resources
-                    .insert((r.zone.clone(), names::queued_resource_name(&r.tpu_name)));
+            if r.adopted {
+                adopted.insert((&r.zone, &r.tpu_name));
+            } else {
+                zones.insert(&r.zone);
             }
         }
-        InventoryTargets {
-            declared: &self.declared_targets,
-            extra_nodes,
-            extra_queued_resources,
+        InventoryScope {
+            runner: self.runner(),
+            zones,
+            adopted,
         }
     }
 
@@ -214,44 +210,16 @@ impl FleetIndex {
     }
 }
 
-/// The declared part of the inventory targets, computed once per fleet.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeclaredTargets {
-    /// `(zone, node)` pairs.
-    pub nodes: BTreeSet<(String, String)>,
-    /// `(zone, queued resource)` pairs.
-    pub queued_resources: BTreeSet<(String, String)>,
-}
-
-/// Names to fetch, as `(zone, name)` pairs: the fleet's declared names plus extra records.
+/// What a driver reads for one observation (original §3.2 fetched every declared name; a
+/// list per zone reads the same objects in far fewer calls).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InventoryTargets<'a> {
-    /// Declared names.
-    pub declared: &'a DeclaredTargets,
-    /// Nodes of records outside the declared names.
-    pub extra_nodes: BTreeSet<(String, String)>,
-    /// Queued resources of records outside the declared names.
-    pub extra_queued_resources: BTreeSet<(String, String)>,
-}
-
-impl InventoryTargets<'_> {
-    /// Every node to fetch.
-    pub fn nodes(&self) -> impl Iterator<Item = &(String, String)> {
-        self.declared.nodes.iter().chain(
-            self.extra_nodes
-                .iter()
-                .filter(|t| !self.declared.nodes.contains(*t)),
-        )
-    }
-
-    /// Every queued resource to fetch.
-    pub fn queued_resources(&self) -> impl Iterator<Item = &(String, String)> {
-        self.declared.queued_resources.iter().chain(
-            self.extra_queued_resources
-                .iter()
-                .filter(|t| !self.declared.queued_resources.contains(*t)),
-        )
-    }
+pub struct InventoryScope<'a> {
+    /// Runner name: list objects whose `managed-by` label is this.
+    pub runner: &'a str,
+    /// Zones to list.
+    pub zones: BTreeSet<&'a str>,
+    /// Adopted TPUs to fetch by exact name, as `(zone, name)`.
+    pub adopted: BTreeSet<(&'a str, &'a str)>,
 }
 
 impl FleetIndex {

@@ -3,8 +3,9 @@
 //! next needs to run. It never reads the clock, never does IO, never uses an unseeded RNG,
 //! and depends on no async runtime, HTTP client or storage (a tidy test enforces this).
 //!
-//! Driver contract: `targets = engine.inventory_targets(&state)`; fetch exactly those names
-//! into an `Observation` (plus worker reports and the refusals of the previous actions); call
+//! Driver contract: `scope = engine.inventory_scope(&state)`; list the runner's objects in its
+//! zones and fetch its adopted TPUs into an `Observation` (plus worker reports and the
+//! refusals of the previous actions); call
 //! `engine.reconcile(&mut state, &obs, now)`; persist the state; then carry out the actions
 //! in order. Actions are idempotent by name, so a crash between persisting and acting loses
 //! nothing: the next pass re-derives them.
@@ -24,7 +25,7 @@ pub mod synthetic;
 pub mod time;
 
 pub use config::EngineConfig;
-pub use fleet_index::{FleetIndex, InventoryTargets};
+pub use fleet_index::{FleetIndex, InventoryScope};
 pub use observe::{Action, CloudFailure, Event, Observation};
 pub use policy::Policy;
 pub use reconcile::PassOutput;
@@ -66,9 +67,9 @@ impl Engine {
         &*self.policy
     }
 
-    /// What the driver must fetch for the next observation.
-    pub fn inventory_targets(&self, state: &State) -> InventoryTargets<'_> {
-        self.index.inventory_targets(state)
+    /// What the driver must read for the next observation.
+    pub fn inventory_scope<'s>(&'s self, state: &'s State) -> InventoryScope<'s> {
+        self.index.inventory_scope(state)
     }
 
     /// One reconcile pass.

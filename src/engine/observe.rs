@@ -3,6 +3,7 @@
 //! GCP produce the same `Observation` and consume the same `Action`s. No behaviour here.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,17 +16,18 @@ pub const LABEL_MANAGED_BY: &str = "managed-by";
 pub const LABEL_FLEET_ENTRY: &str = "fleet-entry";
 
 /// Labels of an observed object, shared so that observing it again copies nothing.
-pub type Labels = std::sync::Arc<BTreeMap<String, String>>;
+pub type Labels = Arc<BTreeMap<String, String>>;
 
-/// A snapshot of the cloud, taken once per pass.
+/// A snapshot of the cloud, taken once per pass. Objects are shared (`Arc`): a driver may
+/// hand the same unchanged object to many passes without copying it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Observation {
-    /// TPU nodes found among the inventory targets.
+    /// TPU nodes found in the inventory scope, by (zone, name).
     #[serde(default)]
-    pub nodes: Vec<NodeInfo>,
-    /// Queued resources found among the inventory targets.
+    pub nodes: Vec<Arc<NodeInfo>>,
+    /// Queued resources found in the inventory scope, by (zone, name).
     #[serde(default)]
-    pub queued_resources: Vec<QueuedResourceInfo>,
+    pub queued_resources: Vec<Arc<QueuedResourceInfo>>,
     /// What the workers report, by attempt id.
     #[serde(default)]
     pub attempts: BTreeMap<String, AttemptReport>,

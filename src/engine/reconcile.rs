@@ -5,6 +5,7 @@
 //! Level-triggered and idempotent: a pass never depends on why it ran.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
@@ -131,18 +132,18 @@ impl<'a> Pass<'a> {
             .nodes
             .iter()
             .zip(&node_facts)
-            .map(|(n, f)| (n.name.as_str(), (n, *f)))
+            .map(|(n, f)| (n.name.as_str(), (&**n, *f)))
             .collect();
         let qrs = obs
             .queued_resources
             .iter()
-            .map(|q| (q.name.as_str(), q))
+            .map(|q| (q.name.as_str(), &**q))
             .collect();
         let qr_by_node = obs
             .queued_resources
             .iter()
             .zip(&qr_facts)
-            .map(|(q, f)| (q.node_id.as_str(), (q, *f)))
+            .map(|(q, f)| (q.node_id.as_str(), (&**q, *f)))
             .collect();
         Pass {
             index,
@@ -633,7 +634,7 @@ impl<'a> Pass<'a> {
     // ----- step 2: QR refresh ---------------------------------------------------------
 
     fn refresh_from_queued_resources(&mut self) {
-        let qrs: &'a [QueuedResourceInfo] = &self.obs.queued_resources;
+        let qrs: &'a [Arc<QueuedResourceInfo>] = &self.obs.queued_resources;
         for (i, qr) in qrs.iter().enumerate() {
             if !qr.state.is_live() {
                 continue;
@@ -677,7 +678,7 @@ impl<'a> Pass<'a> {
     // ----- step 3: ready refresh --------------------------------------------------------
 
     fn refresh_from_ready_nodes(&mut self) {
-        let nodes: &'a [NodeInfo] = &self.obs.nodes;
+        let nodes: &'a [Arc<NodeInfo>] = &self.obs.nodes;
         let now = self.now;
         for (i, node) in nodes.iter().enumerate() {
             let Some(entry_index) = self.node_facts[i].entry.map(|e| e as usize) else {

@@ -3,6 +3,7 @@
 //! integer hash stands in for randomness so the same size always gives the same instance.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::observe::{
     Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo,
@@ -155,7 +156,7 @@ pub fn planning_instance(
         let mut record = Resource::new(&name, entry, ResourceStatus::Idle, 1);
         record.idle_since = Some(epoch);
         state.resources.insert(name.clone(), record);
-        obs.queued_resources.push(QueuedResourceInfo {
+        obs.queued_resources.push(Arc::new(QueuedResourceInfo {
             name: crate::spec::names::queued_resource_name(&name),
             zone: entry.zone.clone(),
             node_id: name.clone(),
@@ -163,8 +164,8 @@ pub fn planning_instance(
             state: QrState::Active,
             spot: true,
             labels: labels.clone(),
-        });
-        obs.nodes.push(NodeInfo {
+        }));
+        obs.nodes.push(Arc::new(NodeInfo {
             name,
             zone: entry.zone.clone(),
             tpu_type: entry.tpu_type.clone(),
@@ -175,7 +176,7 @@ pub fn planning_instance(
             queued_resource: None,
             worker_count: 1,
             public_ip: false,
-        });
+        }));
     }
     (state, obs)
 }

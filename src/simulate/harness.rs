@@ -301,6 +301,7 @@ pub fn run(
         runner: scenario.fleet.name.clone(),
         public_ip: scenario.fleet.ssh_transport == SshTransport::Direct,
         calls: (u64::MAX, 0),
+        converted: Default::default(),
     };
     let all_arrivals = arrivals(scenario, seed);
     let mut jobs_skipped = 0u64;

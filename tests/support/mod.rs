@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use tpu_runner::engine::observe::{
@@ -335,7 +336,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
             labels.insert(LABEL_MANAGED_BY.to_owned(), index.runner().to_owned());
             labels.insert(LABEL_FLEET_ENTRY.to_owned(), entry.id.clone());
         }
-        obs.nodes.push(NodeInfo {
+        obs.nodes.push(Arc::new(NodeInfo {
             name: name.clone(),
             zone: entry.zone.clone(),
             tpu_type: entry.tpu_type.clone(),
@@ -347,7 +348,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
                 .then(|| spec::names::queued_resource_name(&name)),
             worker_count: n.workers,
             public_ip: false,
-        });
+        }));
     }
     for q in &case.qrs {
         let (e, name, _) = resolve(index, &q.tpu);
@@ -356,7 +357,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
             (LABEL_MANAGED_BY.to_owned(), index.runner().to_owned()),
             (LABEL_FLEET_ENTRY.to_owned(), entry.id.clone()),
         ]);
-        obs.queued_resources.push(QueuedResourceInfo {
+        obs.queued_resources.push(Arc::new(QueuedResourceInfo {
             name: spec::names::queued_resource_name(&name),
             zone: entry.zone.clone(),
             node_id: name,
@@ -364,7 +365,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
             state: q.state,
             spot: true,
             labels: labels.into(),
-        });
+        }));
     }
     obs.attempts = case.reports.clone();
     (state, obs)
