@@ -258,15 +258,20 @@ impl Node {
     }
 }
 
-/// Names of the objects of `zone` in a `(zone, name)` index, in name order.
-fn in_zone<'a>(
+/// The objects of `zone` whose label `key` is `value`, in name order: `index` holds the
+/// `(zone, name)` of every object of `objects`.
+fn labelled_in_zone<'a, T>(
     index: &'a BTreeSet<(String, String)>,
+    objects: &'a FxHashMap<String, T>,
     zone: &'a str,
-) -> impl Iterator<Item = &'a str> {
+    labels: fn(&T) -> &Labels,
+    (key, value): (&'a str, &'a str),
+) -> impl Iterator<Item = &'a T> + 'a {
     index
         .range((zone.to_owned(), String::new())..)
         .take_while(move |(z, _)| z == zone)
-        .map(|(_, name)| name.as_str())
+        .map(move |(_, name)| &objects[name])
+        .filter(move |o| labels(o).get(key).is_some_and(|v| v == value))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1226,11 +1231,14 @@ impl SimCloud {
         (key, value): (&'a str, &'a str),
     ) -> Result<impl Iterator<Item = NodeView<'a>> + 'a, ApiError> {
         self.api("list_nodes", false)?;
-        let nodes = &self.nodes;
-        Ok(in_zone(&self.node_zones, zone)
-            .map(move |name| &nodes[name])
-            .filter(move |n| n.labels.get(key).is_some_and(|v| v == value))
-            .map(Node::view))
+        Ok(labelled_in_zone(
+            &self.node_zones,
+            &self.nodes,
+            zone,
+            |n| &n.labels,
+            (key, value),
+        )
+        .map(Node::view))
     }
 
     /// Adds a node that exists before the run (an adopted, on-demand TPU): READY, never
@@ -1286,11 +1294,10 @@ impl SimCloud {
         (key, value): (&'a str, &'a str),
     ) -> Result<impl Iterator<Item = QrView<'a>> + 'a, ApiError> {
         self.api("list_queued_resources", false)?;
-        let qrs = &self.qrs;
-        Ok(in_zone(&self.qr_zones, zone)
-            .map(move |name| &qrs[name])
-            .filter(move |q| q.labels.get(key).is_some_and(|v| v == value))
-            .map(Qr::view))
+        Ok(
+            labelled_in_zone(&self.qr_zones, &self.qrs, zone, |q| &q.labels, (key, value))
+                .map(Qr::view),
+        )
     }
 
     fn insert_node(&mut self, key: String, node: Node) {

@@ -42,20 +42,36 @@ pub struct SimBackend {
 /// order that matters.
 #[derive(Debug, Default)]
 pub struct Converted {
-    nodes: FxHashMap<String, (u64, simc::NodeState, u64, Arc<NodeInfo>)>,
-    qrs: FxHashMap<String, (u64, simc::QrState, u64, Arc<QueuedResourceInfo>)>,
+    nodes: FxHashMap<String, Conversion<simc::NodeState, NodeInfo>>,
+    qrs: FxHashMap<String, Conversion<simc::QrState, QueuedResourceInfo>>,
     /// Reads so far; each entry remembers the last read that saw it.
     pass: u64,
 }
 
+/// One converted object: of which (serial, state), last seen by which read.
+#[derive(Debug)]
+struct Conversion<S, T> {
+    of: (u64, S),
+    seen: u64,
+    info: Arc<T>,
+}
+
+/// The earlier conversion of `name` if it is of the same incarnation and state.
+fn reuse<S: Eq, T>(
+    cache: &mut FxHashMap<String, Conversion<S, T>>,
+    name: &str,
+    of: (u64, S),
+    pass: u64,
+) -> Option<Arc<T>> {
+    let c = cache.get_mut(name).filter(|c| c.of == of)?;
+    c.seen = pass;
+    Some(c.info.clone())
+}
+
 impl Converted {
     fn node(&mut self, n: &simc::NodeView<'_>, public_ip: bool) -> Option<Arc<NodeInfo>> {
-        let pass = self.pass;
-        if let Some((serial, state, seen, info)) = self.nodes.get_mut(n.name)
-            && (*serial, *state) == (n.serial, n.state)
-        {
-            *seen = pass;
-            return Some(info.clone());
+        if let Some(info) = reuse(&mut self.nodes, n.name, (n.serial, n.state), self.pass) {
+            return Some(info);
         }
         let info = Arc::new(NodeInfo {
             tpu_type: TpuType::parse(n.accelerator).ok()?,
@@ -74,18 +90,18 @@ impl Converted {
             worker_count: n.hosts,
             public_ip,
         });
-        self.nodes
-            .insert(n.name.to_owned(), (n.serial, n.state, pass, info.clone()));
+        let conversion = Conversion {
+            of: (n.serial, n.state),
+            seen: self.pass,
+            info: info.clone(),
+        };
+        self.nodes.insert(n.name.to_owned(), conversion);
         Some(info)
     }
 
     fn queued_resource(&mut self, q: &simc::QrView<'_>) -> Option<Arc<QueuedResourceInfo>> {
-        let pass = self.pass;
-        if let Some((serial, state, seen, info)) = self.qrs.get_mut(q.name)
-            && (*serial, *state) == (q.serial, q.state)
-        {
-            *seen = pass;
-            return Some(info.clone());
+        if let Some(info) = reuse(&mut self.qrs, q.name, (q.serial, q.state), self.pass) {
+            return Some(info);
         }
         let info = Arc::new(QueuedResourceInfo {
             tpu_type: TpuType::parse(q.accelerator).ok()?,
@@ -103,16 +119,20 @@ impl Converted {
             spot: true,
             labels: q.labels.clone(),
         });
-        self.qrs
-            .insert(q.name.to_owned(), (q.serial, q.state, pass, info.clone()));
+        let conversion = Conversion {
+            of: (q.serial, q.state),
+            seen: self.pass,
+            info: info.clone(),
+        };
+        self.qrs.insert(q.name.to_owned(), conversion);
         Some(info)
     }
 
     /// Drops what the last read did not see (deleted objects).
     fn forget_unseen(&mut self) {
         let pass = self.pass;
-        self.nodes.retain(|_, e| e.2 == pass);
-        self.qrs.retain(|_, e| e.2 == pass);
+        self.nodes.retain(|_, c| c.seen == pass);
+        self.qrs.retain(|_, c| c.seen == pass);
     }
 }
 
