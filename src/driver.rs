@@ -1,6 +1,7 @@
 //! The driver: one controller pass against any `CloudBackend`. It builds the observation
-//! (inventory of the runner's zones and adopted TPUs, worker reports, and the results of the previous pass's actions),
-//! runs the engine, then carries out the actions and keeps their results for the next pass.
+//! (inventory of the runner's zones and adopted TPUs, worker reports, and the results of the
+//! previous pass's actions), runs the engine, then carries out the actions and keeps their
+//! results for the next pass.
 //! The same code runs in the simulator and in production.
 
 use std::collections::BTreeMap;

@@ -453,3 +453,35 @@ fn frugal_races_after_waiting() {
         "racing after 15 minutes"
     );
 }
+
+/// The inventory scope: every zone of a managed entry or of a live managed record (an entry
+/// removed from the fleet keeps its zone listed until its TPUs are gone), adopted TPUs by
+/// name; records already gone add nothing.
+#[test]
+fn inventory_scope_lists_zones_and_fetches_adopted_tpus() {
+    let old = FleetIndex::new(support::fleet(
+        "  - {id: gone, type: v6e-8, zone: europe-west4-a, count: 1, runtime: r}\n  - {id: old-trc, type: v4-32, zone: us-central2-a, existing: old-v4, provisioning_model: on-demand}\n  - {id: dead, type: v6e-8, zone: asia-east1-c, count: 1, runtime: r}\n",
+    ));
+    let index = FleetIndex::new(support::fleet(
+        "  - {id: a, type: v6e-8, zone: us-east1-d, count: 2, runtime: r}\n  - {id: b, type: v6e-16, zone: us-east1-d, count: 1, runtime: r}\n  - {id: c, type: v6e-8, zone: us-west1-a, count: 1, runtime: r}\n  - {id: trc, type: v4-32, zone: us-central2-b, existing: my-v4, provisioning_model: on-demand}\n",
+    ));
+    let mut state = State::new();
+    for (entry, name, status) in [
+        (0, "left-behind", ResourceStatus::Idle),
+        (1, "old-v4", ResourceStatus::Busy),
+        (2, "long-gone", ResourceStatus::Deleted),
+    ] {
+        let r = Resource::new(name, old.entry(entry), status, 1);
+        state.resources.insert(r.id.clone(), r);
+    }
+    let scope = index.inventory_scope(&state);
+    assert_eq!(scope.runner, "runner");
+    assert_eq!(
+        scope.zones.into_iter().collect::<Vec<_>>(),
+        ["europe-west4-a", "us-east1-d", "us-west1-a"]
+    );
+    assert_eq!(
+        scope.adopted.into_iter().collect::<Vec<_>>(),
+        [("us-central2-a", "old-v4"), ("us-central2-b", "my-v4")]
+    );
+}

@@ -1,7 +1,7 @@
 //! The boundary between the engine's decisions and a cloud: `CloudBackend` reads the
 //! inventory scope (the runner's objects per zone, adopted TPUs by name) and worker reports,
-//! and carries out one action at a time. Two
-//! implementations: the simulator (`sim`) and GCP (to come). Refusals are returned as data.
+//! and carries out one action at a time. Two implementations: the simulator (`sim`) and GCP
+//! (to come). Refusals are returned as data.
 
 pub mod sim;
 
