@@ -22,10 +22,9 @@ pub struct Declared {
 pub struct FleetIndex {
     /// The fleet.
     pub fleet: FleetSpec,
-    /// Declared node names: adopted `existing` names and managed ordinals `1..=count`.
-    pub declared: BTreeMap<String, Declared>,
-    /// The same, hashed, for lookups (never iterated).
-    declared_lookup: rustc_hash::FxHashMap<String, Declared>,
+    /// Declared node names: adopted `existing` names and managed ordinals `1..=count`
+    /// (hashed: only looked up, never iterated; `ordinals` lists them in order).
+    declared: rustc_hash::FxHashMap<String, Declared>,
     /// Managed ordinal node names per entry (empty for adopted entries), ordinal order.
     pub ordinals: Vec<Vec<String>>,
     /// Entry index by id (hashed: only looked up, never iterated).
@@ -39,7 +38,7 @@ pub struct FleetIndex {
 impl FleetIndex {
     /// Builds the index.
     pub fn new(fleet: FleetSpec) -> FleetIndex {
-        let mut declared = BTreeMap::new();
+        let mut declared = rustc_hash::FxHashMap::default();
         let mut ordinals = Vec::with_capacity(fleet.tpus.len());
         for (i, entry) in fleet.tpus.iter().enumerate() {
             match &entry.kind {
@@ -83,11 +82,9 @@ impl FleetIndex {
             .filter(|e| !e.is_adopted())
             .map(|e| e.zone.clone())
             .collect();
-        let declared_lookup = declared.iter().map(|(k, v)| (k.clone(), *v)).collect();
         FleetIndex {
             fleet,
             declared,
-            declared_lookup,
             ordinals,
             by_id,
             chip_limits,
@@ -97,7 +94,7 @@ impl FleetIndex {
 
     /// Where declared node `name` comes from.
     pub fn declared(&self, name: &str) -> Option<Declared> {
-        self.declared_lookup.get(name).copied()
+        self.declared.get(name).copied()
     }
 
     /// The entry at `index`.
@@ -118,7 +115,7 @@ impl FleetIndex {
     /// Entry match for a node (§3.2): managed entries need same zone, type, Spot model and
     /// the runner's labels; adopted entries need the exact name, zone, type and model.
     pub fn node_entry(&self, node: &NodeInfo) -> Option<usize> {
-        let declared = self.declared_lookup.get(&node.name)?;
+        let declared = self.declared.get(&node.name)?;
         let entry = self.entry(declared.entry);
         let model_ok = match entry.provisioning_model {
             ProvisioningModel::Spot => node.spot,
@@ -134,7 +131,7 @@ impl FleetIndex {
     /// Entry match for a queued resource: its node id must be a declared managed ordinal of
     /// an entry with the same zone, type and labels, and the name must be `qr-<node>`.
     pub fn queued_resource_entry(&self, qr: &QueuedResourceInfo) -> Option<usize> {
-        let declared = self.declared_lookup.get(&qr.node_id)?;
+        let declared = self.declared.get(&qr.node_id)?;
         let entry = self.entry(declared.entry);
         let ok = !entry.is_adopted()
             && declared.ordinal > 0
@@ -168,7 +165,7 @@ impl FleetIndex {
     pub fn is_declared(&self, resource: &Resource) -> bool {
         self.owns_record(resource).is_some()
             && self
-                .declared_lookup
+                .declared
                 .get(&resource.tpu_name)
                 .is_some_and(|d| self.entry(d.entry).id == resource.entry_id)
     }

@@ -374,10 +374,9 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
 /// Replaces generated node names with `entry#k` so snapshots stay readable.
 pub fn shorten(index: &FleetIndex, text: &str) -> String {
     let mut out = text.to_owned();
-    for (name, d) in &index.declared {
-        let entry = index.entry(d.entry);
-        if d.ordinal > 0 {
-            out = out.replace(name, &format!("{}#{}", entry.id, d.ordinal));
+    for (e, names) in index.ordinals.iter().enumerate() {
+        for (k, name) in names.iter().enumerate() {
+            out = out.replace(name, &format!("{}#{}", index.entry(e).id, k + 1));
         }
     }
     out
