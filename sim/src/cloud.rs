@@ -332,7 +332,9 @@ pub struct SimCloud {
     qr_zones: BTreeSet<(String, String)>,
     node_zones: BTreeSet<(String, String)>,
     by_serial: BTreeMap<u64, (bool, String)>,
-    runs: BTreeMap<String, Run>,
+    /// Every run ever launched, by attempt id (grows with history: hashed, so a lookup does
+    /// not slow down as a long run accumulates attempts).
+    runs: FxHashMap<String, Run>,
     jobs: BTreeMap<String, JobProgress>,
     available: Vec<u32>,
     on: Vec<bool>,
@@ -376,7 +378,7 @@ impl SimCloud {
             qr_zones: BTreeSet::new(),
             node_zones: BTreeSet::new(),
             by_serial: BTreeMap::new(),
-            runs: BTreeMap::new(),
+            runs: FxHashMap::default(),
             jobs: BTreeMap::new(),
             available: vec![0; n],
             on: vec![true; n],
@@ -429,11 +431,13 @@ impl SimCloud {
                     .or_default() += secs * node.chips as f64;
             }
         }
-        for run in self
+        let mut running: Vec<(&String, &Run)> = self
             .runs
-            .values()
-            .filter(|r| r.state == RunState::Running && r.alive)
-        {
+            .iter()
+            .filter(|(_, r)| r.state == RunState::Running && r.alive)
+            .collect();
+        running.sort_by_key(|(id, _)| *id);
+        for (_, run) in running {
             acc.busy_chip_secs += (self.now - run.run_start) as f64 / 1000.0 * run.chips as f64;
         }
         acc
@@ -1651,6 +1655,9 @@ impl SimCloud {
                     .or_default()
                     .push(id.clone());
             }
+        }
+        for ids in out.values_mut() {
+            ids.sort();
         }
         out
     }

@@ -508,15 +508,21 @@ impl<'a> Pass<'a> {
     fn repair_ownership(&mut self) {
         let now = self.now;
         let mut broken_tpus = Vec::new();
+        // In-flight jobs proven intact by their TPU: a job is assigned one TPU, so each
+        // reciprocal pair counts a distinct job.
+        let mut intact = 0;
         for r in self.state.resources.values() {
             if let Some(o) = &r.owner {
-                let reciprocal = self.state.jobs.get(&o.job_id).is_some_and(|j| {
+                let job = self.state.jobs.get(&o.job_id).filter(|j| {
                     matches!(j.status, JobStatus::Running | JobStatus::Cancelling)
                         && j.assigned_resource.as_deref() == Some(r.id.as_str())
                         && j.current_attempt.as_deref() == Some(o.attempt_id.as_str())
                 });
-                if !reciprocal {
-                    broken_tpus.push(r.id.clone());
+                match job {
+                    None => broken_tpus.push(r.id.clone()),
+                    Some(j) => {
+                        intact += usize::from(j.attempt().is_some_and(|a| !a.status.is_terminal()));
+                    }
                 }
             }
         }
@@ -528,6 +534,9 @@ impl<'a> Pass<'a> {
                 "TPU {id} was owned by {}/{} which does not run on it; released",
                 owner.job_id, owner.attempt_id
             ));
+        }
+        if intact == self.in_flight.len() {
+            return;
         }
         let mut broken_jobs = Vec::new();
         for (status, job_id) in &self.in_flight {
