@@ -259,18 +259,19 @@ impl Node {
 }
 
 /// The objects of `zone` whose label `key` is `value`, in name order: `index` holds the
-/// `(zone, name)` of every object of `objects`.
+/// names of the objects of `objects` per zone.
 fn labelled_in_zone<'a, T>(
-    index: &'a BTreeSet<(String, String)>,
+    index: &'a BTreeMap<String, BTreeSet<String>>,
     objects: &'a FxHashMap<String, T>,
     zone: &'a str,
     labels: fn(&T) -> &Labels,
     (key, value): (&'a str, &'a str),
 ) -> impl Iterator<Item = &'a T> + 'a {
     index
-        .range((zone.to_owned(), String::new())..)
-        .take_while(move |(z, _)| z == zone)
-        .map(move |(_, name)| &objects[name])
+        .get(zone)
+        .into_iter()
+        .flatten()
+        .map(move |name| &objects[name])
         .filter(move |o| labels(o).get(key).is_some_and(|v| v == value))
 }
 
@@ -328,9 +329,9 @@ pub struct SimCloud {
     // sort first.
     qrs: FxHashMap<String, Qr>,
     nodes: FxHashMap<String, Node>,
-    /// `(zone, name)` of every queued resource and node, for listing a zone in name order.
-    qr_zones: BTreeSet<(String, String)>,
-    node_zones: BTreeSet<(String, String)>,
+    /// Names of the queued resources and nodes of each zone, for listing a zone in name order.
+    qr_zones: BTreeMap<String, BTreeSet<String>>,
+    node_zones: BTreeMap<String, BTreeSet<String>>,
     by_serial: BTreeMap<u64, (bool, String)>,
     /// Every run ever launched, by attempt id (grows with history: hashed, so a lookup does
     /// not slow down as a long run accumulates attempts).
@@ -375,8 +376,8 @@ impl SimCloud {
             queue: BinaryHeap::new(),
             qrs: FxHashMap::default(),
             nodes: FxHashMap::default(),
-            qr_zones: BTreeSet::new(),
-            node_zones: BTreeSet::new(),
+            qr_zones: BTreeMap::new(),
+            node_zones: BTreeMap::new(),
             by_serial: BTreeMap::new(),
             runs: FxHashMap::default(),
             jobs: BTreeMap::new(),
@@ -1305,24 +1306,34 @@ impl SimCloud {
     }
 
     fn insert_node(&mut self, key: String, node: Node) {
-        self.node_zones.insert((node.zone.clone(), key.clone()));
+        self.node_zones
+            .entry(node.zone.clone())
+            .or_default()
+            .insert(key.clone());
         self.nodes.insert(key, node);
     }
 
     fn remove_node(&mut self, key: &str) -> Option<Node> {
         let node = self.nodes.remove(key)?;
-        self.node_zones.remove(&(node.zone.clone(), key.to_owned()));
+        if let Some(names) = self.node_zones.get_mut(&node.zone) {
+            names.remove(key);
+        }
         Some(node)
     }
 
     fn insert_qr(&mut self, key: String, qr: Qr) {
-        self.qr_zones.insert((qr.zone.clone(), key.clone()));
+        self.qr_zones
+            .entry(qr.zone.clone())
+            .or_default()
+            .insert(key.clone());
         self.qrs.insert(key, qr);
     }
 
     fn remove_qr(&mut self, key: &str) -> Option<Qr> {
         let qr = self.qrs.remove(key)?;
-        self.qr_zones.remove(&(qr.zone.clone(), key.to_owned()));
+        if let Some(names) = self.qr_zones.get_mut(&qr.zone) {
+            names.remove(key);
+        }
         Some(qr)
     }
 

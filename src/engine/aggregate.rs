@@ -90,21 +90,25 @@ pub fn aggregate(
             }
         }
     };
-    let mut summary: Vec<String> = by_host
-        .iter()
-        .map(|s| match &s.infrastructure_failure {
-            Some(marker) => format!("{}: infrastructure failure {marker}", s.host),
-            None => format!(
-                "{}: command exited {}",
-                s.host,
-                s.command_exit_code.unwrap_or(code(s))
-            ),
-        })
-        .collect();
-    if missing > 0 {
-        summary.push(format!("{missing} worker status object(s) missing"));
-    }
-    let summary = summary.join("; ");
+    // Only verdicts that end or retry an attempt carry a summary: built on demand (most
+    // calls find a healthy attempt still running).
+    let summary = || {
+        let mut parts: Vec<String> = by_host
+            .iter()
+            .map(|s| match &s.infrastructure_failure {
+                Some(marker) => format!("{}: infrastructure failure {marker}", s.host),
+                None => format!(
+                    "{}: command exited {}",
+                    s.host,
+                    s.command_exit_code.unwrap_or(code(s))
+                ),
+            })
+            .collect();
+        if missing > 0 {
+            parts.push(format!("{missing} worker status object(s) missing"));
+        }
+        parts.join("; ")
+    };
     let artifacts = by_host
         .iter()
         .any(|s| s.state == WorkerState::FailedArtifacts || s.artifact_upload_error.is_some());
@@ -127,25 +131,28 @@ pub fn aggregate(
         return Verdict::Failed {
             exit_code: 2,
             kind: FailureKind::Artifacts,
-            summary,
+            summary: summary(),
         };
     }
     if retryable {
-        return Verdict::Retryable { recycle, summary };
+        return Verdict::Retryable {
+            recycle,
+            summary: summary(),
+        };
     }
     if missing == 0 {
         if setup {
             return Verdict::Failed {
                 exit_code: max_code.max(1),
                 kind: FailureKind::Setup,
-                summary,
+                summary: summary(),
             };
         }
         if max_code != 0 {
             return Verdict::Failed {
                 exit_code: max_code,
                 kind: FailureKind::Command,
-                summary,
+                summary: summary(),
             };
         }
         return Verdict::Succeeded;
@@ -165,7 +172,7 @@ pub fn aggregate(
                 } else {
                     FailureKind::Command
                 },
-                summary,
+                summary: summary(),
             },
         };
     }
@@ -173,7 +180,7 @@ pub fn aggregate(
     match by_host.iter().filter_map(|s| s.finished_at).min() {
         Some(t) if now.elapsed_since(t, graces.partial_success_secs) => Verdict::Retryable {
             recycle: false,
-            summary,
+            summary: summary(),
         },
         Some(t) => Verdict::Incomplete {
             recheck_at: Some(t.plus_secs(graces.partial_success_secs)),
