@@ -149,25 +149,16 @@ impl FleetIndex {
     /// adopted entry's `existing`).
     pub fn owns_record(&self, resource: &Resource) -> Option<usize> {
         let index = self.entry_index(&resource.entry_id)?;
-        let entry = self.entry(index);
-        let ok = entry.zone == resource.zone
-            && entry.tpu_type == resource.tpu_type
-            && match &entry.kind {
-                EntryKind::Adopted { existing } => {
-                    resource.adopted && *existing == resource.tpu_name
-                }
-                EntryKind::Managed { .. } => !resource.adopted,
-            };
-        ok.then_some(index)
+        entry_owns(self.entry(index), resource).then_some(index)
     }
 
     /// True when the record is declared: owned and, if managed, one of ordinals `1..=count`.
+    /// (Entry ids are unique, so the declared name's entry is the record's entry.)
     pub fn is_declared(&self, resource: &Resource) -> bool {
-        self.owns_record(resource).is_some()
-            && self
-                .declared
-                .get(&resource.tpu_name)
-                .is_some_and(|d| self.entry(d.entry).id == resource.entry_id)
+        self.declared.get(&resource.tpu_name).is_some_and(|d| {
+            let entry = self.entry(d.entry);
+            entry.id == resource.entry_id && entry_owns(entry, resource)
+        })
     }
 
     /// What the drivers read for the next observation: every node and queued resource
@@ -205,6 +196,17 @@ impl FleetIndex {
         let key = self.entry(index).quota_key();
         self.chip_limits.get(&key).map(|l| (key, *l))
     }
+}
+
+/// Whether `entry` owns `resource`: same zone and type, and adopted exactly when the entry is
+/// (an adopted record must carry the entry's `existing` name).
+fn entry_owns(entry: &TpuEntry, resource: &Resource) -> bool {
+    entry.zone == resource.zone
+        && entry.tpu_type == resource.tpu_type
+        && match &entry.kind {
+            EntryKind::Adopted { existing } => resource.adopted && *existing == resource.tpu_name,
+            EntryKind::Managed { .. } => !resource.adopted,
+        }
 }
 
 /// What a driver reads for one observation (original §3.2 fetched every declared name; a
