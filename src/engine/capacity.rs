@@ -6,18 +6,28 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::observe::{Action, NodeInfo, QueuedResourceInfo};
-use super::reconcile::Pass;
+use super::reconcile::{Pass, Seen};
 use super::state::{Resource, ResourceStatus};
 use crate::spec::{ProvisioningModel, QuotaKey, names};
 
 /// What the observation and the records hold for one entry.
 struct EntryInventory<'a, 's> {
-    /// Nodes labelled for the entry (any ordinal), in observation order.
-    nodes: &'s [&'a NodeInfo],
-    /// Queued resources labelled for the entry.
-    qrs: &'s [&'a QueuedResourceInfo],
+    /// Nodes labelled for the entry (any ordinal), in observation order, with their facts.
+    nodes: &'s [(&'a NodeInfo, Seen)],
+    /// Queued resources labelled for the entry, with their facts.
+    qrs: &'s [(&'a QueuedResourceInfo, Seen)],
+    /// Per declared ordinal: what is observed under its name.
+    slots: &'s [Slot<'a>],
     /// Per declared ordinal: its record is busy.
     busy_ordinals: &'s [bool],
+}
+
+/// What the observation holds under a declared ordinal's name: the node of that name and the
+/// queued resource whose node id it is (the last one, if several), whatever their labels.
+#[derive(Clone, Copy, Default)]
+struct Slot<'a> {
+    node: Option<(&'a NodeInfo, Seen)>,
+    qr: Option<(&'a QueuedResourceInfo, Seen)>,
 }
 
 impl<'a> Pass<'a> {
@@ -25,18 +35,35 @@ impl<'a> Pass<'a> {
         let desired = std::mem::take(&mut self.desired);
         let named = std::mem::take(&mut self.named);
         let mut remaining = self.remaining_chips();
-        // Nodes and queued resources labelled for each entry, in observation order.
+        // One sweep over the observation: objects labelled for each entry, in observation
+        // order, and what each declared ordinal has (found through the names' declarations
+        // computed with the pass, instead of a lookup per ordinal).
         let n_entries = self.index.fleet.tpus.len();
-        let mut nodes_by_entry: Vec<Vec<&'a NodeInfo>> = vec![Vec::new(); n_entries];
-        for (n, seen) in self.obs.nodes.iter().zip(&self.node_facts) {
+        let mut nodes_by_entry: Vec<Vec<(&'a NodeInfo, Seen)>> = vec![Vec::new(); n_entries];
+        let mut qrs_by_entry: Vec<Vec<(&'a QueuedResourceInfo, Seen)>> =
+            vec![Vec::new(); n_entries];
+        let mut slots: Vec<Vec<Slot<'a>>> = self
+            .index
+            .ordinals
+            .iter()
+            .map(|o| vec![Slot::default(); o.len()])
+            .collect();
+        let nodes: &'a [std::sync::Arc<NodeInfo>] = &self.obs.nodes;
+        for (n, seen) in nodes.iter().zip(&self.node_facts) {
             if let Some(e) = seen.labelled {
-                nodes_by_entry[e as usize].push(n);
+                nodes_by_entry[e as usize].push((n, *seen));
+            }
+            if let Some(d) = seen.declared.filter(|d| d.ordinal > 0) {
+                slots[d.entry][d.ordinal as usize - 1].node = Some((n, *seen));
             }
         }
-        let mut qrs_by_entry: Vec<Vec<&'a QueuedResourceInfo>> = vec![Vec::new(); n_entries];
-        for (q, seen) in self.obs.queued_resources.iter().zip(&self.qr_facts) {
+        let qrs: &'a [std::sync::Arc<QueuedResourceInfo>] = &self.obs.queued_resources;
+        for (q, seen) in qrs.iter().zip(&self.qr_facts) {
             if let Some(e) = seen.labelled {
-                qrs_by_entry[e as usize].push(q);
+                qrs_by_entry[e as usize].push((q, *seen));
+            }
+            if let Some(d) = seen.declared.filter(|d| d.ordinal > 0) {
+                slots[d.entry][d.ordinal as usize - 1].qr = Some((q, *seen));
             }
         }
         // Busy declared ordinals, found in one sweep over the records instead of a lookup per
@@ -72,6 +99,7 @@ impl<'a> Pass<'a> {
             let seen = EntryInventory {
                 nodes: &nodes_by_entry[e],
                 qrs: &qrs_by_entry[e],
+                slots: &slots[e],
                 busy_ordinals: &busy_ordinals[e],
             };
             self.size_entry(e, asked.min(count), &named, &seen, &mut remaining);
@@ -168,6 +196,7 @@ impl<'a> Pass<'a> {
     ) {
         let (matching_nodes, matching_qrs, busy_ordinals) =
             (seen.nodes, seen.qrs, seen.busy_ordinals);
+        let e32 = e as u32;
         let index = self.index;
         let entry = index.entry(e);
         let ordinals: &[String] = &index.ordinals[e];
@@ -189,11 +218,24 @@ impl<'a> Pass<'a> {
         let facts: Vec<Ordinal<'a>> = ordinals
             .iter()
             .zip(busy_ordinals)
-            .map(|(name, &busy)| Ordinal {
+            .zip(seen.slots)
+            .map(|((name, &busy), slot)| Ordinal {
                 busy,
                 named: !named.is_empty() && named.contains(name),
-                ready: self.ordinal_ready(name, e),
-                qr: self.ordinal_qr(name, e),
+                // Ready: its node, labelled for the entry, is ready, and no ended request
+                // stands behind it.
+                ready: slot
+                    .node
+                    .is_some_and(|(n, s)| s.labelled == Some(e32) && self.ready(n))
+                    && slot.qr.is_none_or(|(q, _)| q.state.is_live()),
+                // Its own request: named `qr-<name>`, labelled for the entry.
+                qr: slot
+                    .qr
+                    .filter(|(q, s)| {
+                        s.labelled == Some(e32)
+                            && q.name.strip_prefix(names::QR_PREFIX) == Some(name.as_str())
+                    })
+                    .map(|(q, _)| q),
             })
             .collect();
         // Ordinal preference: busy, named by a pending job, live, then the rest (minus ones
@@ -218,16 +260,17 @@ impl<'a> Pass<'a> {
                 }
             }
         }
-        // Position of ordinal node `name` of this entry in the desired set, if there.
-        let desired_has = |name: &str| {
-            index.declared(name).is_some_and(|d| {
+        // Whether an object, by the declaration of its node name, is an ordinal of this entry
+        // in the desired set.
+        let desired_has = |seen: &Seen| {
+            seen.declared.is_some_and(|d| {
                 d.entry == e && d.ordinal > 0 && in_desired[d.ordinal as usize - 1]
             })
         };
 
         if desired == 0 {
             let mut just_deleted = BTreeSet::new();
-            for node in matching_nodes {
+            for &(node, _) in matching_nodes {
                 if self.ready(node)
                     && !busy_name(self, &node.name)
                     && self.idle_timeout_elapsed(&node.name)
@@ -244,7 +287,7 @@ impl<'a> Pass<'a> {
                     );
                 }
             }
-            for qr in matching_qrs.iter().filter(|q| !q.state.is_deleting()) {
+            for &(qr, _) in matching_qrs.iter().filter(|(q, _)| !q.state.is_deleting()) {
                 let node = self.nodes.get(qr.node_id.as_str()).map(|(n, _)| *n);
                 let drop = match node {
                     None => true,
@@ -267,8 +310,8 @@ impl<'a> Pass<'a> {
 
         // Ready nodes outside the desired set: kept until their idle timeout.
         let mut retained = BTreeSet::new();
-        for node in matching_nodes {
-            if desired_has(&node.name) || !self.ready(node) || busy_name(self, &node.name) {
+        for (node, node_seen) in matching_nodes {
+            if desired_has(node_seen) || !self.ready(node) || busy_name(self, &node.name) {
                 continue;
             }
             if self.idle_timeout_elapsed(&node.name) {
@@ -285,8 +328,8 @@ impl<'a> Pass<'a> {
                 retained.insert(node.name.clone());
             }
         }
-        for qr in matching_qrs.iter().filter(|q| !q.state.is_deleting()) {
-            let outside = !desired_has(&qr.node_id)
+        for (qr, qr_seen) in matching_qrs.iter().filter(|(q, _)| !q.state.is_deleting()) {
+            let outside = !desired_has(qr_seen)
                 || qr.name.strip_prefix(names::QR_PREFIX) != Some(qr.node_id.as_str());
             if outside && !retained.contains(&qr.node_id) && !busy_name(self, &qr.node_id) {
                 self.delete_qr(&qr.name, &qr.zone);
@@ -304,9 +347,8 @@ impl<'a> Pass<'a> {
         by_name.sort_by_key(|&i| &ordinals[i]);
         for i in by_name {
             let name = &ordinals[i];
-            let node_terminal = self
-                .nodes
-                .get(name.as_str())
+            let node_terminal = seen.slots[i]
+                .node
                 .is_some_and(|(n, _)| n.state.is_terminal());
             if let Some(qr) = facts[i].qr
                 && !qr.state.is_deleting()
@@ -404,24 +446,6 @@ impl<'a> Pass<'a> {
             );
             missing -= 1;
         }
-    }
-
-    /// The ready, matching node of ordinal `name` of entry `e` (not behind a terminal request).
-    fn ordinal_ready(&self, name: &str, e: usize) -> bool {
-        self.nodes
-            .get(name)
-            .is_some_and(|(n, seen)| seen.labelled == Some(e as u32) && self.ready(n))
-            && self
-                .qr_by_node
-                .get(name)
-                .is_none_or(|(q, _)| q.state.is_live())
-    }
-
-    /// The matching queued resource of ordinal `name` of entry `e`.
-    fn ordinal_qr(&self, name: &str, e: usize) -> Option<&'a super::observe::QueuedResourceInfo> {
-        let (qr, seen) = *self.qr_by_node.get(name)?;
-        (qr.name.strip_prefix(names::QR_PREFIX) == Some(name) && seen.labelled == Some(e as u32))
-            .then_some(qr)
     }
 
     /// Record a TPU being provisioned under `name` (new or reset).

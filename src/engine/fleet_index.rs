@@ -115,7 +115,12 @@ impl FleetIndex {
     /// Entry match for a node (§3.2): managed entries need same zone, type, Spot model and
     /// the runner's labels; adopted entries need the exact name, zone, type and model.
     pub fn node_entry(&self, node: &NodeInfo) -> Option<usize> {
-        let declared = self.declared.get(&node.name)?;
+        self.node_entry_of(node, self.declared(&node.name))
+    }
+
+    /// `node_entry`, given `declared(&node.name)`.
+    pub fn node_entry_of(&self, node: &NodeInfo, declared: Option<Declared>) -> Option<usize> {
+        let declared = declared?;
         let entry = self.entry(declared.entry);
         let model_ok = match entry.provisioning_model {
             ProvisioningModel::Spot => node.spot,
@@ -131,7 +136,16 @@ impl FleetIndex {
     /// Entry match for a queued resource: its node id must be a declared managed ordinal of
     /// an entry with the same zone, type and labels, and the name must be `qr-<node>`.
     pub fn queued_resource_entry(&self, qr: &QueuedResourceInfo) -> Option<usize> {
-        let declared = self.declared.get(&qr.node_id)?;
+        self.queued_resource_entry_of(qr, self.declared(&qr.node_id))
+    }
+
+    /// `queued_resource_entry`, given `declared(&qr.node_id)`.
+    pub fn queued_resource_entry_of(
+        &self,
+        qr: &QueuedResourceInfo,
+        declared: Option<Declared>,
+    ) -> Option<usize> {
+        let declared = declared?;
         let entry = self.entry(declared.entry);
         let ok = !entry.is_adopted()
             && declared.ordinal > 0

@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 use super::aggregate::{self, EXIT_RETRYABLE, FailureKind, Graces, Verdict};
 use super::config::{EngineConfig, backoff_secs};
 use super::demand::Demand;
-use super::fleet_index::FleetIndex;
+use super::fleet_index::{Declared, FleetIndex};
 use super::observe::{
     Action, ActionFailure, AttemptReport, CancelOutcome, CloudFailure, Event, LaunchRequest,
     NodeInfo, Observation, QueuedResourceInfo, RemoteErrorKind,
@@ -52,6 +52,8 @@ enum Stop {
 /// Which fleet entry an observed node or queued resource belongs to, derived once per pass.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Seen {
+    /// Where its node name (a queued resource's node id) is declared: `FleetIndex::declared`.
+    pub declared: Option<Declared>,
     /// Entry match (§3.2): `FleetIndex::node_entry` / `queued_resource_entry`.
     pub entry: Option<u32>,
     /// The entry it is labelled for, any ordinal (`FleetIndex::node_labelled_entry`).
@@ -115,17 +117,25 @@ impl<'a> Pass<'a> {
         let node_facts: Vec<Seen> = obs
             .nodes
             .iter()
-            .map(|n| Seen {
-                entry: index.node_entry(n).map(|e| e as u32),
-                labelled: index.node_labelled_entry(n).map(|e| e as u32),
+            .map(|n| {
+                let declared = index.declared(&n.name);
+                Seen {
+                    declared,
+                    entry: index.node_entry_of(n, declared).map(|e| e as u32),
+                    labelled: index.node_labelled_entry(n).map(|e| e as u32),
+                }
             })
             .collect();
         let qr_facts: Vec<Seen> = obs
             .queued_resources
             .iter()
-            .map(|q| Seen {
-                entry: index.queued_resource_entry(q).map(|e| e as u32),
-                labelled: index.qr_labelled_entry(q).map(|e| e as u32),
+            .map(|q| {
+                let declared = index.declared(&q.node_id);
+                Seen {
+                    declared,
+                    entry: index.queued_resource_entry_of(q, declared).map(|e| e as u32),
+                    labelled: index.qr_labelled_entry(q).map(|e| e as u32),
+                }
             })
             .collect();
         let nodes = obs
