@@ -39,7 +39,7 @@ pub fn observe<B: CloudBackend>(
 ) -> Result<Observation, BackendError> {
     let scope = engine.inventory_scope(state);
     let (nodes, queued_resources) = backend.inventory(&scope, now)?;
-    let mut attempts = BTreeMap::new();
+    let mut attempts = rustc_hash::FxHashMap::default();
     for job in state
         .jobs
         .values()

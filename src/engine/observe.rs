@@ -28,9 +28,9 @@ pub struct Observation {
     /// Queued resources found in the inventory scope, by (zone, name).
     #[serde(default)]
     pub queued_resources: Vec<Arc<QueuedResourceInfo>>,
-    /// What the workers report, by attempt id.
+    /// What the workers report, by attempt id (hashed: only looked up, never iterated).
     #[serde(default)]
-    pub attempts: BTreeMap<String, AttemptReport>,
+    pub attempts: rustc_hash::FxHashMap<String, AttemptReport>,
     /// Refusals of the previous pass's actions (stockout, quota, rate limit, …).
     #[serde(default)]
     pub failures: Vec<ActionFailure>,

@@ -367,7 +367,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
             labels: labels.into(),
         }));
     }
-    obs.attempts = case.reports.clone();
+    obs.attempts = case.reports.clone().into_iter().collect();
     (state, obs)
 }
 
