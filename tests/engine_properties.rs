@@ -485,3 +485,35 @@ fn inventory_scope_lists_zones_and_fetches_adopted_tpus() {
         [("us-central2-a", "old-v4"), ("us-central2-b", "my-v4")]
     );
 }
+
+proptest! {
+    /// `SortedMap` behaves like a `BTreeMap` under any sequence of inserts and removals: same
+    /// lookups, same iteration order, same serialised form.
+    #[test]
+    fn sorted_map_matches_a_btree_map(
+        ops in proptest::collection::vec((any::<bool>(), "[a-e]{0,3}", any::<u8>()), 0..200)
+    ) {
+        use std::collections::BTreeMap;
+        use tpu_runner::engine::sorted_map::SortedMap;
+        let mut sorted = SortedMap::new();
+        let mut reference = BTreeMap::new();
+        for (insert, key, value) in ops {
+            if insert {
+                prop_assert_eq!(sorted.insert(key.clone(), value), reference.insert(key, value));
+            } else {
+                prop_assert_eq!(sorted.remove(key.as_str()), reference.remove(&key));
+            }
+            prop_assert_eq!(sorted.len(), reference.len());
+        }
+        let got: Vec<(&String, &u8)> = sorted.iter().collect();
+        let want: Vec<(&String, &u8)> = reference.iter().collect();
+        prop_assert_eq!(got, want);
+        for key in reference.keys() {
+            prop_assert_eq!(sorted.get(key.as_str()), reference.get(key));
+        }
+        prop_assert_eq!(
+            serde_json::to_string(&sorted).unwrap(),
+            serde_json::to_string(&reference).unwrap()
+        );
+    }
+}

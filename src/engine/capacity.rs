@@ -451,11 +451,9 @@ impl<'a> Pass<'a> {
     /// Record a TPU being provisioned under `name` (new or reset).
     fn track_provisioning(&mut self, e: usize, name: &str) {
         let entry = self.index.entry(e);
-        let r = self
-            .state
-            .resources
-            .entry(name.to_owned())
-            .or_insert_with(|| Resource::new(name, entry, ResourceStatus::Provisioning, 1));
+        let r = self.state.resources.get_or_insert_with(name, || {
+            Resource::new(name, entry, ResourceStatus::Provisioning, 1)
+        });
         if r.owner.is_none() {
             r.status = ResourceStatus::Provisioning;
             r.idle_since = None;

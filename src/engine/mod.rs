@@ -20,6 +20,7 @@ pub mod lease;
 pub mod observe;
 pub mod policy;
 mod reconcile;
+pub mod sorted_map;
 pub mod state;
 pub mod synthetic;
 pub mod time;

@@ -133,7 +133,9 @@ impl<'a> Pass<'a> {
                 let declared = index.declared(&q.node_id);
                 Seen {
                     declared,
-                    entry: index.queued_resource_entry_of(q, declared).map(|e| e as u32),
+                    entry: index
+                        .queued_resource_entry_of(q, declared)
+                        .map(|e| e as u32),
                     labelled: index.qr_labelled_entry(q).map(|e| e as u32),
                 }
             })

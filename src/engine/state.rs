@@ -9,6 +9,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::sorted_map::SortedMap;
 use super::time::Timestamp;
 use crate::spec::{JobSpec, TpuType};
 
@@ -45,14 +46,15 @@ impl std::error::Error for IllegalTransition {}
 pub struct State {
     /// Schema version of this document.
     pub schema_version: u32,
-    /// Jobs that are pending, running or cancelling, by id.
-    pub jobs: BTreeMap<String, Job>,
+    /// Jobs that are pending, running or cancelling, by id (in id order, hashed lookups).
+    pub jobs: SortedMap<Job>,
     /// Jobs that reached a terminal status (succeeded, failed, deactivated), kept as history.
     /// A pass never iterates them, so its cost does not grow with history.
     #[serde(default)]
     pub finished: BTreeMap<String, Job>,
-    /// TPU records by resource id (node name, or `adopted-<name>`).
-    pub resources: BTreeMap<String, Resource>,
+    /// TPU records by resource id (node name, or `adopted-<name>`), in id order, hashed
+    /// lookups.
+    pub resources: SortedMap<Resource>,
     /// Controlled interruption requests by id.
     #[serde(default)]
     pub interruption_requests: BTreeMap<String, InterruptionRequest>,
