@@ -740,13 +740,32 @@ impl SimCloud {
         }
     }
 
+    /// The nodes of `pool` (found through its zone's index), by name.
+    fn pool_nodes(&self, pool: usize) -> impl Iterator<Item = (&String, &Node)> {
+        let zone = self.config.pools[pool].zone.as_str();
+        self.node_zones
+            .get(zone)
+            .into_iter()
+            .flatten()
+            .map(|name| (name, &self.nodes[name]))
+            .filter(move |(_, n)| n.pool == pool)
+    }
+
+    /// The queued resources of `pool`, by name.
+    fn pool_qrs(&self, pool: usize) -> impl Iterator<Item = (&String, &Qr)> {
+        let zone = self.config.pools[pool].zone.as_str();
+        self.qr_zones
+            .get(zone)
+            .into_iter()
+            .flatten()
+            .map(|name| (name, &self.qrs[name]))
+            .filter(move |(_, q)| q.pool == pool)
+    }
+
     fn in_use(&self, pool: usize) -> u32 {
-        let nodes = self
-            .nodes
-            .values()
-            .filter(|n| n.pool == pool && matches!(n.state, NodeState::Creating | NodeState::Ready))
-            .count();
-        nodes as u32
+        self.pool_nodes(pool)
+            .filter(|(_, n)| matches!(n.state, NodeState::Creating | NodeState::Ready))
+            .count() as u32
     }
 
     /// Preempt the newest nodes while more are in use than available (nodes already under
@@ -754,12 +773,9 @@ impl SimCloud {
     fn enforce_capacity(&mut self, pool: usize) {
         let available = self.available[pool];
         let leaving = self
-            .nodes
-            .values()
-            .filter(|n| {
-                n.pool == pool
-                    && n.notice_at.is_some()
-                    && matches!(n.state, NodeState::Creating | NodeState::Ready)
+            .pool_nodes(pool)
+            .filter(|(_, n)| {
+                n.notice_at.is_some() && matches!(n.state, NodeState::Creating | NodeState::Ready)
             })
             .count() as u32;
         let mut in_use = self.in_use(pool) - leaving;
@@ -767,12 +783,9 @@ impl SimCloud {
             return;
         }
         let mut victims: Vec<(u64, String)> = self
-            .nodes
-            .iter()
+            .pool_nodes(pool)
             .filter(|(_, n)| {
-                n.pool == pool
-                    && n.notice_at.is_none()
-                    && matches!(n.state, NodeState::Creating | NodeState::Ready)
+                n.notice_at.is_none() && matches!(n.state, NodeState::Creating | NodeState::Ready)
             })
             .map(|(k, n)| (n.serial, k.clone()))
             .collect();
@@ -909,9 +922,8 @@ impl SimCloud {
                 return;
             }
             let next = self
-                .qrs
-                .iter()
-                .filter(|(_, q)| q.pool == pool && q.state == QrState::WaitingForResources)
+                .pool_qrs(pool)
+                .filter(|(_, q)| q.state == QrState::WaitingForResources)
                 .min_by_key(|(_, q)| (q.created_at, q.serial))
                 .map(|(k, _)| k.clone());
             let Some(key) = next else { return };
