@@ -399,7 +399,7 @@ proptest! {
         // Never more live requests per entry than its count.
         for (e, entry) in index.fleet.tpus.iter().enumerate() {
             let created = out.actions.iter().filter(|a| matches!(a, tpu_runner::engine::Action::CreateQueuedResource { entry_id, .. } if *entry_id == entry.id)).count();
-            let existing = obs.queued_resources.iter().filter(|q| index.qr_labelled_entry(q) == Some(e)).count();
+            let existing = obs.queued_resources.iter().filter(|q| index.qr_facts(q).labelled == Some(e as u32)).count();
             prop_assert!(created + existing <= entry.ceiling() as usize);
         }
         // No TPU runs two attempts; every running job owns its TPU.

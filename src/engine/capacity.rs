@@ -5,17 +5,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::fleet_index::EntryFacts;
 use super::observe::{Action, NodeInfo, QueuedResourceInfo};
-use super::reconcile::{Pass, Seen};
+use super::reconcile::Pass;
 use super::state::{Resource, ResourceStatus};
 use crate::spec::{ProvisioningModel, QuotaKey, names};
 
 /// What the observation and the records hold for one entry.
 struct EntryInventory<'a, 's> {
     /// Nodes labelled for the entry (any ordinal), in observation order, with their facts.
-    nodes: &'s [(&'a NodeInfo, Seen)],
+    nodes: &'s [(&'a NodeInfo, EntryFacts)],
     /// Queued resources labelled for the entry, with their facts.
-    qrs: &'s [(&'a QueuedResourceInfo, Seen)],
+    qrs: &'s [(&'a QueuedResourceInfo, EntryFacts)],
     /// Per declared ordinal: what is observed under its name.
     slots: &'s [Slot<'a>],
     /// Per declared ordinal: its record is busy.
@@ -26,8 +27,8 @@ struct EntryInventory<'a, 's> {
 /// queued resource whose node id it is (the last one, if several), whatever their labels.
 #[derive(Clone, Copy, Default)]
 struct Slot<'a> {
-    node: Option<(&'a NodeInfo, Seen)>,
-    qr: Option<(&'a QueuedResourceInfo, Seen)>,
+    node: Option<(&'a NodeInfo, EntryFacts)>,
+    qr: Option<(&'a QueuedResourceInfo, EntryFacts)>,
 }
 
 impl<'a> Pass<'a> {
@@ -39,8 +40,8 @@ impl<'a> Pass<'a> {
         // order, and what each declared ordinal has (found through the names' declarations
         // computed with the pass, instead of a lookup per ordinal).
         let n_entries = self.index.fleet.tpus.len();
-        let mut nodes_by_entry: Vec<Vec<(&'a NodeInfo, Seen)>> = vec![Vec::new(); n_entries];
-        let mut qrs_by_entry: Vec<Vec<(&'a QueuedResourceInfo, Seen)>> =
+        let mut nodes_by_entry: Vec<Vec<(&'a NodeInfo, EntryFacts)>> = vec![Vec::new(); n_entries];
+        let mut qrs_by_entry: Vec<Vec<(&'a QueuedResourceInfo, EntryFacts)>> =
             vec![Vec::new(); n_entries];
         let mut slots: Vec<Vec<Slot<'a>>> = self
             .index
@@ -262,7 +263,7 @@ impl<'a> Pass<'a> {
         }
         // Whether an object, by the declaration of its node name, is an ordinal of this entry
         // in the desired set.
-        let desired_has = |seen: &Seen| {
+        let desired_has = |seen: &EntryFacts| {
             seen.declared.is_some_and(|d| {
                 d.entry == e && d.ordinal > 0 && in_desired[d.ordinal as usize - 1]
             })

@@ -115,47 +115,81 @@ impl FleetIndex {
     /// Entry match for a node (§3.2): managed entries need same zone, type, Spot model and
     /// the runner's labels; adopted entries need the exact name, zone, type and model.
     pub fn node_entry(&self, node: &NodeInfo) -> Option<usize> {
-        self.node_entry_of(node, self.declared(&node.name))
-    }
-
-    /// `node_entry`, given `declared(&node.name)`.
-    pub fn node_entry_of(&self, node: &NodeInfo, declared: Option<Declared>) -> Option<usize> {
-        let declared = declared?;
-        let entry = self.entry(declared.entry);
-        let model_ok = match entry.provisioning_model {
-            ProvisioningModel::Spot => node.spot,
-            ProvisioningModel::OnDemand => !node.spot,
-        };
-        let same = entry.zone == node.zone && entry.tpu_type == node.tpu_type && model_ok;
-        let labels_ok = entry.is_adopted()
-            || (node.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(self.runner())
-                && node.labels.get(LABEL_FLEET_ENTRY) == Some(&entry.id));
-        (same && labels_ok).then_some(declared.entry)
+        self.node_facts(node).entry.map(|e| e as usize)
     }
 
     /// Entry match for a queued resource: its node id must be a declared managed ordinal of
     /// an entry with the same zone, type and labels, and the name must be `qr-<node>`.
     pub fn queued_resource_entry(&self, qr: &QueuedResourceInfo) -> Option<usize> {
-        self.queued_resource_entry_of(qr, self.declared(&qr.node_id))
+        self.qr_facts(qr).entry.map(|e| e as usize)
     }
 
-    /// `queued_resource_entry`, given `declared(&qr.node_id)`.
-    pub fn queued_resource_entry_of(
+    /// Everything the fleet says about an observed node, its labels read once.
+    pub fn node_facts(&self, node: &NodeInfo) -> EntryFacts {
+        let declared = self.declared(&node.name);
+        let label_entry = self.label_entry(&node.labels);
+        let same_place = |e: &TpuEntry| e.zone == node.zone && e.tpu_type == node.tpu_type;
+        let entry = declared.and_then(|d| {
+            let entry = self.entry(d.entry);
+            let model_ok = match entry.provisioning_model {
+                ProvisioningModel::Spot => node.spot,
+                ProvisioningModel::OnDemand => !node.spot,
+            };
+            // Entry ids are unique: the `fleet-entry` label names this entry exactly when it
+            // resolves to its index.
+            let labels_ok = entry.is_adopted() || label_entry == Some(d.entry);
+            (same_place(entry) && model_ok && labels_ok).then_some(d.entry as u32)
+        });
+        EntryFacts {
+            declared,
+            entry,
+            labelled: self.labelled(node.spot, label_entry, same_place),
+        }
+    }
+
+    /// Everything the fleet says about an observed queued resource (declared by its node id).
+    pub fn qr_facts(&self, qr: &QueuedResourceInfo) -> EntryFacts {
+        let declared = self.declared(&qr.node_id);
+        let label_entry = self.label_entry(&qr.labels);
+        let same_place = |e: &TpuEntry| e.zone == qr.zone && e.tpu_type == qr.tpu_type;
+        let entry = declared.and_then(|d| {
+            let entry = self.entry(d.entry);
+            let ok = !entry.is_adopted()
+                && d.ordinal > 0
+                && qr.name.strip_prefix(names::QR_PREFIX) == Some(qr.node_id.as_str())
+                && same_place(entry)
+                && qr.spot
+                && label_entry == Some(d.entry);
+            ok.then_some(d.entry as u32)
+        });
+        EntryFacts {
+            declared,
+            entry,
+            labelled: self.labelled(qr.spot, label_entry, same_place),
+        }
+    }
+
+    /// The entry named by the `fleet-entry` label of an object labelled `managed-by` this
+    /// runner.
+    fn label_entry(&self, labels: &BTreeMap<String, String>) -> Option<usize> {
+        if labels.get(LABEL_MANAGED_BY).map(String::as_str) != Some(self.runner()) {
+            return None;
+        }
+        self.entry_index(labels.get(LABEL_FLEET_ENTRY)?)
+    }
+
+    /// The managed Spot entry an object is labelled for, any ordinal (including ones above
+    /// `count`, so a lowered count drains the extra TPUs): Spot, labelled by this runner for
+    /// a managed entry of the same zone and type.
+    fn labelled(
         &self,
-        qr: &QueuedResourceInfo,
-        declared: Option<Declared>,
-    ) -> Option<usize> {
-        let declared = declared?;
-        let entry = self.entry(declared.entry);
-        let ok = !entry.is_adopted()
-            && declared.ordinal > 0
-            && qr.name.strip_prefix(names::QR_PREFIX) == Some(qr.node_id.as_str())
-            && entry.zone == qr.zone
-            && entry.tpu_type == qr.tpu_type
-            && qr.spot
-            && qr.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(self.runner())
-            && qr.labels.get(LABEL_FLEET_ENTRY) == Some(&entry.id);
-        ok.then_some(declared.entry)
+        spot: bool,
+        label_entry: Option<usize>,
+        same_place: impl Fn(&TpuEntry) -> bool,
+    ) -> Option<u32> {
+        let e = label_entry.filter(|_| spot)?;
+        let entry = self.entry(e);
+        (!entry.is_adopted() && same_place(entry)).then_some(e as u32)
     }
 
     /// True when a record still belongs to the fleet: its entry exists with the same zone and
@@ -212,6 +246,17 @@ impl FleetIndex {
     }
 }
 
+/// Which fleet entry an observed node or queued resource belongs to, derived once per pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EntryFacts {
+    /// Where its node name (a queued resource's node id) is declared.
+    pub declared: Option<Declared>,
+    /// Entry match (§3.2): `FleetIndex::node_entry` / `queued_resource_entry`.
+    pub entry: Option<u32>,
+    /// The managed Spot entry it is labelled for, any ordinal.
+    pub labelled: Option<u32>,
+}
+
 /// Whether `entry` owns `resource`: same zone and type, and adopted exactly when the entry is
 /// (an adopted record must carry the entry's `existing` name).
 fn entry_owns(entry: &TpuEntry, resource: &Resource) -> bool {
@@ -233,32 +278,4 @@ pub struct InventoryScope<'a> {
     pub zones: BTreeSet<&'a str>,
     /// Adopted TPUs to fetch by exact name, as `(zone, name)`.
     pub adopted: BTreeSet<(&'a str, &'a str)>,
-}
-
-impl FleetIndex {
-    /// The managed Spot entry whose labels, zone and type `node` carries — any ordinal,
-    /// including ones above `count` (so a lowered count drains the extra TPUs).
-    pub fn node_labelled_entry(&self, node: &NodeInfo) -> Option<usize> {
-        self.labelled_entry(node.spot, &node.zone, &node.tpu_type, &node.labels)
-    }
-
-    /// Same for a queued resource.
-    pub fn qr_labelled_entry(&self, qr: &QueuedResourceInfo) -> Option<usize> {
-        self.labelled_entry(qr.spot, &qr.zone, &qr.tpu_type, &qr.labels)
-    }
-
-    fn labelled_entry(
-        &self,
-        spot: bool,
-        zone: &str,
-        tpu_type: &crate::spec::TpuType,
-        labels: &BTreeMap<String, String>,
-    ) -> Option<usize> {
-        if !spot || labels.get(LABEL_MANAGED_BY).map(String::as_str) != Some(self.runner()) {
-            return None;
-        }
-        let e = self.entry_index(labels.get(LABEL_FLEET_ENTRY)?)?;
-        let entry = self.entry(e);
-        (!entry.is_adopted() && entry.zone == zone && entry.tpu_type == *tpu_type).then_some(e)
-    }
 }

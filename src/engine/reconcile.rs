@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 use super::aggregate::{self, EXIT_RETRYABLE, FailureKind, Graces, Verdict};
 use super::config::{EngineConfig, backoff_secs};
 use super::demand::Demand;
-use super::fleet_index::{Declared, FleetIndex};
+use super::fleet_index::{EntryFacts, FleetIndex};
 use super::observe::{
     Action, ActionFailure, AttemptReport, CancelOutcome, CloudFailure, Event, LaunchRequest,
     NodeInfo, Observation, QueuedResourceInfo, RemoteErrorKind,
@@ -49,17 +49,6 @@ enum Stop {
     Unconfirmed,
 }
 
-/// Which fleet entry an observed node or queued resource belongs to, derived once per pass.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Seen {
-    /// Where its node name (a queued resource's node id) is declared: `FleetIndex::declared`.
-    pub declared: Option<Declared>,
-    /// Entry match (§3.2): `FleetIndex::node_entry` / `queued_resource_entry`.
-    pub entry: Option<u32>,
-    /// The entry it is labelled for, any ordinal (`FleetIndex::node_labelled_entry`).
-    pub labelled: Option<u32>,
-}
-
 /// How an attempt ends.
 struct Finish<'s> {
     attempt_status: AttemptStatus,
@@ -86,13 +75,13 @@ pub(crate) struct Pass<'a> {
     pub(super) out: PassOutput,
     // Lookup-only indexes of the observation (never iterated, so hashing is deterministic).
     /// Observed nodes by name, with their entry facts.
-    pub(super) nodes: FxHashMap<&'a str, (&'a NodeInfo, Seen)>,
+    pub(super) nodes: FxHashMap<&'a str, (&'a NodeInfo, EntryFacts)>,
     pub(super) qrs: FxHashMap<&'a str, &'a QueuedResourceInfo>,
     /// Observed queued resources by node id, with their entry facts.
-    pub(super) qr_by_node: FxHashMap<&'a str, (&'a QueuedResourceInfo, Seen)>,
+    pub(super) qr_by_node: FxHashMap<&'a str, (&'a QueuedResourceInfo, EntryFacts)>,
     /// Entry facts of `obs.nodes` and `obs.queued_resources` (same order), derived once.
-    pub(super) node_facts: Vec<Seen>,
-    pub(super) qr_facts: Vec<Seen>,
+    pub(super) node_facts: Vec<EntryFacts>,
+    pub(super) qr_facts: Vec<EntryFacts>,
     /// Node and QR names deleted during this pass.
     pub(super) deleted: BTreeSet<String>,
     /// Attempts created by this pass's assignment (launched at the end).
@@ -114,31 +103,11 @@ impl<'a> Pass<'a> {
         obs: &'a Observation,
         now: Timestamp,
     ) -> Pass<'a> {
-        let node_facts: Vec<Seen> = obs
-            .nodes
-            .iter()
-            .map(|n| {
-                let declared = index.declared(&n.name);
-                Seen {
-                    declared,
-                    entry: index.node_entry_of(n, declared).map(|e| e as u32),
-                    labelled: index.node_labelled_entry(n).map(|e| e as u32),
-                }
-            })
-            .collect();
-        let qr_facts: Vec<Seen> = obs
+        let node_facts: Vec<EntryFacts> = obs.nodes.iter().map(|n| index.node_facts(n)).collect();
+        let qr_facts: Vec<EntryFacts> = obs
             .queued_resources
             .iter()
-            .map(|q| {
-                let declared = index.declared(&q.node_id);
-                Seen {
-                    declared,
-                    entry: index
-                        .queued_resource_entry_of(q, declared)
-                        .map(|e| e as u32),
-                    labelled: index.qr_labelled_entry(q).map(|e| e as u32),
-                }
-            })
+            .map(|q| index.qr_facts(q))
             .collect();
         let nodes = obs
             .nodes
