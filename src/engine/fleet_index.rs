@@ -228,7 +228,8 @@ impl FleetIndex {
         for r in state.resources.values().filter(|r| !r.status.is_gone()) {
             if r.adopted {
                 adopted.insert((&r.zone, &r.tpu_name));
-            } else {
+            } else if self.owns_record(r).is_none() {
+                // A record of its managed entry is in that entry's zone, listed already.
                 zones.insert(&r.zone);
             }
         }
