@@ -11,6 +11,7 @@ use rustc_hash::FxHashMap;
 
 use crate::model::{ApiConfig, CallKind, Capacity, CloudConfig, JobBehaviour, Latency};
 use crate::rng::SimRng;
+use crate::zoned::{InZone, ZonedTable};
 
 /// Virtual milliseconds since the start of the run.
 pub type Millis = u64;
@@ -258,21 +259,21 @@ impl Node {
     }
 }
 
-/// The objects of `zone` whose label `key` is `value`, in name order: `index` holds the
-/// names of the objects of `objects` per zone.
-fn labelled_in_zone<'a, T>(
-    index: &'a BTreeMap<String, BTreeSet<String>>,
-    objects: &'a FxHashMap<String, T>,
-    zone: &'a str,
-    labels: fn(&T) -> &Labels,
-    (key, value): (&'a str, &'a str),
-) -> impl Iterator<Item = &'a T> + 'a {
-    index
-        .get(zone)
-        .into_iter()
-        .flatten()
-        .map(move |name| &objects[name])
-        .filter(move |o| labels(o).get(key).is_some_and(|v| v == value))
+impl InZone for Node {
+    fn zone(&self) -> &str {
+        &self.zone
+    }
+}
+
+impl InZone for Qr {
+    fn zone(&self) -> &str {
+        &self.zone
+    }
+}
+
+/// Whether label `key` of `labels` is `value`.
+fn has_label(labels: &Labels, (key, value): (&str, &str)) -> bool {
+    labels.get(key).is_some_and(|v| v == value)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -323,15 +324,12 @@ pub struct SimCloud {
     seq: u64,
     serial: u64,
     queue: BinaryHeap<Reverse<(Millis, u64, Event)>>,
-    // Keyed by name for lookups. Hash maps with a fixed hasher iterate in an order set by
-    // the (deterministic) insertion history; every use below is order-independent anyway
-    // (counts, minimum by serial, sorted victims) except float sums in `accounting`, which
-    // sort first.
-    qrs: FxHashMap<String, Qr>,
-    nodes: FxHashMap<String, Node>,
-    /// Names of the queued resources and nodes of each zone, for listing a zone in name order.
-    qr_zones: BTreeMap<String, BTreeSet<String>>,
-    node_zones: BTreeMap<String, BTreeSet<String>>,
+    // Keyed by name for lookups, indexed by zone for listing. Hash maps with a fixed hasher
+    // iterate in an order set by the (deterministic) insertion history; every use below is
+    // order-independent anyway (counts, minimum by serial, sorted victims) except float sums
+    // in `accounting`, which sort first; zone listings are in name order.
+    qrs: ZonedTable<Qr>,
+    nodes: ZonedTable<Node>,
     by_serial: BTreeMap<u64, (bool, String)>,
     /// Every run ever launched, by attempt id (grows with history: hashed, so a lookup does
     /// not slow down as a long run accumulates attempts).
@@ -374,10 +372,8 @@ impl SimCloud {
             seq: 0,
             serial: 0,
             queue: BinaryHeap::new(),
-            qrs: FxHashMap::default(),
-            nodes: FxHashMap::default(),
-            qr_zones: BTreeMap::new(),
-            node_zones: BTreeMap::new(),
+            qrs: ZonedTable::default(),
+            nodes: ZonedTable::default(),
             by_serial: BTreeMap::new(),
             runs: FxHashMap::default(),
             jobs: BTreeMap::new(),
@@ -622,9 +618,9 @@ impl SimCloud {
             Event::DeletionDone { serial } => {
                 if let Some((is_qr, key)) = self.by_serial.remove(&serial) {
                     let pool = if is_qr {
-                        self.remove_qr(&key).map(|q| q.pool)
+                        self.qrs.remove(&key).map(|q| q.pool)
                     } else {
-                        self.remove_node(&key).map(|n| n.pool)
+                        self.nodes.remove(&key).map(|n| n.pool)
                     };
                     self.version += 1;
                     if let Some(pool) = pool {
@@ -679,11 +675,11 @@ impl SimCloud {
                         if let Some(run) = self.nodes.get_mut(&node_id).and_then(|n| n.run.take()) {
                             self.kill_run(&run);
                         }
-                        if let Some(n) = self.remove_node(&node_id) {
+                        if let Some(n) = self.nodes.remove(&node_id) {
                             self.by_serial.remove(&n.serial);
                         }
                     }
-                    self.remove_qr(&key);
+                    self.qrs.remove(&key);
                     self.by_serial.remove(&serial);
                     self.version += 1;
                     self.provision_waiting(pool);
@@ -707,7 +703,7 @@ impl SimCloud {
                     if let Some(run) = self.nodes.get_mut(&key).and_then(|n| n.run.take()) {
                         self.kill_run(&run);
                     }
-                    let pool = self.remove_node(&key).map(|n| n.pool);
+                    let pool = self.nodes.remove(&key).map(|n| n.pool);
                     self.by_serial.remove(&serial);
                     self.version += 1;
                     if let Some(pool) = pool {
@@ -742,23 +738,15 @@ impl SimCloud {
 
     /// The nodes of `pool` (found through its zone's index), by name.
     fn pool_nodes(&self, pool: usize) -> impl Iterator<Item = (&String, &Node)> {
-        let zone = self.config.pools[pool].zone.as_str();
-        self.node_zones
-            .get(zone)
-            .into_iter()
-            .flatten()
-            .map(|name| (name, &self.nodes[name]))
+        self.nodes
+            .in_zone(&self.config.pools[pool].zone)
             .filter(move |(_, n)| n.pool == pool)
     }
 
     /// The queued resources of `pool`, by name.
     fn pool_qrs(&self, pool: usize) -> impl Iterator<Item = (&String, &Qr)> {
-        let zone = self.config.pools[pool].zone.as_str();
-        self.qr_zones
-            .get(zone)
-            .into_iter()
-            .flatten()
-            .map(|name| (name, &self.qrs[name]))
+        self.qrs
+            .in_zone(&self.config.pools[pool].zone)
             .filter(move |(_, q)| q.pool == pool)
     }
 
@@ -965,7 +953,7 @@ impl SimCloud {
         self.serial += 1;
         self.by_serial
             .insert(node.serial, (false, node_key.clone()));
-        self.insert_node(node_key, node);
+        self.nodes.insert(node_key, node);
         self.version += 1;
         self.push(
             self.now + (secs * 1000.0) as u64,
@@ -1129,7 +1117,7 @@ impl SimCloud {
         };
         let serial = qr.serial;
         self.by_serial.insert(qr.serial, (true, key.clone()));
-        self.insert_qr(key, qr);
+        self.qrs.insert(key, qr);
         self.version += 1;
         let faults = self.config.faults;
         self.schedule_fault(
@@ -1248,14 +1236,11 @@ impl SimCloud {
         (key, value): (&'a str, &'a str),
     ) -> Result<impl Iterator<Item = NodeView<'a>> + 'a, ApiError> {
         self.api("list_nodes", false)?;
-        Ok(labelled_in_zone(
-            &self.node_zones,
-            &self.nodes,
-            zone,
-            |n| &n.labels,
-            (key, value),
-        )
-        .map(Node::view))
+        Ok(self
+            .nodes
+            .in_zone(zone)
+            .filter(move |(_, n)| has_label(&n.labels, (key, value)))
+            .map(|(_, n)| n.view()))
     }
 
     /// Adds a node that exists before the run (an adopted, on-demand TPU): READY, never
@@ -1271,7 +1256,7 @@ impl SimCloud {
         self.serial += 1;
         let key = name.to_owned();
         self.by_serial.insert(self.serial, (false, key.clone()));
-        self.insert_node(
+        self.nodes.insert(
             key,
             Node {
                 serial: self.serial,
@@ -1311,42 +1296,11 @@ impl SimCloud {
         (key, value): (&'a str, &'a str),
     ) -> Result<impl Iterator<Item = QrView<'a>> + 'a, ApiError> {
         self.api("list_queued_resources", false)?;
-        Ok(
-            labelled_in_zone(&self.qr_zones, &self.qrs, zone, |q| &q.labels, (key, value))
-                .map(Qr::view),
-        )
-    }
-
-    fn insert_node(&mut self, key: String, node: Node) {
-        self.node_zones
-            .entry(node.zone.clone())
-            .or_default()
-            .insert(key.clone());
-        self.nodes.insert(key, node);
-    }
-
-    fn remove_node(&mut self, key: &str) -> Option<Node> {
-        let node = self.nodes.remove(key)?;
-        if let Some(names) = self.node_zones.get_mut(&node.zone) {
-            names.remove(key);
-        }
-        Some(node)
-    }
-
-    fn insert_qr(&mut self, key: String, qr: Qr) {
-        self.qr_zones
-            .entry(qr.zone.clone())
-            .or_default()
-            .insert(key.clone());
-        self.qrs.insert(key, qr);
-    }
-
-    fn remove_qr(&mut self, key: &str) -> Option<Qr> {
-        let qr = self.qrs.remove(key)?;
-        if let Some(names) = self.qr_zones.get_mut(&qr.zone) {
-            names.remove(key);
-        }
-        Some(qr)
+        Ok(self
+            .qrs
+            .in_zone(zone)
+            .filter(move |(_, q)| has_label(&q.labels, (key, value)))
+            .map(|(_, q)| q.view()))
     }
 
     // ----- workers --------------------------------------------------------------------

@@ -8,6 +8,7 @@ pub mod model;
 pub mod rng;
 pub mod trace;
 pub mod workload;
+mod zoned;
 
 pub use cloud::{Accounting, SimCloud};
 pub use model::{
