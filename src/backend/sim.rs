@@ -42,35 +42,36 @@ pub struct SimBackend {
 /// order that matters.
 #[derive(Debug, Default)]
 pub struct Converted {
-    nodes: FxHashMap<String, Conversion<simc::NodeState, NodeInfo>>,
-    qrs: FxHashMap<String, Conversion<simc::QrState, QueuedResourceInfo>>,
+    /// By incarnation (serials are unique across nodes and queued resources).
+    nodes: FxHashMap<u64, Conversion<simc::NodeState, NodeInfo>>,
+    qrs: FxHashMap<u64, Conversion<simc::QrState, QueuedResourceInfo>>,
     /// Reads so far; each entry remembers the last read that saw it.
     pass: u64,
 }
 
-/// One converted object: of which (serial, state), last seen by which read.
+/// One converted object: of which state, last seen by which read.
 #[derive(Debug)]
 struct Conversion<S, T> {
-    of: (u64, S),
+    of: S,
     seen: u64,
     info: Arc<T>,
 }
 
-/// The earlier conversion of `name` if it is of the same incarnation and state.
+/// The earlier conversion of incarnation `serial` if it is of the same state.
 fn reuse<S: Eq, T>(
-    cache: &mut FxHashMap<String, Conversion<S, T>>,
-    name: &str,
-    of: (u64, S),
+    cache: &mut FxHashMap<u64, Conversion<S, T>>,
+    serial: u64,
+    of: S,
     pass: u64,
 ) -> Option<Arc<T>> {
-    let c = cache.get_mut(name).filter(|c| c.of == of)?;
+    let c = cache.get_mut(&serial).filter(|c| c.of == of)?;
     c.seen = pass;
     Some(c.info.clone())
 }
 
 impl Converted {
     fn node(&mut self, n: &simc::NodeView<'_>, public_ip: bool) -> Option<Arc<NodeInfo>> {
-        if let Some(info) = reuse(&mut self.nodes, n.name, (n.serial, n.state), self.pass) {
+        if let Some(info) = reuse(&mut self.nodes, n.serial, n.state, self.pass) {
             return Some(info);
         }
         let info = Arc::new(NodeInfo {
@@ -91,16 +92,16 @@ impl Converted {
             public_ip,
         });
         let conversion = Conversion {
-            of: (n.serial, n.state),
+            of: n.state,
             seen: self.pass,
             info: info.clone(),
         };
-        self.nodes.insert(n.name.to_owned(), conversion);
+        self.nodes.insert(n.serial, conversion);
         Some(info)
     }
 
     fn queued_resource(&mut self, q: &simc::QrView<'_>) -> Option<Arc<QueuedResourceInfo>> {
-        if let Some(info) = reuse(&mut self.qrs, q.name, (q.serial, q.state), self.pass) {
+        if let Some(info) = reuse(&mut self.qrs, q.serial, q.state, self.pass) {
             return Some(info);
         }
         let info = Arc::new(QueuedResourceInfo {
@@ -120,11 +121,11 @@ impl Converted {
             labels: q.labels.clone(),
         });
         let conversion = Conversion {
-            of: (q.serial, q.state),
+            of: q.state,
             seen: self.pass,
             info: info.clone(),
         };
-        self.qrs.insert(q.name.to_owned(), conversion);
+        self.qrs.insert(q.serial, conversion);
         Some(info)
     }
 
