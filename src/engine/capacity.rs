@@ -50,7 +50,7 @@ impl<'a> Pass<'a> {
             .map(|o| vec![Slot::default(); o.len()])
             .collect();
         let nodes: &'a [std::sync::Arc<NodeInfo>] = &self.obs.nodes;
-        for (n, seen) in nodes.iter().zip(&self.node_facts) {
+        for (n, seen) in nodes.iter().zip(self.node_facts) {
             if let Some(e) = seen.labelled {
                 nodes_by_entry[e as usize].push((n, *seen));
             }
@@ -59,7 +59,7 @@ impl<'a> Pass<'a> {
             }
         }
         let qrs: &'a [std::sync::Arc<QueuedResourceInfo>] = &self.obs.queued_resources;
-        for (q, seen) in qrs.iter().zip(&self.qr_facts) {
+        for (q, seen) in qrs.iter().zip(self.qr_facts) {
             if let Some(e) = seen.labelled {
                 qrs_by_entry[e as usize].push((q, *seen));
             }
@@ -127,7 +127,7 @@ impl<'a> Pass<'a> {
             let behind_terminal_qr = self
                 .qr_by_node
                 .get(node.name.as_str())
-                .is_some_and(|(q, _)| !q.state.is_live());
+                .is_some_and(|q| !q.info.state.is_live());
             if !node.state.is_terminal() && !behind_terminal_qr {
                 *reserved
                     .entry(key(node.spot, &node.tpu_type, &node.zone))
@@ -289,7 +289,7 @@ impl<'a> Pass<'a> {
                 }
             }
             for &(qr, _) in matching_qrs.iter().filter(|(q, _)| !q.state.is_deleting()) {
-                let node = self.nodes.get(qr.node_id.as_str()).map(|(n, _)| *n);
+                let node = self.nodes.get(qr.node_id.as_str()).map(|n| &*n.info);
                 let drop = match node {
                     None => true,
                     Some(n) => !self.ready(n) || just_deleted.contains(&n.name),

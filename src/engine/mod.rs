@@ -18,6 +18,7 @@ pub mod explain;
 pub mod fleet_index;
 pub mod lease;
 pub mod observe;
+mod observed;
 pub mod policy;
 mod reconcile;
 pub mod sorted_map;
@@ -35,12 +36,14 @@ pub use time::Timestamp;
 
 use crate::spec::FleetSpec;
 
-/// The engine: a fleet index, constants and a policy.
+/// The engine: a fleet index, constants and a policy, plus the last observation's index (a
+/// cache: see `observed`).
 #[derive(Debug)]
 pub struct Engine {
     index: FleetIndex,
     config: EngineConfig,
     policy: Box<dyn Policy>,
+    observed: std::sync::Mutex<observed::ObservedIndex>,
 }
 
 impl Engine {
@@ -50,6 +53,7 @@ impl Engine {
             index: FleetIndex::new(fleet),
             config,
             policy,
+            observed: Default::default(),
         }
     }
 
@@ -80,12 +84,20 @@ impl Engine {
         observation: &Observation,
         now: Timestamp,
     ) -> PassOutput {
+        // A pass that panicked may have left the cache half-patched: start it afresh.
+        let mut observed = self.observed.lock().unwrap_or_else(|poisoned| {
+            let mut guard = poisoned.into_inner();
+            *guard = Default::default();
+            guard
+        });
+        observed.update(&self.index, observation);
         reconcile::Pass::new(
             &self.index,
             &self.config,
             &*self.policy,
             state,
             observation,
+            &observed,
             now,
         )
         .run()

@@ -17,6 +17,7 @@ use super::observe::{
     Action, ActionFailure, AttemptReport, CancelOutcome, CloudFailure, Event, LaunchRequest,
     NodeInfo, Observation, QueuedResourceInfo, RemoteErrorKind,
 };
+use super::observed::{Listed, ObservedIndex};
 use super::policy::{AssignInput, CapacityInput, Policy};
 use super::state::{
     Attempt, AttemptStatus, Backoff, EndReason, FailureCounter, InterruptionStatus, Job, JobStatus,
@@ -75,13 +76,14 @@ pub(crate) struct Pass<'a> {
     pub(super) out: PassOutput,
     // Lookup-only indexes of the observation (never iterated, so hashing is deterministic).
     /// Observed nodes by name, with their entry facts.
-    pub(super) nodes: FxHashMap<&'a str, (&'a NodeInfo, EntryFacts)>,
-    pub(super) qrs: FxHashMap<&'a str, &'a QueuedResourceInfo>,
+    pub(super) nodes: &'a FxHashMap<String, Listed<NodeInfo>>,
+    /// Observed queued resources by name.
+    pub(super) qrs: &'a FxHashMap<String, Listed<QueuedResourceInfo>>,
     /// Observed queued resources by node id, with their entry facts.
-    pub(super) qr_by_node: FxHashMap<&'a str, (&'a QueuedResourceInfo, EntryFacts)>,
-    /// Entry facts of `obs.nodes` and `obs.queued_resources` (same order), derived once.
-    pub(super) node_facts: Vec<EntryFacts>,
-    pub(super) qr_facts: Vec<EntryFacts>,
+    pub(super) qr_by_node: &'a FxHashMap<String, Listed<QueuedResourceInfo>>,
+    /// Entry facts of `obs.nodes` and `obs.queued_resources` (same order).
+    pub(super) node_facts: &'a [EntryFacts],
+    pub(super) qr_facts: &'a [EntryFacts],
     /// Node and QR names deleted during this pass.
     pub(super) deleted: BTreeSet<String>,
     /// Attempts created by this pass's assignment (launched at the end).
@@ -101,31 +103,9 @@ impl<'a> Pass<'a> {
         policy: &'a dyn Policy,
         state: &'a mut State,
         obs: &'a Observation,
+        observed: &'a ObservedIndex,
         now: Timestamp,
     ) -> Pass<'a> {
-        let node_facts: Vec<EntryFacts> = obs.nodes.iter().map(|n| index.node_facts(n)).collect();
-        let qr_facts: Vec<EntryFacts> = obs
-            .queued_resources
-            .iter()
-            .map(|q| index.qr_facts(q))
-            .collect();
-        let nodes = obs
-            .nodes
-            .iter()
-            .zip(&node_facts)
-            .map(|(n, f)| (n.name.as_str(), (&**n, *f)))
-            .collect();
-        let qrs = obs
-            .queued_resources
-            .iter()
-            .map(|q| (q.name.as_str(), &**q))
-            .collect();
-        let qr_by_node = obs
-            .queued_resources
-            .iter()
-            .zip(&qr_facts)
-            .map(|(q, f)| (q.node_id.as_str(), (&**q, *f)))
-            .collect();
         Pass {
             index,
             config,
@@ -134,11 +114,11 @@ impl<'a> Pass<'a> {
             obs,
             now,
             out: PassOutput::default(),
-            nodes,
-            qrs,
-            qr_by_node,
-            node_facts,
-            qr_facts,
+            nodes: &observed.nodes,
+            qrs: &observed.qrs,
+            qr_by_node: &observed.qr_by_node,
+            node_facts: &observed.node_facts,
+            qr_facts: &observed.qr_facts,
             deleted: BTreeSet::new(),
             new_launches: Vec::new(),
             desired: Vec::new(),
@@ -220,14 +200,15 @@ impl<'a> Pass<'a> {
 
     /// A node that counts: present and matching its declared entry.
     pub(super) fn matching_node(&self, resource: &Resource) -> Option<&'a NodeInfo> {
-        let (node, seen) = self.nodes.get(resource.tpu_name.as_str())?;
-        (self.index.entry(seen.entry? as usize).id == resource.entry_id).then_some(*node)
+        let node = self.nodes.get(resource.tpu_name.as_str())?;
+        (self.index.entry(node.facts.entry? as usize).id == resource.entry_id)
+            .then_some(&*node.info)
     }
 
     pub(super) fn matching_qr(&self, resource: &Resource) -> Option<&'a QueuedResourceInfo> {
         // An entry match implies the name is `qr-<node id>`.
-        let (qr, seen) = self.qr_by_node.get(resource.tpu_name.as_str())?;
-        (self.index.entry(seen.entry? as usize).id == resource.entry_id).then_some(*qr)
+        let qr = self.qr_by_node.get(resource.tpu_name.as_str())?;
+        (self.index.entry(qr.facts.entry? as usize).id == resource.entry_id).then_some(&*qr.info)
     }
 
     pub(super) fn transport_ok(&self, node: &NodeInfo) -> bool {
@@ -1911,8 +1892,8 @@ impl<'a> Pass<'a> {
         let qr = self
             .qrs
             .get(names::queued_resource_name(&resource.tpu_name).as_str())
-            .copied();
-        let node = self.nodes.get(resource.tpu_name.as_str()).map(|(n, _)| *n);
+            .map(|q| &*q.info);
+        let node = self.nodes.get(resource.tpu_name.as_str()).map(|n| &*n.info);
         match (qr, node) {
             (Some(q), _) if !q.state.is_deleting() => self.delete_qr(&q.name, &q.zone),
             (None, Some(n)) if n.state != super::observe::NodeState::Deleting => {
