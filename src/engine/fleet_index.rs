@@ -203,10 +203,14 @@ impl FleetIndex {
     /// True when the record is declared: owned and, if managed, one of ordinals `1..=count`.
     /// (Entry ids are unique, so the declared name's entry is the record's entry.)
     pub fn is_declared(&self, resource: &Resource) -> bool {
-        self.declared.get(&resource.tpu_name).is_some_and(|d| {
-            let entry = self.entry(d.entry);
-            entry.id == resource.entry_id && entry_owns(entry, resource)
-        })
+        self.declared
+            .get(&resource.tpu_name)
+            .is_some_and(|d| self.declares(self.entry(d.entry), resource))
+    }
+
+    /// Whether `entry`, the one declaring the record's name, declares the record itself.
+    pub(crate) fn declares(&self, entry: &TpuEntry, resource: &Resource) -> bool {
+        entry.id == resource.entry_id && entry_owns(entry, resource)
     }
 
     /// What the drivers read for the next observation: every node and queued resource

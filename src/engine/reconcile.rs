@@ -1876,9 +1876,29 @@ impl<'a> Pass<'a> {
                 | ResourceStatus::Draining
         ) && r.provisioning_node_seen_at.is_none()
             && r.provisioning_node_missing_since.is_none()
-            && self.index.is_declared(r)
-            && (r.adopted || self.matching_qr(r).is_some_and(|q| q.state.is_live()))
-            && self.matching_node(r).is_some_and(|n| self.ready(n))
+            && self.settled_tpu(r)
+    }
+
+    /// `is_declared(r)`, a ready `matching_node(r)` and, unless adopted, a live
+    /// `matching_qr(r)`, with two lookups: the node's facts carry the name's declaration,
+    /// and once that is the record's entry (ids are unique), "matching" compares indexes.
+    fn settled_tpu(&self, r: &Resource) -> bool {
+        let Some(node) = self.nodes.get(r.tpu_name.as_str()) else {
+            return false;
+        };
+        let Some(declared) = node.facts.declared else {
+            return false;
+        };
+        let entry = self.index.entry(declared.entry);
+        let e = Some(declared.entry as u32);
+        self.index.declares(entry, r)
+            && node.facts.entry == e
+            && self.ready(&node.info)
+            && (r.adopted
+                || self
+                    .qr_by_node
+                    .get(r.tpu_name.as_str())
+                    .is_some_and(|q| q.facts.entry == e && q.info.state.is_live()))
     }
 
     /// A record whose entry was removed or changed (§9.1 #11: the original orphaned these).
