@@ -1,10 +1,10 @@
 //! `ZonedTable`: the simulated cloud's nodes or queued resources by name, plus the names in
 //! each zone in name order, kept in step (a zone is listed, and a capacity pool scanned,
 //! without visiting every object). Only inserting and removing change membership, so the
-//! index cannot drift from the table. Not for iteration in an order that matters: `values`
-//! follows the hash map.
+//! indexes cannot drift from the table. Not for iteration in an order that matters: `values`
+//! follows the storage slots.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
@@ -13,16 +13,22 @@ pub(crate) trait InZone {
     fn zone(&self) -> &str;
 }
 
-/// Objects by name, with a per-zone name index (see the module doc).
+/// Objects by name, with a per-zone name index (see the module doc). Objects live in slots;
+/// both indexes point at slots, so listing a zone reads its objects without hashing names.
 #[derive(Debug)]
 pub(crate) struct ZonedTable<T> {
-    by_name: FxHashMap<String, T>,
-    by_zone: BTreeMap<String, BTreeSet<String>>,
+    slots: Vec<Option<T>>,
+    /// Empty slots, reused before the table grows.
+    free: Vec<usize>,
+    by_name: FxHashMap<String, usize>,
+    by_zone: BTreeMap<String, BTreeMap<String, usize>>,
 }
 
 impl<T> Default for ZonedTable<T> {
     fn default() -> Self {
         ZonedTable {
+            slots: Vec::new(),
+            free: Vec::new(),
             by_name: FxHashMap::default(),
             by_zone: BTreeMap::new(),
         }
@@ -33,15 +39,25 @@ impl<T: InZone> ZonedTable<T> {
     /// Inserts `object` under `name` (replacing any object of that name).
     pub(crate) fn insert(&mut self, name: String, object: T) {
         self.remove(&name);
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
         self.by_zone
             .entry(object.zone().to_owned())
             .or_default()
-            .insert(name.clone());
-        self.by_name.insert(name, object);
+            .insert(name.clone(), slot);
+        self.slots[slot] = Some(object);
+        self.by_name.insert(name, slot);
     }
 
     pub(crate) fn remove(&mut self, name: &str) -> Option<T> {
-        let object = self.by_name.remove(name)?;
+        let slot = self.by_name.remove(name)?;
+        let object = self.slots[slot].take().expect("indexed slots are full");
+        self.free.push(slot);
         if let Some(names) = self.by_zone.get_mut(object.zone()) {
             names.remove(name);
         }
@@ -49,11 +65,12 @@ impl<T: InZone> ZonedTable<T> {
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<&T> {
-        self.by_name.get(name)
+        self.by_name.get(name).map(|&slot| self.full(slot))
     }
 
     pub(crate) fn get_mut(&mut self, name: &str) -> Option<&mut T> {
-        self.by_name.get_mut(name)
+        let slot = *self.by_name.get(name)?;
+        self.slots[slot].as_mut()
     }
 
     pub(crate) fn contains_key(&self, name: &str) -> bool {
@@ -62,7 +79,7 @@ impl<T: InZone> ZonedTable<T> {
 
     /// Every object, in no particular order.
     pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
-        self.by_name.values()
+        self.slots.iter().flatten()
     }
 
     /// The objects of `zone`, in name order.
@@ -71,13 +88,19 @@ impl<T: InZone> ZonedTable<T> {
             .get(zone)
             .into_iter()
             .flatten()
-            .map(|name| (name, &self.by_name[name]))
+            .map(|(name, &slot)| (name, self.full(slot)))
+    }
+}
+
+impl<T> ZonedTable<T> {
+    fn full(&self, slot: usize) -> &T {
+        self.slots[slot].as_ref().expect("indexed slots are full")
     }
 }
 
 impl<T> std::ops::Index<&str> for ZonedTable<T> {
     type Output = T;
     fn index(&self, name: &str) -> &T {
-        &self.by_name[name]
+        self.full(self.by_name[name])
     }
 }
