@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::fleet_index::EntryFacts;
+use super::fleet_index::{Declared, EntryFacts};
 use super::observe::{Action, NodeInfo, QueuedResourceInfo};
 use super::reconcile::Pass;
 use super::state::{Resource, ResourceStatus};
@@ -31,6 +31,71 @@ struct Slot<'a> {
     qr: Option<(&'a QueuedResourceInfo, EntryFacts)>,
 }
 
+/// What one declared ordinal has, looked up once (the observation does not change in a pass).
+struct Ordinal<'q> {
+    busy: bool,
+    named: bool,
+    ready: bool,
+    qr: Option<&'q QueuedResourceInfo>,
+}
+
+impl Ordinal<'_> {
+    fn live(&self) -> bool {
+        self.ready || self.qr.is_some_and(|q| q.state.is_live())
+    }
+}
+
+/// Buffers for sizing one entry, reused from entry to entry.
+#[derive(Default)]
+struct Scratch<'q> {
+    ordinals: Vec<Ordinal<'q>>,
+    in_desired: Vec<bool>,
+    by_name: Vec<usize>,
+}
+
+/// Observed objects grouped by the entry they are labelled for, in observation order: one
+/// flat table, a slice per entry.
+struct ByEntry<'a, T> {
+    objects: Vec<(&'a T, EntryFacts)>,
+    /// `objects[start[e]..start[e + 1]]` are entry `e`'s.
+    start: Vec<usize>,
+}
+
+impl<'a, T> ByEntry<'a, T> {
+    fn of(&self, e: usize) -> &[(&'a T, EntryFacts)] {
+        &self.objects[self.start[e]..self.start[e + 1]]
+    }
+}
+
+/// Groups `objects` (with their facts) by labelled entry, keeping their order (a counting sort).
+fn by_entry<'a, T>(
+    objects: &'a [std::sync::Arc<T>],
+    facts: &[EntryFacts],
+    n_entries: usize,
+) -> ByEntry<'a, T> {
+    let mut start = vec![0; n_entries + 1];
+    for f in facts {
+        if let Some(e) = f.labelled {
+            start[e as usize + 1] += 1;
+        }
+    }
+    for e in 0..n_entries {
+        start[e + 1] += start[e];
+    }
+    let mut next = start.clone();
+    let mut placed: Vec<Option<(&'a T, EntryFacts)>> = vec![None; start[n_entries]];
+    for (o, f) in objects.iter().zip(facts) {
+        if let Some(e) = f.labelled {
+            placed[next[e as usize]] = Some((&**o, *f));
+            next[e as usize] += 1;
+        }
+    }
+    ByEntry {
+        objects: placed.into_iter().flatten().collect(),
+        start,
+    }
+}
+
 impl<'a> Pass<'a> {
     pub(super) fn capacity(&mut self) {
         let desired = std::mem::take(&mut self.desired);
@@ -38,52 +103,41 @@ impl<'a> Pass<'a> {
         let mut remaining = self.remaining_chips();
         // One sweep over the observation: objects labelled for each entry, in observation
         // order, and what each declared ordinal has (found through the names' declarations
-        // computed with the pass, instead of a lookup per ordinal).
+        // computed with the pass, instead of a lookup per ordinal). Tables are flat, one slice
+        // per entry: a pass sizes every entry, and a table per entry was an allocation each.
         let n_entries = self.index.fleet.tpus.len();
-        let mut nodes_by_entry: Vec<Vec<(&'a NodeInfo, EntryFacts)>> = vec![Vec::new(); n_entries];
-        let mut qrs_by_entry: Vec<Vec<(&'a QueuedResourceInfo, EntryFacts)>> =
-            vec![Vec::new(); n_entries];
-        let mut slots: Vec<Vec<Slot<'a>>> = self
-            .index
-            .ordinals
-            .iter()
-            .map(|o| vec![Slot::default(); o.len()])
-            .collect();
-        let nodes: &'a [std::sync::Arc<NodeInfo>] = &self.obs.nodes;
-        for (n, seen) in nodes.iter().zip(self.node_facts) {
-            if let Some(e) = seen.labelled {
-                nodes_by_entry[e as usize].push((n, *seen));
-            }
+        let mut first_ordinal = Vec::with_capacity(n_entries + 1);
+        first_ordinal.push(0);
+        for o in &self.index.ordinals {
+            first_ordinal.push(first_ordinal.last().copied().unwrap_or(0) + o.len());
+        }
+        let ordinal_at = |d: Declared| first_ordinal[d.entry] + d.ordinal as usize - 1;
+        let mut slots = vec![Slot::default(); first_ordinal[n_entries]];
+        let nodes = by_entry(&self.obs.nodes, self.node_facts, n_entries);
+        let qrs = by_entry(&self.obs.queued_resources, self.qr_facts, n_entries);
+        for (n, seen) in self.obs.nodes.iter().zip(self.node_facts) {
             if let Some(d) = seen.declared.filter(|d| d.ordinal > 0) {
-                slots[d.entry][d.ordinal as usize - 1].node = Some((n, *seen));
+                slots[ordinal_at(d)].node = Some((n, *seen));
             }
         }
-        let qrs: &'a [std::sync::Arc<QueuedResourceInfo>] = &self.obs.queued_resources;
-        for (q, seen) in qrs.iter().zip(self.qr_facts) {
-            if let Some(e) = seen.labelled {
-                qrs_by_entry[e as usize].push((q, *seen));
-            }
+        for (q, seen) in self.obs.queued_resources.iter().zip(self.qr_facts) {
             if let Some(d) = seen.declared.filter(|d| d.ordinal > 0) {
-                slots[d.entry][d.ordinal as usize - 1].qr = Some((q, *seen));
+                slots[ordinal_at(d)].qr = Some((q, *seen));
             }
         }
         // Busy declared ordinals, found in one sweep over the records instead of a lookup per
         // ordinal. Sizing never changes whether a record is busy (it only deletes or
         // re-provisions idle ones), so the table stays true through the step.
-        let mut busy_ordinals: Vec<Vec<bool>> = self
-            .index
-            .ordinals
-            .iter()
-            .map(|o| vec![false; o.len()])
-            .collect();
+        let mut busy_ordinals = vec![false; first_ordinal[n_entries]];
         for (id, _) in self.state.resources.iter().filter(|(_, r)| r.is_busy()) {
             if let Some(d) = self.index.declared(id)
                 && d.ordinal > 0
             {
-                busy_ordinals[d.entry][d.ordinal as usize - 1] = true;
+                busy_ordinals[ordinal_at(d)] = true;
             }
         }
-        for e in 0..self.index.fleet.tpus.len() {
+        let mut scratch = Scratch::default();
+        for e in 0..n_entries {
             let entry = self.index.entry(e);
             if entry.is_adopted() {
                 continue;
@@ -97,13 +151,21 @@ impl<'a> Pass<'a> {
                     entry.id
                 ));
             }
+            let ordinals = first_ordinal[e]..first_ordinal[e + 1];
             let seen = EntryInventory {
-                nodes: &nodes_by_entry[e],
-                qrs: &qrs_by_entry[e],
-                slots: &slots[e],
-                busy_ordinals: &busy_ordinals[e],
+                nodes: nodes.of(e),
+                qrs: qrs.of(e),
+                slots: &slots[ordinals.clone()],
+                busy_ordinals: &busy_ordinals[ordinals],
             };
-            self.size_entry(e, asked.min(count), &named, &seen, &mut remaining);
+            self.size_entry(
+                e,
+                asked.min(count),
+                &named,
+                &seen,
+                &mut remaining,
+                &mut scratch,
+            );
         }
     }
 
@@ -194,6 +256,7 @@ impl<'a> Pass<'a> {
         named: &BTreeSet<String>,
         seen: &EntryInventory<'a, '_>,
         remaining: &mut BTreeMap<QuotaKey, i64>,
+        scratch: &mut Scratch<'a>,
     ) {
         let (matching_nodes, matching_qrs, busy_ordinals) =
             (seen.nodes, seen.qrs, seen.busy_ordinals);
@@ -204,45 +267,39 @@ impl<'a> Pass<'a> {
         let busy_name =
             |p: &Pass<'_>, name: &str| p.state.resources.get(name).is_some_and(Resource::is_busy);
 
-        // What each ordinal has, looked up once (the observation does not change in a pass).
-        struct Ordinal<'q> {
-            busy: bool,
-            named: bool,
-            ready: bool,
-            qr: Option<&'q QueuedResourceInfo>,
-        }
-        impl Ordinal<'_> {
-            fn live(&self) -> bool {
-                self.ready || self.qr.is_some_and(|q| q.state.is_live())
-            }
-        }
-        let facts: Vec<Ordinal<'a>> = ordinals
-            .iter()
-            .zip(busy_ordinals)
-            .zip(seen.slots)
-            .map(|((name, &busy), slot)| Ordinal {
-                busy,
-                named: !named.is_empty() && named.contains(name),
-                // Ready: its node, labelled for the entry, is ready, and no ended request
-                // stands behind it.
-                ready: slot
-                    .node
-                    .is_some_and(|(n, s)| s.labelled == Some(e32) && self.ready(n))
-                    && slot.qr.is_none_or(|(q, _)| q.state.is_live()),
-                // Its own request: named `qr-<name>`, labelled for the entry.
-                qr: slot
-                    .qr
-                    .filter(|(q, s)| {
-                        s.labelled == Some(e32)
-                            && q.name.strip_prefix(names::QR_PREFIX) == Some(name.as_str())
-                    })
-                    .map(|(q, _)| q),
-            })
-            .collect();
+        let Scratch {
+            ordinals: facts,
+            in_desired,
+            by_name,
+        } = scratch;
+        facts.clear();
+        facts.extend(ordinals.iter().zip(busy_ordinals).zip(seen.slots).map(
+            |((name, &busy), slot)| {
+                Ordinal {
+                    busy,
+                    named: !named.is_empty() && named.contains(name),
+                    // Ready: its node, labelled for the entry, is ready, and no ended request
+                    // stands behind it.
+                    ready: slot
+                        .node
+                        .is_some_and(|(n, s)| s.labelled == Some(e32) && self.ready(n))
+                        && slot.qr.is_none_or(|(q, _)| q.state.is_live()),
+                    // Its own request: named `qr-<name>`, labelled for the entry.
+                    qr: slot
+                        .qr
+                        .filter(|(q, s)| {
+                            s.labelled == Some(e32)
+                                && q.name.strip_prefix(names::QR_PREFIX) == Some(name.as_str())
+                        })
+                        .map(|(q, _)| q),
+                }
+            },
+        ));
         // Ordinal preference: busy, named by a pending job, live, then the rest (minus ones
         // behind a terminal queued resource, which must be cleaned up first). The first
         // `desired` of them form the desired set.
-        let mut in_desired = vec![false; facts.len()];
+        in_desired.clear();
+        in_desired.resize(facts.len(), false);
         let mut chosen = 0;
         let tiers: [fn(&Ordinal<'_>) -> bool; 4] = [
             |o| o.busy,
@@ -344,9 +401,10 @@ impl<'a> Pass<'a> {
             }
         }
         // Clean up desired ordinals whose TPU or request ended (in name order).
-        let mut by_name: Vec<usize> = (0..ordinals.len()).filter(|&i| in_desired[i]).collect();
+        by_name.clear();
+        by_name.extend((0..ordinals.len()).filter(|&i| in_desired[i]));
         by_name.sort_by_key(|&i| &ordinals[i]);
-        for i in by_name {
+        for &i in by_name.iter() {
             let name = &ordinals[i];
             let node_terminal = seen.slots[i]
                 .node
@@ -372,7 +430,7 @@ impl<'a> Pass<'a> {
         }
         let current = facts
             .iter()
-            .zip(&in_desired)
+            .zip(in_desired.iter())
             .filter(|(o, d)| {
                 **d && (o.ready
                     || o.qr
