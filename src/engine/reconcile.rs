@@ -1026,14 +1026,30 @@ impl<'a> Pass<'a> {
     // ----- step 6: attempts -------------------------------------------------------------
 
     fn attempts(&mut self) {
-        let running: Vec<String> = self.jobs_in(JobStatus::Running);
-        for job_id in running {
-            if let Some(wakes) = self.still_running(&job_id) {
-                for t in wakes.into_iter().flatten() {
-                    self.wake_at(t);
-                }
+        // Most running jobs just keep running: one read-only sweep finds them and when to look
+        // again; the others are handled one by one, in id order. (Handling one job never
+        // changes whether another just keeps running: each touches only its own job, attempt
+        // and TPU.)
+        let mut wakes = Vec::new();
+        let mut running = Vec::new();
+        for (status, job_id) in &self.in_flight {
+            let Some(job) = self
+                .state
+                .jobs
+                .get(job_id)
+                .filter(|j| *status == JobStatus::Running && j.status == JobStatus::Running)
+            else {
                 continue;
+            };
+            match self.still_running(job) {
+                Some(w) => wakes.extend(w.into_iter().flatten()),
+                None => running.push(job_id.clone()),
             }
+        }
+        for t in wakes {
+            self.wake_at(t);
+        }
+        for job_id in running {
             let job = &self.state.jobs[&job_id];
             let (Some(attempt), Some(resource_id)) =
                 (job.attempt().cloned(), job.assigned_resource.clone())
@@ -1218,8 +1234,8 @@ impl<'a> Pass<'a> {
     /// attempt runs on a TPU that owns it, its workers have not all finished, and its
     /// heartbeat deadline is ahead (or its TPU is down, which the unusable-resource step
     /// handles). Then the only effect is when to look again: `Some` of the wake-ups.
-    fn still_running(&self, job_id: &str) -> Option<[Option<Timestamp>; 2]> {
-        let job = self.state.jobs.get(job_id)?;
+    fn still_running(&self, job: &Job) -> Option<[Option<Timestamp>; 2]> {
+        let job_id = job.id.as_str();
         let attempt = job.attempt()?;
         let resource_id = job.assigned_resource.as_deref()?;
         let resource = self.state.resources.get(resource_id)?;
