@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use crate::backend::{BackendError, CloudBackend, Outcome};
 use crate::engine::observe::{ActionFailure, CancelOutcome, RemoteError};
-use crate::engine::state::JobStatus;
+use crate::engine::state::{Attempt, Job, JobStatus};
 use crate::engine::{Action, Engine, Observation, PassOutput, State, Timestamp};
 
 /// Results of actions waiting to be reported to the next pass.
@@ -39,15 +39,15 @@ pub fn observe<B: CloudBackend>(
 ) -> Result<Observation, BackendError> {
     let scope = engine.inventory_scope(state);
     let (nodes, queued_resources) = backend.inventory(&scope, now)?;
-    let mut attempts = rustc_hash::FxHashMap::default();
-    for job in state
+    let in_flight: Vec<(&Job, &Attempt)> = state
         .jobs
         .values()
         .filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Cancelling))
-    {
-        let Some(attempt) = job.attempt() else {
-            continue;
-        };
+        .filter_map(|j| Some((j, j.attempt()?)))
+        .collect();
+    let mut attempts =
+        rustc_hash::FxHashMap::with_capacity_and_hasher(in_flight.len(), Default::default());
+    for (job, attempt) in in_flight {
         let mut report = backend
             .attempt_report(&attempt.id, &job.id, now)?
             .unwrap_or_default();
