@@ -436,10 +436,6 @@ proptest! {
             }
         }
     }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
 
     /// The engine keeps the index of the last observation and patches it where the next one
     /// differs (objects shared between observations keep their entry facts). Over sequences of
