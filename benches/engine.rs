@@ -1,6 +1,8 @@
-//! One planning pass of the reconcile engine (`classic` policy) on synthetic queues: 1k, 10k
-//! and 100k pending jobs with one idle TPU per ten jobs, over 50 to 500 fleet entries. The
-//! state is cloned outside the timed section.
+//! One pass of the reconcile engine (`classic` policy) on synthetic instances. Planning: 1k,
+//! 10k and 100k pending jobs with one idle TPU per ten jobs, over 50 to 500 fleet entries.
+//! Steady: a settled fleet of 600 or 2,000 TPUs, each running a job, none waiting,
+//! where a pass finds nothing to do: the cost of looking at everything, which an incremental
+//! pass would remove. The state is cloned outside the timed section.
 
 // The allocator the `tpu-runner` binary uses (src/main.rs).
 #[global_allocator]
@@ -37,5 +39,33 @@ fn planning_pass(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, planning_pass);
+fn steady_pass(c: &mut Criterion) {
+    let epoch = Timestamp::from_secs(1_767_225_600);
+    let mut group = c.benchmark_group("steady_pass");
+    group.sample_size(20);
+    for (n_entries, count) in [(200usize, 3u32), (500, 4)] {
+        let n_tpus = n_entries * count as usize;
+        let fleet = synthetic::fleet(n_entries, count);
+        let (state, obs, now) = synthetic::running_instance(&fleet, 2 * n_tpus, epoch);
+        assert!(
+            state.resources.len() == n_tpus && state.resources.values().all(|r| r.is_busy()),
+            "the instance is not settled"
+        );
+        let engine = Engine::new(fleet, EngineConfig::default(), Box::new(Classic));
+        group.bench_with_input(
+            BenchmarkId::new("running", format!("{n_tpus}tpus/{n_entries}entries")),
+            &n_tpus,
+            |b, _| {
+                b.iter_batched(
+                    || state.clone(),
+                    |mut s| (engine.reconcile(&mut s, &obs, now), s),
+                    BatchSize::LargeInput,
+                )
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, planning_pass, steady_pass);
 criterion_main!(benches);

@@ -1,15 +1,18 @@
 //! Deterministic synthetic fleets, queues and inventories for benches and scale tests: a
-//! fleet of many entries, many pending jobs, idle TPUs with ready nodes. Pure; a simple
-//! integer hash stands in for randomness so the same size always gives the same instance.
+//! fleet of many entries, many pending jobs, idle TPUs with ready nodes, or a settled fleet
+//! where every TPU runs a job. Pure; a simple integer hash stands in for randomness so the
+//! same size always gives the same instance.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::observe::{
-    Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo,
+    AttemptReport, Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState,
+    QueuedResourceInfo,
 };
-use super::state::{BucketRegion, Job, Resource, ResourceStatus, State};
-use super::{Observation, Timestamp};
+use super::policy::Classic;
+use super::state::{BucketRegion, Job, JobStatus, Resource, ResourceStatus, State};
+use super::{Engine, EngineConfig, Observation, Timestamp};
 use crate::spec::fleet::{EntryKind, FleetSpec, SshTransport, TpuEntry};
 use crate::spec::{JobSpec, Priority, ProvisioningModel, TpuRequest, TpuType};
 
@@ -179,4 +182,75 @@ pub fn planning_instance(
         }));
     }
     (state, obs)
+}
+
+/// A settled fleet: every TPU of `fleet` ready behind an active request and running an
+/// attempt of one of `n_jobs` jobs (those that found no TPU are withdrawn), its workers
+/// heartbeating: what most passes at scale see, with nothing to decide. Returns the state,
+/// the observation and the time of the next pass. Built by the engine itself: a pass assigns
+/// the TPUs, two more see the launches confirmed.
+pub fn running_instance(
+    fleet: &FleetSpec,
+    n_jobs: usize,
+    epoch: Timestamp,
+) -> (State, Observation, Timestamp) {
+    let (mut state, mut obs) = planning_instance(fleet, n_jobs, usize::MAX, epoch);
+    let engine = Engine::new(fleet.clone(), EngineConfig::default(), Box::new(Classic));
+    let mut now = epoch.plus_secs(100_000);
+    for _ in 0..3 {
+        engine.reconcile(&mut state, &obs, now);
+        now = now.plus_secs(30);
+        obs.attempts = state
+            .jobs
+            .values()
+            .filter(|j| j.status == JobStatus::Running)
+            .filter_map(|j| {
+                let report = AttemptReport {
+                    launched: true,
+                    heartbeat_at: Some(now),
+                    ..AttemptReport::default()
+                };
+                Some((j.attempt()?.id.clone(), report))
+            })
+            .collect();
+    }
+    let waiting: Vec<String> = state
+        .jobs
+        .values()
+        .filter(|j| j.status == JobStatus::Pending)
+        .map(|j| j.id.clone())
+        .collect();
+    for id in waiting {
+        state.jobs.remove(&id);
+    }
+    (state, obs, now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::state::AttemptStatus;
+
+    #[test]
+    fn a_running_instance_is_settled() {
+        let epoch = Timestamp::from_secs(1_767_225_600);
+        let fleet = fleet(40, 3);
+        let (mut state, obs, now) = running_instance(&fleet, 400, epoch);
+        let running: Vec<&Job> = state
+            .jobs
+            .values()
+            .filter(|j| j.status == JobStatus::Running)
+            .collect();
+        assert_eq!(running.len(), 120, "every TPU runs a job");
+        assert_eq!(state.jobs.len(), 120, "no job waits");
+        assert!(running.iter().all(|j| {
+            j.attempt()
+                .is_some_and(|a| a.status == AttemptStatus::Running)
+        }));
+        assert!(state.resources.values().all(Resource::is_busy));
+        let engine = Engine::new(fleet, EngineConfig::default(), Box::new(Classic));
+        let out = engine.reconcile(&mut state, &obs, now);
+        assert!(out.actions.is_empty(), "{:?}", out.actions);
+        assert!(out.violations.is_empty(), "{:?}", out.violations);
+    }
 }
