@@ -187,8 +187,9 @@ impl<'a> Pass<'a> {
         let mut counted = BTreeSet::new();
         for node in &self.obs.nodes {
             let behind_terminal_qr = self
-                .qr_by_node
-                .get(node.name.as_str())
+                .observed
+                .tpu(&node.name)
+                .and_then(|t| t.qr.as_ref())
                 .is_some_and(|q| !q.info.state.is_live());
             if !node.state.is_terminal() && !behind_terminal_qr {
                 *reserved
@@ -346,7 +347,11 @@ impl<'a> Pass<'a> {
                 }
             }
             for &(qr, _) in matching_qrs.iter().filter(|(q, _)| !q.state.is_deleting()) {
-                let node = self.nodes.get(qr.node_id.as_str()).map(|n| &*n.info);
+                let node = self
+                    .observed
+                    .tpu(&qr.node_id)
+                    .and_then(|t| t.node.as_ref())
+                    .map(|n| &*n.info);
                 let drop = match node {
                     None => true,
                     Some(n) => !self.ready(n) || just_deleted.contains(&n.name),
@@ -473,9 +478,9 @@ impl<'a> Pass<'a> {
                 continue;
             }
             let qr_name = names::queued_resource_name(name);
-            let present = self.nodes.contains_key(name.as_str())
-                || self.qrs.contains_key(qr_name.as_str())
-                || self.qr_by_node.contains_key(name.as_str())
+            // Anything listed under the name: its node, or a request for it.
+            let present = self.observed.tpu(name).is_some()
+                || self.observed.qr_named(&qr_name).is_some()
                 || self.deleted.contains(name)
                 || self.deleted.contains(&qr_name);
             if present {

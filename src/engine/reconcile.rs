@@ -7,8 +7,6 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
-
 use super::aggregate::{self, EXIT_RETRYABLE, FailureKind, Graces, Verdict};
 use super::config::{EngineConfig, backoff_secs};
 use super::demand::Demand;
@@ -17,7 +15,7 @@ use super::observe::{
     Action, ActionFailure, AttemptReport, CancelOutcome, CloudFailure, Event, LaunchRequest,
     NodeInfo, Observation, QueuedResourceInfo, RemoteErrorKind,
 };
-use super::observed::{Listed, ObservedIndex};
+use super::observed::{ObservedIndex, Tpu};
 use super::policy::{AssignInput, CapacityInput, Policy};
 use super::state::{
     Attempt, AttemptStatus, Backoff, EndReason, FailureCounter, InterruptionStatus, Job, JobStatus,
@@ -74,13 +72,8 @@ pub(crate) struct Pass<'a> {
     pub(super) obs: &'a Observation,
     pub(super) now: Timestamp,
     pub(super) out: PassOutput,
-    // Lookup-only indexes of the observation (never iterated, so hashing is deterministic).
-    /// Observed nodes by name, with their entry facts.
-    pub(super) nodes: &'a FxHashMap<String, Listed<NodeInfo>>,
-    /// Observed queued resources by name.
-    pub(super) qrs: &'a FxHashMap<String, Listed<QueuedResourceInfo>>,
-    /// Observed queued resources by node id, with their entry facts.
-    pub(super) qr_by_node: &'a FxHashMap<String, Listed<QueuedResourceInfo>>,
+    /// The observation indexed: what is listed under each TPU name, queued resources by name.
+    pub(super) observed: &'a ObservedIndex,
     /// Entry facts of `obs.nodes` and `obs.queued_resources` (same order).
     pub(super) node_facts: &'a [EntryFacts],
     pub(super) qr_facts: &'a [EntryFacts],
@@ -114,9 +107,7 @@ impl<'a> Pass<'a> {
             obs,
             now,
             out: PassOutput::default(),
-            nodes: &observed.nodes,
-            qrs: &observed.qrs,
-            qr_by_node: &observed.qr_by_node,
+            observed,
             node_facts: &observed.node_facts,
             qr_facts: &observed.qr_facts,
             deleted: BTreeSet::new(),
@@ -198,16 +189,21 @@ impl<'a> Pass<'a> {
         self.out.violations.push(what.to_string());
     }
 
+    /// What is listed under the record's TPU name.
+    pub(super) fn listed(&self, resource: &Resource) -> Option<&'a Tpu> {
+        self.observed.tpu(&resource.tpu_name)
+    }
+
     /// A node that counts: present and matching its declared entry.
     pub(super) fn matching_node(&self, resource: &Resource) -> Option<&'a NodeInfo> {
-        let node = self.nodes.get(resource.tpu_name.as_str())?;
+        let node = self.listed(resource)?.node.as_ref()?;
         (self.index.entry(node.facts.entry? as usize).id == resource.entry_id)
             .then_some(&*node.info)
     }
 
     pub(super) fn matching_qr(&self, resource: &Resource) -> Option<&'a QueuedResourceInfo> {
         // An entry match implies the name is `qr-<node id>`.
-        let qr = self.qr_by_node.get(resource.tpu_name.as_str())?;
+        let qr = self.listed(resource)?.qr.as_ref()?;
         (self.index.entry(qr.facts.entry? as usize).id == resource.entry_id).then_some(&*qr.info)
     }
 
@@ -1264,11 +1260,7 @@ impl<'a> Pass<'a> {
         resource: &Resource,
         report: Option<&AttemptReport>,
     ) -> (bool, Timestamp, Timestamp) {
-        let tpu_up = self.matching_node(resource).is_some_and(|n| self.ready(n))
-            && (resource.adopted
-                || self
-                    .matching_qr(resource)
-                    .is_some_and(|q| q.state.is_live()));
+        let tpu_up = self.up_entry(resource).is_some();
         let heartbeat = report
             .and_then(|r| r.heartbeat_at)
             .or(attempt.started_at)
@@ -1871,11 +1863,7 @@ impl<'a> Pass<'a> {
     /// A managed TPU that is gone, runs nothing and has neither node nor queued resource: the
     /// unusable-resource step has nothing to do for it (case (g) with a gone record).
     fn gone_and_unseen(&self, r: &Resource) -> bool {
-        !r.adopted
-            && r.owner.is_none()
-            && r.status.is_gone()
-            && !self.nodes.contains_key(r.tpu_name.as_str())
-            && !self.qr_by_node.contains_key(r.tpu_name.as_str())
+        !r.adopted && r.owner.is_none() && r.status.is_gone() && self.listed(r).is_none()
     }
 
     /// The common case of the unusable-resource step, decided without copying the record: a
@@ -1892,25 +1880,27 @@ impl<'a> Pass<'a> {
     }
 
     /// `is_declared(r)`, a ready `matching_node(r)` and, unless adopted, a live
-    /// `matching_qr(r)`, with two lookups: the node's facts carry the name's declaration,
-    /// and once that is the record's entry (ids are unique), "matching" compares indexes.
+    /// `matching_qr(r)`.
     fn settled_tpu(&self, r: &Resource) -> bool {
-        let Some(node) = self.nodes.get(r.tpu_name.as_str()) else {
-            return false;
-        };
-        let Some(declared) = node.facts.declared else {
-            return false;
-        };
-        let entry = self.index.entry(declared.entry);
-        let e = Some(declared.entry as u32);
-        self.index.declares(entry, r)
-            && node.facts.entry == e
+        self.up_entry(r)
+            .is_some_and(|e| self.index.declares(self.index.entry(e), r))
+    }
+
+    /// The entry of a ready `matching_node(r)` with, unless adopted, a live `matching_qr(r)`,
+    /// found with one lookup: once the node is of the record's entry (ids are unique), the
+    /// request matches when it is of the same entry.
+    fn up_entry(&self, r: &Resource) -> Option<usize> {
+        let tpu = self.listed(r)?;
+        let node = tpu.node.as_ref()?;
+        let e = node.facts.entry?;
+        let up = self.index.entry(e as usize).id == r.entry_id
             && self.ready(&node.info)
             && (r.adopted
-                || self
-                    .qr_by_node
-                    .get(r.tpu_name.as_str())
-                    .is_some_and(|q| q.facts.entry == e && q.info.state.is_live()))
+                || tpu
+                    .qr
+                    .as_ref()
+                    .is_some_and(|q| q.facts.entry == Some(e) && q.info.state.is_live()));
+        up.then_some(e as usize)
     }
 
     /// A record whose entry was removed or changed (§9.1 #11: the original orphaned these).
@@ -1926,10 +1916,13 @@ impl<'a> Pass<'a> {
             return;
         }
         let qr = self
-            .qrs
-            .get(names::queued_resource_name(&resource.tpu_name).as_str())
+            .observed
+            .qr_named(&names::queued_resource_name(&resource.tpu_name))
             .map(|q| &*q.info);
-        let node = self.nodes.get(resource.tpu_name.as_str()).map(|n| &*n.info);
+        let node = self
+            .listed(resource)
+            .and_then(|t| t.node.as_ref())
+            .map(|n| &*n.info);
         match (qr, node) {
             (Some(q), _) if !q.state.is_deleting() => self.delete_qr(&q.name, &q.zone),
             (None, Some(n)) if n.state != super::observe::NodeState::Deleting => {
