@@ -367,7 +367,7 @@ impl<'a> Pass<'a> {
                     );
                 }
             }
-            self.clear_notice(&format!("chip_limit:{}", entry.id));
+            self.clear_notice(format_args!("chip_limit:{}", entry.id));
             return;
         }
 
@@ -444,7 +444,7 @@ impl<'a> Pass<'a> {
             .count() as u32;
         let mut missing = desired.saturating_sub(current);
         if missing == 0 {
-            self.clear_notice(&format!("chip_limit:{}", entry.id));
+            self.clear_notice(format_args!("chip_limit:{}", entry.id));
             return;
         }
         let chips = entry.chips_per_tpu() as i64;
@@ -461,7 +461,7 @@ impl<'a> Pass<'a> {
                 );
                 missing = allowed;
             } else {
-                self.clear_notice(&format!("chip_limit:{}", entry.id));
+                self.clear_notice(format_args!("chip_limit:{}", entry.id));
             }
         }
         if let Some(backoff) = self.state.entry_backoff.get(&entry.id).cloned() {

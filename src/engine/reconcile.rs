@@ -176,8 +176,12 @@ impl<'a> Pass<'a> {
         }
     }
 
-    pub(super) fn clear_notice(&mut self, key: &str) {
-        self.state.notices.remove(key);
+    /// Forgets the notice under `key` (formatted only when some notice stands: sizing clears
+    /// one per entry on every pass).
+    pub(super) fn clear_notice(&mut self, key: std::fmt::Arguments<'_>) {
+        if !self.state.notices.is_empty() {
+            self.state.notices.remove(&key.to_string());
+        }
     }
 
     pub(super) fn wake_at(&mut self, at: Timestamp) {
