@@ -8,9 +8,31 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{
+    BatchSize, BenchmarkGroup, BenchmarkId, Criterion, criterion_group, criterion_main,
+};
 use tpu_runner::engine::policy::Classic;
-use tpu_runner::engine::{Engine, EngineConfig, Timestamp, synthetic};
+use tpu_runner::engine::{Engine, EngineConfig, Observation, State, Timestamp, synthetic};
+use tpu_runner::spec::FleetSpec;
+
+/// Times one pass of a `classic` engine for `fleet` on a copy of `state` (copied, and
+/// dropped, outside the timed section).
+fn bench_pass(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: BenchmarkId,
+    fleet: FleetSpec,
+    (state, obs, now): (State, Observation, Timestamp),
+) {
+    let engine = Engine::new(fleet, EngineConfig::default(), Box::new(Classic));
+    group.bench_function(id, |b| {
+        b.iter_batched(
+            || state.clone(),
+            |mut s| (engine.reconcile(&mut s, &obs, now), s),
+            BatchSize::LargeInput,
+        )
+    });
+}
 
 fn planning_pass(c: &mut Criterion) {
     let epoch = Timestamp::from_secs(1_767_225_600);
@@ -21,19 +43,12 @@ fn planning_pass(c: &mut Criterion) {
         let count = (n_idle / n_entries + 1) as u32;
         let fleet = synthetic::fleet(n_entries, count);
         let (state, obs) = synthetic::planning_instance(&fleet, n_jobs, n_idle, epoch);
-        let engine = Engine::new(fleet, EngineConfig::default(), Box::new(Classic));
-        let now = epoch.plus_secs(100_000);
-        group.bench_with_input(
-            BenchmarkId::new("jobs", format!("{n_jobs}x{n_idle}tpus/{n_entries}entries")),
-            &n_jobs,
-            |b, _| {
-                // The state is returned so that dropping it is not timed.
-                b.iter_batched(
-                    || state.clone(),
-                    |mut s| (engine.reconcile(&mut s, &obs, now), s),
-                    BatchSize::LargeInput,
-                )
-            },
+        let id = BenchmarkId::new("jobs", format!("{n_jobs}x{n_idle}tpus/{n_entries}entries"));
+        bench_pass(
+            &mut group,
+            id,
+            fleet,
+            (state, obs, epoch.plus_secs(100_000)),
         );
     }
     group.finish();
@@ -51,18 +66,8 @@ fn steady_pass(c: &mut Criterion) {
             state.resources.len() == n_tpus && state.resources.values().all(|r| r.is_busy()),
             "the instance is not settled"
         );
-        let engine = Engine::new(fleet, EngineConfig::default(), Box::new(Classic));
-        group.bench_with_input(
-            BenchmarkId::new("running", format!("{n_tpus}tpus/{n_entries}entries")),
-            &n_tpus,
-            |b, _| {
-                b.iter_batched(
-                    || state.clone(),
-                    |mut s| (engine.reconcile(&mut s, &obs, now), s),
-                    BatchSize::LargeInput,
-                )
-            },
-        );
+        let id = BenchmarkId::new("running", format!("{n_tpus}tpus/{n_entries}entries"));
+        bench_pass(&mut group, id, fleet, (state, obs, now));
     }
     group.finish();
 }
