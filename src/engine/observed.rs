@@ -41,6 +41,7 @@ pub(crate) struct ObservedIndex {
     pub node_facts: Vec<EntryFacts>,
     /// Entry facts of `Observation::queued_resources`, same order.
     pub qr_facts: Vec<EntryFacts>,
+    /// Per TPU (node) name, what is listed under it.
     tpus: FxHashMap<String, Tpu>,
     /// Queued resources by name (of two with one name, the later listed).
     qrs: FxHashMap<String, Option<Listed<QueuedResourceInfo>>>,
