@@ -36,13 +36,13 @@ pub struct SimBackend {
     pub converted: Converted,
 }
 
-/// Cloud objects already converted to observation types, by name. An object is converted
-/// again only when its incarnation (serial) or state changes, its only mutable field, so an
-/// inventory read of an unchanged fleet copies nothing. Only looked up, never iterated in an
-/// order that matters.
+/// Cloud objects already converted to observation types, by incarnation. An object is
+/// converted again only when its incarnation (serial) or state changes, its only mutable
+/// field, so an inventory read of an unchanged fleet copies nothing. Only looked up, never
+/// iterated in an order that matters.
 #[derive(Debug, Default)]
 pub struct Converted {
-    /// By incarnation (serials are unique across nodes and queued resources).
+    /// By serial (serials are unique across nodes and queued resources).
     nodes: FxHashMap<u64, Conversion<simc::NodeState, NodeInfo>>,
     qrs: FxHashMap<u64, Conversion<simc::QrState, QueuedResourceInfo>>,
     /// Reads so far; each entry remembers the last read that saw it.
@@ -57,76 +57,71 @@ struct Conversion<S, T> {
     info: Arc<T>,
 }
 
-/// The earlier conversion of incarnation `serial` if it is of the same state.
-fn reuse<S: Eq, T>(
+/// The conversion of incarnation `serial` in state `of`, seen by read `pass`: the earlier one
+/// if it is of the same state, else `make()`'s (`None`: not an object the engine can read).
+fn convert<S: Eq, T>(
     cache: &mut FxHashMap<u64, Conversion<S, T>>,
     serial: u64,
     of: S,
     pass: u64,
+    make: impl FnOnce() -> Option<T>,
 ) -> Option<Arc<T>> {
-    let c = cache.get_mut(&serial).filter(|c| c.of == of)?;
-    c.seen = pass;
-    Some(c.info.clone())
+    if let Some(c) = cache.get_mut(&serial).filter(|c| c.of == of) {
+        c.seen = pass;
+        return Some(c.info.clone());
+    }
+    let info = Arc::new(make()?);
+    let conversion = Conversion {
+        of,
+        seen: pass,
+        info: info.clone(),
+    };
+    cache.insert(serial, conversion);
+    Some(info)
 }
 
 impl Converted {
     fn node(&mut self, n: &simc::NodeView<'_>, public_ip: bool) -> Option<Arc<NodeInfo>> {
-        if let Some(info) = reuse(&mut self.nodes, n.serial, n.state, self.pass) {
-            return Some(info);
-        }
-        let info = Arc::new(NodeInfo {
-            tpu_type: TpuType::parse(n.accelerator).ok()?,
-            name: n.name.to_owned(),
-            zone: n.zone.to_owned(),
-            state: match n.state {
-                simc::NodeState::Creating => NodeState::Creating,
-                simc::NodeState::Ready => NodeState::Ready,
-                simc::NodeState::Preempted => NodeState::Preempted,
-                simc::NodeState::Deleting => NodeState::Deleting,
-            },
-            health: Health::Healthy,
-            spot: n.spot,
-            labels: n.labels.clone(),
-            queued_resource: n.queued_resource.map(str::to_owned),
-            worker_count: n.hosts,
-            public_ip,
-        });
-        let conversion = Conversion {
-            of: n.state,
-            seen: self.pass,
-            info: info.clone(),
-        };
-        self.nodes.insert(n.serial, conversion);
-        Some(info)
+        convert(&mut self.nodes, n.serial, n.state, self.pass, || {
+            Some(NodeInfo {
+                tpu_type: TpuType::parse(n.accelerator).ok()?,
+                name: n.name.to_owned(),
+                zone: n.zone.to_owned(),
+                state: match n.state {
+                    simc::NodeState::Creating => NodeState::Creating,
+                    simc::NodeState::Ready => NodeState::Ready,
+                    simc::NodeState::Preempted => NodeState::Preempted,
+                    simc::NodeState::Deleting => NodeState::Deleting,
+                },
+                health: Health::Healthy,
+                spot: n.spot,
+                labels: n.labels.clone(),
+                queued_resource: n.queued_resource.map(str::to_owned),
+                worker_count: n.hosts,
+                public_ip,
+            })
+        })
     }
 
     fn queued_resource(&mut self, q: &simc::QrView<'_>) -> Option<Arc<QueuedResourceInfo>> {
-        if let Some(info) = reuse(&mut self.qrs, q.serial, q.state, self.pass) {
-            return Some(info);
-        }
-        let info = Arc::new(QueuedResourceInfo {
-            tpu_type: TpuType::parse(q.accelerator).ok()?,
-            name: q.name.to_owned(),
-            zone: q.zone.to_owned(),
-            node_id: q.node_id.to_owned(),
-            state: match q.state {
-                simc::QrState::WaitingForResources => QrState::WaitingForResources,
-                simc::QrState::Provisioning => QrState::Provisioning,
-                simc::QrState::Active => QrState::Active,
-                simc::QrState::Failed => QrState::Failed,
-                simc::QrState::Suspended => QrState::Suspended,
-                simc::QrState::Deleting => QrState::Deleting,
-            },
-            spot: true,
-            labels: q.labels.clone(),
-        });
-        let conversion = Conversion {
-            of: q.state,
-            seen: self.pass,
-            info: info.clone(),
-        };
-        self.qrs.insert(q.serial, conversion);
-        Some(info)
+        convert(&mut self.qrs, q.serial, q.state, self.pass, || {
+            Some(QueuedResourceInfo {
+                tpu_type: TpuType::parse(q.accelerator).ok()?,
+                name: q.name.to_owned(),
+                zone: q.zone.to_owned(),
+                node_id: q.node_id.to_owned(),
+                state: match q.state {
+                    simc::QrState::WaitingForResources => QrState::WaitingForResources,
+                    simc::QrState::Provisioning => QrState::Provisioning,
+                    simc::QrState::Active => QrState::Active,
+                    simc::QrState::Failed => QrState::Failed,
+                    simc::QrState::Suspended => QrState::Suspended,
+                    simc::QrState::Deleting => QrState::Deleting,
+                },
+                spot: true,
+                labels: q.labels.clone(),
+            })
+        })
     }
 
     /// Drops what the last read did not see (deleted objects).

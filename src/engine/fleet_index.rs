@@ -112,19 +112,14 @@ impl FleetIndex {
         self.by_id.get(entry_id).copied()
     }
 
-    /// Entry match for a node (§3.2): managed entries need same zone, type, Spot model and
-    /// the runner's labels; adopted entries need the exact name, zone, type and model.
-    pub fn node_entry(&self, node: &NodeInfo) -> Option<usize> {
-        self.node_facts(node).entry.map(|e| e as usize)
-    }
-
     /// Entry match for a queued resource: its node id must be a declared managed ordinal of
     /// an entry with the same zone, type and labels, and the name must be `qr-<node>`.
     pub fn queued_resource_entry(&self, qr: &QueuedResourceInfo) -> Option<usize> {
         self.qr_facts(qr).entry.map(|e| e as usize)
     }
 
-    /// Everything the fleet says about an observed node, its labels read once.
+    /// Everything the fleet says about an observed node (see `EntryFacts`), its labels read
+    /// once.
     pub fn node_facts(&self, node: &NodeInfo) -> EntryFacts {
         let declared = self.declared(&node.name);
         let label_entry = self.label_entry(&node.labels);
@@ -256,7 +251,10 @@ impl FleetIndex {
 pub struct EntryFacts {
     /// Where its node name (a queued resource's node id) is declared.
     pub declared: Option<Declared>,
-    /// Entry match (§3.2): `FleetIndex::node_entry` / `queued_resource_entry`.
+    /// Entry match (§3.2). A node: managed entries need the same zone, type, Spot model and
+    /// the runner's labels; adopted entries the exact name, zone, type and model. A queued
+    /// resource: its node id a declared managed ordinal of an entry with the same zone, type
+    /// and labels, and its name `qr-<node>`.
     pub entry: Option<u32>,
     /// The managed Spot entry it is labelled for, any ordinal.
     pub labelled: Option<u32>,
