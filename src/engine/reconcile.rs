@@ -1641,7 +1641,7 @@ impl<'a> Pass<'a> {
             .state
             .resources
             .iter()
-            .filter(|(_, r)| !self.healthy_and_settled(r) && !self.gone_and_unseen(r))
+            .filter(|(_, r)| !self.nothing_to_do(r))
             .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
@@ -1864,15 +1864,14 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// A managed TPU that is gone, runs nothing and has neither node nor queued resource: the
-    /// unusable-resource step has nothing to do for it (case (g) with a gone record).
-    fn gone_and_unseen(&self, r: &Resource) -> bool {
-        !r.adopted && r.owner.is_none() && r.status.is_gone() && self.listed(r).is_none()
-    }
-
-    /// The common case of the unusable-resource step, decided without copying the record: a
+    /// The unusable-resource step has nothing to do for `r`, decided with one lookup and
+    /// without copying the record: either a managed TPU that is gone, runs nothing and has
+    /// neither node nor queued resource (case (g) with a gone record), or the common case: a
     /// declared TPU whose node is ready behind a live request, not draining, no timers set.
-    fn healthy_and_settled(&self, r: &Resource) -> bool {
+    fn nothing_to_do(&self, r: &Resource) -> bool {
+        let Some(tpu) = self.listed(r) else {
+            return !r.adopted && r.owner.is_none() && r.status.is_gone();
+        };
         !matches!(
             r.status,
             ResourceStatus::Recycling
@@ -1880,21 +1879,20 @@ impl<'a> Pass<'a> {
                 | ResourceStatus::Draining
         ) && r.provisioning_node_seen_at.is_none()
             && r.provisioning_node_missing_since.is_none()
-            && self.settled_tpu(r)
-    }
-
-    /// `is_declared(r)`, a ready `matching_node(r)` and, unless adopted, a live
-    /// `matching_qr(r)`.
-    fn settled_tpu(&self, r: &Resource) -> bool {
-        self.up_entry(r)
-            .is_some_and(|e| self.index.declares(self.index.entry(e), r))
+            && self
+                .up_entry_of(r, tpu)
+                .is_some_and(|e| self.index.declares(self.index.entry(e), r))
     }
 
     /// The entry of a ready `matching_node(r)` with, unless adopted, a live `matching_qr(r)`,
     /// found with one lookup: once the node is of the record's entry (ids are unique), the
     /// request matches when it is of the same entry.
     fn up_entry(&self, r: &Resource) -> Option<usize> {
-        let tpu = self.listed(r)?;
+        self.up_entry_of(r, self.listed(r)?)
+    }
+
+    /// `up_entry(r)`, given what is listed under its TPU name.
+    fn up_entry_of(&self, r: &Resource, tpu: &Tpu) -> Option<usize> {
         let node = tpu.node.as_ref()?;
         let e = node.facts.entry?;
         let up = self.index.entry(e as usize).id == r.entry_id
