@@ -91,13 +91,36 @@ impl Engine {
             guard
         });
         observed.update(&self.index, observation);
+        self.pass(state, observation, &observed, now)
+    }
+
+    /// One reconcile pass that uses no cache: what `reconcile` must return, byte for byte,
+    /// whatever passes came before (checked on every step of the chaos runs).
+    pub fn reconcile_from_scratch(
+        &self,
+        state: &mut State,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> PassOutput {
+        let mut observed = observed::ObservedIndex::default();
+        observed.update(&self.index, observation);
+        self.pass(state, observation, &observed, now)
+    }
+
+    fn pass(
+        &self,
+        state: &mut State,
+        observation: &Observation,
+        observed: &observed::ObservedIndex,
+        now: Timestamp,
+    ) -> PassOutput {
         reconcile::Pass::new(
             &self.index,
             &self.config,
             &*self.policy,
             state,
             observation,
-            &observed,
+            observed,
             now,
         )
         .run()

@@ -439,7 +439,22 @@ pub fn run(
                         _ => fresh,
                     };
                     let committed = crash.map(|_| state.clone());
+                    // Under checks, the engine's caches must not change what a pass decides.
+                    let from_scratch = invariants.is_some().then(|| {
+                        let mut scratch = state.clone();
+                        let out = engine.reconcile_from_scratch(&mut scratch, &observation, now);
+                        (scratch, out)
+                    });
                     let mut out = engine.reconcile(&mut state, &observation, now);
+                    if let Some((scratch, scratch_out)) = from_scratch
+                        && (scratch != state || scratch_out != out)
+                    {
+                        return Err(Violation {
+                            message: "the pass differs from a pass with empty caches".into(),
+                            at_s: t_ms as f64 / 1000.0,
+                            recent_events: recent.iter().cloned().collect(),
+                        });
+                    }
                     backend.cloud.advance_to(read_done_ms);
                     if let Some(m) = mutator.as_deref_mut() {
                         m(&mut state, &mut out.actions, now);
