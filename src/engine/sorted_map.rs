@@ -3,11 +3,18 @@
 //! times (a `BTreeMap` lookup compares long shared-prefix names a dozen times) and iterates
 //! them in id order. Inserting a new key or removing one shifts the entries after it (O(n)),
 //! which is rare (a job arrives or ends, a TPU name is first seen). Must not expose any way to
-//! put a key out of order.
+//! put a key out of order, nor any way to change a value without recording it.
+//!
+//! Change tracking: every mutable access stamps its entry with the map's clock, and removals
+//! are logged, so a reader that kept a [`Revision`] learns which keys may have changed since
+//! (a superset: a mutable access that changed nothing still counts) without visiting the
+//! others. A copy or a deserialised map is a new origin: revisions of another map never
+//! apply to it.
 
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use indexmap::IndexMap;
 use rustc_hash::FxHasher;
@@ -16,23 +23,123 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// A map from `String` to `V` kept in key order (see the module doc). Values are boxed so
 /// that shifting entries moves pointers, not records (a 100k-job queue stays cheap to
 /// insert into).
-#[derive(Clone, PartialEq, Eq)]
 pub struct SortedMap<V> {
     map: IndexMap<String, Box<V>, BuildHasherDefault<FxHasher>>,
+    /// Per entry, at the same index as in `map`: the clock at its last mutable access.
+    stamps: Vec<u64>,
+    /// Ticks at every mutable access.
+    clock: u64,
+    /// Removed keys with the clock at their removal, oldest first (at most `REMOVED_KEPT`).
+    removed: Vec<(u64, String)>,
+    /// Removals at or before this clock value are no longer in `removed`.
+    removed_floor: u64,
+    /// This map's identity for revisions: new for every copy.
+    origin: u64,
+}
+
+/// A point in a map's history: which map, and its clock then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Revision {
+    origin: u64,
+    clock: u64,
+}
+
+/// Removals remembered for readers that lag behind.
+const REMOVED_KEPT: usize = 4096;
+
+/// A new origin (identities only: never part of any output).
+fn new_origin() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The keys that may have changed since a revision.
+#[derive(Debug)]
+pub struct Changes<'m> {
+    /// Keys present now whose value may differ (or that are new), in key order.
+    pub touched: Vec<&'m str>,
+    /// Keys removed since (a key removed and inserted again is in both), oldest first.
+    pub removed: Vec<&'m str>,
 }
 
 impl<V> Default for SortedMap<V> {
     fn default() -> Self {
+        Self::from_map(IndexMap::default())
+    }
+}
+
+impl<V: Clone> Clone for SortedMap<V> {
+    fn clone(&self) -> Self {
         SortedMap {
-            map: IndexMap::default(),
+            map: self.map.clone(),
+            stamps: self.stamps.clone(),
+            clock: self.clock,
+            removed: self.removed.clone(),
+            removed_floor: self.removed_floor,
+            origin: new_origin(),
         }
     }
 }
+
+impl<V: PartialEq> PartialEq for SortedMap<V> {
+    fn eq(&self, other: &Self) -> bool {
+        self.map == other.map
+    }
+}
+
+impl<V: Eq> Eq for SortedMap<V> {}
 
 impl<V> SortedMap<V> {
     /// An empty map.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    fn from_map(map: IndexMap<String, Box<V>, BuildHasherDefault<FxHasher>>) -> Self {
+        SortedMap {
+            stamps: vec![0; map.len()],
+            map,
+            clock: 0,
+            removed: Vec::new(),
+            removed_floor: 0,
+            origin: new_origin(),
+        }
+    }
+
+    /// Stamps entry `at` as changed now.
+    fn stamp(&mut self, at: usize) {
+        self.clock += 1;
+        self.stamps[at] = self.clock;
+    }
+
+    /// Where this map is in its history.
+    pub fn revision(&self) -> Revision {
+        Revision {
+            origin: self.origin,
+            clock: self.clock,
+        }
+    }
+
+    /// The keys that may have changed since `since`; `None` when that is unknown (a revision
+    /// of another map, or older than the removals remembered): the reader must look at
+    /// everything.
+    pub fn changes_since(&self, since: Revision) -> Option<Changes<'_>> {
+        if since.origin != self.origin || since.clock < self.removed_floor {
+            return None;
+        }
+        let touched = self
+            .map
+            .keys()
+            .zip(&self.stamps)
+            .filter(|(_, stamp)| **stamp > since.clock)
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let from = self.removed.partition_point(|(at, _)| *at <= since.clock);
+        let removed = self.removed[from..]
+            .iter()
+            .map(|(_, k)| k.as_str())
+            .collect();
+        Some(Changes { touched, removed })
     }
 
     /// The value of `key`.
@@ -50,7 +157,9 @@ impl<V> SortedMap<V> {
         String: Borrow<Q>,
         Q: std::hash::Hash + Eq + ?Sized,
     {
-        self.map.get_mut(key).map(|v| &mut **v)
+        let (at, _, _) = self.map.get_full(key)?;
+        self.stamp(at);
+        Some(&mut *self.map[at])
     }
 
     /// Whether `key` is present.
@@ -64,11 +173,13 @@ impl<V> SortedMap<V> {
 
     /// Inserts `value` under `key` at its place in key order; returns the previous value.
     pub fn insert(&mut self, key: String, value: V) -> Option<V> {
-        if let Some(old) = self.map.get_mut(&key) {
-            return Some(std::mem::replace(&mut **old, value));
+        if let Some(old) = self.get_mut(key.as_str()) {
+            return Some(std::mem::replace(old, value));
         }
         let at = self.map.binary_search_keys(&key).expect_err("absent key");
         self.map.shift_insert(at, key, Box::new(value));
+        self.stamps.insert(at, 0);
+        self.stamp(at);
         None
     }
 
@@ -82,9 +193,11 @@ impl<V> SortedMap<V> {
                     .binary_search_keys(&key.to_owned())
                     .expect_err("absent key");
                 self.map.shift_insert(at, key.to_owned(), Box::new(make()));
+                self.stamps.insert(at, 0);
                 at
             }
         };
+        self.stamp(at);
         &mut self.map[at]
     }
 
@@ -94,7 +207,16 @@ impl<V> SortedMap<V> {
         String: Borrow<Q>,
         Q: std::hash::Hash + Eq + ?Sized,
     {
-        self.map.shift_remove(key).map(|v| *v)
+        let (at, key, value) = self.map.shift_remove_full(key)?;
+        self.stamps.remove(at);
+        self.clock += 1;
+        if self.removed.len() == REMOVED_KEPT {
+            let forget = REMOVED_KEPT / 2;
+            self.removed_floor = self.removed[forget - 1].0;
+            self.removed.drain(..forget);
+        }
+        self.removed.push((self.clock, key));
+        Some(*value)
     }
 
     /// Entries in key order.
@@ -114,6 +236,8 @@ impl<V> SortedMap<V> {
 
     /// Values in key order, mutably.
     pub fn values_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut V> + ExactSizeIterator {
+        self.clock += 1;
+        self.stamps.fill(self.clock);
         self.map.values_mut().map(|v| &mut **v)
     }
 
@@ -147,7 +271,7 @@ impl<V> FromIterator<(String, V)> for SortedMap<V> {
         let mut map: IndexMap<String, Box<V>, BuildHasherDefault<FxHasher>> =
             iter.into_iter().map(|(k, v)| (k, Box::new(v))).collect();
         map.sort_unstable_keys();
-        SortedMap { map }
+        Self::from_map(map)
     }
 }
 
@@ -191,5 +315,83 @@ mod tests {
         assert_eq!(json, r#"{"a":8,"aa":2,"b":1,"d":1}"#);
         let back: SortedMap<usize> = serde_json::from_str(r#"{"d":1,"a":8,"b":1,"aa":2}"#).unwrap();
         assert_eq!(back.keys().collect::<Vec<_>>(), ["a", "aa", "b", "d"]);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert(u8, u32),
+        Bump(u8),
+        Touch(u8),
+        GetOrInsert(u8),
+        Remove(u8),
+        Mark,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0..12u8, any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
+            (0..12u8).prop_map(Op::Bump),
+            (0..12u8).prop_map(Op::Touch),
+            (0..12u8).prop_map(Op::GetOrInsert),
+            (0..12u8).prop_map(Op::Remove),
+            Just(Op::Mark),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Every key whose value changed, appeared or went away since a revision is reported.
+        #[test]
+        fn changes_since_reports_every_change(ops in proptest::collection::vec(op(), 0..200)) {
+            use std::collections::{BTreeMap, BTreeSet};
+            let mut m: SortedMap<u32> = SortedMap::new();
+            let mut marks: Vec<(super::Revision, BTreeMap<String, u32>)> = Vec::new();
+            for op in ops {
+                let key = |k: u8| format!("k{k:02}");
+                match op {
+                    Op::Insert(k, v) => { m.insert(key(k), v); }
+                    Op::Bump(k) => { if let Some(v) = m.get_mut(&key(k)) { *v = v.wrapping_add(1); } }
+                    Op::Touch(k) => { let _ = m.get_mut(&key(k)); }
+                    Op::GetOrInsert(k) => { *m.get_or_insert_with(&key(k), || 5) += 1; }
+                    Op::Remove(k) => { m.remove(&key(k)); }
+                    Op::Mark => marks.push((m.revision(), m.iter().map(|(k, v)| (k.clone(), *v)).collect())),
+                }
+            }
+            let now: BTreeMap<String, u32> = m.iter().map(|(k, v)| (k.clone(), *v)).collect();
+            for (rev, then) in &marks {
+                let changes = m.changes_since(*rev).expect("same map, few removals");
+                let touched: BTreeSet<&str> = changes.touched.iter().copied().collect();
+                let removed: BTreeSet<&str> = changes.removed.iter().copied().collect();
+                for (k, v) in &now {
+                    if then.get(k) != Some(v) {
+                        proptest::prop_assert!(touched.contains(k.as_str()), "{k} changed");
+                    }
+                }
+                for k in then.keys().filter(|k| !now.contains_key(*k)) {
+                    proptest::prop_assert!(removed.contains(k.as_str()), "{k} removed");
+                }
+                proptest::prop_assert!(changes.touched.windows(2).all(|w| w[0] < w[1]));
+                proptest::prop_assert!(m.clone().changes_since(*rev).is_none());
+            }
+            let unchanged = m.changes_since(m.revision()).expect("same map");
+            proptest::prop_assert!(unchanged.touched.is_empty() && unchanged.removed.is_empty());
+        }
+    }
+
+    #[test]
+    fn readers_older_than_the_removals_kept_must_look_at_everything() {
+        let mut m = SortedMap::new();
+        let start = m.revision();
+        for i in 0..super::REMOVED_KEPT + 1 {
+            m.insert(format!("k{i}"), i);
+            m.remove(&format!("k{i}"));
+        }
+        assert!(m.changes_since(start).is_none());
+        let recent = m.revision();
+        m.insert("x".to_owned(), 1);
+        m.remove("x");
+        let changes = m.changes_since(recent).expect("recent");
+        assert_eq!(changes.removed, ["x"]);
+        assert!(changes.touched.is_empty());
     }
 }
