@@ -223,7 +223,7 @@ impl<'a> Pass<'a> {
             return true;
         }
         let now = self.now;
-        let Some(r) = self.state.resources.get_mut(resource_id) else {
+        let Some(r) = self.state.resources.get(resource_id) else {
             return true;
         };
         match r.idle_since {
@@ -233,6 +233,7 @@ impl<'a> Pass<'a> {
                 false
             }
             None => {
+                let r = self.state.resources.get_mut(resource_id).expect("exists");
                 r.idle_since = Some(now);
                 self.wake_at(now.plus_secs(timeout));
                 false

@@ -23,7 +23,7 @@ use super::state::{
 };
 use super::time::Timestamp;
 use crate::spec::fleet::SshTransport;
-use crate::spec::{ProvisioningModel, names};
+use crate::spec::{ProvisioningModel, TpuEntry, names};
 
 /// What one pass decided.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -121,10 +121,19 @@ impl<'a> Pass<'a> {
     pub(crate) fn run(mut self) -> PassOutput {
         // One sweep over the active jobs finds the running and cancelling ones (a queue of
         // 100k jobs is memory-bound: every extra sweep costs milliseconds).
-        for job in self.state.jobs.values_mut() {
-            job.ensure_print();
+        let mut unprinted = Vec::new();
+        for job in self.state.jobs.values() {
+            if job.print.0.is_none() {
+                unprinted.push(job.id.clone());
+            }
             if matches!(job.status, JobStatus::Running | JobStatus::Cancelling) {
                 self.in_flight.push((job.status, job.id.clone()));
+            }
+        }
+        // Only jobs read back from the store lack their print: the others keep theirs.
+        for id in unprinted {
+            if let Some(job) = self.state.jobs.get_mut(&id) {
+                job.ensure_print();
             }
         }
         self.repair_ownership();
@@ -623,7 +632,9 @@ impl<'a> Pass<'a> {
             {
                 self.state.entry_backoff.remove(&entry.id);
             }
-            match self.state.resources.get_mut(&qr.node_id) {
+            // Records are looked at before being touched: the state tracks what a pass
+            // changes, and most passes change nothing here.
+            match self.state.resources.get(&qr.node_id) {
                 None => {
                     self.state.resources.insert(
                         qr.node_id.clone(),
@@ -633,6 +644,7 @@ impl<'a> Pass<'a> {
                 // A new incarnation of a TPU that was gone. Records being recycled, drained or
                 // waited on are left alone (the original reset them, losing recycles: §9.1 #9).
                 Some(r) if r.status.is_gone() && r.owner.is_none() => {
+                    let r = self.state.resources.get_mut(&qr.node_id).expect("exists");
                     r.zone = entry.zone.clone();
                     r.tpu_type = entry.tpu_type.clone();
                     r.entry_id = entry.id.clone();
@@ -658,9 +670,9 @@ impl<'a> Pass<'a> {
             let entry = self.index.entry(entry_index);
             let id = Resource::id_for(&node.name, entry.is_adopted());
             let ready = self.ready(node);
-            match self.state.resources.get_mut(id.as_ref()) {
-                Some(r) if ready => {
-                    // Most passes change nothing here: compare before copying.
+            match self.state.resources.get(id.as_ref()) {
+                Some(r) if ready && needs_ready_refresh(r, entry, node) => {
+                    let r = self.state.resources.get_mut(id.as_ref()).expect("exists");
                     if r.zone != entry.zone {
                         r.zone.clone_from(&entry.zone);
                     }
@@ -1774,15 +1786,23 @@ impl<'a> Pass<'a> {
                         && resource.owner.is_none() =>
                 {
                     let now = self.now;
-                    let r = self.state.resources.get_mut(&id).expect("exists");
-                    if r.status != ResourceStatus::Provisioning
-                        && r.status != ResourceStatus::Draining
-                    {
-                        let _ = r.release(ResourceStatus::Provisioning, now);
-                        r.idle_since = None;
+                    let r = &self.state.resources[&id];
+                    let settled = matches!(
+                        r.status,
+                        ResourceStatus::Provisioning | ResourceStatus::Draining
+                    ) && r.provisioning_node_seen_at.is_some()
+                        && r.provisioning_node_missing_since.is_none();
+                    if !settled {
+                        let r = self.state.resources.get_mut(&id).expect("exists");
+                        if r.status != ResourceStatus::Provisioning
+                            && r.status != ResourceStatus::Draining
+                        {
+                            let _ = r.release(ResourceStatus::Provisioning, now);
+                            r.idle_since = None;
+                        }
+                        r.provisioning_node_seen_at.get_or_insert(now);
+                        r.provisioning_node_missing_since = None;
                     }
-                    r.provisioning_node_seen_at.get_or_insert(now);
-                    r.provisioning_node_missing_since = None;
                 }
                 // (f) node present otherwise.
                 (Some(n), live) => {
@@ -2187,4 +2207,25 @@ fn launch_request(job: &Job, resource: &Resource, attempt_id: &str) -> Action {
         bucket,
         env: job.spec.env.clone(),
     }))
+}
+
+/// Whether refreshing record `r` from its ready `node` of `entry` would change it (the ready
+/// refresh touches only the records it changes).
+fn needs_ready_refresh(r: &Resource, entry: &TpuEntry, node: &NodeInfo) -> bool {
+    r.zone != entry.zone
+        || r.tpu_type != entry.tpu_type
+        || r.entry_id != entry.id
+        || r.adopted != entry.is_adopted()
+        || r.worker_count != node.worker_count.max(1)
+        || if r.owner.is_some() {
+            r.status != ResourceStatus::Busy
+        } else {
+            matches!(
+                r.status,
+                ResourceStatus::Deleted
+                    | ResourceStatus::Preempted
+                    | ResourceStatus::Provisioning
+                    | ResourceStatus::Unavailable
+            )
+        }
 }
