@@ -10,6 +10,7 @@ use tpu_runner_sim::workload::JobArrival;
 use tpu_runner_sim::{CallKind, CloudConfig, CloudFaults, PoolConfig, SimCloud, SimRng};
 
 use super::checker::Invariants;
+use super::fingerprint::Fingerprint;
 use super::metrics::{BoundJob, Metrics, Stats, goodput_bound};
 use super::scenario::{ChaosSpec, Scenario, WorkloadSpec, hosts_of};
 use crate::backend::sim::SimBackend;
@@ -338,6 +339,7 @@ pub fn run(
     let mut acted = false;
     // The previous pass changed the state: the next one may have follow-up decisions.
     let mut changed = false;
+    let mut fingerprint = Fingerprint::default();
     let mut last_fingerprint = 0u64;
     let mut metrics = Metrics::default();
     let mut series = Vec::new();
@@ -513,9 +515,9 @@ pub fn run(
                     }
                     previous_observation = Some(observation);
                     output = committed_pass.then_some(out);
-                    let fingerprint = fingerprint(&state);
-                    changed = fingerprint != last_fingerprint;
-                    last_fingerprint = fingerprint;
+                    let now_fingerprint = fingerprint.of(&state);
+                    changed = now_fingerprint != last_fingerprint;
+                    last_fingerprint = now_fingerprint;
                 }
             }
             last_version = seen_version;
@@ -713,54 +715,6 @@ fn capacity_per_slot(
         }
     }
     out
-}
-
-/// A hash of everything a pass can change: active jobs and every resource.
-fn fingerprint(state: &State) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = rustc_hash::FxHasher::default();
-    for job in state.jobs.values() {
-        (
-            &job.id,
-            job.status,
-            &job.assigned_resource,
-            &job.current_attempt,
-            job.not_before,
-            job.infra_failures,
-        )
-            .hash(&mut h);
-        if let Some(a) = job.attempt() {
-            (
-                a.status,
-                a.launch_failures,
-                a.stop_failures,
-                a.failed_launch,
-            )
-                .hash(&mut h);
-        }
-    }
-    state.finished.len().hash(&mut h);
-    for r in state.resources.values() {
-        (
-            &r.id,
-            r.status,
-            &r.owner.as_ref().map(|o| &o.attempt_id),
-            r.idle_since,
-            r.provisioning_node_seen_at,
-            r.provisioning_node_missing_since,
-        )
-            .hash(&mut h);
-        (
-            r.retryable_failures.as_ref().map(|c| c.count),
-            r.cancellation_failures.as_ref().map(|c| c.count),
-        )
-            .hash(&mut h);
-    }
-    for (k, b) in &state.entry_backoff {
-        (k, b.failures, b.until).hash(&mut h);
-    }
-    state.notices.len().hash(&mut h);
-    h.finish()
 }
 
 fn ratio(a: f64, b: f64) -> f64 {

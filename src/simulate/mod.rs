@@ -2,6 +2,7 @@
 //! simulated cloud, metrics with an upper bound, and reports (table, JSON, SVG/HTML).
 
 pub mod checker;
+mod fingerprint;
 pub mod harness;
 pub mod metrics;
 pub mod report;
