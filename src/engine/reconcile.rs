@@ -459,6 +459,19 @@ impl<'a> Pass<'a> {
             }
         }
         let now = self.now;
+        // Most calls find the record released already: it is then left untouched.
+        let released = self.state.resources.get(resource_id).is_some_and(|r| {
+            r.status == ResourceStatus::Preempted
+                && r.owner.is_none()
+                && r.retryable_failures.is_none()
+                && r.cancellation_failures.is_none()
+                && r.idle_since.is_none()
+                && r.provisioning_node_seen_at.is_none()
+                && r.provisioning_node_missing_since.is_none()
+        });
+        if released {
+            return;
+        }
         if let Some(r) = self.state.resources.get_mut(resource_id) {
             r.retryable_failures = None;
             if let Err(e) = r.release(ResourceStatus::Preempted, now) {
@@ -1767,14 +1780,16 @@ impl<'a> Pass<'a> {
                             continue;
                         }
                         self.wake_at(since.plus_secs(self.config.orphan_grace_secs));
-                        self.state
-                            .resources
-                            .get_mut(&id)
-                            .expect("exists")
-                            .provisioning_node_missing_since = Some(since);
+                        if resource.provisioning_node_missing_since != Some(since) {
+                            self.state
+                                .resources
+                                .get_mut(&id)
+                                .expect("exists")
+                                .provisioning_node_missing_since = Some(since);
+                        }
                     }
-                    let r = self.state.resources.get_mut(&id).expect("exists");
-                    if r.status != ResourceStatus::Provisioning {
+                    if self.state.resources[&id].status != ResourceStatus::Provisioning {
+                        let r = self.state.resources.get_mut(&id).expect("exists");
                         let _ = r.release(ResourceStatus::Provisioning, self.now);
                         r.idle_since = None;
                     }
