@@ -2,11 +2,12 @@
 //! resource, queued resources by name, and per TPU name the node of that name and the queued
 //! resource whose node id it is (one lookup finds both). Carried by the engine from one pass
 //! to the next and patched where the inventory changed: a listed object that is the very
-//! `Arc` of the previous pass keeps its facts (they depend only on the object and the fleet,
-//! fixed for the engine's life). A cache only: patched or built fresh, the index of an
-//! observation is the same (a property test checks it), so no pass depends on which
-//! observation came before. Its hash maps are only looked up, never iterated in an order that
-//! matters.
+//! `Arc` of the previous pass is found by its address (no name is hashed or compared) and
+//! keeps its facts (they depend only on the object and the fleet, fixed for the engine's
+//! life); only new and vanished objects touch the by-name tables. A cache only: patched or
+//! built fresh, the index of an observation is the same (a property test checks it), so no
+//! pass depends on which observation came before. Its hash maps are only looked up, never
+//! iterated in an order that matters.
 
 use std::sync::Arc;
 
@@ -20,8 +21,6 @@ use super::observe::{NodeInfo, Observation, QueuedResourceInfo};
 pub(crate) struct Listed<T> {
     pub info: Arc<T>,
     pub facts: EntryFacts,
-    /// The last update that listed it.
-    stamp: u64,
 }
 
 /// What is listed under one TPU name.
@@ -31,6 +30,15 @@ pub(crate) struct Tpu {
     pub node: Option<Listed<NodeInfo>>,
     /// The queued resource whose node id it is (of two, the later listed).
     pub qr: Option<Listed<QueuedResourceInfo>>,
+}
+
+/// A listed object, by address: its facts and the last update that listed it. Holding the
+/// `Arc` keeps the address from being reused while it is a key.
+#[derive(Debug)]
+struct Known<T> {
+    info: Arc<T>,
+    facts: EntryFacts,
+    seen: u64,
 }
 
 /// See the module doc.
@@ -44,55 +52,162 @@ pub(crate) struct ObservedIndex {
     /// Per TPU (node) name, what is listed under it.
     tpus: FxHashMap<String, Tpu>,
     /// Queued resources by name (of two with one name, the later listed).
-    qrs: FxHashMap<String, Option<Listed<QueuedResourceInfo>>>,
+    qrs: FxHashMap<String, Listed<QueuedResourceInfo>>,
+    /// Listed nodes and queued resources by address.
+    known_nodes: FxHashMap<usize, Known<NodeInfo>>,
+    known_qrs: FxHashMap<usize, Known<QueuedResourceInfo>>,
+    /// The last update listed no two objects under one name (so each name holds the only
+    /// object listed under it, and patching needs no order).
+    distinct: bool,
 }
 
 impl ObservedIndex {
     /// Makes this the index of `obs`, deriving facts only for objects it did not list last.
     pub fn update(&mut self, index: &FleetIndex, obs: &Observation) {
         self.stamp += 1;
+        if !(self.distinct && self.patch(index, obs)) {
+            self.rebuild(index, obs);
+        }
+    }
+
+    /// Patches the tables where `obs` differs from the last observation; false (tables left
+    /// for `rebuild`) if two objects now share a name, where only listing order decides.
+    fn patch(&mut self, index: &FleetIndex, obs: &Observation) -> bool {
         let stamp = self.stamp;
+        let new_nodes = seen_or_new(
+            &mut self.known_nodes,
+            &obs.nodes,
+            stamp,
+            &mut self.node_facts,
+        );
+        let new_qrs = seen_or_new(
+            &mut self.known_qrs,
+            &obs.queued_resources,
+            stamp,
+            &mut self.qr_facts,
+        );
+        // Vanished objects leave their names first: every name then holds only objects
+        // listed now, so a new object finding its slot taken shares its name.
+        for gone in forget_unseen(&mut self.known_nodes, stamp) {
+            clear_tpu(&mut self.tpus, &gone.name, |t| &mut t.node, &gone);
+        }
+        for gone in forget_unseen(&mut self.known_qrs, stamp) {
+            clear_tpu(&mut self.tpus, &gone.node_id, |t| &mut t.qr, &gone);
+            if self
+                .qrs
+                .get(&gone.name)
+                .is_some_and(|l| Arc::ptr_eq(&l.info, &gone))
+            {
+                self.qrs.remove(&gone.name);
+            }
+        }
+        for i in new_nodes {
+            let n = &obs.nodes[i];
+            let facts = index.node_facts(n);
+            self.node_facts[i] = facts;
+            let slot = &mut self.tpus.entry(n.name.clone()).or_default().node;
+            if slot.is_some() {
+                return false;
+            }
+            *slot = Some(Listed {
+                info: n.clone(),
+                facts,
+            });
+            self.known_nodes.insert(
+                addr(n),
+                Known {
+                    info: n.clone(),
+                    facts,
+                    seen: stamp,
+                },
+            );
+        }
+        for i in new_qrs {
+            let q = &obs.queued_resources[i];
+            let facts = index.qr_facts(q);
+            self.qr_facts[i] = facts;
+            let slot = &mut self.tpus.entry(q.node_id.clone()).or_default().qr;
+            if slot.is_some() || self.qrs.contains_key(&q.name) {
+                return false;
+            }
+            *slot = Some(Listed {
+                info: q.clone(),
+                facts,
+            });
+            self.qrs.insert(
+                q.name.clone(),
+                Listed {
+                    info: q.clone(),
+                    facts,
+                },
+            );
+            self.known_qrs.insert(
+                addr(q),
+                Known {
+                    info: q.clone(),
+                    facts,
+                    seen: stamp,
+                },
+            );
+        }
+        true
+    }
+
+    /// Builds the tables afresh (facts of objects listed before are kept).
+    fn rebuild(&mut self, index: &FleetIndex, obs: &Observation) {
+        let stamp = self.stamp;
+        let old_nodes = std::mem::take(&mut self.known_nodes);
+        let old_qrs = std::mem::take(&mut self.known_qrs);
+        self.tpus.clear();
+        self.qrs.clear();
+        self.distinct = true;
         self.node_facts.clear();
         for n in &obs.nodes {
-            let facts = list_under(
-                &mut self.tpus,
-                &n.name,
-                |t| &mut t.node,
-                n,
-                stamp,
-                || index.node_facts(n),
+            let facts = old_nodes
+                .get(&addr(n))
+                .map_or_else(|| index.node_facts(n), |k| k.facts);
+            let slot = &mut self.tpus.entry(n.name.clone()).or_default().node;
+            self.distinct &= slot.is_none();
+            *slot = Some(Listed {
+                info: n.clone(),
+                facts,
+            });
+            self.known_nodes.insert(
+                addr(n),
+                Known {
+                    info: n.clone(),
+                    facts,
+                    seen: stamp,
+                },
             );
             self.node_facts.push(facts);
         }
         self.qr_facts.clear();
         for q in &obs.queued_resources {
-            let facts = list_under(
-                &mut self.qrs,
-                &q.name,
-                |l| l,
-                q,
-                stamp,
-                || index.qr_facts(q),
-            );
-            list_under(
-                &mut self.tpus,
-                &q.node_id,
-                |t| &mut t.qr,
-                q,
-                stamp,
-                || facts,
+            let facts = old_qrs
+                .get(&addr(q))
+                .map_or_else(|| index.qr_facts(q), |k| k.facts);
+            let slot = &mut self.tpus.entry(q.node_id.clone()).or_default().qr;
+            self.distinct &= slot.is_none();
+            *slot = Some(Listed {
+                info: q.clone(),
+                facts,
+            });
+            let by_name = Listed {
+                info: q.clone(),
+                facts,
+            };
+            self.distinct &= self.qrs.insert(q.name.clone(), by_name).is_none();
+            self.known_qrs.insert(
+                addr(q),
+                Known {
+                    info: q.clone(),
+                    facts,
+                    seen: stamp,
+                },
             );
             self.qr_facts.push(facts);
         }
-        self.tpus.retain(|_, t| {
-            forget_unlisted(&mut t.node, stamp);
-            forget_unlisted(&mut t.qr, stamp);
-            t.node.is_some() || t.qr.is_some()
-        });
-        self.qrs.retain(|_, l| {
-            forget_unlisted(l, stamp);
-            l.is_some()
-        });
     }
 
     /// What is listed under TPU name `name`.
@@ -102,57 +217,72 @@ impl ObservedIndex {
 
     /// The queued resource named `name`.
     pub fn qr_named(&self, name: &str) -> Option<&Listed<QueuedResourceInfo>> {
-        self.qrs.get(name)?.as_ref()
+        self.qrs.get(name)
     }
 }
 
-/// Empties `slot` unless update `stamp` listed its object.
-fn forget_unlisted<T>(slot: &mut Option<Listed<T>>, stamp: u64) {
-    if slot.as_ref().is_some_and(|l| l.stamp != stamp) {
+fn addr<T>(object: &Arc<T>) -> usize {
+    Arc::as_ptr(object) as usize
+}
+
+/// Marks the objects of `listed` seen by update `stamp` and sets `facts` to theirs, in order;
+/// returns the positions of objects not known yet (their facts still to derive).
+fn seen_or_new<T>(
+    known: &mut FxHashMap<usize, Known<T>>,
+    listed: &[Arc<T>],
+    stamp: u64,
+    facts: &mut Vec<EntryFacts>,
+) -> Vec<usize> {
+    facts.clear();
+    let mut new = Vec::new();
+    for (i, object) in listed.iter().enumerate() {
+        match known.get_mut(&addr(object)) {
+            // Listed twice in one observation: the tables cannot say which came later.
+            Some(k) if k.seen == stamp => {
+                new.push(i);
+                facts.push(k.facts);
+            }
+            Some(k) => {
+                k.seen = stamp;
+                facts.push(k.facts);
+            }
+            None => {
+                new.push(i);
+                facts.push(EntryFacts::default());
+            }
+        }
+    }
+    new
+}
+
+/// Removes the objects update `stamp` did not list, returning them.
+fn forget_unseen<T>(known: &mut FxHashMap<usize, Known<T>>, stamp: u64) -> Vec<Arc<T>> {
+    let mut gone = Vec::new();
+    known.retain(|_, k| {
+        let keep = k.seen == stamp;
+        if !keep {
+            gone.push(k.info.clone());
+        }
+        keep
+    });
+    gone
+}
+
+/// Empties the `part` of TPU `name` if it holds `object`, and drops the TPU once empty.
+fn clear_tpu<T>(
+    tpus: &mut FxHashMap<String, Tpu>,
+    name: &str,
+    part: impl Fn(&mut Tpu) -> &mut Option<Listed<T>>,
+    object: &Arc<T>,
+) {
+    let Some(tpu) = tpus.get_mut(name) else {
+        return;
+    };
+    let slot = part(tpu);
+    if slot.as_ref().is_some_and(|l| Arc::ptr_eq(&l.info, object)) {
         *slot = None;
     }
-}
-
-/// Lists `info` in the `part` of the value under `key` (created empty if absent): see `list`.
-fn list_under<V: Default, T>(
-    map: &mut FxHashMap<String, V>,
-    key: &str,
-    part: impl Fn(&mut V) -> &mut Option<Listed<T>>,
-    info: &Arc<T>,
-    stamp: u64,
-    facts: impl FnOnce() -> EntryFacts,
-) -> EntryFacts {
-    if let Some(value) = map.get_mut(key) {
-        return list(part(value), info, stamp, facts);
-    }
-    let mut value = V::default();
-    let facts = list(part(&mut value), info, stamp, facts);
-    map.insert(key.to_owned(), value);
-    facts
-}
-
-/// Lists `info` in `slot` for this update and returns its facts: kept if `info` is the object
-/// listed there before, else derived (a later object for the same slot replaces an earlier
-/// one, as a fresh build would).
-fn list<T>(
-    slot: &mut Option<Listed<T>>,
-    info: &Arc<T>,
-    stamp: u64,
-    facts: impl FnOnce() -> EntryFacts,
-) -> EntryFacts {
-    match slot {
-        Some(l) if Arc::ptr_eq(&l.info, info) => {
-            l.stamp = stamp;
-            l.facts
-        }
-        _ => {
-            let facts = facts();
-            *slot = Some(Listed {
-                info: info.clone(),
-                facts,
-                stamp,
-            });
-            facts
-        }
+    if tpu.node.is_none() && tpu.qr.is_none() {
+        tpus.remove(name);
     }
 }
