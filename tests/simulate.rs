@@ -404,14 +404,7 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
             .create_queued_resource(zone, &format!("qr-{node}"), node, "v6e-8", labels(runner))
             .unwrap();
     }
-    let mut backend = SimBackend {
-        cloud,
-        epoch: Timestamp(0),
-        runner: "me".into(),
-        public_ip: false,
-        calls: (u64::MAX, 0),
-        converted: Default::default(),
-    };
+    let mut backend = SimBackend::new(cloud, Timestamp(0), "me", false);
     let scope = InventoryScope {
         runner: "me",
         zones: ["us-west1-a"].into_iter().collect(),

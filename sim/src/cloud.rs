@@ -271,9 +271,35 @@ impl InZone for Qr {
     }
 }
 
-/// Whether label `key` of `labels` is `value`.
-fn has_label(labels: &Labels, (key, value): (&str, &str)) -> bool {
-    labels.get(key).is_some_and(|v| v == value)
+/// A listing's label filter: label `key` must be `value`. Label sets are immutable and
+/// shared (`Arc`) by the objects created with them, and a zone lists them in name order,
+/// which groups them by set: each run of one set is checked once.
+struct LabelFilter<'a> {
+    key: &'a str,
+    value: &'a str,
+    last: Option<(*const BTreeMap<String, String>, bool)>,
+}
+
+impl<'a> LabelFilter<'a> {
+    fn new((key, value): (&'a str, &'a str)) -> Self {
+        LabelFilter {
+            key,
+            value,
+            last: None,
+        }
+    }
+
+    fn matches(&mut self, labels: &Labels) -> bool {
+        let set = std::sync::Arc::as_ptr(labels);
+        if let Some((last, matched)) = self.last
+            && last == set
+        {
+            return matched;
+        }
+        let matched = labels.get(self.key).is_some_and(|v| v == self.value);
+        self.last = Some((set, matched));
+        matched
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1233,13 +1259,14 @@ impl SimCloud {
     pub fn list_nodes<'a>(
         &'a mut self,
         zone: &'a str,
-        (key, value): (&'a str, &'a str),
+        label: (&'a str, &'a str),
     ) -> Result<impl Iterator<Item = NodeView<'a>> + 'a, ApiError> {
         self.api("list_nodes", false)?;
+        let mut filter = LabelFilter::new(label);
         Ok(self
             .nodes
             .in_zone(zone)
-            .filter(move |(_, n)| has_label(&n.labels, (key, value)))
+            .filter(move |(_, n)| filter.matches(&n.labels))
             .map(|(_, n)| n.view()))
     }
 
@@ -1293,13 +1320,14 @@ impl SimCloud {
     pub fn list_queued_resources<'a>(
         &'a mut self,
         zone: &'a str,
-        (key, value): (&'a str, &'a str),
+        label: (&'a str, &'a str),
     ) -> Result<impl Iterator<Item = QrView<'a>> + 'a, ApiError> {
         self.api("list_queued_resources", false)?;
+        let mut filter = LabelFilter::new(label);
         Ok(self
             .qrs
             .in_zone(zone)
-            .filter(move |(_, q)| has_label(&q.labels, (key, value)))
+            .filter(move |(_, q)| filter.matches(&q.labels))
             .map(|(_, q)| q.view()))
     }
 

@@ -31,9 +31,11 @@ pub struct SimBackend {
     /// Whether nodes have public IPs (the fleet's `direct` transport needs them).
     pub public_ip: bool,
     /// Calls made so far by the pass that started at `.0` (for their latencies).
-    pub calls: (u64, u32),
+    calls: (u64, u32),
     /// Cloud objects converted to observation types, reused while unchanged.
-    pub converted: Converted,
+    converted: Converted,
+    /// The label set of each fleet entry's objects (only looked up).
+    labels: FxHashMap<String, simc::Labels>,
 }
 
 /// Cloud objects already converted to observation types, by incarnation. An object is
@@ -133,6 +135,20 @@ impl Converted {
 }
 
 impl SimBackend {
+    /// The backend of runner `runner` over `cloud`, whose time 0 is `epoch`; `public_ip`:
+    /// nodes get public addresses.
+    pub fn new(cloud: SimCloud, epoch: Timestamp, runner: &str, public_ip: bool) -> SimBackend {
+        SimBackend {
+            cloud,
+            epoch,
+            runner: runner.to_owned(),
+            public_ip,
+            calls: (u64::MAX, 0),
+            converted: Converted::default(),
+            labels: FxHashMap::default(),
+        }
+    }
+
     /// Simulator milliseconds of `now`.
     pub fn millis(&self, now: Timestamp) -> u64 {
         (now.0 - self.epoch.0).max(0) as u64
@@ -268,16 +284,24 @@ impl CloudBackend for SimBackend {
                 entry_id,
                 ..
             } => {
-                let labels = BTreeMap::from([
-                    (LABEL_MANAGED_BY.to_owned(), self.runner.clone()),
-                    (LABEL_FLEET_ENTRY.to_owned(), entry_id.clone()),
-                ]);
+                // One label set per entry, shared by its objects (as a listing filters them).
+                let runner = &self.runner;
+                let labels = self
+                    .labels
+                    .entry(entry_id.clone())
+                    .or_insert_with(|| {
+                        Arc::new(BTreeMap::from([
+                            (LABEL_MANAGED_BY.to_owned(), runner.clone()),
+                            (LABEL_FLEET_ENTRY.to_owned(), entry_id.clone()),
+                        ]))
+                    })
+                    .clone();
                 match self.cloud.create_queued_resource(
                     zone,
                     name,
                     node_id,
                     &tpu_type.to_string(),
-                    labels.into(),
+                    labels,
                 ) {
                     Ok(()) => Outcome::Done,
                     Err(e) => Outcome::Refused(api_failure(e, name)),

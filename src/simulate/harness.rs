@@ -296,14 +296,12 @@ pub fn run(
             adopted_chips += u64::from(entry.tpu_type.chips());
         }
     }
-    let mut backend = SimBackend {
+    let mut backend = SimBackend::new(
         cloud,
-        epoch: EPOCH,
-        runner: scenario.fleet.name.clone(),
-        public_ip: scenario.fleet.ssh_transport == SshTransport::Direct,
-        calls: (u64::MAX, 0),
-        converted: Default::default(),
-    };
+        EPOCH,
+        &scenario.fleet.name,
+        scenario.fleet.ssh_transport == SshTransport::Direct,
+    );
     let all_arrivals = arrivals(scenario, seed);
     let mut jobs_skipped = 0u64;
     let arrivals: Vec<(JobArrival, Job)> = all_arrivals
