@@ -323,6 +323,8 @@ struct Run {
     job_id: String,
     node_serial: u64,
     node_key: String,
+    /// The node's slot in `nodes` (holding it while `node_serial` matches).
+    node_slot: usize,
     hosts: u32,
     chips: u32,
     state: RunState,
@@ -1381,6 +1383,7 @@ impl SimCloud {
             .jobs
             .get(job_id)
             .and_then(|j| j.behaviour.cache_key.clone());
+        let node_slot = self.nodes.slot_of(&key).expect("exists");
         let node = self.nodes.get_mut(&key).expect("exists");
         let warm = cache.as_ref().is_some_and(|c| node.caches.contains(c));
         node.run = Some(attempt.to_owned());
@@ -1397,6 +1400,7 @@ impl SimCloud {
                 job_id: job_id.to_owned(),
                 node_serial: serial,
                 node_key: key,
+                node_slot,
                 hosts,
                 chips,
                 state: RunState::Setup,
@@ -1637,7 +1641,7 @@ impl SimCloud {
         let run = self.runs.get(attempt)?;
         let node_alive = self
             .nodes
-            .get(&run.node_key)
+            .at(run.node_slot)
             .is_some_and(|n| n.serial == run.node_serial && n.state == NodeState::Ready);
         let heartbeat = if run.alive && node_alive {
             self.now

@@ -68,6 +68,17 @@ impl<T: InZone> ZonedTable<T> {
         self.by_name.get(name).map(|&slot| self.full(slot))
     }
 
+    /// The slot of `name`: it keeps the object until the object is removed (a later object
+    /// may reuse it, so a holder checks it still has the one it expects).
+    pub(crate) fn slot_of(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The object in `slot`, if any.
+    pub(crate) fn at(&self, slot: usize) -> Option<&T> {
+        self.slots.get(slot)?.as_ref()
+    }
+
     pub(crate) fn get_mut(&mut self, name: &str) -> Option<&mut T> {
         let slot = *self.by_name.get(name)?;
         self.slots[slot].as_mut()
