@@ -32,6 +32,15 @@ pub(crate) struct Tpu {
     pub qr: Option<Listed<QueuedResourceInfo>>,
 }
 
+impl<T> Listed<T> {
+    fn new(info: &Arc<T>, facts: EntryFacts) -> Self {
+        Listed {
+            info: info.clone(),
+            facts,
+        }
+    }
+}
+
 /// A listed object, by address: its facts and the last update that listed it. Holding the
 /// `Arc` keeps the address from being reused while it is a key.
 #[derive(Debug)]
@@ -109,18 +118,8 @@ impl ObservedIndex {
             if slot.is_some() {
                 return false;
             }
-            *slot = Some(Listed {
-                info: n.clone(),
-                facts,
-            });
-            self.known_nodes.insert(
-                addr(n),
-                Known {
-                    info: n.clone(),
-                    facts,
-                    seen: stamp,
-                },
-            );
+            *slot = Some(Listed::new(n, facts));
+            remember(&mut self.known_nodes, n, facts, stamp);
         }
         for i in new_qrs {
             let q = &obs.queued_resources[i];
@@ -130,25 +129,9 @@ impl ObservedIndex {
             if slot.is_some() || self.qrs.contains_key(&q.name) {
                 return false;
             }
-            *slot = Some(Listed {
-                info: q.clone(),
-                facts,
-            });
-            self.qrs.insert(
-                q.name.clone(),
-                Listed {
-                    info: q.clone(),
-                    facts,
-                },
-            );
-            self.known_qrs.insert(
-                addr(q),
-                Known {
-                    info: q.clone(),
-                    facts,
-                    seen: stamp,
-                },
-            );
+            *slot = Some(Listed::new(q, facts));
+            self.qrs.insert(q.name.clone(), Listed::new(q, facts));
+            remember(&mut self.known_qrs, q, facts, stamp);
         }
         true
     }
@@ -168,18 +151,8 @@ impl ObservedIndex {
                 .map_or_else(|| index.node_facts(n), |k| k.facts);
             let slot = &mut self.tpus.entry(n.name.clone()).or_default().node;
             self.distinct &= slot.is_none();
-            *slot = Some(Listed {
-                info: n.clone(),
-                facts,
-            });
-            self.known_nodes.insert(
-                addr(n),
-                Known {
-                    info: n.clone(),
-                    facts,
-                    seen: stamp,
-                },
-            );
+            *slot = Some(Listed::new(n, facts));
+            remember(&mut self.known_nodes, n, facts, stamp);
             self.node_facts.push(facts);
         }
         self.qr_facts.clear();
@@ -189,23 +162,10 @@ impl ObservedIndex {
                 .map_or_else(|| index.qr_facts(q), |k| k.facts);
             let slot = &mut self.tpus.entry(q.node_id.clone()).or_default().qr;
             self.distinct &= slot.is_none();
-            *slot = Some(Listed {
-                info: q.clone(),
-                facts,
-            });
-            let by_name = Listed {
-                info: q.clone(),
-                facts,
-            };
+            *slot = Some(Listed::new(q, facts));
+            let by_name = Listed::new(q, facts);
             self.distinct &= self.qrs.insert(q.name.clone(), by_name).is_none();
-            self.known_qrs.insert(
-                addr(q),
-                Known {
-                    info: q.clone(),
-                    facts,
-                    seen: stamp,
-                },
-            );
+            remember(&mut self.known_qrs, q, facts, stamp);
             self.qr_facts.push(facts);
         }
     }
@@ -219,6 +179,21 @@ impl ObservedIndex {
     pub fn qr_named(&self, name: &str) -> Option<&Listed<QueuedResourceInfo>> {
         self.qrs.get(name)
     }
+}
+
+/// Records `info`, with its facts, as listed by update `seen`.
+fn remember<T>(
+    known: &mut FxHashMap<usize, Known<T>>,
+    info: &Arc<T>,
+    facts: EntryFacts,
+    seen: u64,
+) {
+    let known_info = Known {
+        info: info.clone(),
+        facts,
+        seen,
+    };
+    known.insert(addr(info), known_info);
 }
 
 fn addr<T>(object: &Arc<T>) -> usize {
