@@ -43,7 +43,7 @@ pub struct SimBackend {
 /// field, so an inventory read of an unchanged fleet copies nothing. Only looked up, never
 /// iterated in an order that matters.
 #[derive(Debug, Default)]
-pub struct Converted {
+struct Converted {
     /// By serial (serials are unique across nodes and queued resources).
     nodes: FxHashMap<u64, Conversion<simc::NodeState, NodeInfo>>,
     qrs: FxHashMap<u64, Conversion<simc::QrState, QueuedResourceInfo>>,
@@ -285,17 +285,17 @@ impl CloudBackend for SimBackend {
                 ..
             } => {
                 // One label set per entry, shared by its objects (as a listing filters them).
-                let runner = &self.runner;
-                let labels = self
-                    .labels
-                    .entry(entry_id.clone())
-                    .or_insert_with(|| {
-                        Arc::new(BTreeMap::from([
-                            (LABEL_MANAGED_BY.to_owned(), runner.clone()),
+                let labels = match self.labels.get(entry_id) {
+                    Some(labels) => labels.clone(),
+                    None => {
+                        let labels = Arc::new(BTreeMap::from([
+                            (LABEL_MANAGED_BY.to_owned(), self.runner.clone()),
                             (LABEL_FLEET_ENTRY.to_owned(), entry_id.clone()),
-                        ]))
-                    })
-                    .clone();
+                        ]));
+                        self.labels.insert(entry_id.clone(), labels.clone());
+                        labels
+                    }
+                };
                 match self.cloud.create_queued_resource(
                     zone,
                     name,

@@ -56,7 +56,13 @@ impl Table {
                 }
                 for key in changes.touched {
                     let new = hash(&map[key]);
-                    let old = self.hashes.insert(key.to_owned(), new).unwrap_or(0);
+                    let old = match self.hashes.get_mut(key) {
+                        Some(kept) => std::mem::replace(kept, new),
+                        None => {
+                            self.hashes.insert(key.to_owned(), new);
+                            0
+                        }
+                    };
                     self.sum = self.sum.wrapping_sub(old).wrapping_add(new);
                 }
             }
