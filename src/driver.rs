@@ -10,6 +10,7 @@ use crate::backend::{BackendError, CloudBackend, Outcome};
 use crate::engine::observe::{ActionFailure, CancelOutcome, RemoteError};
 use crate::engine::state::{Attempt, Job, JobStatus};
 use crate::engine::{Action, Engine, Observation, PassOutput, State, Timestamp};
+use crate::spec::{Name, NameMap};
 
 /// Results of actions waiting to be reported to the next pass.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -17,9 +18,9 @@ pub struct Feedback {
     /// Refused cloud actions.
     pub failures: Vec<ActionFailure>,
     /// Launch errors by attempt.
-    pub launch_errors: BTreeMap<String, RemoteError>,
+    pub launch_errors: BTreeMap<Name, RemoteError>,
     /// Cancel results by attempt.
-    pub cancels: BTreeMap<String, CancelOutcome>,
+    pub cancels: BTreeMap<Name, CancelOutcome>,
 }
 
 impl Feedback {
@@ -45,15 +46,14 @@ pub fn observe<B: CloudBackend>(
         .filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Cancelling))
         .filter_map(|j| Some((j, j.attempt()?)))
         .collect();
-    let mut attempts =
-        rustc_hash::FxHashMap::with_capacity_and_hasher(in_flight.len(), Default::default());
+    let mut attempts = NameMap::with_capacity_and_hasher(in_flight.len(), Default::default());
     for (job, attempt) in in_flight {
         let mut report = backend
             .attempt_report(&attempt.id, &job.id, now)?
             .unwrap_or_default();
         report.launch_error = feedback.launch_errors.get(&attempt.id).cloned();
         report.cancel = feedback.cancels.get(&attempt.id).cloned();
-        attempts.insert(attempt.id.clone(), report);
+        attempts.insert(attempt.id, report);
     }
     Ok(Observation {
         nodes,
@@ -75,12 +75,12 @@ pub fn execute<B: CloudBackend>(backend: &mut B, actions: &[Action], now: Timest
             }),
             Outcome::LaunchFailed(error) => {
                 if let Action::Launch(l) = action {
-                    feedback.launch_errors.insert(l.attempt_id.clone(), error);
+                    feedback.launch_errors.insert(l.attempt_id, error);
                 }
             }
             Outcome::Cancelled(outcome) => {
                 if let Action::Cancel { attempt_id, .. } = action {
-                    feedback.cancels.insert(attempt_id.clone(), outcome);
+                    feedback.cancels.insert(*attempt_id, outcome);
                 }
             }
         }

@@ -56,7 +56,7 @@ fn double_assignment(_: &mut State, actions: &mut Vec<Action>, _: Timestamp) {
         .filter_map(|a| match a {
             Action::Launch(l) => {
                 let mut twin = l.clone();
-                twin.attempt_id.push_str("-twin");
+                twin.attempt_id = format!("{}-twin", twin.attempt_id).into();
                 Some(Action::Launch(twin))
             }
             _ => None,
@@ -78,12 +78,12 @@ fn ignore_limits(_: &mut State, actions: &mut Vec<Action>, _: Timestamp) {
                 runtime,
                 entry_id,
             } => Some(Action::CreateQueuedResource {
-                name: format!("{name}-x"),
-                node_id: format!("{node_id}-x"),
-                zone: zone.clone(),
+                name: format!("{name}-x").into(),
+                node_id: format!("{node_id}-x").into(),
+                zone: *zone,
                 tpu_type: tpu_type.clone(),
                 runtime: runtime.clone(),
-                entry_id: entry_id.clone(),
+                entry_id: *entry_id,
             }),
             _ => None,
         })
@@ -97,7 +97,7 @@ fn drop_retried(state: &mut State, _: &mut Vec<Action>, _: Timestamp) {
         .jobs
         .values()
         .find(|j| j.status == JobStatus::Pending && !j.attempts.is_empty())
-        .map(|j| j.id.clone());
+        .map(|j| j.id);
     if let Some(id) = victim {
         state.jobs.remove(&id);
     }

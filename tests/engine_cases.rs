@@ -55,7 +55,7 @@ fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64)
     }
     writeln!(s, "jobs:").unwrap();
     let mut jobs: Vec<_> = state.all_jobs().collect();
-    jobs.sort_by(|a, b| a.id.cmp(&b.id));
+    jobs.sort_by_key(|a| a.id);
     for j in jobs {
         let mut line = format!("  {}: {}", j.id, j.status.as_str());
         if let Some(r) = &j.assigned_resource {

@@ -17,7 +17,7 @@ use tpu_runner::engine::policy::matching::{ClassGraph, greedy_match, kuhn_refere
 use tpu_runner::engine::policy::{AssignInput, CapacityInput, Classic, Policy};
 use tpu_runner::engine::state::{BucketRegion, Job, Resource, ResourceStatus, State};
 use tpu_runner::engine::{Engine, EngineConfig, FleetIndex, Observation};
-use tpu_runner::spec::{self, Priority};
+use tpu_runner::spec::{self, Name, Priority};
 
 // ----- the matcher alone ------------------------------------------------------------------
 
@@ -207,14 +207,14 @@ fn build_jobs(jobs: &[JobGen]) -> Vec<Job> {
 fn build_tpus(index: &FleetIndex, idle: &[u32]) -> Vec<Resource> {
     let mut out = Vec::new();
     for (e, entry) in index.fleet.tpus.iter().enumerate() {
-        let names: Vec<String> = match &entry.kind {
-            spec::EntryKind::Adopted { existing } => vec![existing.clone()],
+        let names: Vec<Name> = match &entry.kind {
+            spec::EntryKind::Adopted { existing } => vec![Name::new(existing)],
             spec::EntryKind::Managed { count } => (1..=(*count).min(idle[e % idle.len()]))
-                .map(|k| entry.node_name(index.runner(), k))
+                .map(|k| Name::new(&entry.node_name(index.runner(), k)))
                 .collect(),
         };
         for name in names {
-            out.push(Resource::new(&name, entry, ResourceStatus::Idle, 1));
+            out.push(Resource::new(name, entry, ResourceStatus::Idle, 1));
         }
     }
     out.sort_by(|a, b| (!a.adopted, &a.id).cmp(&(!b.adopted, &b.id)));
@@ -247,8 +247,8 @@ fn observed(
     let qr = (!r.adopted).then(|| {
         Arc::new(QueuedResourceInfo {
             name: spec::names::queued_resource_name(&r.tpu_name),
-            zone: r.zone.clone(),
-            node_id: r.tpu_name.clone(),
+            zone: r.zone,
+            node_id: r.tpu_name,
             tpu_type: r.tpu_type.clone(),
             state: qr_state,
             spot: true,
@@ -256,8 +256,8 @@ fn observed(
         })
     });
     let node = Arc::new(NodeInfo {
-        name: r.tpu_name.clone(),
-        zone: r.zone.clone(),
+        name: r.tpu_name,
+        zone: r.zone,
         tpu_type: r.tpu_type.clone(),
         state: node_state,
         health: Health::Healthy,
@@ -271,7 +271,7 @@ fn observed(
 }
 
 /// The original, literally: sort jobs by its key, then Kuhn over single TPUs.
-fn oracle_assigned(index: &FleetIndex, jobs: &[&Job], tpus: &[Resource]) -> BTreeSet<String> {
+fn oracle_assigned(index: &FleetIndex, jobs: &[&Job], tpus: &[Resource]) -> BTreeSet<Name> {
     let n_entries = index.fleet.tpus.len();
     let mut order: Vec<&Job> = jobs
         .iter()
@@ -289,7 +289,7 @@ fn oracle_assigned(index: &FleetIndex, jobs: &[&Job], tpus: &[Resource]) -> BTre
             std::cmp::Reverse(j.spec.priority.rank()),
             compat_entries(j),
             j.submitted_at,
-            j.id.clone(),
+            j.id,
         )
     });
     let compat: Vec<Vec<usize>> = order
@@ -305,7 +305,7 @@ fn oracle_assigned(index: &FleetIndex, jobs: &[&Job], tpus: &[Resource]) -> BTre
         .iter()
         .zip(matched)
         .filter(|(_, m)| m.is_some())
-        .map(|(j, _)| j.id.clone())
+        .map(|(j, _)| j.id)
         .collect()
 }
 
@@ -350,7 +350,7 @@ proptest! {
             prop_assert!(demand.jobs[j].assignable, "job {} is backing off", job.id);
             prop_assert!(Requirement::of(job).accepts_resource(&tpus[t]), "{} cannot run on {}", job.id, tpus[t].id);
         }
-        let got: BTreeSet<String> = pairs.iter().map(|&(j, _)| demand.jobs[j].job.id.clone()).collect();
+        let got: BTreeSet<Name> = pairs.iter().map(|&(j, _)| demand.jobs[j].job.id).collect();
         let job_refs: Vec<&Job> = jobs.iter().collect();
         prop_assert_eq!(got, oracle_assigned(&index, &job_refs, &tpus));
     }
@@ -431,7 +431,7 @@ proptest! {
         let mut owners = BTreeSet::new();
         for r in state.resources.values() {
             if let Some(o) = &r.owner {
-                prop_assert!(owners.insert(o.job_id.clone()));
+                prop_assert!(owners.insert(o.job_id));
                 prop_assert_eq!(state.jobs[&o.job_id].assigned_resource.as_deref(), Some(r.id.as_str()));
             }
         }
@@ -553,8 +553,8 @@ fn inventory_scope_lists_zones_and_fetches_adopted_tpus() {
         (1, "old-v4", ResourceStatus::Busy),
         (2, "long-gone", ResourceStatus::Deleted),
     ] {
-        let r = Resource::new(name, old.entry(entry), status, 1);
-        state.resources.insert(r.id.clone(), r);
+        let r = Resource::new(Name::new(name), old.entry(entry), status, 1);
+        state.resources.insert(r.id, r);
     }
     let scope = index.inventory_scope(&state);
     assert_eq!(scope.runner, "runner");
@@ -581,17 +581,17 @@ proptest! {
         let mut reference = BTreeMap::new();
         for (insert, key, value) in ops {
             if insert {
-                prop_assert_eq!(sorted.insert(key.clone(), value), reference.insert(key, value));
+                prop_assert_eq!(sorted.insert(Name::new(&key), value), reference.insert(key, value));
             } else {
-                prop_assert_eq!(sorted.remove(key.as_str()), reference.remove(&key));
+                prop_assert_eq!(sorted.remove(&Name::new(&key)), reference.remove(&key));
             }
             prop_assert_eq!(sorted.len(), reference.len());
         }
-        let got: Vec<(&String, &u8)> = sorted.iter().collect();
-        let want: Vec<(&String, &u8)> = reference.iter().collect();
+        let got: Vec<(&str, &u8)> = sorted.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let want: Vec<(&str, &u8)> = reference.iter().map(|(k, v)| (k.as_str(), v)).collect();
         prop_assert_eq!(got, want);
         for key in reference.keys() {
-            prop_assert_eq!(sorted.get(key.as_str()), reference.get(key));
+            prop_assert_eq!(sorted.get(&Name::new(key)), reference.get(key));
         }
         prop_assert_eq!(
             serde_json::to_string(&sorted).unwrap(),

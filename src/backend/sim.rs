@@ -17,7 +17,7 @@ use crate::engine::observe::{
     WorkerStatus,
 };
 use crate::engine::{Action, InventoryScope, Timestamp};
-use crate::spec::TpuType;
+use crate::spec::{Name, NameMap, TpuType};
 
 /// The simulated cloud seen through the backend boundary.
 #[derive(Debug)]
@@ -35,7 +35,7 @@ pub struct SimBackend {
     /// Cloud objects converted to observation types, reused while unchanged.
     converted: Converted,
     /// The label set of each fleet entry's objects (only looked up).
-    labels: FxHashMap<String, simc::Labels>,
+    labels: NameMap<simc::Labels>,
 }
 
 /// Cloud objects already converted to observation types, by incarnation. An object is
@@ -87,8 +87,8 @@ impl Converted {
         convert(&mut self.nodes, n.serial, n.state, self.pass, || {
             Some(NodeInfo {
                 tpu_type: TpuType::parse(n.accelerator).ok()?,
-                name: n.name.to_owned(),
-                zone: n.zone.to_owned(),
+                name: Name::new(n.name),
+                zone: Name::new(n.zone),
                 state: match n.state {
                     simc::NodeState::Creating => NodeState::Creating,
                     simc::NodeState::Ready => NodeState::Ready,
@@ -98,7 +98,7 @@ impl Converted {
                 health: Health::Healthy,
                 spot: n.spot,
                 labels: n.labels.clone(),
-                queued_resource: n.queued_resource.map(str::to_owned),
+                queued_resource: n.queued_resource.map(Name::new),
                 worker_count: n.hosts,
                 public_ip,
             })
@@ -109,9 +109,9 @@ impl Converted {
         convert(&mut self.qrs, q.serial, q.state, self.pass, || {
             Some(QueuedResourceInfo {
                 tpu_type: TpuType::parse(q.accelerator).ok()?,
-                name: q.name.to_owned(),
-                zone: q.zone.to_owned(),
-                node_id: q.node_id.to_owned(),
+                name: Name::new(q.name),
+                zone: Name::new(q.zone),
+                node_id: Name::new(q.node_id),
                 state: match q.state {
                     simc::QrState::WaitingForResources => QrState::WaitingForResources,
                     simc::QrState::Provisioning => QrState::Provisioning,
@@ -145,7 +145,7 @@ impl SimBackend {
             public_ip,
             calls: (u64::MAX, 0),
             converted: Converted::default(),
-            labels: FxHashMap::default(),
+            labels: NameMap::default(),
         }
     }
 
@@ -290,9 +290,9 @@ impl CloudBackend for SimBackend {
                     None => {
                         let labels = Arc::new(BTreeMap::from([
                             (LABEL_MANAGED_BY.to_owned(), self.runner.clone()),
-                            (LABEL_FLEET_ENTRY.to_owned(), entry_id.clone()),
+                            (LABEL_FLEET_ENTRY.to_owned(), entry_id.to_string()),
                         ]));
-                        self.labels.insert(entry_id.clone(), labels.clone());
+                        self.labels.insert(*entry_id, labels.clone());
                         labels
                     }
                 };

@@ -42,7 +42,8 @@ fn entry_view<'a>(fleet: &'a FleetSpec, e: &'a TpuEntry) -> EntryView<'a> {
             .declared_node_names(&fleet.name)
             .into_iter()
             .map(|tpu_name| Declared {
-                queued_resource: (!e.is_adopted()).then(|| names::queued_resource_name(&tpu_name)),
+                queued_resource: (!e.is_adopted())
+                    .then(|| names::queued_resource_name(&tpu_name).to_string()),
                 tpu_name,
             })
             .collect(),
@@ -134,9 +135,9 @@ pub(crate) fn fleet_summary(fleet: &FleetSpec) -> String {
                 EntryKind::Adopted { existing } => (format!("adopts {existing}"), "1".to_owned()),
             };
             vec![
-                e.id.clone(),
+                e.id.to_string(),
                 e.tpu_type.to_string(),
-                e.zone.clone(),
+                e.zone.to_string(),
                 e.provisioning_model.as_str().to_owned(),
                 kind,
                 count,

@@ -87,13 +87,13 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
                 heartbeat_at: Some(now),
                 ..Default::default()
             };
-            obs.attempts.insert(a.id.clone(), report);
+            obs.attempts.insert(a.id, report);
         }
     }
     for r in state.resources.values() {
         let labels = std::collections::BTreeMap::from([
             (LABEL_MANAGED_BY.to_owned(), index.runner().to_owned()),
-            (LABEL_FLEET_ENTRY.to_owned(), r.entry_id.clone()),
+            (LABEL_FLEET_ENTRY.to_owned(), r.entry_id.to_string()),
         ]);
         let up =
             matches!(r.status, ResourceStatus::Idle | ResourceStatus::Busy) || r.owner.is_some();
@@ -103,8 +103,8 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
         if !r.adopted && (up || r.status == ResourceStatus::Provisioning) {
             obs.queued_resources.push(Arc::new(QueuedResourceInfo {
                 name: names::queued_resource_name(&r.tpu_name),
-                zone: r.zone.clone(),
-                node_id: r.tpu_name.clone(),
+                zone: r.zone,
+                node_id: r.tpu_name,
                 tpu_type: r.tpu_type.clone(),
                 state: if up {
                     QrState::Active
@@ -117,8 +117,8 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
         }
         if up {
             obs.nodes.push(Arc::new(NodeInfo {
-                name: r.tpu_name.clone(),
-                zone: r.zone.clone(),
+                name: r.tpu_name,
+                zone: r.zone,
                 tpu_type: r.tpu_type.clone(),
                 state: NodeState::Ready,
                 health: Health::Healthy,
@@ -219,21 +219,25 @@ fn render(
             } => {
                 vec![
                     "create".into(),
-                    name.clone(),
+                    name.to_string(),
                     format!("{tpu_type} in {zone} (entry {entry_id})"),
                 ]
             }
             Action::DeleteQueuedResource { name, zone } => vec![
                 "delete".into(),
-                name.clone(),
+                name.to_string(),
                 format!("queued resource in {zone}"),
             ],
             Action::DeleteNode { name, zone } => {
-                vec!["delete".into(), name.clone(), format!("TPU VM in {zone}")]
+                vec![
+                    "delete".into(),
+                    name.to_string(),
+                    format!("TPU VM in {zone}"),
+                ]
             }
             Action::Launch(l) => vec![
                 "launch".into(),
-                l.job_id.clone(),
+                l.job_id.to_string(),
                 format!(
                     "on {} ({} workers), attempt {}",
                     l.tpu_name, l.worker_count, l.attempt_id
@@ -246,7 +250,7 @@ fn render(
                 ..
             } => vec![
                 "cancel".into(),
-                job_id.clone(),
+                job_id.to_string(),
                 format!("on {tpu_name}, attempt {attempt_id}"),
             ],
         })

@@ -9,7 +9,7 @@ use super::fleet_index::{Declared, EntryFacts};
 use super::observe::{Action, NodeInfo, QueuedResourceInfo};
 use super::reconcile::Pass;
 use super::state::{Resource, ResourceStatus};
-use crate::spec::{ProvisioningModel, QuotaKey, names};
+use crate::spec::{Name, NameSet, ProvisioningModel, QuotaKey, names};
 
 /// What the observation and the records hold for one entry.
 struct EntryInventory<'a, 's> {
@@ -217,7 +217,7 @@ impl<'a> Pass<'a> {
             .collect()
     }
 
-    fn idle_timeout_elapsed(&mut self, resource_id: &str) -> bool {
+    fn idle_timeout_elapsed(&mut self, resource_id: &Name) -> bool {
         let timeout = self.index.fleet.idle_timeout_seconds as i64;
         if timeout == 0 {
             return true;
@@ -241,7 +241,7 @@ impl<'a> Pass<'a> {
         }
     }
 
-    fn mark_deleted(&mut self, resource_id: &str) {
+    fn mark_deleted(&mut self, resource_id: &Name) {
         let now = self.now;
         if let Some(r) = self.state.resources.get_mut(resource_id)
             && r.owner.is_none()
@@ -255,7 +255,7 @@ impl<'a> Pass<'a> {
         &mut self,
         e: usize,
         desired: u32,
-        named: &BTreeSet<String>,
+        named: &NameSet,
         seen: &EntryInventory<'a, '_>,
         remaining: &mut BTreeMap<QuotaKey, i64>,
         scratch: &mut Scratch<'a>,
@@ -265,9 +265,9 @@ impl<'a> Pass<'a> {
         let e32 = e as u32;
         let index = self.index;
         let entry = index.entry(e);
-        let ordinals: &[String] = &index.ordinals[e];
+        let ordinals: &[Name] = &index.ordinals[e];
         let busy_name =
-            |p: &Pass<'_>, name: &str| p.state.resources.get(name).is_some_and(Resource::is_busy);
+            |p: &Pass<'_>, name: &Name| p.state.resources.get(name).is_some_and(Resource::is_busy);
 
         let Scratch {
             ordinals: facts,
@@ -329,7 +329,7 @@ impl<'a> Pass<'a> {
         };
 
         if desired == 0 {
-            let mut just_deleted = BTreeSet::new();
+            let mut just_deleted = NameSet::default();
             for &(node, _) in matching_nodes {
                 if self.ready(node)
                     && !busy_name(self, &node.name)
@@ -337,7 +337,7 @@ impl<'a> Pass<'a> {
                 {
                     self.delete_node(&node.name, &node.zone);
                     self.mark_deleted(&node.name);
-                    just_deleted.insert(node.name.clone());
+                    just_deleted.insert(node.name);
                     self.event(
                         "idle_spot_tpu_deleted",
                         None,
@@ -389,7 +389,7 @@ impl<'a> Pass<'a> {
                     "reason=capacity_target_reduced".into(),
                 );
             } else {
-                retained.insert(node.name.clone());
+                retained.insert(node.name);
             }
         }
         for (qr, qr_seen) in matching_qrs.iter().filter(|(q, _)| !q.state.is_deleting()) {
@@ -492,11 +492,11 @@ impl<'a> Pass<'a> {
             };
             self.out.actions.push(Action::CreateQueuedResource {
                 name: qr_name,
-                node_id: name.clone(),
-                zone: entry.zone.clone(),
+                node_id: *name,
+                zone: entry.zone,
                 tpu_type: entry.tpu_type.clone(),
                 runtime,
-                entry_id: entry.id.clone(),
+                entry_id: entry.id,
             });
             self.track_provisioning(e, name);
             if let Some((key, _)) = &quota {
@@ -514,10 +514,10 @@ impl<'a> Pass<'a> {
     }
 
     /// Record a TPU being provisioned under `name` (new or reset).
-    fn track_provisioning(&mut self, e: usize, name: &str) {
+    fn track_provisioning(&mut self, e: usize, name: &Name) {
         let entry = self.index.entry(e);
         let r = self.state.resources.get_or_insert_with(name, || {
-            Resource::new(name, entry, ResourceStatus::Provisioning, 1)
+            Resource::new(*name, entry, ResourceStatus::Provisioning, 1)
         });
         if r.owner.is_none() {
             r.status = ResourceStatus::Provisioning;

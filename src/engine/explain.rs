@@ -102,7 +102,7 @@ pub fn explain(
         if entries.is_empty() {
             reasons.push(format!("no fleet entry offers {}", describe_request(&req)));
             result.push(Explanation {
-                job_id: job.id.clone(),
+                job_id: job.id.to_string(),
                 reasons,
             });
             continue;
@@ -198,7 +198,7 @@ pub fn explain(
             ));
         }
         result.push(Explanation {
-            job_id: job.id.clone(),
+            job_id: job.id.to_string(),
             reasons,
         });
     }

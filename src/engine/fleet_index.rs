@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::observe::{LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, QueuedResourceInfo};
 use super::state::{Resource, State};
-use crate::spec::{EntryKind, FleetSpec, ProvisioningModel, QuotaKey, TpuEntry, names};
+use crate::spec::{
+    EntryKind, FleetSpec, Name, NameMap, ProvisioningModel, QuotaKey, TpuEntry, names,
+};
 
 /// Where a declared node name comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,27 +26,27 @@ pub struct FleetIndex {
     pub fleet: FleetSpec,
     /// Declared node names: adopted `existing` names and managed ordinals `1..=count`
     /// (hashed: only looked up, never iterated; `ordinals` lists them in order).
-    declared: rustc_hash::FxHashMap<String, Declared>,
+    declared: NameMap<Declared>,
     /// Managed ordinal node names per entry (empty for adopted entries), ordinal order.
-    pub ordinals: Vec<Vec<String>>,
+    pub ordinals: Vec<Vec<Name>>,
     /// Entry index by id (hashed: only looked up, never iterated).
-    by_id: rustc_hash::FxHashMap<String, usize>,
+    by_id: NameMap<usize>,
     /// Chip limit per quota key.
     pub chip_limits: BTreeMap<QuotaKey, u32>,
     /// Zones of the managed entries (listed on every pass).
-    managed_zones: BTreeSet<String>,
+    managed_zones: BTreeSet<Name>,
 }
 
 impl FleetIndex {
     /// Builds the index.
     pub fn new(fleet: FleetSpec) -> FleetIndex {
-        let mut declared = rustc_hash::FxHashMap::default();
+        let mut declared = NameMap::default();
         let mut ordinals = Vec::with_capacity(fleet.tpus.len());
         for (i, entry) in fleet.tpus.iter().enumerate() {
             match &entry.kind {
                 EntryKind::Adopted { existing } => {
                     declared.insert(
-                        existing.clone(),
+                        Name::new(existing),
                         Declared {
                             entry: i,
                             ordinal: 0,
@@ -53,12 +55,12 @@ impl FleetIndex {
                     ordinals.push(Vec::new());
                 }
                 EntryKind::Managed { count } => {
-                    let names: Vec<String> = (1..=*count)
-                        .map(|k| entry.node_name(&fleet.name, k))
+                    let names: Vec<Name> = (1..=*count)
+                        .map(|k| Name::new(&entry.node_name(&fleet.name, k)))
                         .collect();
                     for (k, name) in names.iter().enumerate() {
                         declared.insert(
-                            name.clone(),
+                            *name,
                             Declared {
                                 entry: i,
                                 ordinal: k as u32 + 1,
@@ -73,14 +75,14 @@ impl FleetIndex {
             .tpus
             .iter()
             .enumerate()
-            .map(|(i, e)| (e.id.clone(), i))
+            .map(|(i, e)| (e.id, i))
             .collect();
         let chip_limits = fleet.chip_limits();
         let managed_zones = fleet
             .tpus
             .iter()
             .filter(|e| !e.is_adopted())
-            .map(|e| e.zone.clone())
+            .map(|e| e.zone)
             .collect();
         FleetIndex {
             fleet,
@@ -93,7 +95,7 @@ impl FleetIndex {
     }
 
     /// Where declared node `name` comes from.
-    pub fn declared(&self, name: &str) -> Option<Declared> {
+    pub fn declared(&self, name: &Name) -> Option<Declared> {
         self.declared.get(name).copied()
     }
 
@@ -108,7 +110,7 @@ impl FleetIndex {
     }
 
     /// The entry index of `entry_id`.
-    pub fn entry_index(&self, entry_id: &str) -> Option<usize> {
+    pub fn entry_index(&self, entry_id: &Name) -> Option<usize> {
         self.by_id.get(entry_id).copied()
     }
 
@@ -170,7 +172,7 @@ impl FleetIndex {
         if labels.get(LABEL_MANAGED_BY).map(String::as_str) != Some(self.runner()) {
             return None;
         }
-        self.entry_index(labels.get(LABEL_FLEET_ENTRY)?)
+        self.entry_index(&Name::existing(labels.get(LABEL_FLEET_ENTRY)?)?)
     }
 
     /// The managed Spot entry an object is labelled for, any ordinal (including ones above
@@ -214,7 +216,7 @@ impl FleetIndex {
     /// ordinals), plus adopted TPUs by exact name (they carry no labels of ours). Records whose
     /// entry was removed keep their zone listed, so their TPUs are cleaned up, not orphaned.
     pub fn inventory_scope<'s>(&'s self, state: &'s State) -> InventoryScope<'s> {
-        let mut zones: BTreeSet<&str> = self.managed_zones.iter().map(String::as_str).collect();
+        let mut zones: BTreeSet<&str> = self.managed_zones.iter().map(Name::as_str).collect();
         let mut adopted: BTreeSet<(&str, &str)> = self
             .fleet
             .tpus

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::time::Timestamp;
-use crate::spec::TpuType;
+use crate::spec::{Name, NameMap, TpuType};
 
 /// Label naming the runner on managed TPUs and queued resources.
 pub const LABEL_MANAGED_BY: &str = "managed-by";
@@ -30,7 +30,7 @@ pub struct Observation {
     pub queued_resources: Vec<Arc<QueuedResourceInfo>>,
     /// What the workers report, by attempt id (hashed: only looked up, never iterated).
     #[serde(default)]
-    pub attempts: rustc_hash::FxHashMap<String, AttemptReport>,
+    pub attempts: NameMap<AttemptReport>,
     /// Refusals of the previous pass's actions (stockout, quota, rate limit, …).
     #[serde(default)]
     pub failures: Vec<ActionFailure>,
@@ -40,9 +40,9 @@ pub struct Observation {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
     /// Node id.
-    pub name: String,
+    pub name: Name,
     /// Zone.
-    pub zone: String,
+    pub zone: Name,
     /// Accelerator type.
     pub tpu_type: TpuType,
     /// Lifecycle state.
@@ -57,7 +57,7 @@ pub struct NodeInfo {
     pub labels: Labels,
     /// The queued resource that created it, if any.
     #[serde(default)]
-    pub queued_resource: Option<String>,
+    pub queued_resource: Option<Name>,
     /// Network endpoints (= workers).
     pub worker_count: u32,
     /// Some endpoint has a public IP.
@@ -144,11 +144,11 @@ impl NodeInfo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueuedResourceInfo {
     /// Queued resource id.
-    pub name: String,
+    pub name: Name,
     /// Zone.
-    pub zone: String,
+    pub zone: Name,
     /// Node id it provisions.
-    pub node_id: String,
+    pub node_id: Name,
     /// Accelerator type.
     pub tpu_type: TpuType,
     /// State.
@@ -334,44 +334,44 @@ pub enum Action {
     /// Request a Spot TPU through a queued resource.
     CreateQueuedResource {
         /// Queued resource id.
-        name: String,
+        name: Name,
         /// Node id.
-        node_id: String,
+        node_id: Name,
         /// Zone.
-        zone: String,
+        zone: Name,
         /// Accelerator type.
         tpu_type: TpuType,
         /// Runtime version.
         runtime: String,
         /// Fleet entry (label).
-        entry_id: String,
+        entry_id: Name,
     },
     /// Delete a queued resource (and its node).
     DeleteQueuedResource {
         /// Queued resource id.
-        name: String,
+        name: Name,
         /// Zone.
-        zone: String,
+        zone: Name,
     },
     /// Delete a node.
     DeleteNode {
         /// Node id.
-        name: String,
+        name: Name,
         /// Zone.
-        zone: String,
+        zone: Name,
     },
     /// Start an attempt on every worker of a TPU (idempotent per attempt id).
     Launch(Box<LaunchRequest>),
     /// Stop an attempt on every worker (confirms when nothing of it runs).
     Cancel {
         /// Attempt to stop.
-        attempt_id: String,
+        attempt_id: Name,
         /// Its job.
-        job_id: String,
+        job_id: Name,
         /// Node.
-        tpu_name: String,
+        tpu_name: Name,
         /// Zone.
-        zone: String,
+        zone: Name,
     },
 }
 
@@ -379,15 +379,15 @@ pub enum Action {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct LaunchRequest {
     /// Attempt id.
-    pub attempt_id: String,
+    pub attempt_id: Name,
     /// Job id.
-    pub job_id: String,
+    pub job_id: Name,
     /// Resource id.
-    pub resource_id: String,
+    pub resource_id: Name,
     /// Node.
-    pub tpu_name: String,
+    pub tpu_name: Name,
     /// Zone.
-    pub zone: String,
+    pub zone: Name,
     /// Accelerator type.
     pub tpu_type: TpuType,
     /// Expected workers.
@@ -424,13 +424,13 @@ pub struct Event {
     pub kind: String,
     /// Job concerned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub job_id: Option<String>,
+    pub job_id: Option<Name>,
     /// Resource concerned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resource_id: Option<String>,
+    pub resource_id: Option<Name>,
     /// Attempt concerned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attempt_id: Option<String>,
+    pub attempt_id: Option<Name>,
     /// Details.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,

@@ -15,6 +15,7 @@ use rustc_hash::FxHashMap;
 
 use super::fleet_index::{EntryFacts, FleetIndex};
 use super::observe::{NodeInfo, Observation, QueuedResourceInfo};
+use crate::spec::{Name, NameMap};
 
 /// A listed object with its entry facts.
 #[derive(Debug)]
@@ -59,9 +60,9 @@ pub(crate) struct ObservedIndex {
     /// Entry facts of `Observation::queued_resources`, same order.
     pub qr_facts: Vec<EntryFacts>,
     /// Per TPU (node) name, what is listed under it.
-    tpus: FxHashMap<String, Tpu>,
+    tpus: NameMap<Tpu>,
     /// Queued resources by name (of two with one name, the later listed).
-    qrs: FxHashMap<String, Listed<QueuedResourceInfo>>,
+    qrs: NameMap<Listed<QueuedResourceInfo>>,
     /// Listed nodes and queued resources by address.
     known_nodes: FxHashMap<usize, Known<NodeInfo>>,
     known_qrs: FxHashMap<usize, Known<QueuedResourceInfo>>,
@@ -114,7 +115,7 @@ impl ObservedIndex {
             let n = &obs.nodes[i];
             let facts = index.node_facts(n);
             self.node_facts[i] = facts;
-            let slot = &mut self.tpus.entry(n.name.clone()).or_default().node;
+            let slot = &mut self.tpus.entry(n.name).or_default().node;
             if slot.is_some() {
                 return false;
             }
@@ -125,12 +126,12 @@ impl ObservedIndex {
             let q = &obs.queued_resources[i];
             let facts = index.qr_facts(q);
             self.qr_facts[i] = facts;
-            let slot = &mut self.tpus.entry(q.node_id.clone()).or_default().qr;
+            let slot = &mut self.tpus.entry(q.node_id).or_default().qr;
             if slot.is_some() || self.qrs.contains_key(&q.name) {
                 return false;
             }
             *slot = Some(Listed::new(q, facts));
-            self.qrs.insert(q.name.clone(), Listed::new(q, facts));
+            self.qrs.insert(q.name, Listed::new(q, facts));
             remember(&mut self.known_qrs, q, facts, stamp);
         }
         true
@@ -149,7 +150,7 @@ impl ObservedIndex {
             let facts = old_nodes
                 .get(&addr(n))
                 .map_or_else(|| index.node_facts(n), |k| k.facts);
-            let slot = &mut self.tpus.entry(n.name.clone()).or_default().node;
+            let slot = &mut self.tpus.entry(n.name).or_default().node;
             self.distinct &= slot.is_none();
             *slot = Some(Listed::new(n, facts));
             remember(&mut self.known_nodes, n, facts, stamp);
@@ -160,23 +161,23 @@ impl ObservedIndex {
             let facts = old_qrs
                 .get(&addr(q))
                 .map_or_else(|| index.qr_facts(q), |k| k.facts);
-            let slot = &mut self.tpus.entry(q.node_id.clone()).or_default().qr;
+            let slot = &mut self.tpus.entry(q.node_id).or_default().qr;
             self.distinct &= slot.is_none();
             *slot = Some(Listed::new(q, facts));
             let by_name = Listed::new(q, facts);
-            self.distinct &= self.qrs.insert(q.name.clone(), by_name).is_none();
+            self.distinct &= self.qrs.insert(q.name, by_name).is_none();
             remember(&mut self.known_qrs, q, facts, stamp);
             self.qr_facts.push(facts);
         }
     }
 
     /// What is listed under TPU name `name`.
-    pub fn tpu(&self, name: &str) -> Option<&Tpu> {
+    pub fn tpu(&self, name: &Name) -> Option<&Tpu> {
         self.tpus.get(name)
     }
 
     /// The queued resource named `name`.
-    pub fn qr_named(&self, name: &str) -> Option<&Listed<QueuedResourceInfo>> {
+    pub fn qr_named(&self, name: &Name) -> Option<&Listed<QueuedResourceInfo>> {
         self.qrs.get(name)
     }
 }
@@ -245,8 +246,8 @@ fn forget_unseen<T>(known: &mut FxHashMap<usize, Known<T>>, stamp: u64) -> Vec<A
 
 /// Empties the `part` of TPU `name` if it holds `object`, and drops the TPU once empty.
 fn clear_tpu<T>(
-    tpus: &mut FxHashMap<String, Tpu>,
-    name: &str,
+    tpus: &mut NameMap<Tpu>,
+    name: &Name,
     part: impl Fn(&mut Tpu) -> &mut Option<Listed<T>>,
     object: &Arc<T>,
 ) {

@@ -4,7 +4,6 @@
 //! `now`; output: mutated state, actions, events and the next time a pass is needed.
 //! Level-triggered and idempotent: a pass never depends on why it ran.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::aggregate::{self, EXIT_RETRYABLE, FailureKind, Graces, Verdict};
@@ -23,7 +22,7 @@ use super::state::{
 };
 use super::time::Timestamp;
 use crate::spec::fleet::SshTransport;
-use crate::spec::{ProvisioningModel, TpuEntry, names};
+use crate::spec::{Name, NameSet, ProvisioningModel, TpuEntry, names};
 
 /// What one pass decided.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -78,15 +77,15 @@ pub(crate) struct Pass<'a> {
     pub(super) node_facts: &'a [EntryFacts],
     pub(super) qr_facts: &'a [EntryFacts],
     /// Node and QR names deleted during this pass.
-    pub(super) deleted: BTreeSet<String>,
+    pub(super) deleted: NameSet,
     /// Attempts created by this pass's assignment (launched at the end).
     pub(super) new_launches: Vec<Action>,
     /// Desired TPUs per entry, decided with the assignment.
     pub(super) desired: Vec<u32>,
     /// TPU names pending jobs ask for.
-    pub(super) named: BTreeSet<String>,
+    pub(super) named: NameSet,
     /// Running and cancelling jobs at the start of the pass.
-    in_flight: Vec<(JobStatus, String)>,
+    in_flight: Vec<(JobStatus, Name)>,
 }
 
 impl<'a> Pass<'a> {
@@ -110,10 +109,10 @@ impl<'a> Pass<'a> {
             observed,
             node_facts: &observed.node_facts,
             qr_facts: &observed.qr_facts,
-            deleted: BTreeSet::new(),
+            deleted: NameSet::default(),
             new_launches: Vec::new(),
             desired: Vec::new(),
-            named: BTreeSet::new(),
+            named: NameSet::default(),
             in_flight: Vec::new(),
         }
     }
@@ -124,10 +123,10 @@ impl<'a> Pass<'a> {
         let mut unprinted = Vec::new();
         for job in self.state.jobs.values() {
             if job.print.0.is_none() {
-                unprinted.push(job.id.clone());
+                unprinted.push(job.id);
             }
             if matches!(job.status, JobStatus::Running | JobStatus::Cancelling) {
-                self.in_flight.push((job.status, job.id.clone()));
+                self.in_flight.push((job.status, job.id));
             }
         }
         // Only jobs read back from the store lack their print: the others keep theirs.
@@ -156,17 +155,17 @@ impl<'a> Pass<'a> {
     pub(super) fn event(
         &mut self,
         kind: &str,
-        job: Option<&str>,
-        resource: Option<&str>,
-        attempt: Option<&str>,
+        job: Option<&Name>,
+        resource: Option<&Name>,
+        attempt: Option<&Name>,
         detail: String,
     ) {
         self.out.events.push(Event {
             at: self.now,
             kind: kind.to_owned(),
-            job_id: job.map(str::to_owned),
-            resource_id: resource.map(str::to_owned),
-            attempt_id: attempt.map(str::to_owned),
+            job_id: job.copied(),
+            resource_id: resource.copied(),
+            attempt_id: attempt.copied(),
             detail,
         });
     }
@@ -177,7 +176,7 @@ impl<'a> Pass<'a> {
         key: String,
         value: String,
         kind: &str,
-        resource: Option<&str>,
+        resource: Option<&Name>,
     ) {
         if self.state.notices.get(&key) != Some(&value) {
             self.state.notices.insert(key, value.clone());
@@ -241,7 +240,7 @@ impl<'a> Pass<'a> {
             })
     }
 
-    pub(super) fn delete_qr(&mut self, name: &str, zone: &str) {
+    pub(super) fn delete_qr(&mut self, name: &Name, zone: &Name) {
         if self.deleted.insert(name.to_owned()) {
             self.out.actions.push(Action::DeleteQueuedResource {
                 name: name.to_owned(),
@@ -250,7 +249,7 @@ impl<'a> Pass<'a> {
         }
     }
 
-    pub(super) fn delete_node(&mut self, name: &str, zone: &str) {
+    pub(super) fn delete_node(&mut self, name: &Name, zone: &Name) {
         if self.deleted.insert(name.to_owned()) {
             self.out.actions.push(Action::DeleteNode {
                 name: name.to_owned(),
@@ -259,7 +258,7 @@ impl<'a> Pass<'a> {
         }
     }
 
-    fn set_resource_status(&mut self, id: &str, to: ResourceStatus) {
+    fn set_resource_status(&mut self, id: &Name, to: ResourceStatus) {
         if let Some(r) = self.state.resources.get_mut(id)
             && let Err(e) = r.set_status(to)
         {
@@ -268,7 +267,7 @@ impl<'a> Pass<'a> {
     }
 
     /// finish_attempt (§2.1) plus the rewrite's retry cap and backoff.
-    fn finish(&mut self, job_id: &str, f: Finish<'_>) -> bool {
+    fn finish(&mut self, job_id: &Name, f: Finish<'_>) -> bool {
         let now = self.now;
         let config = *self.config;
         let Some(job) = self.state.jobs.get_mut(job_id) else {
@@ -277,8 +276,7 @@ impl<'a> Pass<'a> {
         if job.status != f.expected {
             return false;
         }
-        let (Some(attempt_id), Some(resource_id)) =
-            (job.current_attempt.clone(), job.assigned_resource.clone())
+        let (Some(attempt_id), Some(resource_id)) = (job.current_attempt, job.assigned_resource)
         else {
             self.out.violations.push(format!(
                 "finish of job {job_id} without a current attempt and resource"
@@ -352,7 +350,7 @@ impl<'a> Pass<'a> {
         let mut to = f.resource_status;
         if f.retryable {
             let count = match &resource.retryable_failures {
-                Some(c) if c.job_id == job_id => c.count + 1,
+                Some(c) if c.job_id == *job_id => c.count + 1,
                 _ => 1,
             };
             resource.retryable_failures = Some(FailureCounter {
@@ -384,7 +382,7 @@ impl<'a> Pass<'a> {
     }
 
     /// Mark preempted (§3.8): an owned TPU loses its attempt; an unowned one is just gone.
-    pub(super) fn mark_preempted(&mut self, resource_id: &str) {
+    pub(super) fn mark_preempted(&mut self, resource_id: &Name) {
         let Some(resource) = self.state.resources.get(resource_id) else {
             return;
         };
@@ -499,11 +497,11 @@ impl<'a> Pass<'a> {
             if let Some(o) = &r.owner {
                 let job = self.state.jobs.get(&o.job_id).filter(|j| {
                     matches!(j.status, JobStatus::Running | JobStatus::Cancelling)
-                        && j.assigned_resource.as_deref() == Some(r.id.as_str())
-                        && j.current_attempt.as_deref() == Some(o.attempt_id.as_str())
+                        && j.assigned_resource == Some(r.id)
+                        && j.current_attempt == Some(o.attempt_id)
                 });
                 match job {
-                    None => broken_tpus.push(r.id.clone()),
+                    None => broken_tpus.push(r.id),
                     Some(j) => {
                         intact += usize::from(j.attempt().is_some_and(|a| !a.status.is_terminal()));
                     }
@@ -533,12 +531,12 @@ impl<'a> Pass<'a> {
                 .and_then(|r| self.state.resources.get(r))
                 .is_some_and(|r| {
                     job.current_attempt
-                        .as_deref()
+                        .as_ref()
                         .is_some_and(|a| r.owned_by(job_id, a))
                 })
                 && job.attempt().is_some_and(|a| !a.status.is_terminal());
             if !owned {
-                broken_jobs.push((*status, job_id.clone()));
+                broken_jobs.push((*status, *job_id));
             }
         }
         for (status, job_id) in broken_jobs {
@@ -603,12 +601,12 @@ impl<'a> Pass<'a> {
                     );
                     let until = self.now.plus_secs(wait);
                     self.state.entry_backoff.insert(
-                        entry_id.clone(),
+                        *entry_id,
                         Backoff {
                             failures,
                             until,
                             reason: reason.clone(),
-                            request: name.clone(),
+                            request: *name,
                         },
                     );
                     self.event(
@@ -650,17 +648,17 @@ impl<'a> Pass<'a> {
             match self.state.resources.get(&qr.node_id) {
                 None => {
                     self.state.resources.insert(
-                        qr.node_id.clone(),
-                        Resource::new(&qr.node_id, entry, ResourceStatus::Provisioning, 1),
+                        qr.node_id,
+                        Resource::new(qr.node_id, entry, ResourceStatus::Provisioning, 1),
                     );
                 }
                 // A new incarnation of a TPU that was gone. Records being recycled, drained or
                 // waited on are left alone (the original reset them, losing recycles: §9.1 #9).
                 Some(r) if r.status.is_gone() && r.owner.is_none() => {
                     let r = self.state.resources.get_mut(&qr.node_id).expect("exists");
-                    r.zone = entry.zone.clone();
+                    r.zone = entry.zone;
                     r.tpu_type = entry.tpu_type.clone();
-                    r.entry_id = entry.id.clone();
+                    r.entry_id = entry.id;
                     r.status = ResourceStatus::Provisioning;
                     r.idle_since = None;
                     r.provisioning_node_seen_at = None;
@@ -681,11 +679,11 @@ impl<'a> Pass<'a> {
                 continue;
             };
             let entry = self.index.entry(entry_index);
-            let id = Resource::id_for(&node.name, entry.is_adopted());
+            let id = Resource::id_for(node.name, entry.is_adopted());
             let ready = self.ready(node);
-            match self.state.resources.get(id.as_ref()) {
+            match self.state.resources.get(&id) {
                 Some(r) if ready && needs_ready_refresh(r, entry, node) => {
-                    let r = self.state.resources.get_mut(id.as_ref()).expect("exists");
+                    let r = self.state.resources.get_mut(&id).expect("exists");
                     if r.zone != entry.zone {
                         r.zone.clone_from(&entry.zone);
                     }
@@ -722,9 +720,9 @@ impl<'a> Pass<'a> {
                     } else {
                         ResourceStatus::Unavailable
                     };
-                    let mut record = Resource::new(&node.name, entry, status, node.worker_count);
+                    let mut record = Resource::new(node.name, entry, status, node.worker_count);
                     record.idle_since = (ready && !entry.is_adopted()).then_some(now);
-                    self.state.resources.insert(id.into_owned(), record);
+                    self.state.resources.insert(id, record);
                 }
             }
         }
@@ -733,17 +731,17 @@ impl<'a> Pass<'a> {
     // ----- step 5: cancellations and interruptions --------------------------------------
 
     /// Jobs that were in `status` at the start of the pass (and still are).
-    fn jobs_in(&self, status: JobStatus) -> Vec<String> {
+    fn jobs_in(&self, status: JobStatus) -> Vec<Name> {
         self.in_flight
             .iter()
             .filter(|(s, id)| {
                 *s == status && self.state.jobs.get(id).is_some_and(|j| j.status == status)
             })
-            .map(|(_, id)| id.clone())
+            .map(|(_, id)| *id)
             .collect()
     }
 
-    fn report(&self, attempt_id: &str) -> Option<&'a AttemptReport> {
+    fn report(&self, attempt_id: &Name) -> Option<&'a AttemptReport> {
         self.obs.attempts.get(attempt_id)
     }
 
@@ -755,11 +753,11 @@ impl<'a> Pass<'a> {
     }
 
     fn cancellations(&mut self) {
-        let cancelling: Vec<String> = self.jobs_in(JobStatus::Cancelling);
+        let cancelling: Vec<Name> = self.jobs_in(JobStatus::Cancelling);
         for job_id in cancelling {
             let job = &self.state.jobs[&job_id];
             let (Some(attempt), Some(resource_id)) =
-                (job.attempt().cloned(), job.assigned_resource.clone())
+                (job.attempt().cloned(), job.assigned_resource)
             else {
                 continue;
             };
@@ -826,10 +824,10 @@ impl<'a> Pass<'a> {
                 }
             }
             self.out.actions.push(Action::Cancel {
-                attempt_id: attempt.id.clone(),
-                job_id: job_id.clone(),
-                tpu_name: resource.tpu_name.clone(),
-                zone: resource.zone.clone(),
+                attempt_id: attempt.id,
+                job_id,
+                tpu_name: resource.tpu_name,
+                zone: resource.zone,
             });
         }
     }
@@ -840,21 +838,19 @@ impl<'a> Pass<'a> {
     /// never escalated those (§9.1 #8).
     fn note_cancellation_failure(
         &mut self,
-        job_id: &str,
+        job_id: &Name,
         attempt: &Attempt,
         resource: &Resource,
         error: &str,
     ) {
         let count = match &resource.cancellation_failures {
-            Some(c) if c.job_id == job_id && c.attempt_id.as_deref() == Some(&attempt.id) => {
-                c.count + 1
-            }
+            Some(c) if c.job_id == *job_id && c.attempt_id == Some(attempt.id) => c.count + 1,
             _ => 1,
         };
         if let Some(r) = self.state.resources.get_mut(&resource.id) {
             r.cancellation_failures = Some(FailureCounter {
-                job_id: job_id.into(),
-                attempt_id: Some(attempt.id.clone()),
+                job_id: *job_id,
+                attempt_id: Some(attempt.id),
                 count,
             });
         }
@@ -905,12 +901,12 @@ impl<'a> Pass<'a> {
     }
 
     fn interruptions(&mut self) {
-        let requested: Vec<String> = self
+        let requested: Vec<Name> = self
             .state
             .interruption_requests
             .values()
             .filter(|r| r.status == InterruptionStatus::Requested)
-            .map(|r| r.id.clone())
+            .map(|r| r.id)
             .collect();
         for id in requested {
             let request = self.state.interruption_requests[&id].clone();
@@ -936,7 +932,7 @@ impl<'a> Pass<'a> {
             let _ = req.transition(InterruptionStatus::Processing, now);
             let qr_name =
                 names::queued_resource_name(&self.state.resources[&request.resource_id].tpu_name);
-            let zone = self.state.resources[&request.resource_id].zone.clone();
+            let zone = self.state.resources[&request.resource_id].zone;
             self.delete_qr(&qr_name, &zone);
             let req = self
                 .state
@@ -1017,7 +1013,7 @@ impl<'a> Pass<'a> {
         let attempt = job.attempt().ok_or("the job has no current attempt")?;
         let reciprocal = resource.owned_by(&request.job_id, &request.attempt_id)
             && job.status == JobStatus::Running
-            && job.assigned_resource.as_deref() == Some(&resource.id)
+            && job.assigned_resource.as_ref() == Some(&resource.id)
             && attempt.id == request.attempt_id
             && !attempt.status.is_terminal()
             && attempt.resource_id == resource.id;
@@ -1064,7 +1060,7 @@ impl<'a> Pass<'a> {
             };
             match self.still_running(job) {
                 Some(w) => wakes.extend(w.into_iter().flatten()),
-                None => running.push(job_id.clone()),
+                None => running.push(*job_id),
             }
         }
         for t in wakes {
@@ -1073,7 +1069,7 @@ impl<'a> Pass<'a> {
         for job_id in running {
             let job = &self.state.jobs[&job_id];
             let (Some(attempt), Some(resource_id)) =
-                (job.attempt().cloned(), job.assigned_resource.clone())
+                (job.attempt().cloned(), job.assigned_resource)
             else {
                 self.violation(format!("running job {job_id} without attempt or resource"));
                 continue;
@@ -1098,20 +1094,20 @@ impl<'a> Pass<'a> {
         }
     }
 
-    fn launch_action(&self, job_id: &str, attempt: &Attempt, resource: &Resource) -> Action {
+    fn launch_action(&self, job_id: &Name, attempt: &Attempt, resource: &Resource) -> Action {
         launch_request(&self.state.jobs[job_id], resource, &attempt.id)
     }
 
-    fn cancel_action(job_id: &str, attempt: &Attempt, resource: &Resource) -> Action {
+    fn cancel_action(job_id: &Name, attempt: &Attempt, resource: &Resource) -> Action {
         Action::Cancel {
-            attempt_id: attempt.id.clone(),
+            attempt_id: attempt.id,
             job_id: job_id.to_owned(),
-            tpu_name: resource.tpu_name.clone(),
-            zone: resource.zone.clone(),
+            tpu_name: resource.tpu_name,
+            zone: resource.zone,
         }
     }
 
-    fn launching(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource) {
+    fn launching(&mut self, job_id: &Name, attempt: &Attempt, resource: &Resource) {
         let report = self.report(&attempt.id);
         if attempt.failed_launch {
             // A hard launch failure waits for confirmed cleanup before it ends.
@@ -1240,7 +1236,7 @@ impl<'a> Pass<'a> {
         }
     }
 
-    fn bump_launch_failures(&mut self, job_id: &str) -> u32 {
+    fn bump_launch_failures(&mut self, job_id: &Name) -> u32 {
         self.state
             .jobs
             .get_mut(job_id)
@@ -1256,13 +1252,13 @@ impl<'a> Pass<'a> {
     /// heartbeat deadline is ahead (or its TPU is down, which the unusable-resource step
     /// handles). Then the only effect is when to look again: `Some` of the wake-ups.
     fn still_running(&self, job: &Job) -> Option<[Option<Timestamp>; 2]> {
-        let job_id = job.id.as_str();
+        let job_id = &job.id;
         let attempt = job.attempt()?;
-        let resource_id = job.assigned_resource.as_deref()?;
+        let resource_id = job.assigned_resource.as_ref()?;
         let resource = self.state.resources.get(resource_id)?;
         if attempt.status != AttemptStatus::Running
             || attempt.lost.is_some()
-            || attempt.resource_id != resource_id
+            || attempt.resource_id != *resource_id
             || !resource.owned_by(job_id, &attempt.id)
         {
             return None;
@@ -1298,7 +1294,7 @@ impl<'a> Pass<'a> {
         (tpu_up, heartbeat, deadline)
     }
 
-    fn running(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource) {
+    fn running(&mut self, job_id: &Name, attempt: &Attempt, resource: &Resource) {
         let report = self.report(&attempt.id);
         let statuses = report.map_or(&[][..], |r| &r.statuses[..]);
         let verdict =
@@ -1341,7 +1337,7 @@ impl<'a> Pass<'a> {
     }
 
     /// Records that `job_id`'s current attempt is lost (its workers are being stopped).
-    fn mark_lost(&mut self, job_id: &str, summary: &str) {
+    fn mark_lost(&mut self, job_id: &Name, summary: &str) {
         if let Some(a) = self.state.jobs.get_mut(job_id).and_then(Job::attempt_mut) {
             a.lost.get_or_insert_with(|| summary.to_owned());
         }
@@ -1349,7 +1345,13 @@ impl<'a> Pass<'a> {
 
     /// A lost attempt ends (requeued) once its workers are confirmed stopped; a TPU whose
     /// workers could not be confirmed stopped is set aside rather than given other work.
-    fn finish_lost(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource, summary: &str) {
+    fn finish_lost(
+        &mut self,
+        job_id: &Name,
+        attempt: &Attempt,
+        resource: &Resource,
+        summary: &str,
+    ) {
         match self.workers_stopped(job_id, attempt, resource) {
             Stop::Pending => {}
             Stop::Confirmed => self.retryable_failure(job_id, attempt, resource, summary, 0),
@@ -1362,7 +1364,7 @@ impl<'a> Pass<'a> {
 
     /// After an unconfirmed stop: a managed Spot TPU is recycled (its leftovers die with it),
     /// any other is set unavailable (the next launch on it kills leftovers).
-    fn set_aside(&mut self, resource_id: &str) {
+    fn set_aside(&mut self, resource_id: &Name) {
         let Some(resource) = self.state.resources.get(resource_id).cloned() else {
             return;
         };
@@ -1380,7 +1382,7 @@ impl<'a> Pass<'a> {
     /// Ends a running attempt according to its workers' verdict.
     fn judge(
         &mut self,
-        job_id: &str,
+        job_id: &Name,
         attempt: &Attempt,
         resource: &Resource,
         verdict: Verdict,
@@ -1480,7 +1482,7 @@ impl<'a> Pass<'a> {
     /// Whether the attempt's remaining workers are confirmed stopped (the last cancel was sent
     /// or found nothing running). Otherwise sends a cancel (`Pending`); after
     /// `max_cleanup_failures` failed cancels it gives up waiting (`Unconfirmed`).
-    fn workers_stopped(&mut self, job_id: &str, attempt: &Attempt, resource: &Resource) -> Stop {
+    fn workers_stopped(&mut self, job_id: &Name, attempt: &Attempt, resource: &Resource) -> Stop {
         match self.report(&attempt.id).and_then(|r| r.cancel.as_ref()) {
             Some(CancelOutcome::Sent | CancelOutcome::NotRunning) => Stop::Confirmed,
             Some(CancelOutcome::AttemptMismatch | CancelOutcome::Error { .. }) => {
@@ -1520,7 +1522,7 @@ impl<'a> Pass<'a> {
     /// §3.4.1: requeue (pinned), count against the TPU and the job's retry cap.
     fn retryable_failure(
         &mut self,
-        job_id: &str,
+        job_id: &Name,
         attempt: &Attempt,
         resource: &Resource,
         summary: &str,
@@ -1568,7 +1570,7 @@ impl<'a> Pass<'a> {
     // ----- step 7: recycles, unusable resources -----------------------------------------
 
     fn recycles(&mut self) {
-        let ids: Vec<String> = self
+        let ids: Vec<Name> = self
             .state
             .resources
             .values()
@@ -1578,7 +1580,7 @@ impl<'a> Pass<'a> {
                     ResourceStatus::Recycling | ResourceStatus::RecyclingRequested
                 )
             })
-            .map(|r| r.id.clone())
+            .map(|r| r.id)
             .collect();
         for id in ids {
             let resource = self.state.resources[&id].clone();
@@ -1607,18 +1609,10 @@ impl<'a> Pass<'a> {
             // the queued resource if there is one, else the node.
             let first = resource.status == ResourceStatus::Recycling;
             let target = match (self.matching_qr(&resource), self.matching_node(&resource)) {
-                (Some(qr), _) => Some((
-                    true,
-                    !qr.state.is_deleting(),
-                    qr.name.clone(),
-                    qr.zone.clone(),
-                )),
-                (None, Some(node)) => Some((
-                    false,
-                    !node.state.is_terminal(),
-                    node.name.clone(),
-                    node.zone.clone(),
-                )),
+                (Some(qr), _) => Some((true, !qr.state.is_deleting(), qr.name, qr.zone)),
+                (None, Some(node)) => {
+                    Some((false, !node.state.is_terminal(), node.name, node.zone))
+                }
                 (None, None) => None,
             };
             if let Some((is_qr, deletable, name, zone)) = target {
@@ -1662,12 +1656,12 @@ impl<'a> Pass<'a> {
     fn unusable_resources(&mut self) {
         // Handling one record never touches another record, so the healthy majority and the
         // long gone can be skipped up front without copying their ids.
-        let ids: Vec<String> = self
+        let ids: Vec<Name> = self
             .state
             .resources
             .iter()
             .filter(|(_, r)| !self.nothing_to_do(r))
-            .map(|(id, _)| id.clone())
+            .map(|(id, _)| *id)
             .collect();
         for id in ids {
             let resource = self.state.resources[&id].clone();
@@ -2063,12 +2057,12 @@ impl<'a> Pass<'a> {
             for (j, w) in demand.jobs.iter().zip(&waiting) {
                 class_waits[j.class as usize] |= *w;
             }
-            let named: BTreeSet<String> = demand
+            let named: NameSet = demand
                 .classes
                 .iter()
                 .zip(&class_waits)
                 .filter(|(_, w)| **w)
-                .filter_map(|(c, _)| c.req.tpu_name.map(str::to_owned))
+                .filter_map(|(c, _)| c.req.tpu_name.map(Name::new))
                 .collect();
             // Applied in job-id order, so the lookups into a large queue walk it in order;
             // `usize` is the pair's place in the policy's order, which the output keeps.
@@ -2078,9 +2072,9 @@ impl<'a> Pass<'a> {
                 .map(|(pos, (j, t))| (j, t, pos))
                 .collect();
             by_job.sort_unstable();
-            let pairs: Vec<(String, String, usize)> = by_job
+            let pairs: Vec<(Name, Name, usize)> = by_job
                 .into_iter()
-                .map(|(j, t, pos)| (demand.jobs[j].job.id.clone(), candidates[t].id.clone(), pos))
+                .map(|(j, t, pos)| (demand.jobs[j].job.id, candidates[t].id, pos))
                 .collect();
             (pairs, waits, desired, named)
         };
@@ -2103,7 +2097,7 @@ impl<'a> Pass<'a> {
     }
 
     /// assign_job (§2.1): re-checks everything, pins the placement, creates the attempt.
-    fn assign_job(&mut self, job_id: &str, resource_id: &str) {
+    fn assign_job(&mut self, job_id: &Name, resource_id: &Name) {
         let now = self.now;
         let policy = self.policy.name();
         // Both records at once (disjoint fields of the state): one lookup each.
@@ -2140,7 +2134,7 @@ impl<'a> Pass<'a> {
         let attempt_id = names::attempt_id(
             job_id,
             resource_id,
-            job.current_attempt.as_deref().unwrap_or(""),
+            job.current_attempt.as_ref().map_or("", Name::as_str),
         );
         if let Err(e) = resource.occupy(job_id, &attempt_id) {
             self.out.violations.push(e.to_string());
@@ -2156,14 +2150,14 @@ impl<'a> Pass<'a> {
             resource.tpu_name, placement.region, placement.bucket
         );
         job.placement = Some(placement);
-        job.assigned_resource = Some(resource_id.to_owned());
-        job.current_attempt = Some(attempt_id.clone());
+        job.assigned_resource = Some(*resource_id);
+        job.current_attempt = Some(attempt_id);
         job.not_before = None;
         job.attempts.push(Attempt {
-            id: attempt_id.clone(),
-            resource_id: resource_id.to_owned(),
-            tpu_name: resource.tpu_name.clone(),
-            zone: resource.zone.clone(),
+            id: attempt_id,
+            resource_id: *resource_id,
+            tpu_name: resource.tpu_name,
+            zone: resource.zone,
             status: AttemptStatus::Launching,
             created_at: now,
             started_at: None,
@@ -2203,18 +2197,18 @@ fn in_order_of<T>(items: &mut Vec<T>, start: usize, pos: &[usize]) {
 }
 
 /// The launch of `attempt_id` of `job` on `resource`.
-fn launch_request(job: &Job, resource: &Resource, attempt_id: &str) -> Action {
+fn launch_request(job: &Job, resource: &Resource, attempt_id: &Name) -> Action {
     let bucket = job
         .placement
         .as_ref()
         .map(|p| p.bucket.clone())
         .unwrap_or_default();
     Action::Launch(Box::new(LaunchRequest {
-        attempt_id: attempt_id.to_owned(),
-        job_id: job.id.clone(),
-        resource_id: resource.id.clone(),
-        tpu_name: resource.tpu_name.clone(),
-        zone: resource.zone.clone(),
+        attempt_id: *attempt_id,
+        job_id: job.id,
+        resource_id: resource.id,
+        tpu_name: resource.tpu_name,
+        zone: resource.zone,
         tpu_type: resource.tpu_type.clone(),
         worker_count: resource.worker_count,
         command: job.spec.command.clone(),

@@ -1,9 +1,10 @@
-//! `SortedMap`: a string-keyed map that iterates in key order, like `BTreeMap`, and looks keys
-//! up by hash. The state's job and TPU-record tables use it: a pass looks them up thousands of
-//! times (a `BTreeMap` lookup compares long shared-prefix names a dozen times) and iterates
-//! them in id order. Inserting a new key or removing one shifts the entries after it (O(n)),
-//! which is rare (a job arrives or ends, a TPU name is first seen). Must not expose any way to
-//! put a key out of order, nor any way to change a value without recording it.
+//! `SortedMap`: a map keyed by [`Name`] that iterates in key (text) order, like `BTreeMap`,
+//! and looks keys up by their interned hash. The state's job and TPU-record tables use it: a
+//! pass looks them up thousands of times (a `BTreeMap` lookup compares long shared-prefix
+//! names a dozen times; an interned name is found by pointer) and iterates them in id order.
+//! Inserting a new key or removing one shifts the entries after it (O(n)), which is rare (a
+//! job arrives or ends, a TPU name is first seen). Must not expose any way to put a key out of
+//! order, nor any way to change a value without recording it.
 //!
 //! Change tracking: every mutable access stamps its entry with the map's clock, and removals
 //! are logged, so a reader that kept a [`Revision`] learns which keys may have changed since
@@ -11,26 +12,29 @@
 //! others. A copy or a deserialised map is a new origin: revisions of another map never
 //! apply to it.
 
-use std::borrow::Borrow;
 use std::fmt;
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use indexmap::IndexMap;
-use rustc_hash::FxHasher;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use ustr::IdentityHasher;
 
-/// A map from `String` to `V` kept in key order (see the module doc). Values are boxed so
+use crate::spec::Name;
+
+type Table<V> = IndexMap<Name, Box<V>, BuildHasherDefault<IdentityHasher>>;
+
+/// A map from [`Name`] to `V` kept in key order (see the module doc). Values are boxed so
 /// that shifting entries moves pointers, not records (a 100k-job queue stays cheap to
 /// insert into).
 pub struct SortedMap<V> {
-    map: IndexMap<String, Box<V>, BuildHasherDefault<FxHasher>>,
+    map: Table<V>,
     /// Per entry, at the same index as in `map`: the clock at its last mutable access.
     stamps: Vec<u64>,
     /// Ticks at every mutable access.
     clock: u64,
     /// Removed keys with the clock at their removal, oldest first (at most `REMOVED_KEPT`).
-    removed: Vec<(u64, String)>,
+    removed: Vec<(u64, Name)>,
     /// Removals at or before this clock value are no longer in `removed`.
     removed_floor: u64,
     /// This map's identity for revisions: new for every copy.
@@ -55,11 +59,11 @@ fn new_origin() -> u64 {
 
 /// The keys that may have changed since a revision.
 #[derive(Debug)]
-pub struct Changes<'m> {
+pub struct Changes {
     /// Keys present now whose value may differ (or that are new), in key order.
-    pub touched: Vec<&'m str>,
+    pub touched: Vec<Name>,
     /// Keys removed since (a key removed and inserted again is in both), oldest first.
-    pub removed: Vec<&'m str>,
+    pub removed: Vec<Name>,
 }
 
 impl<V> Default for SortedMap<V> {
@@ -95,7 +99,7 @@ impl<V> SortedMap<V> {
         Self::default()
     }
 
-    fn from_map(map: IndexMap<String, Box<V>, BuildHasherDefault<FxHasher>>) -> Self {
+    fn from_map(map: Table<V>) -> Self {
         SortedMap {
             stamps: vec![0; map.len()],
             map,
@@ -123,7 +127,7 @@ impl<V> SortedMap<V> {
     /// The keys that may have changed since `since`; `None` when that is unknown (a revision
     /// of another map, or older than the removals remembered): the reader must look at
     /// everything.
-    pub fn changes_since(&self, since: Revision) -> Option<Changes<'_>> {
+    pub fn changes_since(&self, since: Revision) -> Option<Changes> {
         if since.origin != self.origin || since.clock < self.removed_floor {
             return None;
         }
@@ -132,48 +136,33 @@ impl<V> SortedMap<V> {
             .keys()
             .zip(&self.stamps)
             .filter(|(_, stamp)| **stamp > since.clock)
-            .map(|(k, _)| k.as_str())
+            .map(|(k, _)| *k)
             .collect();
         let from = self.removed.partition_point(|(at, _)| *at <= since.clock);
-        let removed = self.removed[from..]
-            .iter()
-            .map(|(_, k)| k.as_str())
-            .collect();
+        let removed = self.removed[from..].iter().map(|(_, k)| *k).collect();
         Some(Changes { touched, removed })
     }
 
     /// The value of `key`.
-    pub fn get<Q>(&self, key: &Q) -> Option<&V>
-    where
-        String: Borrow<Q>,
-        Q: std::hash::Hash + Eq + ?Sized,
-    {
+    pub fn get(&self, key: &Name) -> Option<&V> {
         self.map.get(key).map(|v| &**v)
     }
 
     /// The value of `key`, mutably.
-    pub fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
-    where
-        String: Borrow<Q>,
-        Q: std::hash::Hash + Eq + ?Sized,
-    {
+    pub fn get_mut(&mut self, key: &Name) -> Option<&mut V> {
         let (at, _, _) = self.map.get_full(key)?;
         self.stamp(at);
         Some(&mut *self.map[at])
     }
 
     /// Whether `key` is present.
-    pub fn contains_key<Q>(&self, key: &Q) -> bool
-    where
-        String: Borrow<Q>,
-        Q: std::hash::Hash + Eq + ?Sized,
-    {
+    pub fn contains_key(&self, key: &Name) -> bool {
         self.map.contains_key(key)
     }
 
     /// Inserts `value` under `key` at its place in key order; returns the previous value.
-    pub fn insert(&mut self, key: String, value: V) -> Option<V> {
-        if let Some(old) = self.get_mut(key.as_str()) {
+    pub fn insert(&mut self, key: Name, value: V) -> Option<V> {
+        if let Some(old) = self.get_mut(&key) {
             return Some(std::mem::replace(old, value));
         }
         let at = self.map.binary_search_keys(&key).expect_err("absent key");
@@ -184,15 +173,12 @@ impl<V> SortedMap<V> {
     }
 
     /// The value of `key`, inserting `make()` first if absent.
-    pub fn get_or_insert_with(&mut self, key: &str, make: impl FnOnce() -> V) -> &mut V {
+    pub fn get_or_insert_with(&mut self, key: &Name, make: impl FnOnce() -> V) -> &mut V {
         let at = match self.map.get_index_of(key) {
             Some(at) => at,
             None => {
-                let at = self
-                    .map
-                    .binary_search_keys(&key.to_owned())
-                    .expect_err("absent key");
-                self.map.shift_insert(at, key.to_owned(), Box::new(make()));
+                let at = self.map.binary_search_keys(key).expect_err("absent key");
+                self.map.shift_insert(at, *key, Box::new(make()));
                 self.stamps.insert(at, 0);
                 at
             }
@@ -202,11 +188,7 @@ impl<V> SortedMap<V> {
     }
 
     /// Removes `key`, keeping the order of the rest.
-    pub fn remove<Q>(&mut self, key: &Q) -> Option<V>
-    where
-        String: Borrow<Q>,
-        Q: std::hash::Hash + Eq + ?Sized,
-    {
+    pub fn remove(&mut self, key: &Name) -> Option<V> {
         let (at, key, value) = self.map.shift_remove_full(key)?;
         self.stamps.remove(at);
         self.clock += 1;
@@ -220,12 +202,12 @@ impl<V> SortedMap<V> {
     }
 
     /// Entries in key order.
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&String, &V)> + ExactSizeIterator {
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&Name, &V)> + ExactSizeIterator {
         self.map.iter().map(|(k, v)| (k, &**v))
     }
 
     /// Keys in order.
-    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &String> + ExactSizeIterator {
+    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &Name> + ExactSizeIterator {
         self.map.keys()
     }
 
@@ -252,24 +234,16 @@ impl<V> SortedMap<V> {
     }
 }
 
-impl<V> std::ops::Index<&str> for SortedMap<V> {
+impl<V> std::ops::Index<&Name> for SortedMap<V> {
     type Output = V;
-    fn index(&self, key: &str) -> &V {
+    fn index(&self, key: &Name) -> &V {
         &self.map[key]
     }
 }
 
-impl<V> std::ops::Index<&String> for SortedMap<V> {
-    type Output = V;
-    fn index(&self, key: &String) -> &V {
-        &self.map[key.as_str()]
-    }
-}
-
-impl<V> FromIterator<(String, V)> for SortedMap<V> {
-    fn from_iter<I: IntoIterator<Item = (String, V)>>(iter: I) -> Self {
-        let mut map: IndexMap<String, Box<V>, BuildHasherDefault<FxHasher>> =
-            iter.into_iter().map(|(k, v)| (k, Box::new(v))).collect();
+impl<V> FromIterator<(Name, V)> for SortedMap<V> {
+    fn from_iter<I: IntoIterator<Item = (Name, V)>>(iter: I) -> Self {
+        let mut map: Table<V> = iter.into_iter().map(|(k, v)| (k, Box::new(v))).collect();
         map.sort_unstable_keys();
         Self::from_map(map)
     }
@@ -289,7 +263,7 @@ impl<V: Serialize> Serialize for SortedMap<V> {
 
 impl<'de, V: Deserialize<'de>> Deserialize<'de> for SortedMap<V> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let entries = std::collections::BTreeMap::<String, V>::deserialize(d)?;
+        let entries = std::collections::BTreeMap::<Name, V>::deserialize(d)?;
         Ok(entries.into_iter().collect())
     }
 }
@@ -297,20 +271,25 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for SortedMap<V> {
 #[cfg(test)]
 mod tests {
     use super::SortedMap;
+    use crate::spec::Name;
+
+    fn n(text: &str) -> Name {
+        Name::new(text)
+    }
 
     #[test]
     fn iterates_in_key_order_whatever_the_insertion_order() {
         let mut m = SortedMap::new();
         for k in ["b", "d", "a", "c"] {
-            assert_eq!(m.insert(k.to_owned(), k.len()), None);
+            assert_eq!(m.insert(n(k), k.len()), None);
         }
-        assert_eq!(m.insert("a".to_owned(), 7), Some(1));
-        *m.get_or_insert_with("aa", || 0) += 2;
-        *m.get_or_insert_with("a", || 0) += 1;
-        assert_eq!(m.remove("c"), Some(1));
+        assert_eq!(m.insert(n("a"), 7), Some(1));
+        *m.get_or_insert_with(&n("aa"), || 0) += 2;
+        *m.get_or_insert_with(&n("a"), || 0) += 1;
+        assert_eq!(m.remove(&n("c")), Some(1));
         let got: Vec<(&str, usize)> = m.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         assert_eq!(got, [("a", 8), ("aa", 2), ("b", 1), ("d", 1)]);
-        assert_eq!(m["b"], 1);
+        assert_eq!(m[&n("b")], 1);
         let json = serde_json::to_string(&m).unwrap();
         assert_eq!(json, r#"{"a":8,"aa":2,"b":1,"d":1}"#);
         let back: SortedMap<usize> = serde_json::from_str(r#"{"d":1,"a":8,"b":1,"aa":2}"#).unwrap();
@@ -345,30 +324,30 @@ mod tests {
         fn changes_since_reports_every_change(ops in proptest::collection::vec(op(), 0..200)) {
             use std::collections::{BTreeMap, BTreeSet};
             let mut m: SortedMap<u32> = SortedMap::new();
-            let mut marks: Vec<(super::Revision, BTreeMap<String, u32>)> = Vec::new();
+            let mut marks: Vec<(super::Revision, BTreeMap<Name, u32>)> = Vec::new();
             for op in ops {
-                let key = |k: u8| format!("k{k:02}");
+                let key = |k: u8| n(&format!("k{k:02}"));
                 match op {
                     Op::Insert(k, v) => { m.insert(key(k), v); }
                     Op::Bump(k) => { if let Some(v) = m.get_mut(&key(k)) { *v = v.wrapping_add(1); } }
                     Op::Touch(k) => { let _ = m.get_mut(&key(k)); }
                     Op::GetOrInsert(k) => { *m.get_or_insert_with(&key(k), || 5) += 1; }
                     Op::Remove(k) => { m.remove(&key(k)); }
-                    Op::Mark => marks.push((m.revision(), m.iter().map(|(k, v)| (k.clone(), *v)).collect())),
+                    Op::Mark => marks.push((m.revision(), m.iter().map(|(k, v)| (*k, *v)).collect())),
                 }
             }
-            let now: BTreeMap<String, u32> = m.iter().map(|(k, v)| (k.clone(), *v)).collect();
+            let now: BTreeMap<Name, u32> = m.iter().map(|(k, v)| (*k, *v)).collect();
             for (rev, then) in &marks {
                 let changes = m.changes_since(*rev).expect("same map, few removals");
-                let touched: BTreeSet<&str> = changes.touched.iter().copied().collect();
-                let removed: BTreeSet<&str> = changes.removed.iter().copied().collect();
+                let touched: BTreeSet<Name> = changes.touched.iter().copied().collect();
+                let removed: BTreeSet<Name> = changes.removed.iter().copied().collect();
                 for (k, v) in &now {
                     if then.get(k) != Some(v) {
-                        proptest::prop_assert!(touched.contains(k.as_str()), "{k} changed");
+                        proptest::prop_assert!(touched.contains(k), "{k} changed");
                     }
                 }
                 for k in then.keys().filter(|k| !now.contains_key(*k)) {
-                    proptest::prop_assert!(removed.contains(k.as_str()), "{k} removed");
+                    proptest::prop_assert!(removed.contains(k), "{k} removed");
                 }
                 proptest::prop_assert!(changes.touched.windows(2).all(|w| w[0] < w[1]));
                 proptest::prop_assert!(m.clone().changes_since(*rev).is_none());
@@ -383,13 +362,13 @@ mod tests {
         let mut m = SortedMap::new();
         let start = m.revision();
         for i in 0..super::REMOVED_KEPT + 1 {
-            m.insert(format!("k{i}"), i);
-            m.remove(&format!("k{i}"));
+            m.insert(n(&format!("k{i}")), i);
+            m.remove(&n(&format!("k{i}")));
         }
         assert!(m.changes_since(start).is_none());
         let recent = m.revision();
-        m.insert("x".to_owned(), 1);
-        m.remove("x");
+        m.insert(n("x"), 1);
+        m.remove(&n("x"));
         let changes = m.changes_since(recent).expect("recent");
         assert_eq!(changes.removed, ["x"]);
         assert!(changes.touched.is_empty());

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::sorted_map::SortedMap;
 use super::time::Timestamp;
-use crate::spec::{JobSpec, TpuType};
+use crate::spec::{JobSpec, Name, TpuType};
 
 /// Version of the JSON state schema. Bump on any incompatible change.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -22,7 +22,7 @@ pub struct IllegalTransition {
     /// `job`, `attempt`, `resource` or `interruption_request`.
     pub kind: &'static str,
     /// Object id.
-    pub id: String,
+    pub id: Name,
     /// Status it was in.
     pub from: String,
     /// Status it was asked to take.
@@ -51,16 +51,16 @@ pub struct State {
     /// Jobs that reached a terminal status (succeeded, failed, deactivated), kept as history.
     /// A pass never iterates them, so its cost does not grow with history.
     #[serde(default)]
-    pub finished: BTreeMap<String, Job>,
+    pub finished: BTreeMap<Name, Job>,
     /// TPU records by resource id (node name, or `adopted-<name>`), in id order, hashed
     /// lookups.
     pub resources: SortedMap<Resource>,
     /// Controlled interruption requests by id.
     #[serde(default)]
-    pub interruption_requests: BTreeMap<String, InterruptionRequest>,
+    pub interruption_requests: BTreeMap<Name, InterruptionRequest>,
     /// Per fleet entry: no capacity request before this time (after a refusal).
     #[serde(default)]
-    pub entry_backoff: BTreeMap<String, Backoff>,
+    pub entry_backoff: BTreeMap<Name, Backoff>,
     /// Conditions already reported, so each event is emitted once per change, not every pass.
     #[serde(default)]
     pub notices: BTreeMap<String, String>,
@@ -80,12 +80,12 @@ impl State {
         if self.job(&job.id).is_some() {
             return Err(format!("job already exists: {}", job.id));
         }
-        self.jobs.insert(job.id.clone(), job);
+        self.jobs.insert(job.id, job);
         Ok(())
     }
 
     /// The job `id`, active or finished.
-    pub fn job(&self, id: &str) -> Option<&Job> {
+    pub fn job(&self, id: &Name) -> Option<&Job> {
         self.jobs.get(id).or_else(|| self.finished.get(id))
     }
 
@@ -95,11 +95,11 @@ impl State {
     }
 
     /// Moves `id` to `finished` if it is terminal.
-    pub fn retire(&mut self, id: &str) {
+    pub fn retire(&mut self, id: &Name) {
         if self.jobs.get(id).is_some_and(|j| j.status.is_terminal())
             && let Some(job) = self.jobs.remove(id)
         {
-            self.finished.insert(job.id.clone(), job);
+            self.finished.insert(job.id, job);
         }
     }
 }
@@ -115,7 +115,7 @@ pub struct Backoff {
     pub reason: String,
     /// The refused queued resource (the backoff ends when it exists).
     #[serde(default)]
-    pub request: String,
+    pub request: Name,
 }
 
 /// Status of a job.
@@ -196,7 +196,7 @@ pub struct BucketRegion {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Job {
     /// Job id.
-    pub id: String,
+    pub id: Name,
     /// The validated specification.
     pub spec: JobSpec,
     /// Submission time (FIFO order).
@@ -210,10 +210,10 @@ pub struct Job {
     pub placement: Option<Placement>,
     /// Resource running it (while running or cancelling).
     #[serde(default)]
-    pub assigned_resource: Option<String>,
+    pub assigned_resource: Option<Name>,
     /// Current (or last) attempt id.
     #[serde(default)]
-    pub current_attempt: Option<String>,
+    pub current_attempt: Option<Name>,
     /// Every attempt, oldest first.
     #[serde(default)]
     pub attempts: Vec<Attempt>,
@@ -309,7 +309,7 @@ impl Job {
         let mut bucket_regions = bucket_regions;
         bucket_regions.sort();
         let mut job = Job {
-            id: spec.id.clone(),
+            id: Name::new(&spec.id),
             spec,
             submitted_at,
             status: JobStatus::Pending,
@@ -346,7 +346,7 @@ impl Job {
         if !self.status.can_become(to) {
             return Err(IllegalTransition {
                 kind: "job",
-                id: self.id.clone(),
+                id: self.id,
                 from: self.status.as_str().into(),
                 to: to.as_str().into(),
             });
@@ -360,13 +360,13 @@ impl Job {
 
     /// The current attempt, if any.
     pub fn attempt(&self) -> Option<&Attempt> {
-        let id = self.current_attempt.as_deref()?;
+        let id = self.current_attempt?;
         self.attempts.iter().rev().find(|a| a.id == id)
     }
 
     /// The current attempt, mutably.
     pub fn attempt_mut(&mut self) -> Option<&mut Attempt> {
-        let id = self.current_attempt.clone()?;
+        let id = self.current_attempt?;
         self.attempts.iter_mut().rev().find(|a| a.id == id)
     }
 
@@ -474,13 +474,13 @@ impl EndReason {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Attempt {
     /// `attempt-<hash of job, resource, previous attempt>`.
-    pub id: String,
+    pub id: Name,
     /// The resource it runs on.
-    pub resource_id: String,
+    pub resource_id: Name,
     /// Node name (denormalised for reports).
-    pub tpu_name: String,
+    pub tpu_name: Name,
     /// Zone of the node.
-    pub zone: String,
+    pub zone: Name,
     /// Status.
     pub status: AttemptStatus,
     /// Created (assigned).
@@ -551,7 +551,7 @@ impl Attempt {
     fn illegal(&self, to: AttemptStatus) -> IllegalTransition {
         IllegalTransition {
             kind: "attempt",
-            id: self.id.clone(),
+            id: self.id,
             from: self.status.as_str().into(),
             to: to.as_str().into(),
         }
@@ -613,19 +613,19 @@ impl ResourceStatus {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Owner {
     /// Job id.
-    pub job_id: String,
+    pub job_id: Name,
     /// Attempt id.
-    pub attempt_id: String,
+    pub attempt_id: Name,
 }
 
 /// A failure counter tied to one job (and attempt).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FailureCounter {
     /// Job the failures belong to.
-    pub job_id: String,
+    pub job_id: Name,
     /// Attempt (for cancellation failures).
     #[serde(default)]
-    pub attempt_id: Option<String>,
+    pub attempt_id: Option<Name>,
     /// Consecutive failures.
     pub count: u32,
 }
@@ -634,15 +634,15 @@ pub struct FailureCounter {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Resource {
     /// Node name for managed TPUs, `adopted-<name>` for adopted ones.
-    pub id: String,
+    pub id: Name,
     /// Node name.
-    pub tpu_name: String,
+    pub tpu_name: Name,
     /// Zone.
-    pub zone: String,
+    pub zone: Name,
     /// Accelerator type.
     pub tpu_type: TpuType,
     /// Fleet entry id.
-    pub entry_id: String,
+    pub entry_id: Name,
     /// Adopted (existing) TPU.
     pub adopted: bool,
     /// Status.
@@ -672,28 +672,28 @@ pub struct Resource {
 impl Resource {
     /// The record id of TPU `tpu_name`: the name itself, or `adopted-<name>` for an adopted
     /// TPU (an adopted TPU never shares an id with a managed ordinal of the same name).
-    pub fn id_for(tpu_name: &str, adopted: bool) -> std::borrow::Cow<'_, str> {
+    pub fn id_for(tpu_name: Name, adopted: bool) -> Name {
         if adopted {
-            format!("adopted-{tpu_name}").into()
+            Name::new(&format!("adopted-{tpu_name}"))
         } else {
-            tpu_name.into()
+            tpu_name
         }
     }
 
     /// A new record for node `tpu_name` of `entry` (id `adopted-<name>` for adopted TPUs).
     pub fn new(
-        tpu_name: &str,
+        tpu_name: Name,
         entry: &crate::spec::TpuEntry,
         status: ResourceStatus,
         worker_count: u32,
     ) -> Resource {
         let adopted = entry.is_adopted();
         Resource {
-            id: Resource::id_for(tpu_name, adopted).into_owned(),
-            tpu_name: tpu_name.to_owned(),
-            zone: entry.zone.clone(),
+            id: Resource::id_for(tpu_name, adopted),
+            tpu_name,
+            zone: entry.zone,
             tpu_type: entry.tpu_type.clone(),
-            entry_id: entry.id.clone(),
+            entry_id: entry.id,
             adopted,
             status,
             owner: None,
@@ -725,7 +725,7 @@ impl Resource {
         if (needs_owner && self.owner.is_none()) || (forbids_owner && self.owner.is_some()) {
             return Err(IllegalTransition {
                 kind: "resource",
-                id: self.id.clone(),
+                id: self.id,
                 from: format!(
                     "{}{}",
                     self.status.as_str(),
@@ -739,18 +739,18 @@ impl Resource {
     }
 
     /// Takes ownership for `job_id`/`attempt_id` and becomes busy (from idle only).
-    pub fn occupy(&mut self, job_id: &str, attempt_id: &str) -> Result<(), IllegalTransition> {
+    pub fn occupy(&mut self, job_id: &Name, attempt_id: &Name) -> Result<(), IllegalTransition> {
         if self.status != ResourceStatus::Idle || self.owner.is_some() {
             return Err(IllegalTransition {
                 kind: "resource",
-                id: self.id.clone(),
+                id: self.id,
                 from: self.status.as_str().into(),
                 to: "busy".into(),
             });
         }
         self.owner = Some(Owner {
-            job_id: job_id.into(),
-            attempt_id: attempt_id.into(),
+            job_id: *job_id,
+            attempt_id: *attempt_id,
         });
         self.status = ResourceStatus::Busy;
         self.idle_since = None;
@@ -769,10 +769,10 @@ impl Resource {
     }
 
     /// True when `job_id`/`attempt_id` own this resource.
-    pub fn owned_by(&self, job_id: &str, attempt_id: &str) -> bool {
+    pub fn owned_by(&self, job_id: &Name, attempt_id: &Name) -> bool {
         self.owner
             .as_ref()
-            .is_some_and(|o| o.job_id == job_id && o.attempt_id == attempt_id)
+            .is_some_and(|o| o.job_id == *job_id && o.attempt_id == *attempt_id)
     }
 }
 
@@ -810,15 +810,15 @@ impl InterruptionStatus {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct InterruptionRequest {
     /// `interrupt-<hash of resource, job, attempt>`.
-    pub id: String,
+    pub id: Name,
     /// Target resource.
-    pub resource_id: String,
+    pub resource_id: Name,
     /// Job it runs.
-    pub job_id: String,
+    pub job_id: Name,
     /// Attempt it runs.
-    pub attempt_id: String,
+    pub attempt_id: Name,
     /// Entry of the resource when filed.
-    pub entry_id: String,
+    pub entry_id: Name,
     /// Status.
     pub status: InterruptionStatus,
     /// Filed at.
@@ -828,7 +828,7 @@ pub struct InterruptionRequest {
     pub processed_at: Option<Timestamp>,
     /// The queued resource whose deletion was requested.
     #[serde(default)]
-    pub queued_resource_name: Option<String>,
+    pub queued_resource_name: Option<Name>,
     /// Why it was rejected or failed.
     #[serde(default)]
     pub error_summary: String,
@@ -844,7 +844,7 @@ impl InterruptionRequest {
         if !self.status.can_become(to) {
             return Err(IllegalTransition {
                 kind: "interruption_request",
-                id: self.id.clone(),
+                id: self.id,
                 from: format!("{:?}", self.status),
                 to: format!("{to:?}"),
             });
@@ -915,9 +915,9 @@ mod tests {
             cancellation_failures: None,
         };
         assert!(r.set_status(ResourceStatus::Busy).is_err());
-        r.occupy("j", "a").unwrap();
+        r.occupy(&"j".into(), &"a".into()).unwrap();
         assert!(
-            r.occupy("j2", "a2").is_err(),
+            r.occupy(&"j2".into(), &"a2".into()).is_err(),
             "a TPU is never assigned twice"
         );
         assert!(r.set_status(ResourceStatus::Idle).is_err());

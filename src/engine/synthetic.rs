@@ -14,7 +14,7 @@ use super::policy::Classic;
 use super::state::{BucketRegion, Job, JobStatus, Resource, ResourceStatus, State};
 use super::{Engine, EngineConfig, Observation, Timestamp};
 use crate::spec::fleet::{EntryKind, FleetSpec, SshTransport, TpuEntry};
-use crate::spec::{JobSpec, Priority, ProvisioningModel, TpuRequest, TpuType};
+use crate::spec::{JobSpec, Name, Priority, ProvisioningModel, TpuRequest, TpuType};
 
 const TYPES: &[&str] = &[
     "v6e-8",
@@ -54,9 +54,9 @@ pub fn fleet(n_entries: usize, count_per_entry: u32) -> FleetSpec {
             let region = REGIONS[i % REGIONS.len()];
             let zone = format!("{region}-{}", ["a", "b", "c", "d"][(i / REGIONS.len()) % 4]);
             TpuEntry {
-                id: format!("entry-{i}"),
+                id: Name::new(&format!("entry-{i}")),
                 tpu_type: TpuType::parse(TYPES[(i / 7) % TYPES.len()]).expect("valid"),
-                zone,
+                zone: Name::new(&zone),
                 provisioning_model: ProvisioningModel::Spot,
                 chip_limit: None,
                 keep_warm_count: 0,
@@ -140,7 +140,7 @@ pub fn planning_instance(
 ) -> (State, Observation) {
     let mut state = State::new();
     for job in pending_jobs(n_jobs, epoch) {
-        state.jobs.insert(job.id.clone(), job);
+        state.jobs.insert(job.id, job);
     }
     let mut obs = Observation::default();
     let per_entry = match fleet.tpus.first().map(|e| &e.kind) {
@@ -150,19 +150,19 @@ pub fn planning_instance(
     for i in 0..n_idle.min(fleet.tpus.len() * per_entry) {
         let entry = &fleet.tpus[i % fleet.tpus.len()];
         let ordinal = (i / fleet.tpus.len()) as u32 + 1;
-        let name = entry.node_name(&fleet.name, ordinal);
+        let name = Name::new(&entry.node_name(&fleet.name, ordinal));
         let labels: crate::engine::observe::Labels = BTreeMap::from([
             (LABEL_MANAGED_BY.to_owned(), fleet.name.clone()),
-            (LABEL_FLEET_ENTRY.to_owned(), entry.id.clone()),
+            (LABEL_FLEET_ENTRY.to_owned(), entry.id.to_string()),
         ])
         .into();
-        let mut record = Resource::new(&name, entry, ResourceStatus::Idle, 1);
+        let mut record = Resource::new(name, entry, ResourceStatus::Idle, 1);
         record.idle_since = Some(epoch);
-        state.resources.insert(name.clone(), record);
+        state.resources.insert(name, record);
         obs.queued_resources.push(Arc::new(QueuedResourceInfo {
             name: crate::spec::names::queued_resource_name(&name),
-            zone: entry.zone.clone(),
-            node_id: name.clone(),
+            zone: entry.zone,
+            node_id: name,
             tpu_type: entry.tpu_type.clone(),
             state: QrState::Active,
             spot: true,
@@ -170,7 +170,7 @@ pub fn planning_instance(
         }));
         obs.nodes.push(Arc::new(NodeInfo {
             name,
-            zone: entry.zone.clone(),
+            zone: entry.zone,
             tpu_type: entry.tpu_type.clone(),
             state: NodeState::Ready,
             health: Health::Healthy,
@@ -210,15 +210,15 @@ pub fn running_instance(
                     heartbeat_at: Some(now),
                     ..AttemptReport::default()
                 };
-                Some((j.attempt()?.id.clone(), report))
+                Some((j.attempt()?.id, report))
             })
             .collect();
     }
-    let waiting: Vec<String> = state
+    let waiting: Vec<Name> = state
         .jobs
         .values()
         .filter(|j| j.status == JobStatus::Pending)
-        .map(|j| j.id.clone())
+        .map(|j| j.id)
         .collect();
     for id in waiting {
         state.jobs.remove(&id);

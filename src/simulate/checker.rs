@@ -11,19 +11,19 @@ use crate::engine::demand::Requirement;
 use crate::engine::observe::LABEL_FLEET_ENTRY;
 use crate::engine::state::{JobStatus, ResourceStatus};
 use crate::engine::{FleetIndex, Timestamp};
-use crate::spec::{EntryKind, QuotaKey};
+use crate::spec::{EntryKind, Name, QuotaKey};
 
 /// The invariant checker of one run.
 #[derive(Debug, Default)]
 pub struct Invariants {
     /// Last seen status per job (for transition legality).
-    last_status: BTreeMap<String, JobStatus>,
+    last_status: BTreeMap<Name, JobStatus>,
     /// Faults stop at this time; liveness is checked after it (`None`: never).
     faults_stop: Option<Timestamp>,
     /// A pending job that fits must start within this many seconds after faults stop.
     liveness_secs: i64,
     /// Per pending job: since when capacity for it has been free (liveness).
-    capacity_since: BTreeMap<String, Timestamp>,
+    capacity_since: BTreeMap<Name, Timestamp>,
     /// Steps checked.
     pub steps: u64,
 }
@@ -152,7 +152,7 @@ impl Invariants {
             }
         }
         for job in v.state.all_jobs() {
-            let previous = self.last_status.insert(job.id.clone(), job.status);
+            let previous = self.last_status.insert(job.id, job.status);
             if let Some(prev) = previous
                 && prev != job.status
                 && !legal_path(prev, job.status)
@@ -199,7 +199,7 @@ impl Invariants {
             v.cloud.live_capacity_by_label(LABEL_FLEET_ENTRY);
         let mut chips: BTreeMap<QuotaKey, u64> = BTreeMap::new();
         for e in &index.fleet.tpus {
-            let live = per_entry.get(&e.id).map_or(0, BTreeSet::len) as u32;
+            let live = per_entry.get(e.id.as_str()).map_or(0, BTreeSet::len) as u32;
             if let EntryKind::Managed { count } = e.kind {
                 if live > count {
                     return Err(format!(
@@ -229,11 +229,11 @@ impl Invariants {
 
     fn priority_order(&self, v: &StepView<'_>) -> Result<(), String> {
         let Some(out) = v.output else { return Ok(()) };
-        let assigned: Vec<(&str, &str)> = out
+        let assigned: Vec<(&Name, &Name)> = out
             .events
             .iter()
             .filter(|e| e.kind == "job_assigned")
-            .filter_map(|e| Some((e.job_id.as_deref()?, e.resource_id.as_deref()?)))
+            .filter_map(|e| Some((e.job_id.as_ref()?, e.resource_id.as_ref()?)))
             .collect();
         if assigned.is_empty() {
             return Ok(());
@@ -299,7 +299,7 @@ impl Invariants {
                     busy < *count
                         && pools.get(&key).is_some_and(|&p| {
                             let used = live
-                                .get(&(entry.zone.clone(), entry.tpu_type.to_string()))
+                                .get(&(entry.zone.to_string(), entry.tpu_type.to_string()))
                                 .copied()
                                 .unwrap_or(0);
                             cloud.available_slices()[p] > used
@@ -318,8 +318,8 @@ impl Invariants {
             if !(0..index.fleet.tpus.len()).any(|e| req.accepts_entry(index, e) && free(e)) {
                 continue;
             }
-            waiting.insert(job.id.clone());
-            let capacity_since = *self.capacity_since.entry(job.id.clone()).or_insert(v.now);
+            waiting.insert(job.id);
+            let capacity_since = *self.capacity_since.entry(job.id).or_insert(v.now);
             let since = capacity_since
                 .max(stop)
                 .max(job.submitted_at)

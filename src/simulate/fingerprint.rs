@@ -5,11 +5,12 @@
 
 use std::hash::{Hash, Hasher};
 
-use rustc_hash::{FxHashMap, FxHasher};
+use rustc_hash::FxHasher;
 
 use crate::engine::State;
 use crate::engine::sorted_map::{Revision, SortedMap};
 use crate::engine::state::{Job, Resource};
+use crate::spec::NameMap;
 
 /// The fingerprint of a state, updated in place.
 #[derive(Debug, Default)]
@@ -40,7 +41,7 @@ impl Fingerprint {
 #[derive(Debug, Default)]
 struct Table {
     seen: Option<Revision>,
-    hashes: FxHashMap<String, u64>,
+    hashes: NameMap<u64>,
     sum: u64,
 }
 
@@ -50,16 +51,16 @@ impl Table {
         match changes {
             Some(changes) => {
                 for key in changes.removed {
-                    if let Some(old) = self.hashes.remove(key) {
+                    if let Some(old) = self.hashes.remove(&key) {
                         self.sum = self.sum.wrapping_sub(old);
                     }
                 }
                 for key in changes.touched {
-                    let new = hash(&map[key]);
-                    let old = match self.hashes.get_mut(key) {
+                    let new = hash(&map[&key]);
+                    let old = match self.hashes.get_mut(&key) {
                         Some(kept) => std::mem::replace(kept, new),
                         None => {
-                            self.hashes.insert(key.to_owned(), new);
+                            self.hashes.insert(key, new);
                             0
                         }
                     };
@@ -71,7 +72,7 @@ impl Table {
                 self.sum = 0;
                 for (key, value) in map.iter() {
                     let new = hash(value);
-                    self.hashes.insert(key.clone(), new);
+                    self.hashes.insert(*key, new);
                     self.sum = self.sum.wrapping_add(new);
                 }
             }
@@ -138,7 +139,7 @@ mod tests {
         let mut kept = Fingerprint::default();
         let before = kept.of(&state);
         assert_eq!(kept.of(&state), before);
-        let id = state.resources.keys().next().expect("records").clone();
+        let id = *state.resources.keys().next().expect("records");
         let old = state.resources[&id].idle_since;
         state.resources.get_mut(&id).expect("record").idle_since = Some(epoch);
         let changed = kept.of(&state);
@@ -146,7 +147,7 @@ mod tests {
         assert_eq!(changed, Fingerprint::default().of(&state));
         state.resources.get_mut(&id).expect("record").idle_since = old;
         assert_eq!(kept.of(&state), before);
-        let job = state.jobs.keys().next().expect("jobs").clone();
+        let job = *state.jobs.keys().next().expect("jobs");
         let removed = state.jobs.remove(&job).expect("job");
         assert_ne!(kept.of(&state), before);
         state.jobs.insert(job, removed);

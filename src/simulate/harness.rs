@@ -18,7 +18,7 @@ use crate::driver::{self, Feedback};
 use crate::engine::state::{BucketRegion, Job, JobStatus};
 use crate::engine::{Engine, Event, Observation, PassOutput, State, Timestamp, lease, policy};
 use crate::spec::fleet::SshTransport;
-use crate::spec::{EntryKind, JobSpec, Priority, TpuRequest, gcp};
+use crate::spec::{EntryKind, JobSpec, Name, Priority, TpuRequest, gcp};
 
 /// Wall-clock instant of simulated time 0 (2026-01-01T00:00:00Z).
 pub const EPOCH: Timestamp = Timestamp::from_secs(1_767_225_600);
@@ -93,7 +93,7 @@ pub struct StepView<'a> {
     /// The engine.
     pub engine: &'a Engine,
     /// Job ids submitted so far.
-    pub submitted: &'a [String],
+    pub submitted: &'a [Name],
 }
 
 /// A hook called after every step; an `Err` stops the run.
@@ -329,7 +329,7 @@ pub fn run(
 
     let mut state = State::new();
     let mut feedback = Feedback::default();
-    let mut submitted: Vec<String> = Vec::new();
+    let mut submitted: Vec<Name> = Vec::new();
     let mut next_arrival = 0;
     let mut last_version = u64::MAX;
     let mut next_wake: Option<Timestamp> = None;
@@ -357,7 +357,7 @@ pub fn run(
                 .cloud
                 .register_job(&arrival.id, arrival.behaviour.clone());
             if state.submit(job.clone()).is_ok() {
-                submitted.push(arrival.id.clone());
+                submitted.push(job.id);
             }
             next_arrival += 1;
             arrived = true;

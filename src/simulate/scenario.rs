@@ -690,7 +690,7 @@ fn fleet_pools(fleet: &FleetSpec, listed: &[PoolSpec], defaults: &PoolDefaults) 
             .any(|p| p.zone == entry.zone && p.tpu_type == entry.tpu_type)
         {
             pools.push(PoolSpec {
-                zone: entry.zone.clone(),
+                zone: entry.zone.to_string(),
                 tpu_type: entry.tpu_type.clone(),
                 capacity: defaults.capacity.clone(),
                 preemption_per_hour: defaults.preemption_per_hour,

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::diagnostic::SpecErrors;
 use super::gcp::{self, ProvisioningModel, TpuType};
-use super::names;
+use super::names::{self, Name};
 use super::yaml::{self, Checker, Node, Value};
 
 /// A validated fleet.
@@ -58,12 +58,12 @@ pub enum SshTransport {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TpuEntry {
     /// Unique entry id (given, or `slug(type)-slug(zone)-<1-based index>`).
-    pub id: String,
+    pub id: Name,
     /// Accelerator type.
     #[serde(rename = "type")]
     pub tpu_type: TpuType,
     /// Zone.
-    pub zone: String,
+    pub zone: Name,
     /// Spot or on-demand.
     pub provisioning_model: ProvisioningModel,
     /// Chip ceiling shared by every entry with the same (model, family, zone).
@@ -133,7 +133,7 @@ impl TpuEntry {
         QuotaKey {
             model: self.provisioning_model,
             family: self.tpu_type.quota_family().to_owned(),
-            zone: self.zone.clone(),
+            zone: self.zone.to_string(),
         }
     }
 
@@ -468,7 +468,7 @@ fn read_entries<'n>(c: &mut Checker<'_>, items: &'n [Node]) -> Vec<Located<'n>> 
     c.unique(
         entries.iter().map(|(e, n, i)| {
             (
-                e.id.clone(),
+                e.id.to_string(),
                 yaml::field(n, "id").unwrap_or(n),
                 field_path(*i, "id"),
             )
@@ -682,9 +682,9 @@ fn read_entry(
         return None;
     }
     Some(TpuEntry {
-        id: id?,
+        id: Name::new(&id?),
         tpu_type: tpu_type?,
-        zone: zone?,
+        zone: Name::new(&zone?),
         provisioning_model: provisioning_model?,
         chip_limit: chip_limit.flatten(),
         keep_warm_count: keep_warm_count?,

@@ -13,6 +13,7 @@ pub use diagnostic::{Diagnostic, SpecErrors};
 pub use fleet::{EntryKind, FleetSpec, QuotaKey, TpuEntry, parse_fleet};
 pub use gcp::{ProvisioningModel, TpuType};
 pub use job::{Cache, JobSpec, Priority, TpuRequest, parse_jobs};
+pub use names::{Name, NameMap, NameSet};
 
 /// The error for a file that raised no diagnostic yet could not be built (a bug, reported
 /// as an error rather than a panic).

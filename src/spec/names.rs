@@ -1,10 +1,149 @@
-//! Deterministic naming: slugs, stable ids, fleet entry ids, generated TPU node and
-//! queued-resource names, the default runner bucket and job ids. Bit-compatible with
+//! Deterministic naming: the interned [`Name`] the engine keys its tables by, slugs, stable
+//! ids, fleet entry ids, generated TPU node and queued-resource names, the default runner
+//! bucket and job ids. Bit-compatible with
 //! tpu-runner 0.1.12 wherever the original is correct (see ARCHITECTURE.md, "Naming").
 //! Must stay pure: no clock, no randomness (callers pass stamps and random bits in).
 
+use std::borrow::Cow;
+use std::fmt;
+use std::hash::BuildHasherDefault;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value as Json;
 use sha1::{Digest, Sha1};
+
+/// A name the engine compares and looks up all the time: TPU nodes, queued resources,
+/// zones, fleet entries, jobs and attempts. Interned: a copy is a pointer, equality is
+/// pointer equality and the hash is computed once, when the text is first seen. Orders,
+/// prints and serialises as its text, so it can replace a `String` without changing any
+/// output. The interner keeps every distinct text for the life of the process (tens of
+/// bytes each): fleet names are bounded by the fleet, job and attempt ids grow with the jobs
+/// one controller process sees.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Name(ustr::Ustr);
+
+/// A hash map keyed by [`Name`]: uses the name's precomputed hash (never iterate it where
+/// order matters: the order is the interner's hash order).
+pub type NameMap<V> = std::collections::HashMap<Name, V, BuildHasherDefault<ustr::IdentityHasher>>;
+
+/// A hash set of [`Name`]s (see [`NameMap`]).
+pub type NameSet = std::collections::HashSet<Name, BuildHasherDefault<ustr::IdentityHasher>>;
+
+impl Name {
+    /// The name of `text` (interned on first sight).
+    pub fn new(text: &str) -> Name {
+        Name(ustr::Ustr::from(text))
+    }
+
+    /// The name of `text` if some name has it already (a lookup that interns nothing: for
+    /// text from outside, such as labels, that can only match a known name).
+    pub fn existing(text: &str) -> Option<Name> {
+        ustr::Ustr::from_existing(text).map(Name)
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &'static str {
+        self.0.as_str()
+    }
+}
+
+impl std::ops::Deref for Name {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<str> for Name {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl fmt::Debug for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<&str> for Name {
+    fn from(text: &str) -> Name {
+        Name::new(text)
+    }
+}
+
+impl From<&String> for Name {
+    fn from(text: &String) -> Name {
+        Name::new(text)
+    }
+}
+
+impl From<String> for Name {
+    fn from(text: String) -> Name {
+        Name::new(&text)
+    }
+}
+
+impl From<Name> for String {
+    fn from(name: Name) -> String {
+        name.as_str().to_owned()
+    }
+}
+
+impl PartialEq<str> for Name {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for Name {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<String> for Name {
+    fn eq(&self, other: &String) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<Name> for str {
+    fn eq(&self, other: &Name) -> bool {
+        self == other.as_str()
+    }
+}
+
+impl PartialEq<Name> for &str {
+    fn eq(&self, other: &Name) -> bool {
+        *self == other.as_str()
+    }
+}
+
+impl PartialEq<Name> for String {
+    fn eq(&self, other: &Name) -> bool {
+        self == other.as_str()
+    }
+}
+
+impl Serialize for Name {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Name, D::Error> {
+        let text = Cow::<'de, str>::deserialize(deserializer)?;
+        Ok(Name::new(&text))
+    }
+}
 
 /// GCP's limit for the generated node base name (the original's 50 characters, kept so that
 /// `qr-` + base stays far below the 63-character resource-id limit).
@@ -125,7 +264,7 @@ pub fn stable_id(prefix: &str, value: &Json) -> String {
 
 /// The attempt id: `stable_id("attempt", {"job", "previous", "resource"})`, written without
 /// building a JSON value (it is computed for every assignment).
-pub fn attempt_id(job: &str, resource: &str, previous: &str) -> String {
+pub fn attempt_id(job: &str, resource: &str, previous: &str) -> Name {
     let mut canonical = String::with_capacity(48 + job.len() + resource.len() + previous.len());
     canonical.push_str("{\"job\":");
     write_string(job, &mut canonical);
@@ -137,7 +276,7 @@ pub fn attempt_id(job: &str, resource: &str, previous: &str) -> String {
     let mut id = String::with_capacity(18);
     id.push_str("attempt-");
     push_hex(&Sha1::digest(canonical.as_bytes())[..5], &mut id);
-    id
+    Name::new(&id)
 }
 
 /// Default entry id when `id` is absent: `slug(type)-slug(zone)-<1-based index>`.
@@ -176,8 +315,8 @@ pub fn managed_node_name(
 }
 
 /// The queued-resource name that provisions `node_name`.
-pub fn queued_resource_name(node_name: &str) -> String {
-    format!("{QR_PREFIX}{node_name}")
+pub fn queued_resource_name(node_name: &str) -> Name {
+    Name::new(&format!("{QR_PREFIX}{node_name}"))
 }
 
 /// The default runner bucket name (without `gs://`), as the original derives it.

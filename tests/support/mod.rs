@@ -16,7 +16,7 @@ use tpu_runner::engine::state::{
     Resource, ResourceStatus, State,
 };
 use tpu_runner::engine::{FleetIndex, Observation, Timestamp};
-use tpu_runner::spec::{self, FleetSpec, JobSpec, Priority, TpuRequest, TpuType};
+use tpu_runner::spec::{self, FleetSpec, JobSpec, Name, Priority, TpuRequest, TpuType};
 
 /// Seconds since this epoch are used throughout the cases (2026-01-01T00:00:00Z).
 pub const EPOCH: i64 = 1_767_225_600;
@@ -190,24 +190,24 @@ fn fleet_text(case: &Case, entries: &str) -> FleetSpec {
 }
 
 /// Resolves `entry#k` / `entry` to (entry index, node name, resource id).
-pub fn resolve(index: &FleetIndex, tpu: &str) -> (usize, String, String) {
+pub fn resolve(index: &FleetIndex, tpu: &str) -> (usize, Name, Name) {
     let (entry_id, ordinal) = match tpu.split_once('#') {
         Some((e, k)) => (e, Some(k.parse::<u32>().expect("ordinal"))),
         None => (tpu, None),
     };
     let e = index
-        .entry_index(entry_id)
+        .entry_index(&Name::new(entry_id))
         .unwrap_or_else(|| panic!("unknown entry {entry_id}"));
     let entry = index.entry(e);
     match (ordinal, &entry.kind) {
         (Some(k), _) => {
-            let name = entry.node_name(index.runner(), k);
-            (e, name.clone(), name)
+            let name = Name::new(&entry.node_name(index.runner(), k));
+            (e, name, name)
         }
         (None, spec::EntryKind::Adopted { existing }) => (
             e,
-            existing.clone(),
-            Resource::id_for(existing, true).into_owned(),
+            Name::new(existing),
+            Resource::id_for(Name::new(existing), true),
         ),
         (None, _) => panic!("{tpu}: managed entries need #ordinal"),
     }
@@ -278,10 +278,10 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
         }
         if let Some(a) = &j.attempt {
             let (_, name, rid) = resolve(index, &a.tpu);
-            let zone = index.entry(resolve(index, &a.tpu).0).zone.clone();
+            let zone = index.entry(resolve(index, &a.tpu).0).zone;
             job.attempts.push(Attempt {
-                id: a.id.clone(),
-                resource_id: rid.clone(),
+                id: Name::new(&a.id),
+                resource_id: rid,
                 tpu_name: name,
                 zone,
                 status: a.status,
@@ -296,34 +296,34 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
                 stop_failures: 0,
                 lost: a.lost.clone(),
             });
-            job.current_attempt = Some(a.id.clone());
+            job.current_attempt = Some(Name::new(&a.id));
             if matches!(j.status, JobStatus::Running | JobStatus::Cancelling) {
                 job.assigned_resource = Some(rid);
             }
         }
-        state.jobs.insert(job.id.clone(), job);
+        state.jobs.insert(job.id, job);
     }
     for r in &case.resources {
         let (e, name, id) = resolve(index, &r.tpu);
         let entry = index.entry(e);
         state.resources.insert(
-            id.clone(),
+            id,
             Resource {
                 id,
                 owner: r.owner.as_ref().map(|(j, a)| Owner {
-                    job_id: j.clone(),
-                    attempt_id: a.clone(),
+                    job_id: Name::new(j),
+                    attempt_id: Name::new(a),
                 }),
                 worker_count: r.workers,
                 idle_since: r.idle_since.map(at),
                 provisioning_node_seen_at: r.seen_at.map(at),
                 provisioning_node_missing_since: r.missing_since.map(at),
                 retryable_failures: r.retryable_failures.as_ref().map(|(j, c)| FailureCounter {
-                    job_id: j.clone(),
+                    job_id: Name::new(j),
                     attempt_id: None,
                     count: *c,
                 }),
-                ..Resource::new(&name, entry, r.status, r.workers)
+                ..Resource::new(name, entry, r.status, r.workers)
             },
         );
     }
@@ -334,11 +334,11 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
         let mut labels = BTreeMap::new();
         if !entry.is_adopted() {
             labels.insert(LABEL_MANAGED_BY.to_owned(), index.runner().to_owned());
-            labels.insert(LABEL_FLEET_ENTRY.to_owned(), entry.id.clone());
+            labels.insert(LABEL_FLEET_ENTRY.to_owned(), entry.id.to_string());
         }
         obs.nodes.push(Arc::new(NodeInfo {
-            name: name.clone(),
-            zone: entry.zone.clone(),
+            name,
+            zone: entry.zone,
             tpu_type: entry.tpu_type.clone(),
             state: n.state,
             health: n.health,
@@ -355,11 +355,11 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
         let entry = index.entry(e);
         let labels = BTreeMap::from([
             (LABEL_MANAGED_BY.to_owned(), index.runner().to_owned()),
-            (LABEL_FLEET_ENTRY.to_owned(), entry.id.clone()),
+            (LABEL_FLEET_ENTRY.to_owned(), entry.id.to_string()),
         ]);
         obs.queued_resources.push(Arc::new(QueuedResourceInfo {
             name: spec::names::queued_resource_name(&name),
-            zone: entry.zone.clone(),
+            zone: entry.zone,
             node_id: name,
             tpu_type: entry.tpu_type.clone(),
             state: q.state,
@@ -367,7 +367,12 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
             labels: labels.into(),
         }));
     }
-    obs.attempts = case.reports.clone().into_iter().collect();
+    obs.attempts = case
+        .reports
+        .clone()
+        .into_iter()
+        .map(|(id, report)| (Name::new(&id), report))
+        .collect();
     (state, obs)
 }
 
@@ -376,7 +381,7 @@ pub fn shorten(index: &FleetIndex, text: &str) -> String {
     let mut out = text.to_owned();
     for (e, names) in index.ordinals.iter().enumerate() {
         for (k, name) in names.iter().enumerate() {
-            out = out.replace(name, &format!("{}#{}", index.entry(e).id, k + 1));
+            out = out.replace(name.as_str(), &format!("{}#{}", index.entry(e).id, k + 1));
         }
     }
     out
