@@ -9,7 +9,7 @@ use super::fleet_index::{Declared, EntryFacts};
 use super::observe::{Action, NodeInfo, QueuedResourceInfo};
 use super::reconcile::Pass;
 use super::state::{Resource, ResourceStatus};
-use crate::spec::{Name, NameSet, ProvisioningModel, QuotaKey, names};
+use crate::spec::{Name, NameSet, ProvisioningModel, QuotaKey};
 
 /// What the observation and the records hold for one entry.
 struct EntryInventory<'a, 's> {
@@ -50,7 +50,6 @@ impl Ordinal<'_> {
 struct Scratch<'q> {
     ordinals: Vec<Ordinal<'q>>,
     in_desired: Vec<bool>,
-    by_name: Vec<usize>,
 }
 
 /// Observed objects grouped by the entry they are labelled for, in observation order: one
@@ -266,37 +265,39 @@ impl<'a> Pass<'a> {
         let index = self.index;
         let entry = index.entry(e);
         let ordinals: &[Name] = &index.ordinals[e];
+        let qr_names: &[Name] = &index.qr_names[e];
         let busy_name =
             |p: &Pass<'_>, name: &Name| p.state.resources.get(name).is_some_and(Resource::is_busy);
 
         let Scratch {
             ordinals: facts,
             in_desired,
-            by_name,
         } = scratch;
         facts.clear();
-        facts.extend(ordinals.iter().zip(busy_ordinals).zip(seen.slots).map(
-            |((name, &busy), slot)| {
-                Ordinal {
-                    busy,
-                    named: !named.is_empty() && named.contains(name),
-                    // Ready: its node, labelled for the entry, is ready, and no ended request
-                    // stands behind it.
-                    ready: slot
-                        .node
-                        .is_some_and(|(n, s)| s.labelled == Some(e32) && self.ready(n))
-                        && slot.qr.is_none_or(|(q, _)| q.state.is_live()),
-                    // Its own request: named `qr-<name>`, labelled for the entry.
-                    qr: slot
-                        .qr
-                        .filter(|(q, s)| {
-                            s.labelled == Some(e32)
-                                && q.name.strip_prefix(names::QR_PREFIX) == Some(name.as_str())
-                        })
-                        .map(|(q, _)| q),
-                }
-            },
-        ));
+        facts.extend(
+            ordinals
+                .iter()
+                .zip(qr_names)
+                .zip(busy_ordinals)
+                .zip(seen.slots)
+                .map(|(((name, qr_name), &busy), slot)| {
+                    Ordinal {
+                        busy,
+                        named: !named.is_empty() && named.contains(name),
+                        // Ready: its node, labelled for the entry, is ready, and no ended request
+                        // stands behind it.
+                        ready: slot
+                            .node
+                            .is_some_and(|(n, s)| s.labelled == Some(e32) && self.ready(n))
+                            && slot.qr.is_none_or(|(q, _)| q.state.is_live()),
+                        // Its own request: named `qr-<name>`, labelled for the entry.
+                        qr: slot
+                            .qr
+                            .filter(|(q, s)| s.labelled == Some(e32) && q.name == *qr_name)
+                            .map(|(q, _)| q),
+                    }
+                }),
+        );
         // Ordinal preference: busy, named by a pending job, live, then the rest (minus ones
         // behind a terminal queued resource, which must be cleaned up first). The first
         // `desired` of them form the desired set.
@@ -393,8 +394,11 @@ impl<'a> Pass<'a> {
             }
         }
         for (qr, qr_seen) in matching_qrs.iter().filter(|(q, _)| !q.state.is_deleting()) {
+            // In the desired set, its node id is this entry's ordinal: its own request?
             let outside = !desired_has(qr_seen)
-                || qr.name.strip_prefix(names::QR_PREFIX) != Some(qr.node_id.as_str());
+                || qr_seen
+                    .declared
+                    .is_none_or(|d| qr.name != qr_names[d.ordinal as usize - 1]);
             if outside && !retained.contains(&qr.node_id) && !busy_name(self, &qr.node_id) {
                 self.delete_qr(&qr.name, &qr.zone);
                 self.event(
@@ -407,10 +411,7 @@ impl<'a> Pass<'a> {
             }
         }
         // Clean up desired ordinals whose TPU or request ended (in name order).
-        by_name.clear();
-        by_name.extend((0..ordinals.len()).filter(|&i| in_desired[i]));
-        by_name.sort_by_key(|&i| &ordinals[i]);
-        for &i in by_name.iter() {
+        for &i in index.in_name_order[e].iter().filter(|&&i| in_desired[i]) {
             let name = &ordinals[i];
             let node_terminal = seen.slots[i]
                 .node
@@ -478,7 +479,7 @@ impl<'a> Pass<'a> {
             if !in_desired[i] {
                 continue;
             }
-            let qr_name = names::queued_resource_name(name);
+            let qr_name = qr_names[i];
             // Anything listed under the name: its node, or a request for it.
             let present = self.observed.tpu(name).is_some()
                 || self.observed.qr_named(&qr_name).is_some()

@@ -29,6 +29,10 @@ pub struct FleetIndex {
     declared: NameMap<Declared>,
     /// Managed ordinal node names per entry (empty for adopted entries), ordinal order.
     pub ordinals: Vec<Vec<Name>>,
+    /// The name of each ordinal's own queued resource (`qr-<node>`), as `ordinals`.
+    pub qr_names: Vec<Vec<Name>>,
+    /// Per entry, its ordinals' positions in `ordinals` sorted by node name.
+    pub in_name_order: Vec<Vec<usize>>,
     /// Entry index by id (hashed: only looked up, never iterated).
     by_id: NameMap<usize>,
     /// Chip limit per quota key.
@@ -77,6 +81,23 @@ impl FleetIndex {
             .enumerate()
             .map(|(i, e)| (e.id, i))
             .collect();
+        let qr_names = ordinals
+            .iter()
+            .map(|names| {
+                names
+                    .iter()
+                    .map(|n| names::queued_resource_name(n))
+                    .collect()
+            })
+            .collect();
+        let in_name_order = ordinals
+            .iter()
+            .map(|names| {
+                let mut order: Vec<usize> = (0..names.len()).collect();
+                order.sort_by_key(|&i| names[i]);
+                order
+            })
+            .collect();
         let chip_limits = fleet.chip_limits();
         let managed_zones = fleet
             .tpus
@@ -88,6 +109,8 @@ impl FleetIndex {
             fleet,
             declared,
             ordinals,
+            qr_names,
+            in_name_order,
             by_id,
             chip_limits,
             managed_zones,
