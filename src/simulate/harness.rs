@@ -227,10 +227,21 @@ fn job_of(scenario: &Scenario, arrival: &JobArrival) -> Option<Job> {
     ))
 }
 
-fn fnv(hash: &mut u64, bytes: &[u8]) {
-    for b in bytes {
-        *hash ^= u64::from(*b);
-        *hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+/// FNV-1a over everything written to it: the event log is hashed as it is serialised,
+/// without building each line.
+struct Fnv<'h>(&'h mut u64);
+
+impl std::io::Write for Fnv<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        for b in bytes {
+            *self.0 ^= u64::from(*b);
+            *self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -489,12 +500,7 @@ pub fn run(
                     // A crash before commit loses the whole pass: its decisions and events.
                     let committed_pass = crash != Some(0);
                     for e in out.events.iter().filter(|_| committed_pass) {
-                        fnv(
-                            &mut event_hash,
-                            serde_json::to_string(e)
-                                .expect("event serialises")
-                                .as_bytes(),
-                        );
+                        serde_json::to_writer(Fnv(&mut event_hash), e).expect("event serialises");
                         recent.push_back(e.clone());
                         if recent.len() > 40 {
                             recent.pop_front();
