@@ -482,8 +482,20 @@ impl SimCloud {
             .sum()
     }
 
-    /// Chips running a command now.
+    /// Chips running a command now: a live run is always its node's current run, so the
+    /// nodes (bounded by the fleet) are counted, not every run of the history.
     pub fn busy_chips(&self) -> u64 {
+        self.nodes
+            .values()
+            .filter_map(|n| self.runs.get(n.run.as_deref()?))
+            .filter(|r| r.state == RunState::Running && r.alive)
+            .map(|r| u64::from(r.chips))
+            .sum()
+    }
+
+    /// `busy_chips` counted over every run ever launched (for invariant checks: the two
+    /// must agree).
+    pub fn busy_chips_of_all_runs(&self) -> u64 {
         self.runs
             .values()
             .filter(|r| r.state == RunState::Running && r.alive)

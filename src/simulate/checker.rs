@@ -58,6 +58,12 @@ impl Invariants {
                 ));
             }
         }
+        let (busy, scanned) = (v.cloud.busy_chips(), v.cloud.busy_chips_of_all_runs());
+        if busy != scanned {
+            return Err(format!(
+                "the simulator counts {busy} busy chips on its nodes but {scanned} over its runs"
+            ));
+        }
         let displaced = v.cloud.attempts_displaced();
         if displaced > 0 {
             return Err(format!(
