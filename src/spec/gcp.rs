@@ -148,7 +148,8 @@ const TENSORCORE_FAMILIES: &[&str] = &["v2", "v3", "v4", "v5p"];
 /// A TPU accelerator type such as `v6e-16` or `v4-64`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TpuType {
-    family: smol_str::SmolStr,
+    /// Interned: types are compared on every pass, and the families are few.
+    family: super::Name,
     size: u32,
 }
 
@@ -179,14 +180,14 @@ impl TpuType {
             ));
         }
         Ok(TpuType {
-            family: family.into(),
+            family: super::Name::new(family),
             size,
         })
     }
 
     /// The family as written (`v5litepod`).
     pub fn family(&self) -> &str {
-        &self.family
+        self.family.as_str()
     }
 
     /// The family as quota and reports name it (`v5litepod` is `v5e`).
@@ -194,7 +195,7 @@ impl TpuType {
         if self.family == "v5litepod" {
             "v5e"
         } else {
-            &self.family
+            self.family.as_str()
         }
     }
 
