@@ -357,6 +357,31 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn a_name_behaves_like_its_text() {
+        let (b, a) = (Name::new("qr-b"), Name::new("qr-a"));
+        assert_eq!(Name::new("qr-b"), b, "the same text is the same name");
+        assert_eq!(b.as_str(), "qr-b");
+        assert!(a < b && b > a, "names order as their texts");
+        assert_eq!(format!("{b} {b:?}"), r#"qr-b "qr-b""#);
+        let json = serde_json::to_string(&[a, b]).unwrap();
+        assert_eq!(json, r#"["qr-a","qr-b"]"#);
+        let back: Vec<Name> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, [a, b]);
+        assert_eq!(Name::default(), Name::new(""));
+        let mut set = NameSet::default();
+        assert!(set.insert(a) && !set.insert(Name::new("qr-a")));
+    }
+
+    #[test]
+    fn looking_up_a_text_interns_nothing() {
+        let unseen = "a text no test interns: 7f3e9c";
+        assert_eq!(Name::existing(unseen), None);
+        assert_eq!(Name::existing(unseen), None);
+        let name = Name::new("a text this test interns: 7f3e9c");
+        assert_eq!(Name::existing(name.as_str()), Some(name));
+    }
+
+    #[test]
     fn vectors_from_the_original() {
         assert_eq!(slug("  Hello_World!!x--y "), "hello-world-x-y");
         assert_eq!(slug("!!!"), "item");
