@@ -191,11 +191,19 @@ pub fn arrivals(scenario: &Scenario, seed: u64) -> Vec<JobArrival> {
     all
 }
 
-fn job_of(scenario: &Scenario, arrival: &JobArrival) -> Option<Job> {
-    let types = scenario
+/// The TPU types a job of `arrival`'s width accepts; `None`: the scenario maps none (the
+/// arrival is skipped).
+fn accepted_types<'s>(scenario: &'s Scenario, arrival: &JobArrival) -> Option<&'s [gcp::TpuType]> {
+    scenario
         .types_by_width
         .get(&arrival.width_chips)
-        .filter(|t| !t.is_empty())?;
+        .map(Vec::as_slice)
+        .filter(|t| !t.is_empty())
+}
+
+/// The job an arrival submits (built when it arrives: a queue of 50k jobs held from the start
+/// was most of a large scenario's memory).
+fn job_of(scenario: &Scenario, arrival: &JobArrival, types: &[gcp::TpuType]) -> Job {
     let bucket_regions: Vec<BucketRegion> = arrival
         .regions
         .iter()
@@ -207,7 +215,7 @@ fn job_of(scenario: &Scenario, arrival: &JobArrival) -> Option<Job> {
     let spec = JobSpec {
         id: arrival.id.clone(),
         id_generated: false,
-        tpu: TpuRequest::OneOf(types.clone()),
+        tpu: TpuRequest::OneOf(types.to_vec()),
         bundle: ".".into(),
         command: "python train.py".into(),
         tpu_name: None,
@@ -219,11 +227,11 @@ fn job_of(scenario: &Scenario, arrival: &JobArrival) -> Option<Job> {
             [arrival.priority.min(2) as usize],
         retry_on_infrastructure_failure: true,
     };
-    Some(Job::new(
+    Job::new(
         spec,
         EPOCH.plus_millis((arrival.at_secs * 1000.0) as i64),
         bucket_regions,
-    ))
+    )
 }
 
 /// FNV-1a over everything written to it: the event log is hashed as it is serialised,
@@ -313,16 +321,15 @@ pub fn run(
         scenario.fleet.ssh_transport == SshTransport::Direct,
     );
     let all_arrivals = arrivals(scenario, seed);
-    let mut jobs_skipped = 0u64;
-    // Sized once: growing a vector of 50k jobs by doubling copied it and faulted in fresh
-    // memory at every step (most of a large scenario's start-up).
-    let mut arrivals: Vec<(JobArrival, Job)> = Vec::with_capacity(all_arrivals.len());
-    for a in all_arrivals {
-        match job_of(scenario, &a) {
-            Some(job) => arrivals.push((a, job)),
-            None => jobs_skipped += 1,
-        }
-    }
+    let listed = all_arrivals.len();
+    let arrivals: Vec<(JobArrival, &[gcp::TpuType])> = all_arrivals
+        .into_iter()
+        .filter_map(|a| {
+            let types = accepted_types(scenario, &a)?;
+            Some((a, types))
+        })
+        .collect();
+    let jobs_skipped = (listed - arrivals.len()) as u64;
 
     let tick_ms = scenario.reconcile_interval_secs * 1000;
     let horizon_ms = scenario.horizon_secs * 1000;
@@ -361,12 +368,14 @@ pub fn run(
         while next_arrival < arrivals.len()
             && (arrivals[next_arrival].0.at_secs * 1000.0) as u64 <= t_ms
         {
-            let (arrival, job) = &arrivals[next_arrival];
+            let (arrival, types) = &arrivals[next_arrival];
             backend
                 .cloud
                 .register_job(&arrival.id, arrival.behaviour.clone());
-            if state.submit(job.clone()).is_ok() {
-                submitted.push(job.id);
+            let job = job_of(scenario, arrival, types);
+            let id = job.id;
+            if state.submit(job).is_ok() {
+                submitted.push(id);
             }
             next_arrival += 1;
             arrived = true;
