@@ -54,12 +54,6 @@ impl std::ops::Deref for Name {
     }
 }
 
-impl AsRef<str> for Name {
-    fn as_ref(&self) -> &str {
-        self.as_str()
-    }
-}
-
 impl fmt::Debug for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self.as_str(), f)
@@ -78,21 +72,9 @@ impl From<&str> for Name {
     }
 }
 
-impl From<&String> for Name {
-    fn from(text: &String) -> Name {
-        Name::new(text)
-    }
-}
-
 impl From<String> for Name {
     fn from(text: String) -> Name {
         Name::new(&text)
-    }
-}
-
-impl From<Name> for String {
-    fn from(name: Name) -> String {
-        name.as_str().to_owned()
     }
 }
 
@@ -111,12 +93,6 @@ impl PartialEq<&str> for Name {
 impl PartialEq<String> for Name {
     fn eq(&self, other: &String) -> bool {
         self.as_str() == other
-    }
-}
-
-impl PartialEq<Name> for str {
-    fn eq(&self, other: &Name) -> bool {
-        self == other.as_str()
     }
 }
 
