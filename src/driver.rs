@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use crate::backend::{BackendError, CloudBackend, Outcome};
-use crate::engine::observe::{ActionFailure, CancelOutcome, RemoteError};
-use crate::engine::state::{Attempt, Job, JobStatus};
+use crate::engine::observe::{ActionFailure, AttemptReport, CancelOutcome, RemoteError};
+use crate::engine::state::JobStatus;
 use crate::engine::{Action, Engine, Observation, PassOutput, State, Timestamp};
 use crate::spec::{Name, NameMap};
 
@@ -30,37 +30,52 @@ impl Feedback {
     }
 }
 
-/// Builds the observation for a pass.
+/// Brings `observation` up to date for a pass: the inventory, the worker reports (kept from
+/// the previous pass and refreshed by the backend), and the results of the previous pass's
+/// actions. On error the observation is partly updated and the pass must be skipped.
 pub fn observe<B: CloudBackend>(
     engine: &Engine,
     state: &State,
     backend: &mut B,
     feedback: &Feedback,
     now: Timestamp,
-) -> Result<Observation, BackendError> {
+    observation: &mut Observation,
+) -> Result<(), BackendError> {
     let scope = engine.inventory_scope(state);
     let (nodes, queued_resources) = backend.inventory(&scope, now)?;
-    let in_flight: Vec<(&Job, &Attempt)> = state
+    let in_flight = in_flight(state);
+    backend.refresh_reports(&in_flight, &mut observation.attempts, now)?;
+    merge_feedback(&mut observation.attempts, &in_flight, feedback);
+    observation.nodes = nodes;
+    observation.queued_resources = queued_resources;
+    observation.failures.clone_from(&feedback.failures);
+    Ok(())
+}
+
+/// The attempts whose workers may report: (attempt id, job id) of every running or
+/// cancelling job's current attempt.
+pub fn in_flight(state: &State) -> Vec<(Name, Name)> {
+    state
         .jobs
         .values()
         .filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Cancelling))
-        .filter_map(|j| Some((j, j.attempt()?)))
-        .collect();
-    let mut attempts = NameMap::with_capacity_and_hasher(in_flight.len(), Default::default());
-    for (job, attempt) in in_flight {
-        let mut report = backend
-            .attempt_report(&attempt.id, &job.id, now)?
-            .unwrap_or_default();
-        report.launch_error = feedback.launch_errors.get(&attempt.id).cloned();
-        report.cancel = feedback.cancels.get(&attempt.id).cloned();
-        attempts.insert(attempt.id, report);
+        .filter_map(|j| Some((j.attempt()?.id, j.id)))
+        .collect()
+}
+
+/// Hands each in-flight attempt's report the result of the previous pass's launch or cancel
+/// (clearing an older one).
+pub fn merge_feedback(
+    reports: &mut NameMap<AttemptReport>,
+    in_flight: &[(Name, Name)],
+    feedback: &Feedback,
+) {
+    for (attempt, _) in in_flight {
+        if let Some(report) = reports.get_mut(attempt) {
+            report.launch_error = feedback.launch_errors.get(attempt).cloned();
+            report.cancel = feedback.cancels.get(attempt).cloned();
+        }
     }
-    Ok(Observation {
-        nodes,
-        queued_resources,
-        attempts,
-        failures: feedback.failures.clone(),
-    })
 }
 
 /// Carries out the actions of a pass and returns what the next pass must hear.
@@ -88,17 +103,19 @@ pub fn execute<B: CloudBackend>(backend: &mut B, actions: &[Action], now: Timest
     feedback
 }
 
-/// One full pass: observe, reconcile, act. `Err` when the observation could not be made (the
-/// pass is skipped; nothing changed).
+/// One full pass: observe, reconcile, act. `observation` is kept by the caller from pass to
+/// pass (the backend refreshes it). `Err` when the observation could not be made (the pass
+/// is skipped; nothing changed).
 pub fn pass<B: CloudBackend>(
     engine: &Engine,
     state: &mut State,
     backend: &mut B,
     feedback: &mut Feedback,
+    observation: &mut Observation,
     now: Timestamp,
 ) -> Result<PassOutput, BackendError> {
-    let observation = observe(engine, state, backend, feedback, now)?;
-    let out = engine.reconcile(state, &observation, now);
+    observe(engine, state, backend, feedback, now, observation)?;
+    let out = engine.reconcile(state, observation, now);
     *feedback = execute(backend, &out.actions, now);
     Ok(out)
 }

@@ -153,6 +153,9 @@ pub struct AttemptView {
     pub statuses: Vec<WorkerStatusView>,
     /// Last heartbeat.
     pub heartbeat_at: Option<Millis>,
+    /// Workers alive on a live node: they heartbeat continuously (`heartbeat_at` is now, and
+    /// stays the current time until the run is reported changed).
+    pub beating: bool,
 }
 
 /// Totals the metrics are computed from.
@@ -223,6 +226,8 @@ struct Node {
     queued_resource: Option<String>,
     active_since: Option<Millis>,
     run: Option<String>,
+    /// Every attempt launched on the node (their reports change when it goes away).
+    launched: Vec<String>,
     caches: BTreeSet<String>,
     spot: bool,
     /// When a preemption notice was given (the TPU goes away `preemption_notice_secs` later).
@@ -375,6 +380,9 @@ pub struct SimCloud {
     accounting: Accounting,
     /// Bumped on every change visible through `get`/`attempt` (lets drivers skip idle passes).
     version: u64,
+    /// Attempts whose `attempt` view may have changed since the last `take_report_changes`
+    /// (other than a beating run's heartbeat moving with time).
+    report_changes: Vec<String>,
     /// Quota tokens left for reads and mutations, as of `quota_at`.
     quota_tokens: [f64; 2],
     quota_at: Millis,
@@ -416,6 +424,7 @@ impl SimCloud {
             rng_faults: SimRng::new(seed, "faults"),
             accounting: Accounting::default(),
             version: 0,
+            report_changes: Vec::new(),
             quota_tokens: [
                 config.api_quota.reads_per_minute,
                 config.api_quota.mutations_per_minute,
@@ -660,6 +669,7 @@ impl SimCloud {
                     let pool = if is_qr {
                         self.qrs.remove(&key).map(|q| q.pool)
                     } else {
+                        self.touch_node_runs(&key);
                         self.nodes.remove(&key).map(|n| n.pool)
                     };
                     self.version += 1;
@@ -712,6 +722,7 @@ impl SimCloud {
                         .is_some_and(|n| n.queued_resource.as_deref() == Some(key.as_str()))
                     {
                         self.release_allocation(&node_id);
+                        self.touch_node_runs(&node_id);
                         if let Some(run) = self.nodes.get_mut(&node_id).and_then(|n| n.run.take()) {
                             self.kill_run(&run);
                         }
@@ -740,6 +751,7 @@ impl SimCloud {
                 {
                     *self.accounting.faults.entry("node_vanished").or_default() += 1;
                     self.release_allocation(&key);
+                    self.touch_node_runs(&key);
                     if let Some(run) = self.nodes.get_mut(&key).and_then(|n| n.run.take()) {
                         self.kill_run(&run);
                     }
@@ -763,6 +775,7 @@ impl SimCloud {
                         .faults
                         .entry("workers_died_silently")
                         .or_default() += 1;
+                    self.touch_run(&attempt);
                     let run = self.runs.get_mut(&attempt).expect("exists");
                     run.alive = false;
                     let progress = (self.now - run.run_start) as f64 / 1000.0;
@@ -876,6 +889,7 @@ impl SimCloud {
     /// The TPU goes away now: PREEMPTED, its request suspended, its run killed.
     fn reclaim(&mut self, key: &str) {
         self.release_allocation(key);
+        self.touch_node_runs(key);
         let Some(node) = self.nodes.get_mut(key) else {
             return;
         };
@@ -899,6 +913,9 @@ impl SimCloud {
     /// checkpoint is lost.
     fn kill_run(&mut self, attempt: &str) {
         let now = self.now;
+        if self.runs.contains_key(attempt) {
+            self.touch_run(attempt);
+        }
         let Some(run) = self.runs.get_mut(attempt) else {
             return;
         };
@@ -986,6 +1003,7 @@ impl SimCloud {
             queued_resource: Some(qr.name.clone()),
             active_since: None,
             run: None,
+            launched: Vec::new(),
             caches: BTreeSet::new(),
             spot: true,
             notice_at: None,
@@ -1224,6 +1242,8 @@ impl SimCloud {
             return;
         }
         node.state = NodeState::Deleting;
+        self.touch_node_runs(key);
+        let node = self.nodes.get_mut(key).expect("exists");
         let serial = node.serial;
         let run = node.run.take();
         if let Some(attempt) = run {
@@ -1312,6 +1332,7 @@ impl SimCloud {
                 queued_resource: None,
                 active_since: Some(self.now),
                 run: None,
+                launched: Vec::new(),
                 caches: BTreeSet::new(),
                 spot: false,
                 notice_at: None,
@@ -1399,6 +1420,7 @@ impl SimCloud {
         let node = self.nodes.get_mut(&key).expect("exists");
         let warm = cache.as_ref().is_some_and(|c| node.caches.contains(c));
         node.run = Some(attempt.to_owned());
+        node.launched.push(attempt.to_owned());
         let (serial, hosts, chips) = (node.serial, node.hosts, node.chips);
         let latency = if warm {
             self.config.workers.setup_warm
@@ -1424,6 +1446,7 @@ impl SimCloud {
                 saved_at_notice: None,
             },
         );
+        self.touch_run(attempt);
         self.version += 1;
         self.push(
             self.now + (setup * 1000.0) as u64,
@@ -1455,6 +1478,7 @@ impl SimCloud {
             &format!("job/{job_id}/{}", progress.attempts),
         );
         let faults_active = self.faults_active(now);
+        self.touch_run(attempt);
         let run = self.runs.get_mut(attempt).expect("exists");
         if rng.chance(behaviour.setup_failure) {
             run.outcome = Outcome::SetupFailure;
@@ -1574,6 +1598,7 @@ impl SimCloud {
             _ => self.account_interruption(&run.job_id, duration, run.chips, run.saved_at_notice),
         }
         let partial = run.outcome == Outcome::PartialFailure;
+        self.touch_run(attempt);
         let r = self.runs.get_mut(attempt).expect("exists");
         r.statuses = statuses;
         r.last_heartbeat = now;
@@ -1628,6 +1653,7 @@ impl SimCloud {
                 run.saved_at_notice,
             );
         }
+        self.touch_run(attempt);
         let r = self.runs.get_mut(attempt).expect("checked");
         let have: BTreeSet<String> = r.statuses.iter().map(|s| s.host.clone()).collect();
         for h in 0..r.hosts {
@@ -1655,7 +1681,8 @@ impl SimCloud {
             .nodes
             .at(run.node_slot)
             .is_some_and(|n| n.serial == run.node_serial && n.state == NodeState::Ready);
-        let heartbeat = if run.alive && node_alive {
+        let beating = run.alive && node_alive;
+        let heartbeat = if beating {
             self.now
         } else {
             run.last_heartbeat.max(run.run_start)
@@ -1664,7 +1691,26 @@ impl SimCloud {
             launched: true,
             statuses: run.statuses.clone(),
             heartbeat_at: Some(heartbeat),
+            beating,
         })
+    }
+
+    /// The attempts whose `attempt` view may have changed since the last call (a superset,
+    /// in no particular order, repeats possible), other than the heartbeat of a beating run
+    /// moving with time. A reader that keeps views between calls re-reads only these.
+    pub fn take_report_changes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.report_changes)
+    }
+
+    fn touch_run(&mut self, attempt: &str) {
+        self.report_changes.push(attempt.to_owned());
+    }
+
+    /// Marks every attempt launched on node `key` changed (the node is going away).
+    fn touch_node_runs(&mut self, key: &str) {
+        if let Some(node) = self.nodes.get(key) {
+            self.report_changes.extend(node.launched.iter().cloned());
+        }
     }
 
     /// Attempt ids running (alive) on each node, for invariant checks: (zone, node) → attempts.

@@ -12,6 +12,7 @@ use crate::engine::observe::{
     AttemptReport, CancelOutcome, CloudFailure, NodeInfo, QueuedResourceInfo, RemoteError,
 };
 use crate::engine::{Action, InventoryScope, Timestamp};
+use crate::spec::{Name, NameMap};
 
 /// A failed inventory or report read: the pass is skipped and retried later.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,14 +56,20 @@ pub trait CloudBackend {
         scope: &InventoryScope<'_>,
         now: Timestamp,
     ) -> Result<Inventory, BackendError>;
-    /// What the workers of `attempt_id` report (launch acknowledged, status objects,
-    /// heartbeat); `None` if nothing is known of it.
-    fn attempt_report(
+    /// Brings `reports` up to date with what the workers of each attempt in `in_flight`
+    /// (attempt id, job id) report (launch acknowledged, status objects, heartbeat; a
+    /// default report when nothing is known of it), and drops every other attempt's.
+    /// `reports` is the map this backend brought up to date on the previous call, kept by
+    /// the driver: a backend may re-read only the attempts whose workers wrote, stopped or
+    /// started since, and must read every attempt when handed any other map (an empty one
+    /// forces a full read). On error the map may be partly updated; the next call reads
+    /// every attempt again.
+    fn refresh_reports(
         &mut self,
-        attempt_id: &str,
-        job_id: &str,
+        in_flight: &[(Name, Name)],
+        reports: &mut NameMap<AttemptReport>,
         now: Timestamp,
-    ) -> Result<Option<AttemptReport>, BackendError>;
+    ) -> Result<(), BackendError>;
     /// Carries out one action.
     fn execute(&mut self, action: &Action, now: Timestamp) -> Outcome;
 }

@@ -17,7 +17,7 @@ use crate::engine::observe::{
     WorkerStatus,
 };
 use crate::engine::{Action, InventoryScope, Timestamp};
-use crate::spec::{Name, NameMap, TpuType};
+use crate::spec::{Name, NameMap, NameSet, TpuType};
 
 /// The simulated cloud seen through the backend boundary.
 #[derive(Debug)]
@@ -36,6 +36,12 @@ pub struct SimBackend {
     converted: Converted,
     /// The label set of each fleet entry's objects (only looked up).
     labels: NameMap<simc::Labels>,
+    /// The size of the report map the last `refresh_reports` left (`None`: none kept, read
+    /// every attempt next time).
+    reports_kept: Option<usize>,
+    /// Attempts of that map whose workers beat: their heartbeat is the time of every read
+    /// until the simulator reports them changed.
+    beating: NameSet,
 }
 
 /// Cloud objects already converted to observation types, by incarnation. An object is
@@ -135,6 +141,46 @@ impl Converted {
 }
 
 impl SimBackend {
+    /// Every report of `in_flight` read afresh, the cache left alone (what `refresh_reports`
+    /// must agree with; the chaos runs check it on every pass).
+    pub fn read_reports(&self, in_flight: &[(Name, Name)]) -> NameMap<AttemptReport> {
+        in_flight
+            .iter()
+            .map(|(attempt, _)| (*attempt, self.read_report(attempt).0))
+            .collect()
+    }
+
+    /// What the workers of `attempt` report, and whether they beat.
+    fn read_report(&self, attempt: &Name) -> (AttemptReport, bool) {
+        let Some(view) = self.cloud.attempt(attempt) else {
+            return (AttemptReport::default(), false);
+        };
+        let statuses = view
+            .statuses
+            .iter()
+            .map(|s| WorkerStatus {
+                host: s.host.clone(),
+                state: match s.state {
+                    "succeeded" => WorkerState::Succeeded,
+                    "failed_setup" => WorkerState::FailedSetup,
+                    _ => WorkerState::Failed,
+                },
+                command_exit_code: s.exit_code,
+                finished_at: Some(self.at(s.finished_at)),
+                infrastructure_failure: s.infrastructure_failure.map(str::to_owned),
+                artifact_upload_error: None,
+            })
+            .collect();
+        let report = AttemptReport {
+            launched: view.launched,
+            launch_error: None,
+            cancel: None,
+            statuses,
+            heartbeat_at: view.heartbeat_at.map(|t| self.at(t)),
+        };
+        (report, view.beating)
+    }
+
     /// The backend of runner `runner` over `cloud`, whose time 0 is `epoch`; `public_ip`:
     /// nodes get public addresses.
     pub fn new(cloud: SimCloud, epoch: Timestamp, runner: &str, public_ip: bool) -> SimBackend {
@@ -146,6 +192,8 @@ impl SimBackend {
             calls: (u64::MAX, 0),
             converted: Converted::default(),
             labels: NameMap::default(),
+            reports_kept: None,
+            beating: NameSet::default(),
         }
     }
 
@@ -228,38 +276,52 @@ impl CloudBackend for SimBackend {
         Ok((nodes, qrs))
     }
 
-    fn attempt_report(
+    fn refresh_reports(
         &mut self,
-        attempt_id: &str,
-        _job_id: &str,
+        in_flight: &[(Name, Name)],
+        reports: &mut NameMap<AttemptReport>,
         _now: Timestamp,
-    ) -> Result<Option<AttemptReport>, BackendError> {
-        let Some(view) = self.cloud.attempt(attempt_id) else {
-            return Ok(None);
-        };
-        let statuses = view
-            .statuses
+    ) -> Result<(), BackendError> {
+        let changed: NameSet = self
+            .cloud
+            .take_report_changes()
             .iter()
-            .map(|s| WorkerStatus {
-                host: s.host.clone(),
-                state: match s.state {
-                    "succeeded" => WorkerState::Succeeded,
-                    "failed_setup" => WorkerState::FailedSetup,
-                    _ => WorkerState::Failed,
-                },
-                command_exit_code: s.exit_code,
-                finished_at: Some(self.at(s.finished_at)),
-                infrastructure_failure: s.infrastructure_failure.map(str::to_owned),
-                artifact_upload_error: None,
-            })
+            .filter_map(|a| Name::existing(a))
             .collect();
-        Ok(Some(AttemptReport {
-            launched: view.launched,
-            launch_error: None,
-            cancel: None,
-            statuses,
-            heartbeat_at: view.heartbeat_at.map(|t| self.at(t)),
-        }))
+        if self.reports_kept != Some(reports.len()) {
+            reports.clear();
+            self.beating.clear();
+        }
+        // Attempts no longer in flight leave (counted first: on most passes none did).
+        let kept = in_flight
+            .iter()
+            .filter(|(a, _)| reports.contains_key(a))
+            .count();
+        if kept != reports.len() {
+            let keep: NameSet = in_flight.iter().map(|(a, _)| *a).collect();
+            reports.retain(|a, _| keep.contains(a));
+            self.beating.retain(|a| keep.contains(a));
+        }
+        let heartbeat = self.at(self.cloud.now());
+        for (attempt, _) in in_flight {
+            if !changed.contains(attempt)
+                && let Some(report) = reports.get_mut(attempt)
+            {
+                if self.beating.contains(attempt) {
+                    report.heartbeat_at = Some(heartbeat);
+                }
+                continue;
+            }
+            let (report, beating) = self.read_report(attempt);
+            reports.insert(*attempt, report);
+            if beating {
+                self.beating.insert(*attempt);
+            } else {
+                self.beating.remove(attempt);
+            }
+        }
+        self.reports_kept = Some(reports.len());
+        Ok(())
     }
 
     fn execute(&mut self, action: &Action, now: Timestamp) -> Outcome {

@@ -301,6 +301,8 @@ pub fn run(
     // The lease of the running controller (epoch e2); a stale controller has epoch e1.
     let mut held_lease = lease::acquire(None, Some("e2"), "controller", "e2", 900, EPOCH).ok();
     let mut previous_observation: Option<Observation> = None;
+    // Kept from pass to pass: the backend refreshes the worker reports in place.
+    let mut observation = Observation::default();
     let mut adopted_chips = 0u64;
     for entry in &scenario.fleet.tpus {
         if let EntryKind::Adopted { existing } = &entry.kind {
@@ -435,15 +437,38 @@ pub fn run(
             // What this pass sees is the cloud at its start: changes while its reads and
             // calls are in flight are for the next pass to see (as a skipped pass would).
             let seen_version = backend.cloud.version();
-            match driver::observe(&engine, &state, &mut backend, &feedback, now) {
+            match driver::observe(
+                &engine,
+                &state,
+                &mut backend,
+                &feedback,
+                now,
+                &mut observation,
+            ) {
                 Err(_) => {
                     backend.cloud.advance_to(read_done_ms);
                     metrics.failed_passes += 1;
                     next_wake = Some(now);
                 }
-                Ok(fresh) => {
+                Ok(()) => {
+                    // Under checks, the reports kept from pass to pass must be what reading
+                    // every attempt afresh gives.
+                    if invariants.is_some() {
+                        let in_flight = driver::in_flight(&state);
+                        let mut read = backend.read_reports(&in_flight);
+                        driver::merge_feedback(&mut read, &in_flight, &feedback);
+                        if read != observation.attempts {
+                            return Err(Violation {
+                                message: "the worker reports kept between passes differ from \
+                                          a full read"
+                                    .into(),
+                                at_s: t_ms as f64 / 1000.0,
+                                recent_events: recent.iter().cloned().collect(),
+                            });
+                        }
+                    }
                     let mut stale = false;
-                    let observation = match previous_observation.take() {
+                    let old = match previous_observation.take() {
                         Some(old)
                             if chaos
                                 .is_some_and(|c| fault(&mut chaos_rng, c.stale_observation)) =>
@@ -452,18 +477,19 @@ pub fn run(
                                 .entry("stale_observation".into())
                                 .or_default() += 1;
                             stale = true;
-                            old
+                            Some(old)
                         }
-                        _ => fresh,
+                        _ => None,
                     };
+                    let observation = old.as_ref().unwrap_or(&observation);
                     let committed = crash.map(|_| state.clone());
                     // Under checks, the engine's caches must not change what a pass decides.
                     let from_scratch = invariants.is_some().then(|| {
                         let mut scratch = state.clone();
-                        let out = engine.reconcile_from_scratch(&mut scratch, &observation, now);
+                        let out = engine.reconcile_from_scratch(&mut scratch, observation, now);
                         (scratch, out)
                     });
-                    let mut out = engine.reconcile(&mut state, &observation, now);
+                    let mut out = engine.reconcile(&mut state, observation, now);
                     if let Some((scratch, scratch_out)) = from_scratch
                         && (scratch != state || scratch_out != out)
                     {
@@ -524,7 +550,8 @@ pub fn run(
                             recent_events: recent.iter().cloned().collect(),
                         });
                     }
-                    previous_observation = Some(observation);
+                    // Only chaos runs hand a pass the previous observation.
+                    previous_observation = chaos.is_some().then(|| observation.clone());
                     output = committed_pass.then_some(out);
                     let now_fingerprint = fingerprint.of(&state);
                     changed = now_fingerprint != last_fingerprint;
