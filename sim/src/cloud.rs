@@ -185,6 +185,50 @@ pub struct Accounting {
     pub allocated_chip_secs_by_type: BTreeMap<String, f64>,
 }
 
+/// The kinds of API call the simulator counts (in an array: a list call is made for every
+/// zone on every pass).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ApiCall {
+    ListNodes,
+    ListQueuedResources,
+    GetNode,
+    GetQueuedResource,
+    CreateQueuedResource,
+    DeleteQueuedResource,
+    DeleteNode,
+    Launch,
+    Cancel,
+}
+
+impl ApiCall {
+    const ALL: [ApiCall; 9] = [
+        ApiCall::ListNodes,
+        ApiCall::ListQueuedResources,
+        ApiCall::GetNode,
+        ApiCall::GetQueuedResource,
+        ApiCall::CreateQueuedResource,
+        ApiCall::DeleteQueuedResource,
+        ApiCall::DeleteNode,
+        ApiCall::Launch,
+        ApiCall::Cancel,
+    ];
+
+    /// The name in `Accounting::api_calls`.
+    fn name(self) -> &'static str {
+        match self {
+            ApiCall::ListNodes => "list_nodes",
+            ApiCall::ListQueuedResources => "list_queued_resources",
+            ApiCall::GetNode => "get_node",
+            ApiCall::GetQueuedResource => "get_queued_resource",
+            ApiCall::CreateQueuedResource => "create_queued_resource",
+            ApiCall::DeleteQueuedResource => "delete_queued_resource",
+            ApiCall::DeleteNode => "delete_node",
+            ApiCall::Launch => "launch",
+            ApiCall::Cancel => "cancel",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     CapacityChange { pool: usize },
@@ -383,6 +427,8 @@ pub struct SimCloud {
     /// Attempts whose `attempt` view may have changed since the last `take_report_changes`
     /// (other than a beating run's heartbeat moving with time).
     report_changes: Vec<String>,
+    /// Calls made, by `ApiCall` (`accounting` names them).
+    api_calls: [u64; ApiCall::ALL.len()],
     /// Quota tokens left for reads and mutations, as of `quota_at`.
     quota_tokens: [f64; 2],
     quota_at: Millis,
@@ -425,6 +471,7 @@ impl SimCloud {
             accounting: Accounting::default(),
             version: 0,
             report_changes: Vec::new(),
+            api_calls: [0; ApiCall::ALL.len()],
             quota_tokens: [
                 config.api_quota.reads_per_minute,
                 config.api_quota.mutations_per_minute,
@@ -454,6 +501,12 @@ impl SimCloud {
     /// Totals for metrics (allocation of still-active nodes is counted up to `now`).
     pub fn accounting(&self) -> Accounting {
         let mut acc = self.accounting.clone();
+        for kind in ApiCall::ALL {
+            let calls = self.api_calls[kind as usize];
+            if calls > 0 {
+                acc.api_calls.insert(kind.name(), calls);
+            }
+        }
         let mut active: Vec<&Node> = self.nodes.values().collect();
         active.sort_by_key(|n| n.serial);
         for node in active {
@@ -1099,8 +1152,8 @@ impl SimCloud {
         true
     }
 
-    fn api(&mut self, kind: &'static str, mutation: bool) -> Result<bool, ApiError> {
-        *self.accounting.api_calls.entry(kind).or_default() += 1;
+    fn api(&mut self, kind: ApiCall, mutation: bool) -> Result<bool, ApiError> {
+        self.api_calls[kind as usize] += 1;
         let ApiConfig {
             rate_limited,
             unavailable,
@@ -1152,7 +1205,7 @@ impl SimCloud {
         accelerator: &str,
         labels: Labels,
     ) -> Result<(), ApiError> {
-        let lost_reply = self.api("create_queued_resource", true)?;
+        let lost_reply = self.api(ApiCall::CreateQueuedResource, true)?;
         let key = name.to_owned();
         if self.qrs.contains_key(name) || self.nodes.contains_key(node_id) {
             return Err(ApiError::AlreadyExists);
@@ -1202,7 +1255,7 @@ impl SimCloud {
 
     /// Deletes a queued resource and its node.
     pub fn delete_queued_resource(&mut self, zone: &str, name: &str) -> Result<(), ApiError> {
-        let lost_reply = self.api("delete_queued_resource", true)?;
+        let lost_reply = self.api(ApiCall::DeleteQueuedResource, true)?;
         let Some(qr) = self.qrs.get_mut(name).filter(|q| q.zone == zone) else {
             return Err(ApiError::NotFound);
         };
@@ -1256,7 +1309,7 @@ impl SimCloud {
 
     /// Deletes a node (its queued resource, if any, becomes SUSPENDED).
     pub fn delete_node(&mut self, zone: &str, name: &str) -> Result<(), ApiError> {
-        let lost_reply = self.api("delete_node", true)?;
+        let lost_reply = self.api(ApiCall::DeleteNode, true)?;
         let key = name.to_owned();
         let Some(node) = self.nodes.get(name).filter(|n| n.zone == zone) else {
             return Err(ApiError::NotFound);
@@ -1280,7 +1333,7 @@ impl SimCloud {
 
     /// GET a node.
     pub fn get_node(&mut self, zone: &str, name: &str) -> Result<Option<NodeView<'_>>, ApiError> {
-        self.api("get_node", false)?;
+        self.api(ApiCall::GetNode, false)?;
         Ok(self
             .nodes
             .get(name)
@@ -1295,7 +1348,7 @@ impl SimCloud {
         zone: &'a str,
         label: (&'a str, &'a str),
     ) -> Result<impl Iterator<Item = NodeView<'a>> + 'a, ApiError> {
-        self.api("list_nodes", false)?;
+        self.api(ApiCall::ListNodes, false)?;
         let mut filter = LabelFilter::new(label);
         Ok(self
             .nodes
@@ -1347,7 +1400,7 @@ impl SimCloud {
         zone: &str,
         name: &str,
     ) -> Result<Option<QrView<'_>>, ApiError> {
-        self.api("get_queued_resource", false)?;
+        self.api(ApiCall::GetQueuedResource, false)?;
         Ok(self.qrs.get(name).filter(|q| q.zone == zone).map(Qr::view))
     }
 
@@ -1357,7 +1410,7 @@ impl SimCloud {
         zone: &'a str,
         label: (&'a str, &'a str),
     ) -> Result<impl Iterator<Item = QrView<'a>> + 'a, ApiError> {
-        self.api("list_queued_resources", false)?;
+        self.api(ApiCall::ListQueuedResources, false)?;
         let mut filter = LabelFilter::new(label);
         Ok(self
             .qrs
@@ -1385,7 +1438,7 @@ impl SimCloud {
         attempt: &str,
         job_id: &str,
     ) -> Result<(), RemoteError> {
-        *self.accounting.api_calls.entry("launch").or_default() += 1;
+        self.api_calls[ApiCall::Launch as usize] += 1;
         if self.runs.contains_key(attempt) {
             return Ok(());
         }
@@ -1621,7 +1674,7 @@ impl SimCloud {
         node_name: &str,
         attempt: &str,
     ) -> Result<CancelResult, RemoteError> {
-        *self.accounting.api_calls.entry("cancel").or_default() += 1;
+        self.api_calls[ApiCall::Cancel as usize] += 1;
         let key = node_name.to_owned();
         let Some(node) = self.nodes.get(node_name).filter(|n| n.zone == zone) else {
             return Err(RemoteError::NotFound);

@@ -21,7 +21,8 @@ pub(crate) struct ZonedTable<T> {
     /// Empty slots, reused before the table grows.
     free: Vec<usize>,
     by_name: FxHashMap<String, usize>,
-    by_zone: BTreeMap<String, BTreeMap<String, usize>>,
+    /// Per zone (only looked up), its names in order.
+    by_zone: FxHashMap<String, BTreeMap<String, usize>>,
 }
 
 impl<T> Default for ZonedTable<T> {
@@ -30,7 +31,7 @@ impl<T> Default for ZonedTable<T> {
             slots: Vec::new(),
             free: Vec::new(),
             by_name: FxHashMap::default(),
-            by_zone: BTreeMap::new(),
+            by_zone: FxHashMap::default(),
         }
     }
 }
