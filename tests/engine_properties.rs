@@ -559,7 +559,7 @@ fn inventory_scope_lists_zones_and_fetches_adopted_tpus() {
     let scope = index.inventory_scope(&state);
     assert_eq!(scope.runner, "runner");
     assert_eq!(
-        scope.zones.into_iter().collect::<Vec<_>>(),
+        scope.zones.iter().map(Name::as_str).collect::<Vec<_>>(),
         ["europe-west4-a", "us-east1-d", "us-west1-a"]
     );
     assert_eq!(

@@ -407,7 +407,7 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
     let mut backend = SimBackend::new(cloud, Timestamp(0), "me", false);
     let scope = InventoryScope {
         runner: "me",
-        zones: ["us-west1-a"].into_iter().collect(),
+        zones: [tpu_runner::spec::Name::new("us-west1-a")].into_iter().collect(),
         adopted: Default::default(),
     };
     let (_, qrs) = backend.inventory(&scope, Timestamp(0)).unwrap();
@@ -418,9 +418,11 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
     let calls = |b: &SimBackend, kind: &str| b.cloud.accounting().api_calls.get(kind).copied();
     assert_eq!(calls(&backend, "list_queued_resources"), Some(1));
     assert_eq!(calls(&backend, "get_queued_resource"), None);
-    // Unchanged objects are shared with the previous read, not converted again.
+    // Unchanged objects are shared with the previous read, not converted again; the call
+    // that found the zone unchanged still counts.
     let (_, again) = backend.inventory(&scope, Timestamp(0)).unwrap();
     assert!(Arc::ptr_eq(&qrs[0], &again[0]) && Arc::ptr_eq(&qrs[1], &again[1]));
+    assert_eq!(calls(&backend, "list_queued_resources"), Some(2));
     // Changes are seen on the next read: the requests were granted, nodes came up.
     backend.cloud.advance_to(3_600_000);
     let (nodes, qrs) = backend.inventory(&scope, Timestamp(0)).unwrap();

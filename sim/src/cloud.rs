@@ -92,6 +92,20 @@ pub struct NodeView<'a> {
     pub spot: bool,
 }
 
+/// The answer to a zone listing.
+#[derive(Debug)]
+pub enum Listing<I> {
+    /// Nothing in the zone changed since the version the caller keeps.
+    Unchanged,
+    /// The zone's objects, and the version of this listing.
+    Changed {
+        /// Pass it as `known` to the next listing of the zone.
+        version: u64,
+        /// The objects, in name order.
+        objects: I,
+    },
+}
+
 /// An API error.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ApiError {
@@ -1342,19 +1356,61 @@ impl SimCloud {
     }
 
     /// LIST the nodes of `zone` carrying label `key` = `value`, in name order (one call; the
-    /// API's pages are not modelled).
+    /// API's pages are not modelled). `known`: the version of an earlier listing of the zone
+    /// the caller keeps (like an ETag); if no node of the zone changed since, the answer is
+    /// `Unchanged` (the call still counts and can fail like any other).
     pub fn list_nodes<'a>(
         &'a mut self,
         zone: &'a str,
         label: (&'a str, &'a str),
-    ) -> Result<impl Iterator<Item = NodeView<'a>> + 'a, ApiError> {
+        known: Option<u64>,
+    ) -> Result<Listing<impl Iterator<Item = NodeView<'a>> + 'a>, ApiError> {
         self.api(ApiCall::ListNodes, false)?;
+        let version = self.nodes.zone_version(zone);
+        if known == Some(version) {
+            return Ok(Listing::Unchanged);
+        }
         let mut filter = LabelFilter::new(label);
-        Ok(self
+        let objects = self
             .nodes
             .in_zone(zone)
             .filter(move |(_, n)| filter.matches(&n.labels))
-            .map(|(_, n)| n.view()))
+            .map(|(_, n)| n.view());
+        Ok(Listing::Changed { version, objects })
+    }
+
+    /// What `list_nodes` would list in `zone`, without making a call (for checks).
+    pub fn peek_nodes<'a>(
+        &'a self,
+        zone: &'a str,
+        label: (&'a str, &'a str),
+    ) -> impl Iterator<Item = NodeView<'a>> + 'a {
+        let mut filter = LabelFilter::new(label);
+        self.nodes
+            .in_zone(zone)
+            .filter(move |(_, n)| filter.matches(&n.labels))
+            .map(|(_, n)| n.view())
+    }
+
+    /// What `list_queued_resources` would list in `zone`, without making a call (for checks).
+    pub fn peek_queued_resources<'a>(
+        &'a self,
+        zone: &'a str,
+        label: (&'a str, &'a str),
+    ) -> impl Iterator<Item = QrView<'a>> + 'a {
+        let mut filter = LabelFilter::new(label);
+        self.qrs
+            .in_zone(zone)
+            .filter(move |(_, q)| filter.matches(&q.labels))
+            .map(|(_, q)| q.view())
+    }
+
+    /// What `get_node` would return, without making a call (for checks).
+    pub fn peek_node(&self, zone: &str, name: &str) -> Option<NodeView<'_>> {
+        self.nodes
+            .get(name)
+            .filter(|n| n.zone == zone)
+            .map(Node::view)
     }
 
     /// Adds a node that exists before the run (an adopted, on-demand TPU): READY, never
@@ -1404,19 +1460,26 @@ impl SimCloud {
         Ok(self.qrs.get(name).filter(|q| q.zone == zone).map(Qr::view))
     }
 
-    /// LIST the queued resources of `zone` carrying label `key` = `value`, in name order.
+    /// LIST the queued resources of `zone` carrying label `key` = `value`, in name order
+    /// (`known` as for `list_nodes`).
     pub fn list_queued_resources<'a>(
         &'a mut self,
         zone: &'a str,
         label: (&'a str, &'a str),
-    ) -> Result<impl Iterator<Item = QrView<'a>> + 'a, ApiError> {
+        known: Option<u64>,
+    ) -> Result<Listing<impl Iterator<Item = QrView<'a>> + 'a>, ApiError> {
         self.api(ApiCall::ListQueuedResources, false)?;
+        let version = self.qrs.zone_version(zone);
+        if known == Some(version) {
+            return Ok(Listing::Unchanged);
+        }
         let mut filter = LabelFilter::new(label);
-        Ok(self
+        let objects = self
             .qrs
             .in_zone(zone)
             .filter(move |(_, q)| filter.matches(&q.labels))
-            .map(|(_, q)| q.view()))
+            .map(|(_, q)| q.view());
+        Ok(Listing::Changed { version, objects })
     }
 
     // ----- workers --------------------------------------------------------------------

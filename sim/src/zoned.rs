@@ -4,8 +4,6 @@
 //! indexes cannot drift from the table. Not for iteration in an order that matters: `values`
 //! follows the storage slots.
 
-use std::collections::BTreeMap;
-
 use rustc_hash::FxHashMap;
 
 /// An object that lives in one zone.
@@ -21,8 +19,21 @@ pub(crate) struct ZonedTable<T> {
     /// Empty slots, reused before the table grows.
     free: Vec<usize>,
     by_name: FxHashMap<String, usize>,
-    /// Per zone (only looked up), its names in order.
-    by_zone: FxHashMap<String, BTreeMap<String, usize>>,
+    /// Per zone (only looked up), its names in order with their slots and when it last
+    /// changed.
+    by_zone: FxHashMap<String, Zone>,
+    /// Ticks at every change (insert, remove, mutable access).
+    clock: u64,
+}
+
+/// One zone's objects.
+#[derive(Debug, Default)]
+struct Zone {
+    /// Names in order, with their slots (a zone holds a few dozen objects: a sorted vector
+    /// lists fastest).
+    names: Vec<(String, usize)>,
+    /// The table's clock at the last change to an object of the zone.
+    changed: u64,
 }
 
 impl<T> Default for ZonedTable<T> {
@@ -32,6 +43,7 @@ impl<T> Default for ZonedTable<T> {
             free: Vec::new(),
             by_name: FxHashMap::default(),
             by_zone: FxHashMap::default(),
+            clock: 0,
         }
     }
 }
@@ -47,10 +59,11 @@ impl<T: InZone> ZonedTable<T> {
                 self.slots.len() - 1
             }
         };
-        self.by_zone
-            .entry(object.zone().to_owned())
-            .or_default()
-            .insert(name.clone(), slot);
+        self.clock += 1;
+        let zone = self.by_zone.entry(object.zone().to_owned()).or_default();
+        zone.changed = self.clock;
+        let at = zone.names.partition_point(|(n, _)| *n < name);
+        zone.names.insert(at, (name.clone(), slot));
         self.slots[slot] = Some(object);
         self.by_name.insert(name, slot);
     }
@@ -59,8 +72,12 @@ impl<T: InZone> ZonedTable<T> {
         let slot = self.by_name.remove(name)?;
         let object = self.slots[slot].take().expect("indexed slots are full");
         self.free.push(slot);
-        if let Some(names) = self.by_zone.get_mut(object.zone()) {
-            names.remove(name);
+        self.clock += 1;
+        if let Some(zone) = self.by_zone.get_mut(object.zone()) {
+            zone.changed = self.clock;
+            if let Ok(at) = zone.names.binary_search_by(|(n, _)| n.as_str().cmp(name)) {
+                zone.names.remove(at);
+            }
         }
         Some(object)
     }
@@ -80,9 +97,20 @@ impl<T: InZone> ZonedTable<T> {
         self.slots.get(slot)?.as_ref()
     }
 
+    /// The object named `name`, to change (its zone counts as changed).
     pub(crate) fn get_mut(&mut self, name: &str) -> Option<&mut T> {
         let slot = *self.by_name.get(name)?;
-        self.slots[slot].as_mut()
+        let object = self.slots[slot].as_mut()?;
+        self.clock += 1;
+        if let Some(zone) = self.by_zone.get_mut(object.zone()) {
+            zone.changed = self.clock;
+        }
+        Some(object)
+    }
+
+    /// When an object of `zone` last changed (0: never): equal values mean an equal listing.
+    pub(crate) fn zone_version(&self, zone: &str) -> u64 {
+        self.by_zone.get(zone).map_or(0, |z| z.changed)
     }
 
     pub(crate) fn contains_key(&self, name: &str) -> bool {
@@ -99,8 +127,8 @@ impl<T: InZone> ZonedTable<T> {
         self.by_zone
             .get(zone)
             .into_iter()
-            .flatten()
-            .map(|(name, &slot)| (name, self.full(slot)))
+            .flat_map(|z| &z.names)
+            .map(|(name, slot)| (name, self.full(*slot)))
     }
 }
 

@@ -5,10 +5,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
-
 use tpu_runner_sim::SimCloud;
-use tpu_runner_sim::cloud::{self as simc, ApiError, CancelResult};
+use tpu_runner_sim::cloud::{self as simc, ApiError, CancelResult, Listing};
 
 use super::{BackendError, CloudBackend, Inventory, Outcome};
 use crate::engine::observe::{
@@ -32,8 +30,8 @@ pub struct SimBackend {
     pub public_ip: bool,
     /// Calls made so far by the pass that started at `.0` (for their latencies).
     calls: (u64, u32),
-    /// Cloud objects converted to observation types, reused while unchanged.
-    converted: Converted,
+    /// The last inventory read, reused where nothing changed.
+    listings: Listings,
     /// The label set of each fleet entry's objects (only looked up).
     labels: NameMap<simc::Labels>,
     /// The size of the report map the last `refresh_reports` left (`None`: none kept, read
@@ -44,103 +42,119 @@ pub struct SimBackend {
     beating: NameSet,
 }
 
-/// Cloud objects already converted to observation types, by incarnation. An object is
-/// converted again only when its incarnation (serial) or state changes, its only mutable
-/// field, so an inventory read of an unchanged fleet copies nothing. Only looked up, never
-/// iterated in an order that matters.
+/// What the last inventory read converted to observation types, kept so that a zone with
+/// nothing changed is answered without converting anything, and an unchanged cloud object
+/// keeps its observation object (the engine recognises those by address).
 #[derive(Debug, Default)]
-struct Converted {
-    /// By serial (serials are unique across nodes and queued resources).
-    nodes: FxHashMap<u64, Conversion<simc::NodeState, NodeInfo>>,
-    qrs: FxHashMap<u64, Conversion<simc::QrState, QueuedResourceInfo>>,
-    /// Reads so far; each entry remembers the last read that saw it.
-    pass: u64,
+struct Listings {
+    /// Per zone (only looked up): its last node and queued-resource listings.
+    zones: NameMap<ZoneListing>,
+    /// Adopted nodes (read by name every pass) as converted by the last read.
+    adopted: Vec<Converted<simc::NodeState, NodeInfo>>,
 }
 
-/// One converted object: of which state, last seen by which read.
+/// One zone's last listings: their versions and conversions, in name order.
+#[derive(Debug, Default)]
+struct ZoneListing {
+    nodes: Option<(u64, Vec<Converted<simc::NodeState, NodeInfo>>)>,
+    qrs: Option<(u64, Vec<Converted<simc::QrState, QueuedResourceInfo>>)>,
+}
+
+/// A cloud object converted: its incarnation (serial) and state, the only field that
+/// changes during an incarnation, and the observation object.
 #[derive(Debug)]
-struct Conversion<S, T> {
-    of: S,
-    seen: u64,
+struct Converted<S, T> {
+    serial: u64,
+    state: S,
     info: Arc<T>,
 }
 
-/// The conversion of incarnation `serial` in state `of`, seen by read `pass`: the earlier one
-/// if it is of the same state, else `make()`'s (`None`: not an object the engine can read).
-fn convert<S: Eq, T>(
-    cache: &mut FxHashMap<u64, Conversion<S, T>>,
+/// The conversion of incarnation `serial` in state `state`: the one in `old` if there is one
+/// of the same state, else `make()`'s (`None`: not an object the engine can read).
+fn convert<S: Copy + Eq, T>(
+    old: &[Converted<S, T>],
     serial: u64,
-    of: S,
-    pass: u64,
+    state: S,
     make: impl FnOnce() -> Option<T>,
-) -> Option<Arc<T>> {
-    if let Some(c) = cache.get_mut(&serial).filter(|c| c.of == of) {
-        c.seen = pass;
-        return Some(c.info.clone());
-    }
-    let info = Arc::new(make()?);
-    let conversion = Conversion {
-        of,
-        seen: pass,
-        info: info.clone(),
+) -> Option<Converted<S, T>> {
+    let info = match old.iter().find(|c| c.serial == serial && c.state == state) {
+        Some(c) => c.info.clone(),
+        None => Arc::new(make()?),
     };
-    cache.insert(serial, conversion);
-    Some(info)
+    Some(Converted {
+        serial,
+        state,
+        info,
+    })
 }
 
-impl Converted {
-    fn node(&mut self, n: &simc::NodeView<'_>, public_ip: bool) -> Option<Arc<NodeInfo>> {
-        convert(&mut self.nodes, n.serial, n.state, self.pass, || {
-            Some(NodeInfo {
-                tpu_type: TpuType::parse(n.accelerator).ok()?,
-                name: Name::new(n.name),
-                zone: Name::new(n.zone),
-                state: match n.state {
-                    simc::NodeState::Creating => NodeState::Creating,
-                    simc::NodeState::Ready => NodeState::Ready,
-                    simc::NodeState::Preempted => NodeState::Preempted,
-                    simc::NodeState::Deleting => NodeState::Deleting,
-                },
-                health: Health::Healthy,
-                spot: n.spot,
-                labels: n.labels.clone(),
-                queued_resource: n.queued_resource.map(Name::new),
-                worker_count: n.hosts,
-                public_ip,
-            })
-        })
-    }
+fn node_info(n: &simc::NodeView<'_>, public_ip: bool) -> Option<NodeInfo> {
+    Some(NodeInfo {
+        tpu_type: TpuType::parse(n.accelerator).ok()?,
+        name: Name::new(n.name),
+        zone: Name::new(n.zone),
+        state: match n.state {
+            simc::NodeState::Creating => NodeState::Creating,
+            simc::NodeState::Ready => NodeState::Ready,
+            simc::NodeState::Preempted => NodeState::Preempted,
+            simc::NodeState::Deleting => NodeState::Deleting,
+        },
+        health: Health::Healthy,
+        spot: n.spot,
+        labels: n.labels.clone(),
+        queued_resource: n.queued_resource.map(Name::new),
+        worker_count: n.hosts,
+        public_ip,
+    })
+}
 
-    fn queued_resource(&mut self, q: &simc::QrView<'_>) -> Option<Arc<QueuedResourceInfo>> {
-        convert(&mut self.qrs, q.serial, q.state, self.pass, || {
-            Some(QueuedResourceInfo {
-                tpu_type: TpuType::parse(q.accelerator).ok()?,
-                name: Name::new(q.name),
-                zone: Name::new(q.zone),
-                node_id: Name::new(q.node_id),
-                state: match q.state {
-                    simc::QrState::WaitingForResources => QrState::WaitingForResources,
-                    simc::QrState::Provisioning => QrState::Provisioning,
-                    simc::QrState::Active => QrState::Active,
-                    simc::QrState::Failed => QrState::Failed,
-                    simc::QrState::Suspended => QrState::Suspended,
-                    simc::QrState::Deleting => QrState::Deleting,
-                },
-                spot: true,
-                labels: q.labels.clone(),
-            })
-        })
-    }
-
-    /// Drops what the last read did not see (deleted objects).
-    fn forget_unseen(&mut self) {
-        let pass = self.pass;
-        self.nodes.retain(|_, c| c.seen == pass);
-        self.qrs.retain(|_, c| c.seen == pass);
-    }
+fn qr_info(q: &simc::QrView<'_>) -> Option<QueuedResourceInfo> {
+    Some(QueuedResourceInfo {
+        tpu_type: TpuType::parse(q.accelerator).ok()?,
+        name: Name::new(q.name),
+        zone: Name::new(q.zone),
+        node_id: Name::new(q.node_id),
+        state: match q.state {
+            simc::QrState::WaitingForResources => QrState::WaitingForResources,
+            simc::QrState::Provisioning => QrState::Provisioning,
+            simc::QrState::Active => QrState::Active,
+            simc::QrState::Failed => QrState::Failed,
+            simc::QrState::Suspended => QrState::Suspended,
+            simc::QrState::Deleting => QrState::Deleting,
+        },
+        spot: true,
+        labels: q.labels.clone(),
+    })
 }
 
 impl SimBackend {
+    /// The inventory of `scope` read afresh, converting everything and calling nothing (what
+    /// `inventory` must agree with; the chaos runs check it on every pass).
+    pub fn read_inventory(&self, scope: &InventoryScope<'_>) -> Inventory {
+        let label = (LABEL_MANAGED_BY, scope.runner);
+        let mut nodes: Vec<Arc<NodeInfo>> = scope
+            .zones
+            .iter()
+            .flat_map(|zone| self.cloud.peek_nodes(zone, label))
+            .chain(
+                scope
+                    .adopted
+                    .iter()
+                    .filter_map(|(zone, name)| self.cloud.peek_node(zone, name)),
+            )
+            .filter_map(|n| node_info(&n, self.public_ip).map(Arc::new))
+            .collect();
+        nodes.sort_by(|a, b| (&a.zone, &a.name).cmp(&(&b.zone, &b.name)));
+        nodes.dedup_by(|a, b| a.name == b.name);
+        let qrs = scope
+            .zones
+            .iter()
+            .flat_map(|zone| self.cloud.peek_queued_resources(zone, label))
+            .filter_map(|q| qr_info(&q).map(Arc::new))
+            .collect();
+        (nodes, qrs)
+    }
+
     /// Every report of `in_flight` read afresh, the cache left alone (what `refresh_reports`
     /// must agree with; the chaos runs check it on every pass).
     pub fn read_reports(&self, in_flight: &[(Name, Name)]) -> NameMap<AttemptReport> {
@@ -190,7 +204,7 @@ impl SimBackend {
             runner: runner.to_owned(),
             public_ip,
             calls: (u64::MAX, 0),
-            converted: Converted::default(),
+            listings: Listings::default(),
             labels: NameMap::default(),
             reports_kept: None,
             beating: NameSet::default(),
@@ -238,41 +252,61 @@ impl CloudBackend for SimBackend {
     ) -> Result<Inventory, BackendError> {
         let label = (LABEL_MANAGED_BY, scope.runner);
         let public_ip = self.public_ip;
-        let cache = &mut self.converted;
-        cache.pass += 1;
+        let listings = &mut self.listings;
         let mut nodes = Vec::new();
         for zone in &scope.zones {
-            for n in self
+            let kept = &mut listings.zones.entry(*zone).or_default().nodes;
+            let known = kept.as_ref().map(|(version, _)| *version);
+            let listing = self
                 .cloud
-                .list_nodes(zone, label)
-                .map_err(|e| read_error(e, zone))?
-            {
-                nodes.extend(cache.node(&n, public_ip));
+                .list_nodes(zone, label, known)
+                .map_err(|e| read_error(e, zone))?;
+            if let Listing::Changed { version, objects } = listing {
+                let old = kept.take().map(|(_, old)| old).unwrap_or_default();
+                let new = objects
+                    .filter_map(|n| convert(&old, n.serial, n.state, || node_info(&n, public_ip)))
+                    .collect();
+                *kept = Some((version, new));
             }
+            let listed = kept.as_ref().map_or(&[][..], |(_, l)| &l[..]);
+            nodes.extend(listed.iter().map(|c| c.info.clone()));
         }
         // Listed zone by zone, each in name order: sorted already unless adopted TPUs join.
         if !scope.adopted.is_empty() {
+            let old = std::mem::take(&mut listings.adopted);
             for (zone, name) in &scope.adopted {
                 let found = self
                     .cloud
                     .get_node(zone, name)
                     .map_err(|e| read_error(e, name))?;
-                nodes.extend(found.and_then(|n| cache.node(&n, public_ip)));
+                let converted = found
+                    .and_then(|n| convert(&old, n.serial, n.state, || node_info(&n, public_ip)));
+                if let Some(c) = converted {
+                    nodes.push(c.info.clone());
+                    listings.adopted.push(c);
+                }
             }
             nodes.sort_by(|a, b| (&a.zone, &a.name).cmp(&(&b.zone, &b.name)));
             nodes.dedup_by(|a, b| a.name == b.name);
         }
         let mut qrs = Vec::new();
         for zone in &scope.zones {
-            for q in self
+            let kept = &mut listings.zones.entry(*zone).or_default().qrs;
+            let known = kept.as_ref().map(|(version, _)| *version);
+            let listing = self
                 .cloud
-                .list_queued_resources(zone, label)
-                .map_err(|e| read_error(e, zone))?
-            {
-                qrs.extend(cache.queued_resource(&q));
+                .list_queued_resources(zone, label, known)
+                .map_err(|e| read_error(e, zone))?;
+            if let Listing::Changed { version, objects } = listing {
+                let old = kept.take().map(|(_, old)| old).unwrap_or_default();
+                let new = objects
+                    .filter_map(|q| convert(&old, q.serial, q.state, || qr_info(&q)))
+                    .collect();
+                *kept = Some((version, new));
             }
+            let listed = kept.as_ref().map_or(&[][..], |(_, l)| &l[..]);
+            qrs.extend(listed.iter().map(|c| c.info.clone()));
         }
-        cache.forget_unseen();
         Ok((nodes, qrs))
     }
 

@@ -239,7 +239,7 @@ impl FleetIndex {
     /// ordinals), plus adopted TPUs by exact name (they carry no labels of ours). Records whose
     /// entry was removed keep their zone listed, so their TPUs are cleaned up, not orphaned.
     pub fn inventory_scope<'s>(&'s self, state: &'s State) -> InventoryScope<'s> {
-        let mut zones: BTreeSet<&str> = self.managed_zones.iter().map(Name::as_str).collect();
+        let mut zones = self.managed_zones.clone();
         let mut adopted: BTreeSet<(&str, &str)> = self
             .fleet
             .tpus
@@ -254,7 +254,7 @@ impl FleetIndex {
                 adopted.insert((&r.zone, &r.tpu_name));
             } else if self.owns_record(r).is_none() {
                 // A record of its managed entry is in that entry's zone, listed already.
-                zones.insert(&r.zone);
+                zones.insert(r.zone);
             }
         }
         InventoryScope {
@@ -303,7 +303,7 @@ pub struct InventoryScope<'a> {
     /// Runner name: list objects whose `managed-by` label is this.
     pub runner: &'a str,
     /// Zones to list.
-    pub zones: BTreeSet<&'a str>,
+    pub zones: BTreeSet<Name>,
     /// Adopted TPUs to fetch by exact name, as `(zone, name)`.
     pub adopted: BTreeSet<(&'a str, &'a str)>,
 }

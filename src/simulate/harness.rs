@@ -451,17 +451,24 @@ pub fn run(
                     next_wake = Some(now);
                 }
                 Ok(()) => {
-                    // Under checks, the reports kept from pass to pass must be what reading
-                    // every attempt afresh gives.
+                    // Under checks, what the backend keeps from pass to pass must be what
+                    // reading everything afresh gives.
                     if invariants.is_some() {
+                        let (nodes, qrs) = backend.read_inventory(&engine.inventory_scope(&state));
                         let in_flight = driver::in_flight(&state);
-                        let mut read = backend.read_reports(&in_flight);
-                        driver::merge_feedback(&mut read, &in_flight, &feedback);
-                        if read != observation.attempts {
+                        let mut reports = backend.read_reports(&in_flight);
+                        driver::merge_feedback(&mut reports, &in_flight, &feedback);
+                        let differs =
+                            if nodes != observation.nodes || qrs != observation.queued_resources {
+                                Some("inventory")
+                            } else {
+                                (reports != observation.attempts).then_some("worker reports")
+                            };
+                        if let Some(what) = differs {
                             return Err(Violation {
-                                message: "the worker reports kept between passes differ from \
-                                          a full read"
-                                    .into(),
+                                message: format!(
+                                    "the {what} kept between passes differ from a full read"
+                                ),
                                 at_s: t_ms as f64 / 1000.0,
                                 recent_events: recent.iter().cloned().collect(),
                             });
