@@ -407,7 +407,9 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
     let mut backend = SimBackend::new(cloud, Timestamp(0), "me", false);
     let scope = InventoryScope {
         runner: "me",
-        zones: [tpu_runner::spec::Name::new("us-west1-a")].into_iter().collect(),
+        zones: [tpu_runner::spec::Name::new("us-west1-a")]
+            .into_iter()
+            .collect(),
         adopted: Default::default(),
     };
     let (_, qrs) = backend.inventory(&scope, Timestamp(0)).unwrap();

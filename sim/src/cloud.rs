@@ -7,7 +7,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
-use rustc_hash::FxHashMap;
+use ustr::{Ustr, UstrMap};
 
 use crate::model::{ApiConfig, CallKind, Capacity, CloudConfig, JobBehaviour, Latency};
 use crate::rng::SimRng;
@@ -250,9 +250,9 @@ enum Event {
     DeletionDone { serial: u64 },
     Preempt { serial: u64 },
     NoticeEnd { serial: u64 },
-    SetupDone { attempt: String },
-    RunEnd { attempt: String },
-    SilentDeath { attempt: String },
+    SetupDone { attempt: Ustr },
+    RunEnd { attempt: Ustr },
+    SilentDeath { attempt: Ustr },
     QrFault { serial: u64, vanish: bool },
     NodeVanish { serial: u64 },
 }
@@ -283,9 +283,9 @@ struct Node {
     labels: Labels,
     queued_resource: Option<String>,
     active_since: Option<Millis>,
-    run: Option<String>,
+    run: Option<Ustr>,
     /// Every attempt launched on the node (their reports change when it goes away).
-    launched: Vec<String>,
+    launched: Vec<Ustr>,
     caches: BTreeSet<String>,
     spot: bool,
     /// When a preemption notice was given (the TPU goes away `preemption_notice_secs` later).
@@ -383,7 +383,7 @@ enum Outcome {
 
 #[derive(Clone, Debug)]
 struct Run {
-    job_id: String,
+    job_id: Ustr,
     node_serial: u64,
     node_key: String,
     /// The node's slot in `nodes` (holding it while `node_serial` matches).
@@ -424,8 +424,8 @@ pub struct SimCloud {
     by_serial: BTreeMap<u64, (bool, String)>,
     /// Every run ever launched, by attempt id (grows with history: hashed, so a lookup does
     /// not slow down as a long run accumulates attempts).
-    runs: FxHashMap<String, Run>,
-    jobs: BTreeMap<String, JobProgress>,
+    runs: UstrMap<Run>,
+    jobs: UstrMap<JobProgress>,
     available: Vec<u32>,
     on: Vec<bool>,
     pool_index: BTreeMap<(String, String), usize>,
@@ -440,7 +440,7 @@ pub struct SimCloud {
     version: u64,
     /// Attempts whose `attempt` view may have changed since the last `take_report_changes`
     /// (other than a beating run's heartbeat moving with time).
-    report_changes: Vec<String>,
+    report_changes: Vec<Ustr>,
     /// Calls made, by `ApiCall` (`accounting` names them).
     api_calls: [u64; ApiCall::ALL.len()],
     /// Quota tokens left for reads and mutations, as of `quota_at`.
@@ -471,8 +471,8 @@ impl SimCloud {
             qrs: ZonedTable::default(),
             nodes: ZonedTable::default(),
             by_serial: BTreeMap::new(),
-            runs: FxHashMap::default(),
-            jobs: BTreeMap::new(),
+            runs: UstrMap::default(),
+            jobs: UstrMap::default(),
             available: vec![0; n],
             on: vec![true; n],
             pool_index,
@@ -532,7 +532,7 @@ impl SimCloud {
                     .or_default() += secs * node.chips as f64;
             }
         }
-        let mut running: Vec<(&String, &Run)> = self
+        let mut running: Vec<(&Ustr, &Run)> = self
             .runs
             .iter()
             .filter(|(_, r)| r.state == RunState::Running && r.alive)
@@ -563,7 +563,7 @@ impl SimCloud {
     pub fn busy_chips(&self) -> u64 {
         self.nodes
             .values()
-            .filter_map(|n| self.runs.get(n.run.as_deref()?))
+            .filter_map(|n| self.runs.get(n.run.as_ref()?))
             .filter(|r| r.state == RunState::Running && r.alive)
             .map(|r| u64::from(r.chips))
             .sum()
@@ -791,7 +791,7 @@ impl SimCloud {
                         self.release_allocation(&node_id);
                         self.touch_node_runs(&node_id);
                         if let Some(run) = self.nodes.get_mut(&node_id).and_then(|n| n.run.take()) {
-                            self.kill_run(&run);
+                            self.kill_run(run);
                         }
                         if let Some(n) = self.nodes.remove(&node_id) {
                             self.by_serial.remove(&n.serial);
@@ -820,7 +820,7 @@ impl SimCloud {
                     self.release_allocation(&key);
                     self.touch_node_runs(&key);
                     if let Some(run) = self.nodes.get_mut(&key).and_then(|n| n.run.take()) {
-                        self.kill_run(&run);
+                        self.kill_run(run);
                     }
                     let pool = self.nodes.remove(&key).map(|n| n.pool);
                     self.by_serial.remove(&serial);
@@ -830,8 +830,8 @@ impl SimCloud {
                     }
                 }
             }
-            Event::SetupDone { attempt } => self.setup_done(&attempt),
-            Event::RunEnd { attempt } => self.run_end(&attempt),
+            Event::SetupDone { attempt } => self.setup_done(attempt),
+            Event::RunEnd { attempt } => self.run_end(attempt),
             Event::SilentDeath { attempt } => {
                 if let Some(run) = self.runs.get_mut(&attempt)
                     && run.state != RunState::Ended
@@ -842,13 +842,13 @@ impl SimCloud {
                         .faults
                         .entry("workers_died_silently")
                         .or_default() += 1;
-                    self.touch_run(&attempt);
+                    self.touch_run(attempt);
                     let run = self.runs.get_mut(&attempt).expect("exists");
                     run.alive = false;
                     let progress = (self.now - run.run_start) as f64 / 1000.0;
-                    let (job, chips, notice) = (run.job_id.clone(), run.chips, run.saved_at_notice);
+                    let (job, chips, notice) = (run.job_id, run.chips, run.saved_at_notice);
                     if run.state == RunState::Running {
-                        self.account_interruption(&job, progress, chips, notice);
+                        self.account_interruption(job, progress, chips, notice);
                     }
                     self.version += 1;
                 }
@@ -972,18 +972,18 @@ impl SimCloud {
             q.state = QrState::Suspended;
         }
         if let Some(attempt) = run {
-            self.kill_run(&attempt);
+            self.kill_run(attempt);
         }
     }
 
     /// The run dies with its TPU: no status, no heartbeat; progress since the last
     /// checkpoint is lost.
-    fn kill_run(&mut self, attempt: &str) {
+    fn kill_run(&mut self, attempt: Ustr) {
         let now = self.now;
-        if self.runs.contains_key(attempt) {
+        if self.runs.contains_key(&attempt) {
             self.touch_run(attempt);
         }
-        let Some(run) = self.runs.get_mut(attempt) else {
+        let Some(run) = self.runs.get_mut(&attempt) else {
             return;
         };
         if run.state == RunState::Ended || !run.alive {
@@ -993,9 +993,9 @@ impl SimCloud {
         let was_running = run.state == RunState::Running;
         run.alive = false;
         let progress = (now.saturating_sub(run.run_start)) as f64 / 1000.0;
-        let (job, chips, notice) = (run.job_id.clone(), run.chips, run.saved_at_notice);
+        let (job, chips, notice) = (run.job_id, run.chips, run.saved_at_notice);
         if was_running {
-            self.account_interruption(&job, progress, chips, notice);
+            self.account_interruption(job, progress, chips, notice);
         }
     }
 
@@ -1003,13 +1003,13 @@ impl SimCloud {
     /// checkpoint, or the one written at a preemption notice if later).
     fn account_interruption(
         &mut self,
-        job: &str,
+        job: Ustr,
         progress_secs: f64,
         chips: u32,
         saved_at_notice: Option<f64>,
     ) {
         self.accounting.busy_chip_secs += progress_secs * chips as f64;
-        if let Some(p) = self.jobs.get_mut(job) {
+        if let Some(p) = self.jobs.get_mut(&job) {
             let ckpt = p.behaviour.checkpoint_secs;
             let periodic = if ckpt > 0.0 {
                 (progress_secs / ckpt).floor() * ckpt
@@ -1314,7 +1314,7 @@ impl SimCloud {
         let serial = node.serial;
         let run = node.run.take();
         if let Some(attempt) = run {
-            self.kill_run(&attempt);
+            self.kill_run(attempt);
         }
         let done = self.now + (self.config.delete_secs * 1000.0) as u64;
         self.push(done, Event::DeletionDone { serial });
@@ -1486,7 +1486,7 @@ impl SimCloud {
 
     /// Registers how a job behaves (at its arrival).
     pub fn register_job(&mut self, job_id: &str, behaviour: JobBehaviour) {
-        self.jobs.entry(job_id.to_owned()).or_insert(JobProgress {
+        self.jobs.entry(Ustr::from(job_id)).or_insert(JobProgress {
             behaviour,
             checkpointed_secs: 0.0,
             attempts: 0,
@@ -1498,11 +1498,11 @@ impl SimCloud {
         &mut self,
         zone: &str,
         node_name: &str,
-        attempt: &str,
-        job_id: &str,
+        attempt: Ustr,
+        job_id: Ustr,
     ) -> Result<(), RemoteError> {
         self.api_calls[ApiCall::Launch as usize] += 1;
-        if self.runs.contains_key(attempt) {
+        if self.runs.contains_key(&attempt) {
             return Ok(());
         }
         let key = node_name.to_owned();
@@ -1526,17 +1526,17 @@ impl SimCloud {
             {
                 self.accounting.attempts_displaced += 1;
             }
-            self.kill_run(&other);
+            self.kill_run(other);
         }
         let cache = self
             .jobs
-            .get(job_id)
+            .get(&job_id)
             .and_then(|j| j.behaviour.cache_key.clone());
         let node_slot = self.nodes.slot_of(&key).expect("exists");
         let node = self.nodes.get_mut(&key).expect("exists");
         let warm = cache.as_ref().is_some_and(|c| node.caches.contains(c));
-        node.run = Some(attempt.to_owned());
-        node.launched.push(attempt.to_owned());
+        node.run = Some(attempt);
+        node.launched.push(attempt);
         let (serial, hosts, chips) = (node.serial, node.hosts, node.chips);
         let latency = if warm {
             self.config.workers.setup_warm
@@ -1545,9 +1545,9 @@ impl SimCloud {
         };
         let setup = sample(&mut self.rng_workers, latency).max(1.0);
         self.runs.insert(
-            attempt.to_owned(),
+            attempt,
             Run {
-                job_id: job_id.to_owned(),
+                job_id,
                 node_serial: serial,
                 node_key: key,
                 node_slot,
@@ -1566,22 +1566,20 @@ impl SimCloud {
         self.version += 1;
         self.push(
             self.now + (setup * 1000.0) as u64,
-            Event::SetupDone {
-                attempt: attempt.to_owned(),
-            },
+            Event::SetupDone { attempt },
         );
         Ok(())
     }
 
-    fn setup_done(&mut self, attempt: &str) {
+    fn setup_done(&mut self, attempt: Ustr) {
         let now = self.now;
-        let Some(run) = self.runs.get(attempt) else {
+        let Some(run) = self.runs.get(&attempt) else {
             return;
         };
         if run.state != RunState::Setup || !run.alive {
             return;
         }
-        let job_id = run.job_id.clone();
+        let job_id = run.job_id;
         let workers = self.config.workers;
         let behaviour = self.jobs.get(&job_id).map(|j| j.behaviour.clone());
         let Some(behaviour) = behaviour else { return };
@@ -1595,7 +1593,7 @@ impl SimCloud {
         );
         let faults_active = self.faults_active(now);
         self.touch_run(attempt);
-        let run = self.runs.get_mut(attempt).expect("exists");
+        let run = self.runs.get_mut(&attempt).expect("exists");
         if rng.chance(behaviour.setup_failure) {
             run.outcome = Outcome::SetupFailure;
             run.state = RunState::Ended;
@@ -1627,37 +1625,30 @@ impl SimCloud {
         self.version += 1;
         self.push(
             now + (duration.max(0.001) * 1000.0) as u64,
-            Event::RunEnd {
-                attempt: attempt.to_owned(),
-            },
+            Event::RunEnd { attempt },
         );
         if workers.silent_death_per_hour > 0.0 {
             let at = rng.exponential(3600.0 / workers.silent_death_per_hour);
             if at < duration && self.faults_active(now + (at * 1000.0) as u64) {
-                self.push(
-                    now + (at * 1000.0) as u64,
-                    Event::SilentDeath {
-                        attempt: attempt.to_owned(),
-                    },
-                );
+                self.push(now + (at * 1000.0) as u64, Event::SilentDeath { attempt });
             }
         }
     }
 
-    fn finish_run_on_node(&mut self, attempt: &str) {
-        if let Some(run) = self.runs.get(attempt)
+    fn finish_run_on_node(&mut self, attempt: Ustr) {
+        if let Some(run) = self.runs.get(&attempt)
             && let Some(node) = self.nodes.get_mut(&run.node_key)
-            && node.run.as_deref() == Some(attempt)
+            && node.run == Some(attempt)
         {
             node.run = None;
         }
         self.version += 1;
     }
 
-    fn run_end(&mut self, attempt: &str) {
+    fn run_end(&mut self, attempt: Ustr) {
         let now = self.now;
         let missing = self.config.workers.missing_status;
-        let Some(run) = self.runs.get(attempt).cloned() else {
+        let Some(run) = self.runs.get(&attempt).cloned() else {
             return;
         };
         if run.state != RunState::Running || !run.alive {
@@ -1711,11 +1702,11 @@ impl SimCloud {
                     }
                 }
             }
-            _ => self.account_interruption(&run.job_id, duration, run.chips, run.saved_at_notice),
+            _ => self.account_interruption(run.job_id, duration, run.chips, run.saved_at_notice),
         }
         let partial = run.outcome == Outcome::PartialFailure;
         self.touch_run(attempt);
-        let r = self.runs.get_mut(attempt).expect("exists");
+        let r = self.runs.get_mut(&attempt).expect("exists");
         r.statuses = statuses;
         r.last_heartbeat = now;
         if partial {
@@ -1735,7 +1726,7 @@ impl SimCloud {
         &mut self,
         zone: &str,
         node_name: &str,
-        attempt: &str,
+        attempt: Ustr,
     ) -> Result<CancelResult, RemoteError> {
         self.api_calls[ApiCall::Cancel as usize] += 1;
         let key = node_name.to_owned();
@@ -1745,7 +1736,7 @@ impl SimCloud {
         if node.state != NodeState::Ready {
             return Err(RemoteError::Temporary);
         }
-        match self.runs.get(attempt) {
+        match self.runs.get(&attempt) {
             None => {
                 return Ok(if node.run.is_some() {
                     CancelResult::Mismatch
@@ -1760,17 +1751,17 @@ impl SimCloud {
             Some(_) => {}
         }
         let now = self.now;
-        let run = self.runs.get(attempt).cloned().expect("checked");
+        let run = self.runs.get(&attempt).cloned().expect("checked");
         if run.state == RunState::Running {
             self.account_interruption(
-                &run.job_id,
+                run.job_id,
                 (now - run.run_start) as f64 / 1000.0,
                 run.chips,
                 run.saved_at_notice,
             );
         }
         self.touch_run(attempt);
-        let r = self.runs.get_mut(attempt).expect("checked");
+        let r = self.runs.get_mut(&attempt).expect("checked");
         let have: BTreeSet<String> = r.statuses.iter().map(|s| s.host.clone()).collect();
         for h in 0..r.hosts {
             let host = format!("w{h}");
@@ -1791,8 +1782,8 @@ impl SimCloud {
     }
 
     /// What the workers of `attempt` show now (`None` if it was never launched).
-    pub fn attempt(&self, attempt: &str) -> Option<AttemptView> {
-        let run = self.runs.get(attempt)?;
+    pub fn attempt(&self, attempt: Ustr) -> Option<AttemptView> {
+        let run = self.runs.get(&attempt)?;
         let node_alive = self
             .nodes
             .at(run.node_slot)
@@ -1814,12 +1805,12 @@ impl SimCloud {
     /// The attempts whose `attempt` view may have changed since the last call (a superset,
     /// in no particular order, repeats possible), other than the heartbeat of a beating run
     /// moving with time. A reader that keeps views between calls re-reads only these.
-    pub fn take_report_changes(&mut self) -> Vec<String> {
+    pub fn take_report_changes(&mut self) -> Vec<Ustr> {
         std::mem::take(&mut self.report_changes)
     }
 
-    fn touch_run(&mut self, attempt: &str) {
-        self.report_changes.push(attempt.to_owned());
+    fn touch_run(&mut self, attempt: Ustr) {
+        self.report_changes.push(attempt);
     }
 
     /// Marks every attempt launched on node `key` changed (the node is going away).
@@ -1836,7 +1827,7 @@ impl SimCloud {
             if run.alive && run.state != RunState::Ended {
                 out.entry(run.node_key.clone())
                     .or_default()
-                    .push(id.clone());
+                    .push(id.to_string());
             }
         }
         for ids in out.values_mut() {

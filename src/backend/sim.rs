@@ -166,7 +166,7 @@ impl SimBackend {
 
     /// What the workers of `attempt` report, and whether they beat.
     fn read_report(&self, attempt: &Name) -> (AttemptReport, bool) {
-        let Some(view) = self.cloud.attempt(attempt) else {
+        let Some(view) = self.cloud.attempt(attempt.ustr()) else {
             return (AttemptReport::default(), false);
         };
         let statuses = view
@@ -319,8 +319,8 @@ impl CloudBackend for SimBackend {
         let changed: NameSet = self
             .cloud
             .take_report_changes()
-            .iter()
-            .filter_map(|a| Name::existing(a))
+            .into_iter()
+            .map(Name::from_ustr)
             .collect();
         if self.reports_kept != Some(reports.len()) {
             reports.clear();
@@ -416,7 +416,7 @@ impl CloudBackend for SimBackend {
             Action::Launch(l) => {
                 match self
                     .cloud
-                    .launch(&l.zone, &l.tpu_name, &l.attempt_id, &l.job_id)
+                    .launch(&l.zone, &l.tpu_name, l.attempt_id.ustr(), l.job_id.ustr())
                 {
                     Ok(()) => Outcome::Done,
                     Err(simc::RemoteError::NotFound) => Outcome::LaunchFailed(RemoteError {
@@ -437,7 +437,7 @@ impl CloudBackend for SimBackend {
                 tpu_name,
                 zone,
                 ..
-            } => match self.cloud.cancel(zone, tpu_name, attempt_id) {
+            } => match self.cloud.cancel(zone, tpu_name, attempt_id.ustr()) {
                 Ok(CancelResult::Sent) => Outcome::Cancelled(CancelOutcome::Sent),
                 Ok(CancelResult::NotRunning) => Outcome::Cancelled(CancelOutcome::NotRunning),
                 Ok(CancelResult::Mismatch) => Outcome::Cancelled(CancelOutcome::AttemptMismatch),

@@ -45,6 +45,16 @@ impl Name {
     pub fn as_str(&self) -> &'static str {
         self.0.as_str()
     }
+
+    /// The interned string (for crates that intern with `ustr` too, such as the simulator).
+    pub fn ustr(self) -> ustr::Ustr {
+        self.0
+    }
+
+    /// The name of an interned string.
+    pub fn from_ustr(text: ustr::Ustr) -> Name {
+        Name(text)
+    }
 }
 
 impl std::ops::Deref for Name {
