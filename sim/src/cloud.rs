@@ -938,7 +938,7 @@ impl SimCloud {
             return;
         }
         node.notice_at = Some(now);
-        let (serial, run) = (node.serial, node.run.clone());
+        let (serial, run) = (node.serial, node.run);
         if let Some(attempt) = run
             && let Some(r) = self.runs.get_mut(&attempt)
             && r.alive
@@ -1516,7 +1516,7 @@ impl SimCloud {
                 RemoteError::NotFound
             });
         }
-        if let Some(other) = node.run.clone() {
+        if let Some(other) = node.run {
             // The launch script stops whatever still runs there: an engine bug if it ever
             // happens to a live attempt (dead workers leave nothing to stop).
             if self
