@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::observe::{LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, QueuedResourceInfo};
 use super::state::{Resource, State};
 use crate::spec::{
-    EntryKind, FleetSpec, Name, NameMap, ProvisioningModel, QuotaKey, TpuEntry, names,
+    EntryKind, FleetSpec, Name, NameMap, NameSet, ProvisioningModel, QuotaKey, TpuEntry, names,
 };
 
 /// Where a declared node name comes from.
@@ -39,6 +39,8 @@ pub struct FleetIndex {
     pub chip_limits: BTreeMap<QuotaKey, u32>,
     /// Zones of the managed entries (listed on every pass).
     managed_zones: BTreeSet<Name>,
+    /// The same zones, hashed (only looked up).
+    managed_zone_set: NameSet,
 }
 
 impl FleetIndex {
@@ -99,7 +101,7 @@ impl FleetIndex {
             })
             .collect();
         let chip_limits = fleet.chip_limits();
-        let managed_zones = fleet
+        let managed_zones: BTreeSet<Name> = fleet
             .tpus
             .iter()
             .filter(|e| !e.is_adopted())
@@ -113,6 +115,7 @@ impl FleetIndex {
             in_name_order,
             by_id,
             chip_limits,
+            managed_zone_set: managed_zones.iter().copied().collect(),
             managed_zones,
         }
     }
@@ -252,8 +255,8 @@ impl FleetIndex {
         for r in state.resources.values().filter(|r| !r.status.is_gone()) {
             if r.adopted {
                 adopted.insert((&r.zone, &r.tpu_name));
-            } else if self.owns_record(r).is_none() {
-                // A record of its managed entry is in that entry's zone, listed already.
+            } else if !self.managed_zone_set.contains(&r.zone) {
+                // A record whose entry was removed or changed, in a zone no entry lists.
                 zones.insert(r.zone);
             }
         }
