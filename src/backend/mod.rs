@@ -62,8 +62,8 @@ pub trait CloudBackend {
     /// `reports` is the map this backend brought up to date on the previous call, kept by
     /// the driver: a backend may re-read only the attempts whose workers wrote, stopped or
     /// started since, and must read every attempt when handed any other map (an empty one
-    /// forces a full read). On error the map may be partly updated; the next call reads
-    /// every attempt again.
+    /// forces a full read). On error the map may be partly updated, and a backend whose
+    /// read failed part-way must read every attempt on its next call.
     fn refresh_reports(
         &mut self,
         in_flight: &[(Name, Name)],
