@@ -1370,16 +1370,11 @@ impl SimCloud {
         if known == Some(version) {
             return Ok(Listing::Unchanged);
         }
-        let mut filter = LabelFilter::new(label);
-        let objects = self
-            .nodes
-            .in_zone(zone)
-            .filter(move |(_, n)| filter.matches(&n.labels))
-            .map(|(_, n)| n.view());
+        let objects = self.peek_nodes(zone, label);
         Ok(Listing::Changed { version, objects })
     }
 
-    /// What `list_nodes` would list in `zone`, without making a call (for checks).
+    /// What `list_nodes` lists in `zone`, without making a call (also for checks).
     pub fn peek_nodes<'a>(
         &'a self,
         zone: &'a str,
@@ -1392,7 +1387,7 @@ impl SimCloud {
             .map(|(_, n)| n.view())
     }
 
-    /// What `list_queued_resources` would list in `zone`, without making a call (for checks).
+    /// What `list_queued_resources` lists in `zone`, without making a call (also for checks).
     pub fn peek_queued_resources<'a>(
         &'a self,
         zone: &'a str,
@@ -1473,12 +1468,7 @@ impl SimCloud {
         if known == Some(version) {
             return Ok(Listing::Unchanged);
         }
-        let mut filter = LabelFilter::new(label);
-        let objects = self
-            .qrs
-            .in_zone(zone)
-            .filter(move |(_, q)| filter.matches(&q.labels))
-            .map(|(_, q)| q.view());
+        let objects = self.peek_queued_resources(zone, label);
         Ok(Listing::Changed { version, objects })
     }
 
