@@ -234,22 +234,29 @@ fn job_of(scenario: &Scenario, arrival: &JobArrival, types: &[gcp::TpuType]) -> 
     )
 }
 
-/// FNV-1a over everything written to it: the event log is hashed as it is serialised,
-/// without building each line.
-struct Fnv<'h>(&'h mut u64);
-
-impl std::io::Write for Fnv<'_> {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+/// Folds an engine event into the run's FNV-1a event hash: its time, kind, ids and detail,
+/// each field ended by a marker so that no two different events hash the same bytes.
+fn hash_event(hash: &mut u64, e: &Event) {
+    let mut fnv = |bytes: &[u8]| {
         for b in bytes {
-            *self.0 ^= u64::from(*b);
-            *self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+            *hash ^= u64::from(*b);
+            *hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
         }
-        Ok(bytes.len())
+    };
+    fnv(&e.at.0.to_le_bytes());
+    fnv(e.kind.as_bytes());
+    fnv(&[0xff]);
+    for id in [e.job_id, e.resource_id, e.attempt_id] {
+        match id {
+            Some(id) => {
+                fnv(id.as_bytes());
+                fnv(&[0xfe]);
+            }
+            None => fnv(&[0xfd]),
+        }
     }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+    fnv(e.detail.as_bytes());
+    fnv(&[0xff]);
 }
 
 /// Per pool: slices the fleet could hold there (managed counts; chip limits applied later).
@@ -540,7 +547,7 @@ pub fn run(
                     // A crash before commit loses the whole pass: its decisions and events.
                     let committed_pass = crash != Some(0);
                     for e in out.events.iter().filter(|_| committed_pass) {
-                        serde_json::to_writer(Fnv(&mut event_hash), e).expect("event serialises");
+                        hash_event(&mut event_hash, e);
                         recent.push_back(e.clone());
                         if recent.len() > 40 {
                             recent.pop_front();
