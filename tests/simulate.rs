@@ -384,6 +384,7 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
     use tpu_runner::backend::sim::SimBackend;
     use tpu_runner::engine::observe::{NodeState, QrState};
     use tpu_runner::engine::{InventoryScope, Timestamp};
+    use ustr::ustr;
 
     let s = load("tests/fixtures/scenarios/faulty-small.yaml");
     let mut cloud = tpu_runner_sim::SimCloud::new(harness::cloud_config(&s, 1, None));
@@ -401,7 +402,13 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
         ("us-east1-d", "d", "me"),
     ] {
         cloud
-            .create_queued_resource(zone, &format!("qr-{node}"), node, "v6e-8", labels(runner))
+            .create_queued_resource(
+                ustr(zone),
+                ustr(&format!("qr-{node}")),
+                ustr(node),
+                "v6e-8",
+                labels(runner),
+            )
             .unwrap();
     }
     let mut backend = SimBackend::new(cloud, Timestamp(0), "me", false);
@@ -429,7 +436,10 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
     backend.cloud.advance_to(3_600_000);
     let (nodes, qrs) = backend.inventory(&scope, Timestamp(0)).unwrap();
     for q in &qrs {
-        let now = backend.cloud.get_queued_resource(&q.zone, &q.name).unwrap();
+        let now = backend
+            .cloud
+            .get_queued_resource(q.zone.ustr(), q.name.ustr())
+            .unwrap();
         assert_eq!(
             format!("{:?}", now.unwrap().state),
             format!("{:?}", q.state)
@@ -446,7 +456,7 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
     // Deleted objects leave the listing.
     backend
         .cloud
-        .delete_queued_resource("us-west1-a", "qr-a")
+        .delete_queued_resource(ustr("us-west1-a"), ustr("qr-a"))
         .unwrap();
     backend.cloud.advance_to(2 * 3_600_000);
     let (_, qrs) = backend.inventory(&scope, Timestamp(0)).unwrap();

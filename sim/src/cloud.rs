@@ -53,11 +53,11 @@ pub struct QrView<'a> {
     /// Incarnation: a queued resource created again under the same name has a new serial.
     pub serial: u64,
     /// Name.
-    pub name: &'a str,
+    pub name: Ustr,
     /// Zone.
-    pub zone: &'a str,
+    pub zone: Ustr,
     /// Node id.
-    pub node_id: &'a str,
+    pub node_id: Ustr,
     /// Accelerator type.
     pub accelerator: &'a str,
     /// State (the only field that changes during an incarnation).
@@ -75,9 +75,9 @@ pub struct NodeView<'a> {
     /// Incarnation: a node created again under the same name has a new serial.
     pub serial: u64,
     /// Name.
-    pub name: &'a str,
+    pub name: Ustr,
     /// Zone.
-    pub zone: &'a str,
+    pub zone: Ustr,
     /// Accelerator type.
     pub accelerator: &'a str,
     /// State (the only field that changes during an incarnation).
@@ -87,7 +87,7 @@ pub struct NodeView<'a> {
     /// Labels.
     pub labels: &'a Labels,
     /// The queued resource that made it.
-    pub queued_resource: Option<&'a str>,
+    pub queued_resource: Option<Ustr>,
     /// Spot capacity (false for existing on-demand nodes).
     pub spot: bool,
 }
@@ -260,9 +260,9 @@ enum Event {
 #[derive(Clone, Debug)]
 struct Qr {
     serial: u64,
-    name: String,
-    zone: String,
-    node_id: String,
+    name: Ustr,
+    zone: Ustr,
+    node_id: Ustr,
     accelerator: String,
     pool: usize,
     state: QrState,
@@ -273,15 +273,15 @@ struct Qr {
 #[derive(Clone, Debug)]
 struct Node {
     serial: u64,
-    name: String,
-    zone: String,
+    name: Ustr,
+    zone: Ustr,
     accelerator: String,
     pool: usize,
     state: NodeState,
     hosts: u32,
     chips: u32,
     labels: Labels,
-    queued_resource: Option<String>,
+    queued_resource: Option<Ustr>,
     active_since: Option<Millis>,
     run: Option<Ustr>,
     /// Every attempt launched on the node (their reports change when it goes away).
@@ -296,9 +296,9 @@ impl Qr {
     fn view(&self) -> QrView<'_> {
         QrView {
             serial: self.serial,
-            name: &self.name,
-            zone: &self.zone,
-            node_id: &self.node_id,
+            name: self.name,
+            zone: self.zone,
+            node_id: self.node_id,
             accelerator: &self.accelerator,
             state: self.state,
             labels: &self.labels,
@@ -310,27 +310,27 @@ impl Node {
     fn view(&self) -> NodeView<'_> {
         NodeView {
             serial: self.serial,
-            name: &self.name,
-            zone: &self.zone,
+            name: self.name,
+            zone: self.zone,
             accelerator: &self.accelerator,
             state: self.state,
             hosts: self.hosts,
             labels: &self.labels,
-            queued_resource: self.queued_resource.as_deref(),
+            queued_resource: self.queued_resource,
             spot: self.spot,
         }
     }
 }
 
 impl InZone for Node {
-    fn zone(&self) -> &str {
-        &self.zone
+    fn zone(&self) -> Ustr {
+        self.zone
     }
 }
 
 impl InZone for Qr {
-    fn zone(&self) -> &str {
-        &self.zone
+    fn zone(&self) -> Ustr {
+        self.zone
     }
 }
 
@@ -385,7 +385,7 @@ enum Outcome {
 struct Run {
     job_id: Ustr,
     node_serial: u64,
-    node_key: String,
+    node_key: Ustr,
     /// The node's slot in `nodes` (holding it while `node_serial` matches).
     node_slot: usize,
     hosts: u32,
@@ -415,20 +415,24 @@ pub struct SimCloud {
     seq: u64,
     serial: u64,
     queue: BinaryHeap<Reverse<(Millis, u64, Event)>>,
-    // Keyed by name for lookups, indexed by zone for listing. Hash maps with a fixed hasher
-    // iterate in an order set by the (deterministic) insertion history; every use below is
+    // Keyed by name for lookups, indexed by zone for listing. Names, zones, attempt and job
+    // ids are interned (`Ustr`: found by pointer, ordered by text). Hash maps iterate in an
+    // order set by the (deterministic) insertion history; every use below is
     // order-independent anyway (counts, minimum by serial, sorted victims) except float sums
     // in `accounting`, which sort first; zone listings are in name order.
     qrs: ZonedTable<Qr>,
     nodes: ZonedTable<Node>,
-    by_serial: BTreeMap<u64, (bool, String)>,
+    by_serial: BTreeMap<u64, (bool, Ustr)>,
     /// Every run ever launched, by attempt id (grows with history: hashed, so a lookup does
     /// not slow down as a long run accumulates attempts).
     runs: UstrMap<Run>,
     jobs: UstrMap<JobProgress>,
     available: Vec<u32>,
     on: Vec<bool>,
-    pool_index: BTreeMap<(String, String), usize>,
+    /// Pools by zone, then accelerator (a zone has a handful).
+    pool_index: UstrMap<Vec<(String, usize)>>,
+    /// Each pool's zone, interned.
+    pool_zones: Vec<Ustr>,
     rng_capacity: SimRng,
     rng_provisioning: SimRng,
     rng_preemption: SimRng,
@@ -456,12 +460,12 @@ impl SimCloud {
     /// A cloud at time 0.
     pub fn new(config: CloudConfig) -> SimCloud {
         let seed = config.seed;
-        let pool_index = config
-            .pools
-            .iter()
-            .enumerate()
-            .map(|(i, p)| ((p.zone.clone(), p.accelerator.clone()), i))
-            .collect();
+        let mut pool_index: UstrMap<Vec<(String, usize)>> = UstrMap::default();
+        for (i, p) in config.pools.iter().enumerate() {
+            let in_zone = pool_index.entry(Ustr::from(&p.zone)).or_default();
+            in_zone.push((p.accelerator.clone(), i));
+        }
+        let pool_zones = config.pools.iter().map(|p| Ustr::from(&p.zone)).collect();
         let n = config.pools.len();
         let mut cloud = SimCloud {
             now: 0,
@@ -476,6 +480,7 @@ impl SimCloud {
             available: vec![0; n],
             on: vec![true; n],
             pool_index,
+            pool_zones,
             rng_capacity: SimRng::new(seed, "capacity"),
             rng_provisioning: SimRng::new(seed, "provisioning"),
             rng_preemption: SimRng::new(seed, "preemption"),
@@ -734,10 +739,10 @@ impl SimCloud {
             Event::DeletionDone { serial } => {
                 if let Some((is_qr, key)) = self.by_serial.remove(&serial) {
                     let pool = if is_qr {
-                        self.qrs.remove(&key).map(|q| q.pool)
+                        self.qrs.remove(key).map(|q| q.pool)
                     } else {
-                        self.touch_node_runs(&key);
-                        self.nodes.remove(&key).map(|n| n.pool)
+                        self.touch_node_runs(key);
+                        self.nodes.remove(key).map(|n| n.pool)
                     };
                     self.version += 1;
                     if let Some(pool) = pool {
@@ -749,12 +754,12 @@ impl SimCloud {
                 if let Some((false, key)) = self.by_serial.get(&serial).cloned()
                     && self
                         .nodes
-                        .get(&key)
+                        .get(key)
                         .is_some_and(|n| n.state == NodeState::Ready)
                 {
-                    self.preempt(&key);
+                    self.preempt(key);
                     // Without a notice the slice is free now.
-                    let pool = self.nodes[&key].pool;
+                    let pool = self.nodes[key].pool;
                     self.provision_waiting(pool);
                 }
             }
@@ -762,11 +767,11 @@ impl SimCloud {
                 if let Some((false, key)) = self.by_serial.get(&serial).cloned()
                     && self
                         .nodes
-                        .get(&key)
+                        .get(key)
                         .is_some_and(|n| matches!(n.state, NodeState::Creating | NodeState::Ready))
                 {
-                    self.reclaim(&key);
-                    let pool = self.nodes[&key].pool;
+                    self.reclaim(key);
+                    let pool = self.nodes[key].pool;
                     self.provision_waiting(pool);
                 }
             }
@@ -774,7 +779,7 @@ impl SimCloud {
                 let Some((true, key)) = self.by_serial.get(&serial).cloned() else {
                     return;
                 };
-                let Some(qr) = self.qrs.get(&key) else { return };
+                let Some(qr) = self.qrs.get(key) else { return };
                 if vanish
                     && matches!(
                         qr.state,
@@ -782,28 +787,28 @@ impl SimCloud {
                     )
                 {
                     *self.accounting.faults.entry("qr_vanished").or_default() += 1;
-                    let (node_id, pool) = (qr.node_id.clone(), qr.pool);
+                    let (node_id, pool) = (qr.node_id, qr.pool);
                     if self
                         .nodes
-                        .get(&node_id)
-                        .is_some_and(|n| n.queued_resource.as_deref() == Some(key.as_str()))
+                        .get(node_id)
+                        .is_some_and(|n| n.queued_resource == Some(key))
                     {
-                        self.release_allocation(&node_id);
-                        self.touch_node_runs(&node_id);
-                        if let Some(run) = self.nodes.get_mut(&node_id).and_then(|n| n.run.take()) {
+                        self.release_allocation(node_id);
+                        self.touch_node_runs(node_id);
+                        if let Some(run) = self.nodes.get_mut(node_id).and_then(|n| n.run.take()) {
                             self.kill_run(run);
                         }
-                        if let Some(n) = self.nodes.remove(&node_id) {
+                        if let Some(n) = self.nodes.remove(node_id) {
                             self.by_serial.remove(&n.serial);
                         }
                     }
-                    self.qrs.remove(&key);
+                    self.qrs.remove(key);
                     self.by_serial.remove(&serial);
                     self.version += 1;
                     self.provision_waiting(pool);
                 } else if !vanish && qr.state == QrState::WaitingForResources {
                     *self.accounting.faults.entry("qr_failed").or_default() += 1;
-                    self.qrs.get_mut(&key).expect("exists").state = QrState::Failed;
+                    self.qrs.get_mut(key).expect("exists").state = QrState::Failed;
                     self.version += 1;
                 }
             }
@@ -813,16 +818,16 @@ impl SimCloud {
                 };
                 if self
                     .nodes
-                    .get(&key)
+                    .get(key)
                     .is_some_and(|n| n.state == NodeState::Ready)
                 {
                     *self.accounting.faults.entry("node_vanished").or_default() += 1;
-                    self.release_allocation(&key);
-                    self.touch_node_runs(&key);
-                    if let Some(run) = self.nodes.get_mut(&key).and_then(|n| n.run.take()) {
+                    self.release_allocation(key);
+                    self.touch_node_runs(key);
+                    if let Some(run) = self.nodes.get_mut(key).and_then(|n| n.run.take()) {
                         self.kill_run(run);
                     }
-                    let pool = self.nodes.remove(&key).map(|n| n.pool);
+                    let pool = self.nodes.remove(key).map(|n| n.pool);
                     self.by_serial.remove(&serial);
                     self.version += 1;
                     if let Some(pool) = pool {
@@ -857,16 +862,16 @@ impl SimCloud {
     }
 
     /// The nodes of `pool` (found through its zone's index), by name.
-    fn pool_nodes(&self, pool: usize) -> impl Iterator<Item = (&String, &Node)> {
+    fn pool_nodes(&self, pool: usize) -> impl Iterator<Item = (Ustr, &Node)> {
         self.nodes
-            .in_zone(&self.config.pools[pool].zone)
+            .in_zone(self.pool_zones[pool])
             .filter(move |(_, n)| n.pool == pool)
     }
 
     /// The queued resources of `pool`, by name.
-    fn pool_qrs(&self, pool: usize) -> impl Iterator<Item = (&String, &Qr)> {
+    fn pool_qrs(&self, pool: usize) -> impl Iterator<Item = (Ustr, &Qr)> {
         self.qrs
-            .in_zone(&self.config.pools[pool].zone)
+            .in_zone(self.pool_zones[pool])
             .filter(move |(_, q)| q.pool == pool)
     }
 
@@ -890,24 +895,24 @@ impl SimCloud {
         if in_use <= available {
             return;
         }
-        let mut victims: Vec<(u64, String)> = self
+        let mut victims: Vec<(u64, Ustr)> = self
             .pool_nodes(pool)
             .filter(|(_, n)| {
                 n.notice_at.is_none() && matches!(n.state, NodeState::Creating | NodeState::Ready)
             })
-            .map(|(k, n)| (n.serial, k.clone()))
+            .map(|(k, n)| (n.serial, k))
             .collect();
         victims.sort_by_key(|v| std::cmp::Reverse(v.0));
         for (_, key) in victims {
             if in_use <= available {
                 break;
             }
-            self.preempt(&key);
+            self.preempt(key);
             in_use -= 1;
         }
     }
 
-    fn release_allocation(&mut self, key: &str) {
+    fn release_allocation(&mut self, key: Ustr) {
         let now = self.now;
         if let Some(node) = self.nodes.get_mut(key)
             && let Some(since) = node.active_since.take()
@@ -924,7 +929,7 @@ impl SimCloud {
 
     /// A Spot preemption: the notice now, the TPU gone `preemption_notice_secs` later. A job
     /// that checkpoints on notice saves its progress at the notice.
-    fn preempt(&mut self, key: &str) {
+    fn preempt(&mut self, key: Ustr) {
         let notice_ms = (self.config.preemption_notice_secs * 1000.0) as u64;
         let now = self.now;
         let Some(node) = self.nodes.get_mut(key) else {
@@ -954,7 +959,7 @@ impl SimCloud {
     }
 
     /// The TPU goes away now: PREEMPTED, its request suspended, its run killed.
-    fn reclaim(&mut self, key: &str) {
+    fn reclaim(&mut self, key: Ustr) {
         self.release_allocation(key);
         self.touch_node_runs(key);
         let Some(node) = self.nodes.get_mut(key) else {
@@ -962,11 +967,11 @@ impl SimCloud {
         };
         node.state = NodeState::Preempted;
         let run = node.run.take();
-        let qr = node.queued_resource.clone();
+        let qr = node.queued_resource;
         self.accounting.preemptions += 1;
         self.version += 1;
         if let Some(qr) = qr
-            && let Some(q) = self.qrs.get_mut(&qr)
+            && let Some(q) = self.qrs.get_mut(qr)
             && q.state != QrState::Deleting
         {
             q.state = QrState::Suspended;
@@ -1037,13 +1042,13 @@ impl SimCloud {
                 .pool_qrs(pool)
                 .filter(|(_, q)| q.state == QrState::WaitingForResources)
                 .min_by_key(|(_, q)| (q.created_at, q.serial))
-                .map(|(k, _)| k.clone());
+                .map(|(k, _)| k);
             let Some(key) = next else { return };
-            self.start_provisioning(&key);
+            self.start_provisioning(key);
         }
     }
 
-    fn start_provisioning(&mut self, key: &str) {
+    fn start_provisioning(&mut self, key: Ustr) {
         let region = region_of(&self.qrs[key].zone).to_owned();
         let latency = *self
             .config
@@ -1056,18 +1061,18 @@ impl SimCloud {
         let qr = self.qrs.get_mut(key).expect("exists");
         qr.state = QrState::Provisioning;
         let serial = qr.serial;
-        let node_key = qr.node_id.clone();
+        let node_key = qr.node_id;
         let node = Node {
             serial: self.serial + 1,
-            name: qr.node_id.clone(),
-            zone: qr.zone.clone(),
+            name: qr.node_id,
+            zone: qr.zone,
             accelerator: qr.accelerator.clone(),
             pool,
             state: NodeState::Creating,
             hosts,
             chips,
             labels: qr.labels.clone(),
-            queued_resource: Some(qr.name.clone()),
+            queued_resource: Some(qr.name),
             active_since: None,
             run: None,
             launched: Vec::new(),
@@ -1076,8 +1081,7 @@ impl SimCloud {
             notice_at: None,
         };
         self.serial += 1;
-        self.by_serial
-            .insert(node.serial, (false, node_key.clone()));
+        self.by_serial.insert(node.serial, (false, node_key));
         self.nodes.insert(node_key, node);
         self.version += 1;
         self.push(
@@ -1090,7 +1094,7 @@ impl SimCloud {
         let Some((true, key)) = self.by_serial.get(&qr_serial).cloned() else {
             return;
         };
-        let Some(qr) = self.qrs.get_mut(&key) else {
+        let Some(qr) = self.qrs.get_mut(key) else {
             return;
         };
         if qr.state != QrState::Provisioning {
@@ -1098,16 +1102,16 @@ impl SimCloud {
         }
         qr.state = QrState::Active;
         let created = qr.created_at;
-        let node_key = qr.node_id.clone();
+        let node_key = qr.node_id;
         self.accounting
             .time_to_capacity_secs
             .push((self.now - created) as f64 / 1000.0);
         let rate = self
             .nodes
-            .get(&node_key)
+            .get(node_key)
             .and_then(|n| self.config.pools.get(n.pool))
             .map_or(0.0, |p| p.preemption_per_hour);
-        if let Some(node) = self.nodes.get_mut(&node_key)
+        if let Some(node) = self.nodes.get_mut(node_key)
             && node.state == NodeState::Creating
         {
             node.state = NodeState::Ready;
@@ -1213,27 +1217,29 @@ impl SimCloud {
     /// Creates a Spot queued resource for one node.
     pub fn create_queued_resource(
         &mut self,
-        zone: &str,
-        name: &str,
-        node_id: &str,
+        zone: Ustr,
+        name: Ustr,
+        node_id: Ustr,
         accelerator: &str,
         labels: Labels,
     ) -> Result<(), ApiError> {
         let lost_reply = self.api(ApiCall::CreateQueuedResource, true)?;
-        let key = name.to_owned();
+        let key = name;
         if self.qrs.contains_key(name) || self.nodes.contains_key(node_id) {
             return Err(ApiError::AlreadyExists);
         }
-        let pool = *self
+        let pool = self
             .pool_index
-            .get(&(zone.to_owned(), accelerator.to_owned()))
+            .get(&zone)
+            .and_then(|in_zone| in_zone.iter().find(|(a, _)| a == accelerator))
+            .map(|&(_, pool)| pool)
             .ok_or(ApiError::NoSuchPool)?;
         self.serial += 1;
         let qr = Qr {
             serial: self.serial,
-            name: name.to_owned(),
-            zone: zone.to_owned(),
-            node_id: node_id.to_owned(),
+            name,
+            zone,
+            node_id,
             accelerator: accelerator.to_owned(),
             pool,
             state: QrState::WaitingForResources,
@@ -1241,7 +1247,7 @@ impl SimCloud {
             labels,
         };
         let serial = qr.serial;
-        self.by_serial.insert(qr.serial, (true, key.clone()));
+        self.by_serial.insert(qr.serial, (true, key));
         self.qrs.insert(key, qr);
         self.version += 1;
         let faults = self.config.faults;
@@ -1268,7 +1274,7 @@ impl SimCloud {
     }
 
     /// Deletes a queued resource and its node.
-    pub fn delete_queued_resource(&mut self, zone: &str, name: &str) -> Result<(), ApiError> {
+    pub fn delete_queued_resource(&mut self, zone: Ustr, name: Ustr) -> Result<(), ApiError> {
         let lost_reply = self.api(ApiCall::DeleteQueuedResource, true)?;
         let Some(qr) = self.qrs.get_mut(name).filter(|q| q.zone == zone) else {
             return Err(ApiError::NotFound);
@@ -1282,13 +1288,13 @@ impl SimCloud {
         }
         qr.state = QrState::Deleting;
         let serial = qr.serial;
-        let node_key = qr.node_id.clone();
+        let node_key = qr.node_id;
         if self
             .nodes
-            .get(&node_key)
-            .is_some_and(|n| n.queued_resource.as_deref() == Some(name))
+            .get(node_key)
+            .is_some_and(|n| n.queued_resource == Some(name))
         {
-            self.start_node_deletion(&node_key);
+            self.start_node_deletion(node_key);
         }
         self.version += 1;
         let done = self.now + (self.config.delete_secs * 1000.0) as u64;
@@ -1300,7 +1306,7 @@ impl SimCloud {
         }
     }
 
-    fn start_node_deletion(&mut self, key: &str) {
+    fn start_node_deletion(&mut self, key: Ustr) {
         self.release_allocation(key);
         let Some(node) = self.nodes.get_mut(key) else {
             return;
@@ -1322,21 +1328,21 @@ impl SimCloud {
     }
 
     /// Deletes a node (its queued resource, if any, becomes SUSPENDED).
-    pub fn delete_node(&mut self, zone: &str, name: &str) -> Result<(), ApiError> {
+    pub fn delete_node(&mut self, zone: Ustr, name: Ustr) -> Result<(), ApiError> {
         let lost_reply = self.api(ApiCall::DeleteNode, true)?;
-        let key = name.to_owned();
+        let key = name;
         let Some(node) = self.nodes.get(name).filter(|n| n.zone == zone) else {
             return Err(ApiError::NotFound);
         };
-        let qr = node.queued_resource.clone();
-        self.start_node_deletion(&key);
+        let qr = node.queued_resource;
+        self.start_node_deletion(key);
         if let Some(qr) = qr
-            && let Some(q) = self.qrs.get_mut(&qr)
+            && let Some(q) = self.qrs.get_mut(qr)
             && matches!(q.state, QrState::Active | QrState::Provisioning)
         {
             q.state = QrState::Suspended;
         }
-        let pool = self.nodes[&key].pool;
+        let pool = self.nodes[key].pool;
         self.provision_waiting(pool);
         if lost_reply {
             Err(ApiError::Timeout)
@@ -1346,7 +1352,7 @@ impl SimCloud {
     }
 
     /// GET a node.
-    pub fn get_node(&mut self, zone: &str, name: &str) -> Result<Option<NodeView<'_>>, ApiError> {
+    pub fn get_node(&mut self, zone: Ustr, name: Ustr) -> Result<Option<NodeView<'_>>, ApiError> {
         self.api(ApiCall::GetNode, false)?;
         Ok(self
             .nodes
@@ -1361,7 +1367,7 @@ impl SimCloud {
     /// `Unchanged` (the call still counts and can fail like any other).
     pub fn list_nodes<'a>(
         &'a mut self,
-        zone: &'a str,
+        zone: Ustr,
         label: (&'a str, &'a str),
         known: Option<u64>,
     ) -> Result<Listing<impl Iterator<Item = NodeView<'a>> + 'a>, ApiError> {
@@ -1377,7 +1383,7 @@ impl SimCloud {
     /// What `list_nodes` lists in `zone`, without making a call (also for checks).
     pub fn peek_nodes<'a>(
         &'a self,
-        zone: &'a str,
+        zone: Ustr,
         label: (&'a str, &'a str),
     ) -> impl Iterator<Item = NodeView<'a>> + 'a {
         let mut filter = LabelFilter::new(label);
@@ -1390,7 +1396,7 @@ impl SimCloud {
     /// What `list_queued_resources` lists in `zone`, without making a call (also for checks).
     pub fn peek_queued_resources<'a>(
         &'a self,
-        zone: &'a str,
+        zone: Ustr,
         label: (&'a str, &'a str),
     ) -> impl Iterator<Item = QrView<'a>> + 'a {
         let mut filter = LabelFilter::new(label);
@@ -1401,7 +1407,7 @@ impl SimCloud {
     }
 
     /// What `get_node` would return, without making a call (for checks).
-    pub fn peek_node(&self, zone: &str, name: &str) -> Option<NodeView<'_>> {
+    pub fn peek_node(&self, zone: Ustr, name: Ustr) -> Option<NodeView<'_>> {
         self.nodes
             .get(name)
             .filter(|n| n.zone == zone)
@@ -1419,14 +1425,14 @@ impl SimCloud {
         hosts: u32,
     ) {
         self.serial += 1;
-        let key = name.to_owned();
-        self.by_serial.insert(self.serial, (false, key.clone()));
+        let (zone, key) = (Ustr::from(zone), Ustr::from(name));
+        self.by_serial.insert(self.serial, (false, key));
         self.nodes.insert(
             key,
             Node {
                 serial: self.serial,
-                name: name.to_owned(),
-                zone: zone.to_owned(),
+                name: key,
+                zone,
                 accelerator: accelerator.to_owned(),
                 pool: usize::MAX,
                 state: NodeState::Ready,
@@ -1448,8 +1454,8 @@ impl SimCloud {
     /// GET a queued resource.
     pub fn get_queued_resource(
         &mut self,
-        zone: &str,
-        name: &str,
+        zone: Ustr,
+        name: Ustr,
     ) -> Result<Option<QrView<'_>>, ApiError> {
         self.api(ApiCall::GetQueuedResource, false)?;
         Ok(self.qrs.get(name).filter(|q| q.zone == zone).map(Qr::view))
@@ -1459,7 +1465,7 @@ impl SimCloud {
     /// (`known` as for `list_nodes`).
     pub fn list_queued_resources<'a>(
         &'a mut self,
-        zone: &'a str,
+        zone: Ustr,
         label: (&'a str, &'a str),
         known: Option<u64>,
     ) -> Result<Listing<impl Iterator<Item = QrView<'a>> + 'a>, ApiError> {
@@ -1486,8 +1492,8 @@ impl SimCloud {
     /// Starts `attempt` of `job_id` on every worker of the node (idempotent per attempt).
     pub fn launch(
         &mut self,
-        zone: &str,
-        node_name: &str,
+        zone: Ustr,
+        node_name: Ustr,
         attempt: Ustr,
         job_id: Ustr,
     ) -> Result<(), RemoteError> {
@@ -1495,7 +1501,7 @@ impl SimCloud {
         if self.runs.contains_key(&attempt) {
             return Ok(());
         }
-        let key = node_name.to_owned();
+        let key = node_name;
         let Some(node) = self.nodes.get(node_name).filter(|n| n.zone == zone) else {
             return Err(RemoteError::NotFound);
         };
@@ -1522,8 +1528,8 @@ impl SimCloud {
             .jobs
             .get(&job_id)
             .and_then(|j| j.behaviour.cache_key.clone());
-        let node_slot = self.nodes.slot_of(&key).expect("exists");
-        let node = self.nodes.get_mut(&key).expect("exists");
+        let node_slot = self.nodes.slot_of(key).expect("exists");
+        let node = self.nodes.get_mut(key).expect("exists");
         let warm = cache.as_ref().is_some_and(|c| node.caches.contains(c));
         node.run = Some(attempt);
         node.launched.push(attempt);
@@ -1627,7 +1633,7 @@ impl SimCloud {
 
     fn finish_run_on_node(&mut self, attempt: Ustr) {
         if let Some(run) = self.runs.get(&attempt)
-            && let Some(node) = self.nodes.get_mut(&run.node_key)
+            && let Some(node) = self.nodes.get_mut(run.node_key)
             && node.run == Some(attempt)
         {
             node.run = None;
@@ -1686,7 +1692,7 @@ impl SimCloud {
                 if let Some(p) = self.jobs.get_mut(&run.job_id) {
                     p.checkpointed_secs = p.behaviour.work_secs;
                     if let Some(c) = p.behaviour.cache_key.clone()
-                        && let Some(node) = self.nodes.get_mut(&run.node_key)
+                        && let Some(node) = self.nodes.get_mut(run.node_key)
                     {
                         node.caches.insert(c);
                     }
@@ -1714,12 +1720,12 @@ impl SimCloud {
     /// Stops `attempt` on the node (every worker writes status 143).
     pub fn cancel(
         &mut self,
-        zone: &str,
-        node_name: &str,
+        zone: Ustr,
+        node_name: Ustr,
         attempt: Ustr,
     ) -> Result<CancelResult, RemoteError> {
         self.api_calls[ApiCall::Cancel as usize] += 1;
-        let key = node_name.to_owned();
+        let key = node_name;
         let Some(node) = self.nodes.get(node_name).filter(|n| n.zone == zone) else {
             return Err(RemoteError::NotFound);
         };
@@ -1804,7 +1810,7 @@ impl SimCloud {
     }
 
     /// Marks every attempt launched on node `key` changed (the node is going away).
-    fn touch_node_runs(&mut self, key: &str) {
+    fn touch_node_runs(&mut self, key: Ustr) {
         if let Some(node) = self.nodes.get(key) {
             self.report_changes.extend(node.launched.iter().cloned());
         }
@@ -1815,7 +1821,7 @@ impl SimCloud {
         let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (id, run) in &self.runs {
             if run.alive && run.state != RunState::Ended {
-                out.entry(run.node_key.clone())
+                out.entry(run.node_key.to_string())
                     .or_default()
                     .push(id.to_string());
             }
@@ -1836,7 +1842,7 @@ impl SimCloud {
             .filter(|n| matches!(n.state, NodeState::Creating | NodeState::Ready))
         {
             if let Some(v) = n.labels.get(label) {
-                out.entry(v.clone()).or_default().insert(n.name.clone());
+                out.entry(v.clone()).or_default().insert(n.name.to_string());
             }
         }
         for q in self.qrs.values().filter(|q| {
@@ -1846,7 +1852,9 @@ impl SimCloud {
             )
         }) {
             if let Some(v) = q.labels.get(label) {
-                out.entry(v.clone()).or_default().insert(q.node_id.clone());
+                out.entry(v.clone())
+                    .or_default()
+                    .insert(q.node_id.to_string());
             }
         }
         out
@@ -1860,7 +1868,7 @@ impl SimCloud {
             .values()
             .filter(|n| matches!(n.state, NodeState::Creating | NodeState::Ready))
         {
-            *out.entry((n.zone.clone(), n.accelerator.clone()))
+            *out.entry((n.zone.to_string(), n.accelerator.clone()))
                 .or_default() += 1;
         }
         out

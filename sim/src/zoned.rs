@@ -4,24 +4,25 @@
 //! indexes cannot drift from the table. Not for iteration in an order that matters: `values`
 //! follows the storage slots.
 
-use rustc_hash::FxHashMap;
+use ustr::{Ustr, UstrMap};
 
 /// An object that lives in one zone.
 pub(crate) trait InZone {
-    fn zone(&self) -> &str;
+    fn zone(&self) -> Ustr;
 }
 
 /// Objects by name, with a per-zone name index (see the module doc). Objects live in slots;
 /// both indexes point at slots, so listing a zone reads its objects without hashing names.
+/// Names and zones are interned: found by pointer, ordered by text.
 #[derive(Debug)]
 pub(crate) struct ZonedTable<T> {
     slots: Vec<Option<T>>,
     /// Empty slots, reused before the table grows.
     free: Vec<usize>,
-    by_name: FxHashMap<String, usize>,
+    by_name: UstrMap<usize>,
     /// Per zone (only looked up), its names in order with their slots and when it last
     /// changed.
-    by_zone: FxHashMap<String, Zone>,
+    by_zone: UstrMap<Zone>,
     /// Ticks at every change (insert, remove, mutable access).
     clock: u64,
 }
@@ -29,9 +30,9 @@ pub(crate) struct ZonedTable<T> {
 /// One zone's objects.
 #[derive(Debug, Default)]
 struct Zone {
-    /// Names in order, with their slots (a zone holds a few dozen objects: a sorted vector
-    /// lists fastest).
-    names: Vec<(String, usize)>,
+    /// Names in text order, with their slots (a zone holds a few dozen objects: a sorted
+    /// vector lists fastest).
+    names: Vec<(Ustr, usize)>,
     /// The table's clock at the last change to an object of the zone.
     changed: u64,
 }
@@ -41,8 +42,8 @@ impl<T> Default for ZonedTable<T> {
         ZonedTable {
             slots: Vec::new(),
             free: Vec::new(),
-            by_name: FxHashMap::default(),
-            by_zone: FxHashMap::default(),
+            by_name: UstrMap::default(),
+            by_zone: UstrMap::default(),
             clock: 0,
         }
     }
@@ -50,8 +51,8 @@ impl<T> Default for ZonedTable<T> {
 
 impl<T: InZone> ZonedTable<T> {
     /// Inserts `object` under `name` (replacing any object of that name).
-    pub(crate) fn insert(&mut self, name: String, object: T) {
-        self.remove(&name);
+    pub(crate) fn insert(&mut self, name: Ustr, object: T) {
+        self.remove(name);
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
@@ -60,36 +61,41 @@ impl<T: InZone> ZonedTable<T> {
             }
         };
         self.clock += 1;
-        let zone = self.by_zone.entry(object.zone().to_owned()).or_default();
+        let zone = self.by_zone.entry(object.zone()).or_default();
         zone.changed = self.clock;
-        let at = zone.names.partition_point(|(n, _)| *n < name);
-        zone.names.insert(at, (name.clone(), slot));
+        let at = zone
+            .names
+            .partition_point(|(n, _)| n.as_str() < name.as_str());
+        zone.names.insert(at, (name, slot));
         self.slots[slot] = Some(object);
         self.by_name.insert(name, slot);
     }
 
-    pub(crate) fn remove(&mut self, name: &str) -> Option<T> {
-        let slot = self.by_name.remove(name)?;
+    pub(crate) fn remove(&mut self, name: Ustr) -> Option<T> {
+        let slot = self.by_name.remove(&name)?;
         let object = self.slots[slot].take().expect("indexed slots are full");
         self.free.push(slot);
         self.clock += 1;
-        if let Some(zone) = self.by_zone.get_mut(object.zone()) {
+        if let Some(zone) = self.by_zone.get_mut(&object.zone()) {
             zone.changed = self.clock;
-            if let Ok(at) = zone.names.binary_search_by(|(n, _)| n.as_str().cmp(name)) {
+            if let Ok(at) = zone
+                .names
+                .binary_search_by(|(n, _)| n.as_str().cmp(name.as_str()))
+            {
                 zone.names.remove(at);
             }
         }
         Some(object)
     }
 
-    pub(crate) fn get(&self, name: &str) -> Option<&T> {
-        self.by_name.get(name).map(|&slot| self.full(slot))
+    pub(crate) fn get(&self, name: Ustr) -> Option<&T> {
+        self.by_name.get(&name).map(|&slot| self.full(slot))
     }
 
     /// The slot of `name`: it keeps the object until the object is removed (a later object
     /// may reuse it, so a holder checks it still has the one it expects).
-    pub(crate) fn slot_of(&self, name: &str) -> Option<usize> {
-        self.by_name.get(name).copied()
+    pub(crate) fn slot_of(&self, name: Ustr) -> Option<usize> {
+        self.by_name.get(&name).copied()
     }
 
     /// The object in `slot`, if any.
@@ -98,23 +104,23 @@ impl<T: InZone> ZonedTable<T> {
     }
 
     /// The object named `name`, to change (its zone counts as changed).
-    pub(crate) fn get_mut(&mut self, name: &str) -> Option<&mut T> {
-        let slot = *self.by_name.get(name)?;
+    pub(crate) fn get_mut(&mut self, name: Ustr) -> Option<&mut T> {
+        let slot = *self.by_name.get(&name)?;
         let object = self.slots[slot].as_mut()?;
         self.clock += 1;
-        if let Some(zone) = self.by_zone.get_mut(object.zone()) {
+        if let Some(zone) = self.by_zone.get_mut(&object.zone()) {
             zone.changed = self.clock;
         }
         Some(object)
     }
 
     /// When an object of `zone` last changed (0: never): equal values mean an equal listing.
-    pub(crate) fn zone_version(&self, zone: &str) -> u64 {
-        self.by_zone.get(zone).map_or(0, |z| z.changed)
+    pub(crate) fn zone_version(&self, zone: Ustr) -> u64 {
+        self.by_zone.get(&zone).map_or(0, |z| z.changed)
     }
 
-    pub(crate) fn contains_key(&self, name: &str) -> bool {
-        self.by_name.contains_key(name)
+    pub(crate) fn contains_key(&self, name: Ustr) -> bool {
+        self.by_name.contains_key(&name)
     }
 
     /// Every object, in no particular order.
@@ -123,12 +129,12 @@ impl<T: InZone> ZonedTable<T> {
     }
 
     /// The objects of `zone`, in name order.
-    pub(crate) fn in_zone<'a>(&'a self, zone: &str) -> impl Iterator<Item = (&'a String, &'a T)> {
+    pub(crate) fn in_zone(&self, zone: Ustr) -> impl Iterator<Item = (Ustr, &T)> {
         self.by_zone
-            .get(zone)
+            .get(&zone)
             .into_iter()
             .flat_map(|z| &z.names)
-            .map(|(name, slot)| (name, self.full(*slot)))
+            .map(|&(name, slot)| (name, self.full(slot)))
     }
 }
 
@@ -138,9 +144,9 @@ impl<T> ZonedTable<T> {
     }
 }
 
-impl<T> std::ops::Index<&str> for ZonedTable<T> {
+impl<T> std::ops::Index<Ustr> for ZonedTable<T> {
     type Output = T;
-    fn index(&self, name: &str) -> &T {
-        self.full(self.by_name[name])
+    fn index(&self, name: Ustr) -> &T {
+        self.full(self.by_name[&name])
     }
 }

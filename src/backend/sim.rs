@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tpu_runner_sim::SimCloud;
 use tpu_runner_sim::cloud::{self as simc, ApiError, CancelResult, Listing};
+use ustr::Ustr;
 
 use super::{BackendError, CloudBackend, Inventory, Outcome};
 use crate::engine::observe::{
@@ -91,8 +92,8 @@ fn convert<S: Copy + Eq, T>(
 fn node_info(n: &simc::NodeView<'_>, public_ip: bool) -> Option<NodeInfo> {
     Some(NodeInfo {
         tpu_type: TpuType::parse(n.accelerator).ok()?,
-        name: Name::new(n.name),
-        zone: Name::new(n.zone),
+        name: Name::from_ustr(n.name),
+        zone: Name::from_ustr(n.zone),
         state: match n.state {
             simc::NodeState::Creating => NodeState::Creating,
             simc::NodeState::Ready => NodeState::Ready,
@@ -102,7 +103,7 @@ fn node_info(n: &simc::NodeView<'_>, public_ip: bool) -> Option<NodeInfo> {
         health: Health::Healthy,
         spot: n.spot,
         labels: n.labels.clone(),
-        queued_resource: n.queued_resource.map(Name::new),
+        queued_resource: n.queued_resource.map(Name::from_ustr),
         worker_count: n.hosts,
         public_ip,
     })
@@ -111,9 +112,9 @@ fn node_info(n: &simc::NodeView<'_>, public_ip: bool) -> Option<NodeInfo> {
 fn qr_info(q: &simc::QrView<'_>) -> Option<QueuedResourceInfo> {
     Some(QueuedResourceInfo {
         tpu_type: TpuType::parse(q.accelerator).ok()?,
-        name: Name::new(q.name),
-        zone: Name::new(q.zone),
-        node_id: Name::new(q.node_id),
+        name: Name::from_ustr(q.name),
+        zone: Name::from_ustr(q.zone),
+        node_id: Name::from_ustr(q.node_id),
         state: match q.state {
             simc::QrState::WaitingForResources => QrState::WaitingForResources,
             simc::QrState::Provisioning => QrState::Provisioning,
@@ -135,13 +136,10 @@ impl SimBackend {
         let mut nodes: Vec<Arc<NodeInfo>> = scope
             .zones
             .iter()
-            .flat_map(|zone| self.cloud.peek_nodes(zone, label))
-            .chain(
-                scope
-                    .adopted
-                    .iter()
-                    .filter_map(|(zone, name)| self.cloud.peek_node(zone, name)),
-            )
+            .flat_map(|zone| self.cloud.peek_nodes(zone.ustr(), label))
+            .chain(scope.adopted.iter().filter_map(|(zone, name)| {
+                self.cloud.peek_node(Ustr::from(zone), Ustr::from(name))
+            }))
             .filter_map(|n| node_info(&n, self.public_ip).map(Arc::new))
             .collect();
         nodes.sort_by(|a, b| (&a.zone, &a.name).cmp(&(&b.zone, &b.name)));
@@ -149,7 +147,7 @@ impl SimBackend {
         let qrs = scope
             .zones
             .iter()
-            .flat_map(|zone| self.cloud.peek_queued_resources(zone, label))
+            .flat_map(|zone| self.cloud.peek_queued_resources(zone.ustr(), label))
             .filter_map(|q| qr_info(&q).map(Arc::new))
             .collect();
         (nodes, qrs)
@@ -259,7 +257,7 @@ impl CloudBackend for SimBackend {
             let known = kept.as_ref().map(|(version, _)| *version);
             let listing = self
                 .cloud
-                .list_nodes(zone, label, known)
+                .list_nodes(zone.ustr(), label, known)
                 .map_err(|e| read_error(e, zone))?;
             if let Listing::Changed { version, objects } = listing {
                 let old = kept.take().map(|(_, old)| old).unwrap_or_default();
@@ -277,7 +275,7 @@ impl CloudBackend for SimBackend {
             for (zone, name) in &scope.adopted {
                 let found = self
                     .cloud
-                    .get_node(zone, name)
+                    .get_node(Ustr::from(zone), Ustr::from(name))
                     .map_err(|e| read_error(e, name))?;
                 let converted = found
                     .and_then(|n| convert(&old, n.serial, n.state, || node_info(&n, public_ip)));
@@ -295,7 +293,7 @@ impl CloudBackend for SimBackend {
             let known = kept.as_ref().map(|(version, _)| *version);
             let listing = self
                 .cloud
-                .list_queued_resources(zone, label, known)
+                .list_queued_resources(zone.ustr(), label, known)
                 .map_err(|e| read_error(e, zone))?;
             if let Listing::Changed { version, objects } = listing {
                 let old = kept.take().map(|(_, old)| old).unwrap_or_default();
@@ -393,9 +391,9 @@ impl CloudBackend for SimBackend {
                     }
                 };
                 match self.cloud.create_queued_resource(
-                    zone,
-                    name,
-                    node_id,
+                    zone.ustr(),
+                    name.ustr(),
+                    node_id.ustr(),
                     &tpu_type.to_string(),
                     labels,
                 ) {
@@ -404,20 +402,24 @@ impl CloudBackend for SimBackend {
                 }
             }
             Action::DeleteQueuedResource { name, zone } => {
-                match self.cloud.delete_queued_resource(zone, name) {
+                match self.cloud.delete_queued_resource(zone.ustr(), name.ustr()) {
                     Ok(()) | Err(ApiError::NotFound) => Outcome::Done,
                     Err(e) => Outcome::Refused(api_failure(e, name)),
                 }
             }
-            Action::DeleteNode { name, zone } => match self.cloud.delete_node(zone, name) {
-                Ok(()) | Err(ApiError::NotFound) => Outcome::Done,
-                Err(e) => Outcome::Refused(api_failure(e, name)),
-            },
+            Action::DeleteNode { name, zone } => {
+                match self.cloud.delete_node(zone.ustr(), name.ustr()) {
+                    Ok(()) | Err(ApiError::NotFound) => Outcome::Done,
+                    Err(e) => Outcome::Refused(api_failure(e, name)),
+                }
+            }
             Action::Launch(l) => {
-                match self
-                    .cloud
-                    .launch(&l.zone, &l.tpu_name, l.attempt_id.ustr(), l.job_id.ustr())
-                {
+                match self.cloud.launch(
+                    l.zone.ustr(),
+                    l.tpu_name.ustr(),
+                    l.attempt_id.ustr(),
+                    l.job_id.ustr(),
+                ) {
                     Ok(()) => Outcome::Done,
                     Err(simc::RemoteError::NotFound) => Outcome::LaunchFailed(RemoteError {
                         kind: RemoteErrorKind::NotFound,
@@ -437,7 +439,10 @@ impl CloudBackend for SimBackend {
                 tpu_name,
                 zone,
                 ..
-            } => match self.cloud.cancel(zone, tpu_name, attempt_id.ustr()) {
+            } => match self
+                .cloud
+                .cancel(zone.ustr(), tpu_name.ustr(), attempt_id.ustr())
+            {
                 Ok(CancelResult::Sent) => Outcome::Cancelled(CancelOutcome::Sent),
                 Ok(CancelResult::NotRunning) => Outcome::Cancelled(CancelOutcome::NotRunning),
                 Ok(CancelResult::Mismatch) => Outcome::Cancelled(CancelOutcome::AttemptMismatch),
