@@ -13,10 +13,10 @@ use crate::spec::{Name, NameSet, ProvisioningModel, QuotaKey};
 
 /// What the observation and the records hold for one entry.
 struct EntryInventory<'a, 's> {
-    /// Nodes labelled for the entry (any ordinal), in observation order, with their facts.
-    nodes: &'s [(&'a NodeInfo, EntryFacts)],
-    /// Queued resources labelled for the entry, with their facts.
-    qrs: &'s [(&'a QueuedResourceInfo, EntryFacts)],
+    /// Nodes labelled for the entry (any ordinal): positions in the observation, in order.
+    nodes: &'s [u32],
+    /// Queued resources labelled for the entry, likewise.
+    qrs: &'s [u32],
     /// Per declared ordinal: what is observed under its name.
     slots: &'s [Slot<'a>],
     /// Per declared ordinal: its record is busy.
@@ -52,27 +52,24 @@ struct Scratch<'q> {
     in_desired: Vec<bool>,
 }
 
-/// Observed objects grouped by the entry they are labelled for, in observation order: one
-/// flat table, a slice per entry.
-struct ByEntry<'a, T> {
-    objects: Vec<(&'a T, EntryFacts)>,
-    /// `objects[start[e]..start[e + 1]]` are entry `e`'s.
-    start: Vec<usize>,
+/// Positions of observed objects grouped by the entry they are labelled for, in observation
+/// order: one flat table, a slice per entry.
+struct ByEntry {
+    order: Vec<u32>,
+    /// `order[start[e]..start[e + 1]]` are entry `e`'s.
+    start: Vec<u32>,
 }
 
-impl<'a, T> ByEntry<'a, T> {
-    fn of(&self, e: usize) -> &[(&'a T, EntryFacts)] {
-        &self.objects[self.start[e]..self.start[e + 1]]
+impl ByEntry {
+    fn of(&self, e: usize) -> &[u32] {
+        &self.order[self.start[e] as usize..self.start[e + 1] as usize]
     }
 }
 
-/// Groups `objects` (with their facts) by labelled entry, keeping their order (a counting sort).
-fn by_entry<'a, T>(
-    objects: &'a [std::sync::Arc<T>],
-    facts: &[EntryFacts],
-    n_entries: usize,
-) -> ByEntry<'a, T> {
-    let mut start = vec![0; n_entries + 1];
+/// Groups the positions of objects with `facts` by labelled entry, keeping their order (a
+/// counting sort).
+fn by_entry(facts: &[EntryFacts], n_entries: usize) -> ByEntry {
+    let mut start = vec![0u32; n_entries + 1];
     for f in facts {
         if let Some(e) = f.labelled {
             start[e as usize + 1] += 1;
@@ -82,17 +79,14 @@ fn by_entry<'a, T>(
         start[e + 1] += start[e];
     }
     let mut next = start.clone();
-    let mut placed: Vec<Option<(&'a T, EntryFacts)>> = vec![None; start[n_entries]];
-    for (o, f) in objects.iter().zip(facts) {
+    let mut order = vec![0u32; start[n_entries] as usize];
+    for (i, f) in facts.iter().enumerate() {
         if let Some(e) = f.labelled {
-            placed[next[e as usize]] = Some((&**o, *f));
+            order[next[e as usize] as usize] = i as u32;
             next[e as usize] += 1;
         }
     }
-    ByEntry {
-        objects: placed.into_iter().flatten().collect(),
-        start,
-    }
+    ByEntry { order, start }
 }
 
 impl<'a> Pass<'a> {
@@ -112,8 +106,8 @@ impl<'a> Pass<'a> {
         }
         let ordinal_at = |d: Declared| first_ordinal[d.entry] + d.ordinal as usize - 1;
         let mut slots = vec![Slot::default(); first_ordinal[n_entries]];
-        let nodes = by_entry(&self.obs.nodes, self.node_facts, n_entries);
-        let qrs = by_entry(&self.obs.queued_resources, self.qr_facts, n_entries);
+        let nodes = by_entry(self.node_facts, n_entries);
+        let qrs = by_entry(self.qr_facts, n_entries);
         for (n, seen) in self.obs.nodes.iter().zip(self.node_facts) {
             if let Some(d) = seen.declared.filter(|d| d.ordinal > 0) {
                 slots[ordinal_at(d)].node = Some((n, *seen));
@@ -259,8 +253,17 @@ impl<'a> Pass<'a> {
         remaining: &mut BTreeMap<QuotaKey, i64>,
         scratch: &mut Scratch<'a>,
     ) {
-        let (matching_nodes, matching_qrs, busy_ordinals) =
-            (seen.nodes, seen.qrs, seen.busy_ordinals);
+        // Nodes and queued resources labelled for the entry, in observation order, with facts.
+        let (obs, node_facts, qr_facts) = (self.obs, self.node_facts, self.qr_facts);
+        let matching_nodes = || {
+            let at = |&i: &u32| (&*obs.nodes[i as usize], node_facts[i as usize]);
+            seen.nodes.iter().map(at)
+        };
+        let matching_qrs = || {
+            let at = |&i: &u32| (&*obs.queued_resources[i as usize], qr_facts[i as usize]);
+            seen.qrs.iter().map(at)
+        };
+        let busy_ordinals = seen.busy_ordinals;
         let e32 = e as u32;
         let index = self.index;
         let entry = index.entry(e);
@@ -331,7 +334,7 @@ impl<'a> Pass<'a> {
 
         if desired == 0 {
             let mut just_deleted = NameSet::default();
-            for &(node, _) in matching_nodes {
+            for (node, _) in matching_nodes() {
                 if self.ready(node)
                     && !busy_name(self, &node.name)
                     && self.idle_timeout_elapsed(&node.name)
@@ -348,7 +351,7 @@ impl<'a> Pass<'a> {
                     );
                 }
             }
-            for &(qr, _) in matching_qrs.iter().filter(|(q, _)| !q.state.is_deleting()) {
+            for (qr, _) in matching_qrs().filter(|(q, _)| !q.state.is_deleting()) {
                 let node = self
                     .observed
                     .tpu(&qr.node_id)
@@ -375,8 +378,8 @@ impl<'a> Pass<'a> {
 
         // Ready nodes outside the desired set: kept until their idle timeout.
         let mut retained = BTreeSet::new();
-        for (node, node_seen) in matching_nodes {
-            if desired_has(node_seen) || !self.ready(node) || busy_name(self, &node.name) {
+        for (node, node_seen) in matching_nodes() {
+            if desired_has(&node_seen) || !self.ready(node) || busy_name(self, &node.name) {
                 continue;
             }
             if self.idle_timeout_elapsed(&node.name) {
@@ -393,9 +396,9 @@ impl<'a> Pass<'a> {
                 retained.insert(node.name);
             }
         }
-        for (qr, qr_seen) in matching_qrs.iter().filter(|(q, _)| !q.state.is_deleting()) {
+        for (qr, qr_seen) in matching_qrs().filter(|(q, _)| !q.state.is_deleting()) {
             // In the desired set, its node id is this entry's ordinal: its own request?
-            let outside = !desired_has(qr_seen)
+            let outside = !desired_has(&qr_seen)
                 || qr_seen
                     .declared
                     .is_none_or(|d| qr.name != qr_names[d.ordinal as usize - 1]);
