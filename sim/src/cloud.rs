@@ -741,7 +741,7 @@ impl SimCloud {
                     let pool = if is_qr {
                         self.qrs.remove(key).map(|q| q.pool)
                     } else {
-                        self.touch_node_runs(key);
+                        // Its runs were marked changed when the deletion started.
                         self.nodes.remove(key).map(|n| n.pool)
                     };
                     self.version += 1;
@@ -985,9 +985,7 @@ impl SimCloud {
     /// checkpoint is lost.
     fn kill_run(&mut self, attempt: Ustr) {
         let now = self.now;
-        if self.runs.contains_key(&attempt) {
-            self.touch_run(attempt);
-        }
+        self.touch_run(attempt);
         let Some(run) = self.runs.get_mut(&attempt) else {
             return;
         };
@@ -1224,7 +1222,6 @@ impl SimCloud {
         labels: Labels,
     ) -> Result<(), ApiError> {
         let lost_reply = self.api(ApiCall::CreateQueuedResource, true)?;
-        let key = name;
         if self.qrs.contains_key(name) || self.nodes.contains_key(node_id) {
             return Err(ApiError::AlreadyExists);
         }
@@ -1247,8 +1244,8 @@ impl SimCloud {
             labels,
         };
         let serial = qr.serial;
-        self.by_serial.insert(qr.serial, (true, key));
-        self.qrs.insert(key, qr);
+        self.by_serial.insert(qr.serial, (true, name));
+        self.qrs.insert(name, qr);
         self.version += 1;
         let faults = self.config.faults;
         self.schedule_fault(
@@ -1330,19 +1327,18 @@ impl SimCloud {
     /// Deletes a node (its queued resource, if any, becomes SUSPENDED).
     pub fn delete_node(&mut self, zone: Ustr, name: Ustr) -> Result<(), ApiError> {
         let lost_reply = self.api(ApiCall::DeleteNode, true)?;
-        let key = name;
         let Some(node) = self.nodes.get(name).filter(|n| n.zone == zone) else {
             return Err(ApiError::NotFound);
         };
         let qr = node.queued_resource;
-        self.start_node_deletion(key);
+        self.start_node_deletion(name);
         if let Some(qr) = qr
             && let Some(q) = self.qrs.get_mut(qr)
             && matches!(q.state, QrState::Active | QrState::Provisioning)
         {
             q.state = QrState::Suspended;
         }
-        let pool = self.nodes[key].pool;
+        let pool = self.nodes[name].pool;
         self.provision_waiting(pool);
         if lost_reply {
             Err(ApiError::Timeout)
@@ -1501,7 +1497,6 @@ impl SimCloud {
         if self.runs.contains_key(&attempt) {
             return Ok(());
         }
-        let key = node_name;
         let Some(node) = self.nodes.get(node_name).filter(|n| n.zone == zone) else {
             return Err(RemoteError::NotFound);
         };
@@ -1528,8 +1523,8 @@ impl SimCloud {
             .jobs
             .get(&job_id)
             .and_then(|j| j.behaviour.cache_key.clone());
-        let node_slot = self.nodes.slot_of(key).expect("exists");
-        let node = self.nodes.get_mut(key).expect("exists");
+        let node_slot = self.nodes.slot_of(node_name).expect("exists");
+        let node = self.nodes.get_mut(node_name).expect("exists");
         let warm = cache.as_ref().is_some_and(|c| node.caches.contains(c));
         node.run = Some(attempt);
         node.launched.push(attempt);
@@ -1545,7 +1540,7 @@ impl SimCloud {
             Run {
                 job_id,
                 node_serial: serial,
-                node_key: key,
+                node_key: node_name,
                 node_slot,
                 hosts,
                 chips,
@@ -1725,7 +1720,6 @@ impl SimCloud {
         attempt: Ustr,
     ) -> Result<CancelResult, RemoteError> {
         self.api_calls[ApiCall::Cancel as usize] += 1;
-        let key = node_name;
         let Some(node) = self.nodes.get(node_name).filter(|n| n.zone == zone) else {
             return Err(RemoteError::NotFound);
         };
@@ -1740,7 +1734,7 @@ impl SimCloud {
                     CancelResult::NotRunning
                 });
             }
-            Some(run) if run.node_key != key => return Ok(CancelResult::Mismatch),
+            Some(run) if run.node_key != node_name => return Ok(CancelResult::Mismatch),
             Some(run) if run.state == RunState::Ended || !run.alive => {
                 return Ok(CancelResult::NotRunning);
             }
@@ -1812,7 +1806,7 @@ impl SimCloud {
     /// Marks every attempt launched on node `key` changed (the node is going away).
     fn touch_node_runs(&mut self, key: Ustr) {
         if let Some(node) = self.nodes.get(key) {
-            self.report_changes.extend(node.launched.iter().cloned());
+            self.report_changes.extend(node.launched.iter().copied());
         }
     }
 

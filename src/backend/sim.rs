@@ -89,6 +89,28 @@ fn convert<S: Copy + Eq, T>(
     })
 }
 
+/// A zone's kept listing (version and conversions) brought up to date with `listing`: kept
+/// when unchanged, else replaced by its objects, each converted by `make` unless the kept
+/// listing holds it in the same incarnation and state (see `convert`).
+fn keep<S: Copy + Eq, T, V>(
+    kept: &mut Option<(u64, Vec<Converted<S, T>>)>,
+    listing: Listing<impl Iterator<Item = V>>,
+    incarnation: impl Fn(&V) -> (u64, S),
+    make: impl Fn(&V) -> Option<T>,
+) -> &[Converted<S, T>] {
+    if let Listing::Changed { version, objects } = listing {
+        let old = kept.take().map(|(_, old)| old).unwrap_or_default();
+        let new = objects
+            .filter_map(|o| {
+                let (serial, state) = incarnation(&o);
+                convert(&old, serial, state, || make(&o))
+            })
+            .collect();
+        *kept = Some((version, new));
+    }
+    kept.as_ref().map_or(&[], |(_, listed)| listed)
+}
+
 fn node_info(n: &simc::NodeView<'_>, public_ip: bool) -> Option<NodeInfo> {
     Some(NodeInfo {
         tpu_type: TpuType::parse(n.accelerator).ok()?,
@@ -259,14 +281,12 @@ impl CloudBackend for SimBackend {
                 .cloud
                 .list_nodes(zone.ustr(), label, known)
                 .map_err(|e| read_error(e, zone))?;
-            if let Listing::Changed { version, objects } = listing {
-                let old = kept.take().map(|(_, old)| old).unwrap_or_default();
-                let new = objects
-                    .filter_map(|n| convert(&old, n.serial, n.state, || node_info(&n, public_ip)))
-                    .collect();
-                *kept = Some((version, new));
-            }
-            let listed = kept.as_ref().map_or(&[][..], |(_, l)| &l[..]);
+            let listed = keep(
+                kept,
+                listing,
+                |n| (n.serial, n.state),
+                |n| node_info(n, public_ip),
+            );
             nodes.extend(listed.iter().map(|c| c.info.clone()));
         }
         // Listed zone by zone, each in name order: sorted already unless adopted TPUs join.
@@ -295,14 +315,7 @@ impl CloudBackend for SimBackend {
                 .cloud
                 .list_queued_resources(zone.ustr(), label, known)
                 .map_err(|e| read_error(e, zone))?;
-            if let Listing::Changed { version, objects } = listing {
-                let old = kept.take().map(|(_, old)| old).unwrap_or_default();
-                let new = objects
-                    .filter_map(|q| convert(&old, q.serial, q.state, || qr_info(&q)))
-                    .collect();
-                *kept = Some((version, new));
-            }
-            let listed = kept.as_ref().map_or(&[][..], |(_, l)| &l[..]);
+            let listed = keep(kept, listing, |q| (q.serial, q.state), qr_info);
             qrs.extend(listed.iter().map(|c| c.info.clone()));
         }
         Ok((nodes, qrs))
