@@ -72,38 +72,40 @@ fn skipping_idle_passes_changes_nothing() {
         ),
         ("tests/fixtures/scenarios/notice.yaml", 1..=3, None),
     ];
-    for (rel, seeds, read_secs) in cases {
-        let mut s = load(rel);
-        if let Some(median_secs) = read_secs {
-            s.cloud.api_latency.read = tpu_runner_sim::Latency {
-                median_secs,
-                sigma: 0.5,
-            };
-        }
-        for seed in seeds {
-            let skip = classic(&s, seed, RunOptions::default());
-            let every = classic(
-                &s,
-                seed,
-                RunOptions {
+    // Every policy: a decision that changes with time alone (frugal racing a job that waited
+    // long enough) must ask for its wake-up, or a skipped pass would have decided it.
+    for policy in tpu_runner::engine::policy::NAMES {
+        for (rel, seeds, read_secs) in cases.clone() {
+            let mut s = load(rel);
+            if let Some(median_secs) = read_secs {
+                s.cloud.api_latency.read = tpu_runner_sim::Latency {
+                    median_secs,
+                    sigma: 0.5,
+                };
+            }
+            for seed in seeds {
+                let run =
+                    |options| harness::run(&s, policy, seed, options, Default::default()).unwrap();
+                let skip = run(RunOptions::default());
+                let every = run(RunOptions {
                     never_skip: true,
                     ..RunOptions::default()
-                },
-            );
-            assert_eq!(
-                skip.event_hash, every.event_hash,
-                "replay: tpu-runner simulate {rel} --seed {seed}"
-            );
-            assert_eq!(
-                skip.metrics.goodput_chip_hours,
-                every.metrics.goodput_chip_hours
-            );
-            assert!(
-                skip.metrics.passes < every.metrics.passes,
-                "{} vs {}",
-                skip.metrics.passes,
-                every.metrics.passes
-            );
+                });
+                assert_eq!(
+                    skip.event_hash, every.event_hash,
+                    "replay: tpu-runner simulate {rel} --seed {seed} --policy {policy}"
+                );
+                assert_eq!(
+                    skip.metrics.goodput_chip_hours,
+                    every.metrics.goodput_chip_hours
+                );
+                assert!(
+                    skip.metrics.passes < every.metrics.passes,
+                    "{} vs {}",
+                    skip.metrics.passes,
+                    every.metrics.passes
+                );
+            }
         }
     }
 }

@@ -2044,14 +2044,17 @@ impl<'a> Pass<'a> {
                 .filter(|(r, taken)| r.adopted && !**taken)
                 .map(|(r, _)| *r)
                 .collect();
-            let desired = self.policy.desired_counts(&CapacityInput {
+            let capacity = CapacityInput {
                 index,
                 demand: &demand,
                 waiting: &waiting,
                 busy: &busy,
                 idle_adopted: &idle_adopted,
                 now,
-            });
+            };
+            let desired = self.policy.desired_counts(&capacity);
+            let mut waits = waits;
+            waits.extend(self.policy.changes_at(&capacity));
             // Names asked for by a class with a waiting job (no need to visit every job).
             let mut class_waits = vec![false; demand.classes.len()];
             for (j, w) in demand.jobs.iter().zip(&waiting) {

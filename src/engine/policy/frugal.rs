@@ -6,6 +6,8 @@
 
 use super::classic::{self, desired_from, priority_order};
 use super::{AssignInput, CapacityInput, Pair, Policy};
+use crate::engine::state::Job;
+use crate::engine::time::Timestamp;
 use crate::spec::EntryKind;
 
 /// Seconds a job waits on one entry before its demand races every compatible entry.
@@ -40,15 +42,8 @@ impl Policy for Frugal {
         let mut placed = vec![0u64; room.len()];
         // Jobs in the original's order, so higher priority places its demand first.
         for j in priority_order(demand, |j| input.waiting[j]) {
-            let job = demand.jobs[j].job;
             let class = demand.class(&demand.jobs[j]);
-            let waiting_since = job
-                .attempts
-                .last()
-                .and_then(|a| a.ended_at)
-                .unwrap_or(job.submitted_at)
-                .max(job.submitted_at);
-            if input.now.elapsed_since(waiting_since, RACE_AFTER_SECS) {
+            if input.now >= races_at(demand.jobs[j].job) {
                 for &e in &class.entries {
                     placed[e as usize] += 1;
                 }
@@ -66,4 +61,25 @@ impl Policy for Frugal {
         }
         desired_from(index, input.busy, &placed)
     }
+
+    fn changes_at(&self, input: &CapacityInput<'_>) -> Option<Timestamp> {
+        let demand = input.demand;
+        (0..demand.jobs.len())
+            .filter(|&j| input.waiting[j])
+            .map(|j| races_at(demand.jobs[j].job))
+            .filter(|&at| at > input.now)
+            .min()
+    }
+}
+
+/// When a waiting job starts racing: `RACE_AFTER_SECS` after it was submitted or its last
+/// attempt ended.
+fn races_at(job: &Job) -> Timestamp {
+    let waiting_since = job
+        .attempts
+        .last()
+        .and_then(|a| a.ended_at)
+        .unwrap_or(job.submitted_at)
+        .max(job.submitted_at);
+    waiting_since.plus_secs(RACE_AFTER_SECS)
 }

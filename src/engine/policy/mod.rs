@@ -59,6 +59,13 @@ pub trait Policy: fmt::Debug + Send + Sync {
     /// Desired TPU count per fleet entry (entry order); adopted entries are ignored. Must not
     /// exceed the entry's `count`.
     fn desired_counts(&self, input: &CapacityInput<'_>) -> Vec<u32>;
+    /// The earliest time after `input.now` at which `desired_counts` could answer otherwise
+    /// for the same input, if its answer depends on time: a pass must run by then (the
+    /// simulator skips passes that have nothing to do, and would otherwise decide late).
+    fn changes_at(&self, input: &CapacityInput<'_>) -> Option<Timestamp> {
+        let _ = input;
+        None
+    }
 }
 
 /// Names of every registered policy.
