@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 
 use crate::backend::{BackendError, CloudBackend, Outcome};
-use crate::engine::observe::{ActionFailure, AttemptReport, CancelOutcome, RemoteError};
+use crate::engine::observe::{
+    ActionFailure, AttemptReport, CancelOutcome, RemoteError, ReportChanges,
+};
 use crate::engine::state::JobStatus;
 use crate::engine::{Action, Engine, Observation, PassOutput, State, Timestamp};
 use crate::spec::{Name, NameMap};
@@ -41,11 +43,18 @@ pub fn observe<B: CloudBackend>(
     now: Timestamp,
     observation: &mut Observation,
 ) -> Result<(), BackendError> {
+    let since = observation.serial;
+    observation.serial += 1;
+    observation.report_changes = None;
     let scope = engine.inventory_scope(state);
     let (nodes, queued_resources) = backend.inventory(&scope, now)?;
     let in_flight = in_flight(state);
-    backend.refresh_reports(&in_flight, &mut observation.attempts, now)?;
-    merge_feedback(&mut observation.attempts, &in_flight, feedback);
+    let read = backend.refresh_reports(&in_flight, &mut observation.attempts, now)?;
+    let fed = merge_feedback(&mut observation.attempts, &in_flight, feedback);
+    observation.report_changes = read.map(|mut jobs| {
+        jobs.extend(fed);
+        ReportChanges { since, jobs }
+    });
     observation.nodes = nodes;
     observation.queued_resources = queued_resources;
     observation.failures.clone_from(&feedback.failures);
@@ -64,18 +73,25 @@ pub fn in_flight(state: &State) -> Vec<(Name, Name)> {
 }
 
 /// Hands each in-flight attempt's report the result of the previous pass's launch or cancel
-/// (clearing an older one).
+/// (clearing an older one); returns the jobs whose report this changed.
 pub fn merge_feedback(
     reports: &mut NameMap<AttemptReport>,
     in_flight: &[(Name, Name)],
     feedback: &Feedback,
-) {
-    for (attempt, _) in in_flight {
+) -> Vec<Name> {
+    let mut changed = Vec::new();
+    for (attempt, job) in in_flight {
         if let Some(report) = reports.get_mut(attempt) {
-            report.launch_error = feedback.launch_errors.get(attempt).cloned();
-            report.cancel = feedback.cancels.get(attempt).cloned();
+            let launch_error = feedback.launch_errors.get(attempt);
+            let cancel = feedback.cancels.get(attempt);
+            if report.launch_error.as_ref() != launch_error || report.cancel.as_ref() != cancel {
+                report.launch_error = launch_error.cloned();
+                report.cancel = cancel.cloned();
+                changed.push(*job);
+            }
         }
     }
+    changed
 }
 
 /// Carries out the actions of a pass and returns what the next pass must hear.

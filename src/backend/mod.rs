@@ -63,13 +63,15 @@ pub trait CloudBackend {
     /// the driver: a backend may re-read only the attempts whose workers wrote, stopped or
     /// started since, and must read every attempt when handed any other map (an empty one
     /// forces a full read). On error the map may be partly updated, and a backend whose
-    /// read failed part-way must read every attempt on its next call.
+    /// read failed part-way must read every attempt on its next call. Returns the jobs whose
+    /// report may differ from the map it was handed other than by a later heartbeat (added,
+    /// dropped or re-read), or `None` when it cannot tell (any may differ).
     fn refresh_reports(
         &mut self,
         in_flight: &[(Name, Name)],
         reports: &mut NameMap<AttemptReport>,
         now: Timestamp,
-    ) -> Result<(), BackendError>;
+    ) -> Result<Option<Vec<Name>>, BackendError>;
     /// Carries out one action.
     fn execute(&mut self, action: &Action, now: Timestamp) -> Outcome;
 }

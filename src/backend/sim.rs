@@ -326,29 +326,32 @@ impl CloudBackend for SimBackend {
         in_flight: &[(Name, Name)],
         reports: &mut NameMap<AttemptReport>,
         _now: Timestamp,
-    ) -> Result<(), BackendError> {
+    ) -> Result<Option<Vec<Name>>, BackendError> {
         let changed: NameSet = self
             .cloud
             .take_report_changes()
             .into_iter()
             .map(Name::from_ustr)
             .collect();
-        if self.reports_kept != Some(reports.len()) {
+        let kept = self.reports_kept == Some(reports.len());
+        if !kept {
             reports.clear();
             self.beating.clear();
         }
-        // Attempts no longer in flight leave (counted first: on most passes none did).
-        let kept = in_flight
+        // Attempts no longer in flight leave (counted first: on most passes none did). Their
+        // jobs left the flight or moved to another attempt, which is read below.
+        let staying = in_flight
             .iter()
             .filter(|(a, _)| reports.contains_key(a))
             .count();
-        if kept != reports.len() {
+        if staying != reports.len() {
             let keep: NameSet = in_flight.iter().map(|(a, _)| *a).collect();
             reports.retain(|a, _| keep.contains(a));
             self.beating.retain(|a| keep.contains(a));
         }
         let heartbeat = self.at(self.cloud.now());
-        for (attempt, _) in in_flight {
+        let mut read = Vec::new();
+        for (attempt, job) in in_flight {
             if !changed.contains(attempt)
                 && let Some(report) = reports.get_mut(attempt)
             {
@@ -359,6 +362,7 @@ impl CloudBackend for SimBackend {
             }
             let (report, beating) = self.read_report(attempt);
             reports.insert(*attempt, report);
+            read.push(*job);
             if beating {
                 self.beating.insert(*attempt);
             } else {
@@ -366,7 +370,7 @@ impl CloudBackend for SimBackend {
             }
         }
         self.reports_kept = Some(reports.len());
-        Ok(())
+        Ok(kept.then_some(read))
     }
 
     fn execute(&mut self, action: &Action, now: Timestamp) -> Outcome {

@@ -17,6 +17,7 @@ pub mod demand;
 pub mod explain;
 pub mod fleet_index;
 pub mod lease;
+mod memo;
 pub mod observe;
 mod observed;
 pub mod policy;
@@ -43,7 +44,15 @@ pub struct Engine {
     index: FleetIndex,
     config: EngineConfig,
     policy: Box<dyn Policy>,
-    observed: std::sync::Mutex<observed::ObservedIndex>,
+    caches: std::sync::Mutex<Caches>,
+}
+
+/// What the engine carries from one pass to the next (caches only: a pass with fresh ones
+/// decides the same).
+#[derive(Debug, Default)]
+struct Caches {
+    observed: observed::ObservedIndex,
+    memo: memo::Memo,
 }
 
 impl Engine {
@@ -53,7 +62,7 @@ impl Engine {
             index: FleetIndex::new(fleet),
             config,
             policy,
-            observed: Default::default(),
+            caches: Default::default(),
         }
     }
 
@@ -85,13 +94,14 @@ impl Engine {
         now: Timestamp,
     ) -> PassOutput {
         // A pass that panicked may have left the cache half-patched: start it afresh.
-        let mut observed = self.observed.lock().unwrap_or_else(|poisoned| {
+        let mut caches = self.caches.lock().unwrap_or_else(|poisoned| {
             let mut guard = poisoned.into_inner();
             *guard = Default::default();
             guard
         });
+        let Caches { observed, memo } = &mut *caches;
         observed.update(&self.index, observation);
-        self.pass(state, observation, &observed, now)
+        self.pass(state, observation, observed, memo, now)
     }
 
     /// One reconcile pass that uses no cache: what `reconcile` must return, byte for byte,
@@ -104,7 +114,13 @@ impl Engine {
     ) -> PassOutput {
         let mut observed = observed::ObservedIndex::default();
         observed.update(&self.index, observation);
-        self.pass(state, observation, &observed, now)
+        self.pass(
+            state,
+            observation,
+            &observed,
+            &mut memo::Memo::default(),
+            now,
+        )
     }
 
     fn pass(
@@ -112,17 +128,9 @@ impl Engine {
         state: &mut State,
         observation: &Observation,
         observed: &observed::ObservedIndex,
+        memo: &mut memo::Memo,
         now: Timestamp,
     ) -> PassOutput {
-        reconcile::Pass::new(
-            &self.index,
-            &self.config,
-            &*self.policy,
-            state,
-            observation,
-            observed,
-            now,
-        )
-        .run()
+        reconcile::Pass::new(self, state, observation, observed, memo, now).run()
     }
 }

@@ -34,6 +34,23 @@ pub struct Observation {
     /// Refusals of the previous pass's actions (stockout, quota, rate limit, …).
     #[serde(default)]
     pub failures: Vec<ActionFailure>,
+    /// This observation's number in its driver's sequence (0: not numbered).
+    #[serde(skip)]
+    pub serial: u64,
+    /// Which reports may differ from those of observation `since`, if the driver kept
+    /// track (the engine then need not compare every report; `None`: any may differ).
+    #[serde(skip)]
+    pub report_changes: Option<ReportChanges>,
+}
+
+/// The jobs whose worker report may differ from an earlier observation's other than by a
+/// later heartbeat (every other report is the same or only heard from its workers since).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReportChanges {
+    /// The `serial` of the earlier observation.
+    pub since: u64,
+    /// Jobs whose current attempt's report may differ, was added or was dropped.
+    pub jobs: Vec<Name>,
 }
 
 /// A TPU VM as the TPU API describes it.

@@ -69,13 +69,18 @@ pub(crate) struct ObservedIndex {
     /// The last update listed no two objects under one name (so each name holds the only
     /// object listed under it, and patching needs no order).
     distinct: bool,
+    /// TPU names whose node or queued resource the last update found new or gone; `None`
+    /// when it rebuilt the tables (any name may have changed).
+    changed: Option<Vec<Name>>,
 }
 
 impl ObservedIndex {
     /// Makes this the index of `obs`, deriving facts only for objects it did not list last.
     pub fn update(&mut self, index: &FleetIndex, obs: &Observation) {
         self.stamp += 1;
+        self.changed = Some(Vec::new());
         if !(self.distinct && self.patch(index, obs)) {
+            self.changed = None;
             self.rebuild(index, obs);
         }
     }
@@ -98,10 +103,13 @@ impl ObservedIndex {
         );
         // Vanished objects leave their names first: every name then holds only objects
         // listed now, so a new object finding its slot taken shares its name.
+        let changed = self.changed.get_or_insert_default();
         for gone in forget_unseen(&mut self.known_nodes, stamp) {
+            changed.push(gone.name);
             clear_tpu(&mut self.tpus, &gone.name, |t| &mut t.node, &gone);
         }
         for gone in forget_unseen(&mut self.known_qrs, stamp) {
+            changed.push(gone.node_id);
             clear_tpu(&mut self.tpus, &gone.node_id, |t| &mut t.qr, &gone);
             if self
                 .qrs
@@ -115,6 +123,7 @@ impl ObservedIndex {
             let n = &obs.nodes[i];
             let facts = index.node_facts(n);
             self.node_facts[i] = facts;
+            changed.push(n.name);
             let slot = &mut self.tpus.entry(n.name).or_default().node;
             if slot.is_some() {
                 return false;
@@ -126,6 +135,7 @@ impl ObservedIndex {
             let q = &obs.queued_resources[i];
             let facts = index.qr_facts(q);
             self.qr_facts[i] = facts;
+            changed.push(q.node_id);
             let slot = &mut self.tpus.entry(q.node_id).or_default().qr;
             if slot.is_some() || self.qrs.contains_key(&q.name) {
                 return false;
@@ -169,6 +179,12 @@ impl ObservedIndex {
             remember(&mut self.known_qrs, q, facts, stamp);
             self.qr_facts.push(facts);
         }
+    }
+
+    /// The TPU names under which the last update found a new or vanished node or queued
+    /// resource (in no particular order, possibly repeated); `None`: any name may have changed.
+    pub fn changed(&self) -> Option<&[Name]> {
+        self.changed.as_deref()
     }
 
     /// What is listed under TPU name `name`.

@@ -10,6 +10,7 @@ use super::aggregate::{self, EXIT_RETRYABLE, FailureKind, Graces, Verdict};
 use super::config::{EngineConfig, backoff_secs};
 use super::demand::Demand;
 use super::fleet_index::{EntryFacts, FleetIndex};
+use super::memo::{Memo, QuietRun};
 use super::observe::{
     Action, ActionFailure, AttemptReport, CancelOutcome, CloudFailure, Event, LaunchRequest,
     NodeInfo, Observation, QueuedResourceInfo, RemoteErrorKind,
@@ -73,6 +74,8 @@ pub(crate) struct Pass<'a> {
     pub(super) out: PassOutput,
     /// The observation indexed: what is listed under each TPU name, queued resources by name.
     pub(super) observed: &'a ObservedIndex,
+    /// What the last passes judged (a cache: see `memo`).
+    memo: &'a mut Memo,
     /// Entry facts of `obs.nodes` and `obs.queued_resources` (same order).
     pub(super) node_facts: &'a [EntryFacts],
     pub(super) qr_facts: &'a [EntryFacts],
@@ -90,23 +93,23 @@ pub(crate) struct Pass<'a> {
 
 impl<'a> Pass<'a> {
     pub(crate) fn new(
-        index: &'a FleetIndex,
-        config: &'a EngineConfig,
-        policy: &'a dyn Policy,
+        engine: &'a super::Engine,
         state: &'a mut State,
         obs: &'a Observation,
         observed: &'a ObservedIndex,
+        memo: &'a mut Memo,
         now: Timestamp,
     ) -> Pass<'a> {
         Pass {
-            index,
-            config,
-            policy,
+            index: &engine.index,
+            config: &engine.config,
+            policy: &*engine.policy,
             state,
             obs,
             now,
             out: PassOutput::default(),
             observed,
+            memo,
             node_facts: &observed.node_facts,
             qr_facts: &observed.qr_facts,
             deleted: NameSet::default(),
@@ -1043,26 +1046,56 @@ impl<'a> Pass<'a> {
     // ----- step 6: attempts -------------------------------------------------------------
 
     fn attempts(&mut self) {
-        // Most running jobs just keep running: one read-only sweep finds them and when to look
+        // Most running jobs just keep running: a read-only sweep finds them and when to look
         // again; the others are handled one by one, in id order. (Handling one job never
         // changes whether another just keeps running: each touches only its own job, attempt
-        // and TPU.)
+        // and TPU.) The sweep looks only at jobs whose judgement may have changed since the
+        // last one (the memo); on a first pass, at every running job.
+        let due = self.memo.runs.due(
+            &self.state.jobs,
+            &self.state.resources,
+            self.observed,
+            self.obs,
+            self.config.heartbeat_timeout_secs,
+            self.now,
+        );
+        // (No step before this one makes a job running: running now means running at the
+        // start of the pass.)
+        let ids: Vec<Name> = match due {
+            Some(ids) => ids,
+            None => self
+                .in_flight
+                .iter()
+                .filter(|(status, _)| *status == JobStatus::Running)
+                .map(|(_, id)| *id)
+                .collect(),
+        };
         let mut wakes = Vec::new();
         let mut running = Vec::new();
-        for (status, job_id) in &self.in_flight {
+        for job_id in ids {
             let Some(job) = self
                 .state
                 .jobs
-                .get(job_id)
-                .filter(|j| *status == JobStatus::Running && j.status == JobStatus::Running)
+                .get(&job_id)
+                .filter(|j| j.status == JobStatus::Running)
             else {
                 continue;
             };
             match self.still_running(job) {
-                Some(w) => wakes.extend(w.into_iter().flatten()),
-                None => running.push(*job_id),
+                Some((w, memo)) => {
+                    wakes.extend(w.into_iter().flatten());
+                    match memo {
+                        Some(q) => self.memo.runs.quiet(job_id, q),
+                        None => self.memo.runs.pending(job_id),
+                    }
+                }
+                None => {
+                    self.memo.runs.pending(job_id);
+                    running.push(job_id);
+                }
             }
         }
+        wakes.extend(self.memo.runs.next_deadline());
         for t in wakes {
             self.wake_at(t);
         }
@@ -1251,7 +1284,9 @@ impl<'a> Pass<'a> {
     /// attempt runs on a TPU that owns it, its workers have not all finished, and its
     /// heartbeat deadline is ahead (or its TPU is down, which the unusable-resource step
     /// handles). Then the only effect is when to look again: `Some` of the wake-ups.
-    fn still_running(&self, job: &Job) -> Option<[Option<Timestamp>; 2]> {
+    /// For a job that just keeps running: when to look again and, unless a grace period
+    /// runs, what the judgement read (for the memo). `None`: the job needs handling.
+    fn still_running(&self, job: &Job) -> Option<([Option<Timestamp>; 2], Option<QuietRun>)> {
         let job_id = &job.id;
         let attempt = job.attempt()?;
         let resource_id = job.assigned_resource.as_ref()?;
@@ -1274,7 +1309,14 @@ impl<'a> Pass<'a> {
         if tpu_up && self.now >= deadline {
             return None;
         }
-        Some([recheck_at, tpu_up.then_some(deadline)])
+        let memo = recheck_at.is_none().then(|| QuietRun {
+            attempt: attempt.id,
+            started: attempt.started_at.unwrap_or(attempt.created_at),
+            resource: *resource_id,
+            tpu_name: resource.tpu_name,
+            deadline: tpu_up.then_some(deadline),
+        });
+        Some(([recheck_at, tpu_up.then_some(deadline)], memo))
     }
 
     /// For an attempt whose workers have not all finished: whether its TPU still looks
@@ -1655,14 +1697,11 @@ impl<'a> Pass<'a> {
 
     fn unusable_resources(&mut self) {
         // Handling one record never touches another record, so the healthy majority and the
-        // long gone can be skipped up front without copying their ids.
-        let ids: Vec<Name> = self
-            .state
-            .resources
-            .iter()
-            .filter(|(_, r)| !self.nothing_to_do(r))
-            .map(|(id, _)| *id)
-            .collect();
+        // long gone can be skipped up front without copying their ids; of those, only records
+        // found with something to do last time, or changed since, are looked at.
+        let mut ids = self.memo.records.due(&self.state.resources, self.observed);
+        ids.retain(|id| !self.nothing_to_do(&self.state.resources[id]));
+        self.memo.records.busy.clone_from(&ids);
         for id in ids {
             let resource = self.state.resources[&id].clone();
             if matches!(

@@ -1,0 +1,243 @@
+//! What the engine remembers from one pass to the next so that a step can skip the items
+//! whose judgement cannot have changed: running attempts found still running, and the TPU
+//! records the unusable-resource step found with nothing to do. An item is judged again as
+//! soon as anything its judgement read may have changed: its job or record was accessed
+//! mutably (the tables' change tracking), a node or queued resource under its TPU name was
+//! listed anew or vanished (the observation index), its workers' final statuses differ, or a
+//! time it waits for has come. A cache only: a pass with an empty memo leaves the same state
+//! and returns the same actions, events and violations (the harness checks it on every step
+//! of every chaos run); only its wake-up may come later, as a kept heartbeat deadline may be
+//! older than the heartbeat. Must not hold anything that is not derived from the passes'
+//! inputs, and must never be an input to a decision.
+
+use std::collections::BTreeMap;
+
+use super::observe::Observation;
+use super::observed::ObservedIndex;
+use super::sorted_map::{Revision, SortedMap};
+use super::state::{Job, JobStatus, Resource};
+use super::time::Timestamp;
+use crate::spec::{Name, NameMap, NameSet};
+
+/// See the module doc.
+#[derive(Debug, Default)]
+pub(crate) struct Memo {
+    /// The attempts step's last judgement.
+    pub runs: RunsMemo,
+    /// The unusable-resource step's last judgement.
+    pub records: RecordsMemo,
+}
+
+/// Running jobs the attempts step found still running, with what it read and when each
+/// must be judged again; jobs it found needing work are judged again on the next pass.
+#[derive(Debug, Default)]
+pub(crate) struct RunsMemo {
+    /// Revisions of the job and record tables, and the observation's serial, at the last
+    /// sweep.
+    seen: Option<(Revision, Revision, u64)>,
+    quiet: NameMap<QuietRun>,
+    /// Quiet runs by their record, and by their TPU name. (Hashed, and ordered by time
+    /// only: ordering names compares their text, which a pass cannot afford per item.)
+    by_record: NameMap<Name>,
+    by_tpu: NameMap<Vec<Name>>,
+    /// Quiet runs by the heartbeat deadline they were judged with.
+    deadlines: BTreeMap<Timestamp, Vec<Name>>,
+    /// Running jobs judged last time and not found quiet.
+    pending: Vec<Name>,
+}
+
+/// What a still-running judgement read beyond the job (untouched since) and the time.
+#[derive(Debug)]
+pub(crate) struct QuietRun {
+    pub attempt: Name,
+    /// The attempt's last sign of life when its report has no heartbeat.
+    pub started: Timestamp,
+    pub resource: Name,
+    pub tpu_name: Name,
+    /// The heartbeat deadline then, if the TPU looked up (else none: the attempt waits for
+    /// its TPU's fate, decided elsewhere).
+    pub deadline: Option<Timestamp>,
+}
+
+impl RunsMemo {
+    /// The running jobs to judge this pass, in id order: those judged last time and not found
+    /// quiet (if still running), and quiet ones whose job, record, listing or report changed
+    /// or whose heartbeat deadline came (taken out of the memo). `None`: judge every running
+    /// job (first pass, another state, another observation sequence, or an index rebuilt),
+    /// with an emptied memo.
+    pub fn due(
+        &mut self,
+        jobs: &SortedMap<Job>,
+        records: &SortedMap<Resource>,
+        observed: &ObservedIndex,
+        obs: &Observation,
+        heartbeat_timeout_secs: i64,
+        now: Timestamp,
+    ) -> Option<Vec<Name>> {
+        let seen = self
+            .seen
+            .replace((jobs.revision(), records.revision(), obs.serial));
+        let changes = seen.and_then(|(jobs_then, records_then, serial)| {
+            let reports = obs.report_changes.as_ref().filter(|c| c.since == serial)?;
+            Some((
+                jobs.changes_since(jobs_then)?,
+                records.changes_since(records_then)?,
+                observed.changed()?,
+                reports,
+            ))
+        });
+        let Some((job_changes, record_changes, names, reports)) = changes else {
+            *self = RunsMemo {
+                seen: self.seen,
+                ..RunsMemo::default()
+            };
+            return None;
+        };
+        let mut ids: NameSet = self.pending.drain(..).collect();
+        ids.extend(job_changes.touched);
+        ids.extend(job_changes.removed);
+        ids.extend(&reports.jobs);
+        for r in record_changes.touched.iter().chain(&record_changes.removed) {
+            ids.extend(self.by_record.get(r));
+        }
+        for name in names {
+            ids.extend(self.by_tpu.get(name).into_iter().flatten());
+        }
+        // Deadlines are kept as judged: a report not listed as changed has the same heartbeat
+        // or a later one, so a kept deadline is never later than the run's true one, and a
+        // run whose kept deadline came is judged again (usually to find it beating on).
+        while let Some(entry) = self.deadlines.first_entry()
+            && *entry.key() <= now
+        {
+            ids.extend(entry.remove());
+        }
+        for id in &ids {
+            self.forget(id);
+        }
+        self.refresh_deadlines(obs, heartbeat_timeout_secs, now);
+        let mut ids: Vec<Name> = ids
+            .into_iter()
+            .filter(|id| jobs.get(id).is_some_and(|j| j.status == JobStatus::Running))
+            .collect();
+        ids.sort_unstable();
+        Some(ids)
+    }
+
+    /// Brings the kept deadlines due within half a heartbeat timeout up to date with the
+    /// reports (a beating run's heartbeat moves on every read): a kept deadline only wakes a
+    /// pass early, and refreshing ahead keeps those early passes to about one per half
+    /// timeout whatever the number of runs, for a report lookup per run and half timeout.
+    fn refresh_deadlines(&mut self, obs: &Observation, timeout_secs: i64, now: Timestamp) {
+        let horizon = now.plus_secs(timeout_secs / 2);
+        let near: Vec<Timestamp> = self
+            .deadlines
+            .range(..=horizon)
+            .map(|(at, _)| *at)
+            .collect();
+        for at in near {
+            let jobs = self.deadlines.remove(&at).expect("listed");
+            for job in jobs {
+                let q = self.quiet.get_mut(&job).expect("kept");
+                let heartbeat = obs
+                    .attempts
+                    .get(&q.attempt)
+                    .and_then(|r| r.heartbeat_at)
+                    .unwrap_or(q.started);
+                let deadline = heartbeat.plus_secs(timeout_secs);
+                q.deadline = Some(deadline);
+                self.deadlines.entry(deadline).or_default().push(job);
+            }
+        }
+    }
+
+    fn forget(&mut self, job: &Name) {
+        let Some(q) = self.quiet.remove(job) else {
+            return;
+        };
+        self.by_record.remove(&q.resource);
+        if let Some(jobs) = self.by_tpu.get_mut(&q.tpu_name) {
+            jobs.retain(|j| j != job);
+            if jobs.is_empty() {
+                self.by_tpu.remove(&q.tpu_name);
+            }
+        }
+        if let Some(at) = q.deadline
+            && let Some(jobs) = self.deadlines.get_mut(&at)
+        {
+            jobs.retain(|j| j != job);
+            if jobs.is_empty() {
+                self.deadlines.remove(&at);
+            }
+        }
+    }
+
+    /// Remembers a job found still running.
+    pub fn quiet(&mut self, job: Name, run: QuietRun) {
+        self.by_record.insert(run.resource, job);
+        self.by_tpu.entry(run.tpu_name).or_default().push(job);
+        if let Some(at) = run.deadline {
+            self.deadlines.entry(at).or_default().push(job);
+        }
+        self.quiet.insert(job, run);
+    }
+
+    /// Remembers a running job found needing work (judged again next pass).
+    pub fn pending(&mut self, job: Name) {
+        self.pending.push(job);
+    }
+
+    /// The earliest heartbeat deadline kept for the quiet runs: a pass must look at them by
+    /// then (their heartbeats may have moved on since, which only makes the wake-up early).
+    pub fn next_deadline(&self) -> Option<Timestamp> {
+        self.deadlines.first_key_value().map(|(at, _)| *at)
+    }
+}
+
+/// Records the unusable-resource step found something to do for (all others had nothing to
+/// do), with the record table's revision of that sweep.
+#[derive(Debug, Default)]
+pub(crate) struct RecordsMemo {
+    seen: Option<Revision>,
+    pub busy: Vec<Name>,
+    /// Adopted records by TPU name (their ids, `adopted-<name>`, differ from their names).
+    adopted: NameMap<Name>,
+}
+
+impl RecordsMemo {
+    /// The records to judge, in key order: those found busy last time, those accessed
+    /// mutably or removed since, and those listed under a TPU name that changed; every
+    /// record when the last sweep is unknown.
+    pub fn due(&mut self, records: &SortedMap<Resource>, observed: &ObservedIndex) -> Vec<Name> {
+        let seen = self.seen.replace(records.revision());
+        let changes =
+            seen.and_then(|then| Some((records.changes_since(then)?, observed.changed()?)));
+        let Some((changes, names)) = changes else {
+            self.adopted = records
+                .values()
+                .filter(|r| r.adopted)
+                .map(|r| (r.tpu_name, r.id))
+                .collect();
+            return records.keys().copied().collect();
+        };
+        for id in &changes.removed {
+            self.adopted.retain(|_, r| r != id);
+        }
+        for id in &changes.touched {
+            if let Some(r) = records.get(id).filter(|r| r.adopted) {
+                self.adopted.insert(r.tpu_name, r.id);
+            }
+        }
+        let mut ids: NameSet = self.busy.drain(..).collect();
+        ids.extend(changes.touched);
+        for name in names {
+            ids.insert(*name);
+            ids.extend(self.adopted.get(name));
+        }
+        let mut ids: Vec<Name> = ids
+            .into_iter()
+            .filter(|id| records.contains_key(id))
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+}
