@@ -12,10 +12,11 @@
 
 use std::collections::BTreeMap;
 
+use super::fleet_index::FleetIndex;
 use super::observe::Observation;
 use super::observed::ObservedIndex;
 use super::sorted_map::{Revision, SortedMap};
-use super::state::{Job, JobStatus, Resource};
+use super::state::{Job, JobStatus, Resource, ResourceStatus};
 use super::time::Timestamp;
 use crate::spec::{Name, NameMap, NameSet};
 
@@ -26,6 +27,8 @@ pub(crate) struct Memo {
     pub runs: RunsMemo,
     /// The unusable-resource step's last judgement.
     pub records: RecordsMemo,
+    /// The assignment step's inputs.
+    pub assign: AssignMemo,
 }
 
 /// Running jobs the attempts step found still running, with what it read and when each
@@ -115,11 +118,12 @@ impl RunsMemo {
             self.forget(id);
         }
         self.refresh_deadlines(obs, heartbeat_timeout_secs, now);
-        let mut ids: Vec<Name> = ids
+        let ids = jobs
+            .in_key_order(ids)
             .into_iter()
-            .filter(|id| jobs.get(id).is_some_and(|j| j.status == JobStatus::Running))
+            .filter(|(_, j)| j.status == JobStatus::Running)
+            .map(|(id, _)| *id)
             .collect();
-        ids.sort_unstable();
         Some(ids)
     }
 
@@ -233,11 +237,116 @@ impl RecordsMemo {
             ids.insert(*name);
             ids.extend(self.adopted.get(name));
         }
-        let mut ids: Vec<Name> = ids
+        records
+            .in_key_order(ids)
             .into_iter()
-            .filter(|id| records.contains_key(id))
-            .collect();
-        ids.sort_unstable();
-        ids
+            .map(|(id, _)| *id)
+            .collect()
+    }
+}
+
+/// The assignment step's inputs, kept up to date with the tables' changes instead of found
+/// by sweeping them: pending jobs, idle declared unowned records, and busy records per
+/// entry.
+#[derive(Debug, Default)]
+pub(crate) struct AssignMemo {
+    seen: Option<(Revision, Revision)>,
+    pending: NameSet,
+    idle: NameSet,
+    /// Busy records owned by each entry, and the entry each busy record was counted for.
+    busy: Vec<u32>,
+    busy_in: NameMap<usize>,
+}
+
+impl AssignMemo {
+    /// Brings the inputs up to date (all of them afresh when the last update is unknown).
+    pub fn update(
+        &mut self,
+        jobs: &SortedMap<Job>,
+        records: &SortedMap<Resource>,
+        index: &FleetIndex,
+    ) {
+        let seen = self.seen.replace((jobs.revision(), records.revision()));
+        let changes = seen.and_then(|(jobs_then, records_then)| {
+            Some((
+                jobs.changes_since(jobs_then)?,
+                records.changes_since(records_then)?,
+            ))
+        });
+        let Some((job_changes, record_changes)) = changes else {
+            *self = AssignMemo {
+                seen: self.seen,
+                busy: vec![0; index.fleet.tpus.len()],
+                ..AssignMemo::default()
+            };
+            for id in jobs.keys() {
+                self.job_changed(*id, jobs);
+            }
+            for id in records.keys() {
+                self.record_changed(*id, records, index);
+            }
+            return;
+        };
+        for id in job_changes.touched.into_iter().chain(job_changes.removed) {
+            self.job_changed(id, jobs);
+        }
+        for id in record_changes
+            .touched
+            .into_iter()
+            .chain(record_changes.removed)
+        {
+            self.record_changed(id, records, index);
+        }
+    }
+
+    fn job_changed(&mut self, id: Name, jobs: &SortedMap<Job>) {
+        if jobs
+            .get(&id)
+            .is_some_and(|j| j.status == JobStatus::Pending)
+        {
+            self.pending.insert(id);
+        } else {
+            self.pending.remove(&id);
+        }
+    }
+
+    fn record_changed(&mut self, id: Name, records: &SortedMap<Resource>, index: &FleetIndex) {
+        let r = records.get(&id);
+        if r.is_some_and(|r| {
+            r.status == ResourceStatus::Idle && !r.is_busy() && index.is_declared(r)
+        }) {
+            self.idle.insert(id);
+        } else {
+            self.idle.remove(&id);
+        }
+        if let Some(e) = self.busy_in.remove(&id) {
+            self.busy[e] -= 1;
+        }
+        if let Some(e) = r.filter(|r| r.is_busy()).and_then(|r| index.owns_record(r)) {
+            self.busy[e] += 1;
+            self.busy_in.insert(id, e);
+        }
+    }
+
+    /// Pending jobs, in key order.
+    pub fn pending<'j>(&self, jobs: &'j SortedMap<Job>) -> Vec<&'j Job> {
+        jobs.in_key_order(self.pending.iter().copied())
+            .into_iter()
+            .map(|(_, j)| j)
+            .collect()
+    }
+
+    /// Idle, declared, unowned records, in key order.
+    pub fn idle<'r>(&self, records: &'r SortedMap<Resource>) -> Vec<&'r Resource> {
+        records
+            .in_key_order(self.idle.iter().copied())
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect()
+    }
+
+    /// Busy records per entry (fleet order).
+    pub fn busy(&self) -> &[u32] {
+        &self.busy
     }
 }

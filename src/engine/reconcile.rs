@@ -2032,29 +2032,18 @@ impl<'a> Pass<'a> {
     fn assignment(&mut self) {
         let index = self.index;
         let now = self.now;
+        self.memo
+            .assign
+            .update(&self.state.jobs, &self.state.resources, index);
         let (pairs, waits, desired, named) = {
-            let demand = Demand::build(
-                index,
-                self.state
-                    .jobs
-                    .values()
-                    .filter(|j| j.status == JobStatus::Pending),
-                now,
-            );
+            let demand = Demand::build(index, self.memo.assign.pending(&self.state.jobs), now);
             let waits: Vec<Timestamp> = demand
                 .jobs
                 .iter()
                 .filter(|j| !j.assignable)
                 .filter_map(|j| j.job.not_before)
                 .collect();
-            let candidates: Vec<&Resource> = self
-                .state
-                .resources
-                .values()
-                .filter(|r| {
-                    r.status == ResourceStatus::Idle && !r.is_busy() && index.is_declared(r)
-                })
-                .collect();
+            let candidates: Vec<&Resource> = self.memo.assign.idle(&self.state.resources);
             let pairs = self.policy.assign(&AssignInput {
                 index,
                 demand: &demand,
@@ -2062,14 +2051,7 @@ impl<'a> Pass<'a> {
             });
             let mut waiting = vec![true; demand.jobs.len()];
             let mut taken = vec![false; candidates.len()];
-            let mut busy = vec![0u32; index.fleet.tpus.len()];
-            for r in self.state.resources.values() {
-                if r.is_busy()
-                    && let Some(e) = index.owns_record(r)
-                {
-                    busy[e] += 1;
-                }
-            }
+            let mut busy = self.memo.assign.busy().to_vec();
             for &(j, t) in &pairs {
                 waiting[j] = false;
                 taken[t] = true;

@@ -223,6 +223,23 @@ impl<V> SortedMap<V> {
         self.map.values_mut().map(|v| &mut **v)
     }
 
+    /// The entries of those of `keys` present, in key order (found by hash and ordered by
+    /// position: no text is compared, which matters for long names sharing a prefix).
+    pub fn in_key_order(&self, keys: impl IntoIterator<Item = Name>) -> Vec<(&Name, &V)> {
+        let mut at: Vec<usize> = keys
+            .into_iter()
+            .filter_map(|k| self.map.get_index_of(&k))
+            .collect();
+        at.sort_unstable();
+        at.dedup();
+        at.into_iter()
+            .map(|i| {
+                let (k, v) = self.map.get_index(i).expect("in range");
+                (k, &**v)
+            })
+            .collect()
+    }
+
     /// Number of entries.
     pub fn len(&self) -> usize {
         self.map.len()
