@@ -50,10 +50,11 @@ pub fn observe<B: CloudBackend>(
     let (nodes, queued_resources) = backend.inventory(&scope, now)?;
     let in_flight = in_flight(state);
     let read = backend.refresh_reports(&in_flight, &mut observation.attempts, now)?;
-    let fed = merge_feedback(&mut observation.attempts, &in_flight, feedback);
-    observation.report_changes = read.map(|mut jobs| {
-        jobs.extend(fed);
-        ReportChanges { since, jobs }
+    observation.read_at = Some(read.read_at);
+    let fed = merge_feedback(&mut observation.attempts, &mut observation.fed, feedback);
+    observation.report_changes = read.changed.map(|mut attempts| {
+        attempts.extend(fed);
+        ReportChanges { since, attempts }
     });
     observation.nodes = nodes;
     observation.queued_resources = queued_resources;
@@ -72,23 +73,33 @@ pub fn in_flight(state: &State) -> Vec<(Name, Name)> {
         .collect()
 }
 
-/// Hands each in-flight attempt's report the result of the previous pass's launch or cancel
-/// (clearing an older one); returns the jobs whose report this changed.
+/// Hands each in-flight attempt's report the result of the previous pass's launch or cancel,
+/// clearing the results `fed` (the attempts whose report carries one) handed before; keeps
+/// `fed` up to date and returns the attempts whose report this changed.
 pub fn merge_feedback(
     reports: &mut NameMap<AttemptReport>,
-    in_flight: &[(Name, Name)],
+    fed: &mut Vec<Name>,
     feedback: &Feedback,
 ) -> Vec<Name> {
     let mut changed = Vec::new();
-    for (attempt, job) in in_flight {
-        if let Some(report) = reports.get_mut(attempt) {
-            let launch_error = feedback.launch_errors.get(attempt);
-            let cancel = feedback.cancels.get(attempt);
-            if report.launch_error.as_ref() != launch_error || report.cancel.as_ref() != cancel {
-                report.launch_error = launch_error.cloned();
-                report.cancel = cancel.cloned();
-                changed.push(*job);
-            }
+    let attempts: Vec<Name> = fed
+        .drain(..)
+        .chain(feedback.launch_errors.keys().copied())
+        .chain(feedback.cancels.keys().copied())
+        .collect();
+    for attempt in attempts {
+        let Some(report) = reports.get_mut(&attempt) else {
+            continue;
+        };
+        let launch_error = feedback.launch_errors.get(&attempt);
+        let cancel = feedback.cancels.get(&attempt);
+        if report.launch_error.as_ref() != launch_error || report.cancel.as_ref() != cancel {
+            report.launch_error = launch_error.cloned();
+            report.cancel = cancel.cloned();
+            changed.push(attempt);
+        }
+        if (launch_error.is_some() || cancel.is_some()) && !fed.contains(&attempt) {
+            fed.push(attempt);
         }
     }
     changed

@@ -45,6 +45,16 @@ pub enum Outcome {
 /// What an inventory read found: nodes and queued resources, each sorted by (zone, name).
 pub type Inventory = (Vec<Arc<NodeInfo>>, Vec<Arc<QueuedResourceInfo>>);
 
+/// What a report refresh did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refreshed {
+    /// When the reports were read.
+    pub read_at: Timestamp,
+    /// The attempts whose report may differ from the map handed in other than by a later
+    /// heartbeat (added, dropped or re-read); `None` when the backend cannot tell.
+    pub changed: Option<Vec<Name>>,
+}
+
 /// A cloud the driver can observe and act on.
 pub trait CloudBackend {
     /// Lists the nodes and queued resources labelled `managed-by` = `scope.runner` in each
@@ -57,21 +67,19 @@ pub trait CloudBackend {
         now: Timestamp,
     ) -> Result<Inventory, BackendError>;
     /// Brings `reports` up to date with what the workers of each attempt in `in_flight`
-    /// (attempt id, job id) report (launch acknowledged, status objects, heartbeat; a
-    /// default report when nothing is known of it), and drops every other attempt's.
-    /// `reports` is the map this backend brought up to date on the previous call, kept by
-    /// the driver: a backend may re-read only the attempts whose workers wrote, stopped or
-    /// started since, and must read every attempt when handed any other map (an empty one
-    /// forces a full read). On error the map may be partly updated, and a backend whose
-    /// read failed part-way must read every attempt on its next call. Returns the jobs whose
-    /// report may differ from the map it was handed other than by a later heartbeat (added,
-    /// dropped or re-read), or `None` when it cannot tell (any may differ).
+    /// (attempt id, job id, in job-id order) report (launch acknowledged, status objects,
+    /// heartbeat or `beating`; a default report when nothing is known of it), and drops every
+    /// other attempt's. `reports` is the map this backend brought up to date on the previous
+    /// call, kept by the driver: a backend may re-read only the attempts whose workers wrote,
+    /// stopped or started since, and must read every attempt when handed any other map (an
+    /// empty one forces a full read). On error the map may be partly updated, and a backend
+    /// whose read failed part-way must read every attempt on its next call.
     fn refresh_reports(
         &mut self,
         in_flight: &[(Name, Name)],
         reports: &mut NameMap<AttemptReport>,
         now: Timestamp,
-    ) -> Result<Option<Vec<Name>>, BackendError>;
+    ) -> Result<Refreshed, BackendError>;
     /// Carries out one action.
     fn execute(&mut self, action: &Action, now: Timestamp) -> Outcome;
 }

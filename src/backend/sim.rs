@@ -9,14 +9,14 @@ use tpu_runner_sim::SimCloud;
 use tpu_runner_sim::cloud::{self as simc, ApiError, CancelResult, Listing};
 use ustr::Ustr;
 
-use super::{BackendError, CloudBackend, Inventory, Outcome};
+use super::{BackendError, CloudBackend, Inventory, Outcome, Refreshed};
 use crate::engine::observe::{
     AttemptReport, CancelOutcome, CloudFailure, Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY,
     NodeInfo, NodeState, QrState, QueuedResourceInfo, RemoteError, RemoteErrorKind, WorkerState,
     WorkerStatus,
 };
 use crate::engine::{Action, InventoryScope, Timestamp};
-use crate::spec::{Name, NameMap, NameSet, TpuType};
+use crate::spec::{Name, NameMap, TpuType};
 
 /// The simulated cloud seen through the backend boundary.
 #[derive(Debug)]
@@ -36,11 +36,9 @@ pub struct SimBackend {
     /// The label set of each fleet entry's objects (only looked up).
     labels: NameMap<simc::Labels>,
     /// The size of the report map the last `refresh_reports` left (`None`: none kept, read
-    /// every attempt next time).
+    /// every attempt next time), and the attempts in flight then.
     reports_kept: Option<usize>,
-    /// Attempts of that map whose workers beat: their heartbeat is the time of every read
-    /// until the simulator reports them changed.
-    beating: NameSet,
+    in_flight: Vec<(Name, Name)>,
 }
 
 /// What the last inventory read converted to observation types, kept so that a zone with
@@ -180,14 +178,14 @@ impl SimBackend {
     pub fn read_reports(&self, in_flight: &[(Name, Name)]) -> NameMap<AttemptReport> {
         in_flight
             .iter()
-            .map(|(attempt, _)| (*attempt, self.read_report(attempt).0))
+            .map(|(attempt, _)| (*attempt, self.read_report(attempt)))
             .collect()
     }
 
-    /// What the workers of `attempt` report, and whether they beat.
-    fn read_report(&self, attempt: &Name) -> (AttemptReport, bool) {
+    /// What the workers of `attempt` report (a beating run's heartbeat is the read's time).
+    fn read_report(&self, attempt: &Name) -> AttemptReport {
         let Some(view) = self.cloud.attempt(attempt.ustr()) else {
-            return (AttemptReport::default(), false);
+            return AttemptReport::default();
         };
         let statuses = view
             .statuses
@@ -205,14 +203,16 @@ impl SimBackend {
                 artifact_upload_error: None,
             })
             .collect();
-        let report = AttemptReport {
+        AttemptReport {
             launched: view.launched,
             launch_error: None,
             cancel: None,
             statuses,
-            heartbeat_at: view.heartbeat_at.map(|t| self.at(t)),
-        };
-        (report, view.beating)
+            heartbeat_at: (!view.beating)
+                .then(|| view.heartbeat_at.map(|t| self.at(t)))
+                .flatten(),
+            beating: view.beating,
+        }
     }
 
     /// The backend of runner `runner` over `cloud`, whose time 0 is `epoch`; `public_ip`:
@@ -227,7 +227,7 @@ impl SimBackend {
             listings: Listings::default(),
             labels: NameMap::default(),
             reports_kept: None,
-            beating: NameSet::default(),
+            in_flight: Vec::new(),
         }
     }
 
@@ -326,51 +326,55 @@ impl CloudBackend for SimBackend {
         in_flight: &[(Name, Name)],
         reports: &mut NameMap<AttemptReport>,
         _now: Timestamp,
-    ) -> Result<Option<Vec<Name>>, BackendError> {
-        let changed: NameSet = self
-            .cloud
-            .take_report_changes()
-            .into_iter()
-            .map(Name::from_ustr)
-            .collect();
+    ) -> Result<Refreshed, BackendError> {
+        let touched = self.cloud.take_report_changes();
+        let read_at = self.at(self.cloud.now());
         let kept = self.reports_kept == Some(reports.len());
-        if !kept {
-            reports.clear();
-            self.beating.clear();
-        }
-        // Attempts no longer in flight leave (counted first: on most passes none did). Their
-        // jobs left the flight or moved to another attempt, which is read below.
-        let staying = in_flight
-            .iter()
-            .filter(|(a, _)| reports.contains_key(a))
-            .count();
-        if staying != reports.len() {
-            let keep: NameSet = in_flight.iter().map(|(a, _)| *a).collect();
-            reports.retain(|a, _| keep.contains(a));
-            self.beating.retain(|a| keep.contains(a));
-        }
-        let heartbeat = self.at(self.cloud.now());
-        let mut read = Vec::new();
-        for (attempt, job) in in_flight {
-            if !changed.contains(attempt)
-                && let Some(report) = reports.get_mut(attempt)
-            {
-                if self.beating.contains(attempt) {
-                    report.heartbeat_at = Some(heartbeat);
+        let mut changed = Vec::new();
+        if kept {
+            // Who joined and who left, walking both lists in job-id order (names compared
+            // as text only where they differ).
+            let last = std::mem::take(&mut self.in_flight);
+            let (mut i, mut j) = (0, 0);
+            loop {
+                let (left, joined) = match (last.get(i), in_flight.get(j)) {
+                    (None, None) => break,
+                    (Some(a), Some(b)) if a == b => (None, None),
+                    (Some(a), Some(b)) if a.1 == b.1 => (Some(a), Some(b)),
+                    (Some(a), Some(b)) if a.1 < b.1 => (Some(a), None),
+                    (Some(a), None) => (Some(a), None),
+                    (_, b) => (None, b),
+                };
+                if let Some((attempt, _)) = left {
+                    reports.remove(attempt);
+                    changed.push(*attempt);
                 }
-                continue;
+                if let Some((attempt, _)) = joined {
+                    reports.insert(*attempt, self.read_report(attempt));
+                    changed.push(*attempt);
+                }
+                let same = left.is_none() && joined.is_none();
+                i += usize::from(same || left.is_some());
+                j += usize::from(same || joined.is_some());
             }
-            let (report, beating) = self.read_report(attempt);
-            reports.insert(*attempt, report);
-            read.push(*job);
-            if beating {
-                self.beating.insert(*attempt);
-            } else {
-                self.beating.remove(attempt);
+            // Runs whose workers wrote, stopped or started since (any still in flight).
+            for attempt in touched.into_iter().map(Name::from_ustr) {
+                if let Some(report) = reports.get_mut(&attempt) {
+                    *report = self.read_report(&attempt);
+                    changed.push(attempt);
+                }
             }
+        } else {
+            reports.clear();
+            reports.extend(in_flight.iter().map(|(a, _)| (*a, self.read_report(a))));
         }
+        self.in_flight.clear();
+        self.in_flight.extend_from_slice(in_flight);
         self.reports_kept = Some(reports.len());
-        Ok(kept.then_some(read))
+        Ok(Refreshed {
+            read_at,
+            changed: kept.then_some(changed),
+        })
     }
 
     fn execute(&mut self, action: &Action, now: Timestamp) -> Outcome {

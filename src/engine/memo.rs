@@ -43,6 +43,8 @@ pub(crate) struct RunsMemo {
     /// only: ordering names compares their text, which a pass cannot afford per item.)
     by_record: NameMap<Name>,
     by_tpu: NameMap<Vec<Name>>,
+    /// Quiet runs by attempt.
+    by_attempt: NameMap<Name>,
     /// Quiet runs by the heartbeat deadline they were judged with.
     deadlines: BTreeMap<Timestamp, Vec<Name>>,
     /// Running jobs judged last time and not found quiet.
@@ -99,7 +101,12 @@ impl RunsMemo {
         let mut ids: NameSet = self.pending.drain(..).collect();
         ids.extend(job_changes.touched);
         ids.extend(job_changes.removed);
-        ids.extend(&reports.jobs);
+        ids.extend(
+            reports
+                .attempts
+                .iter()
+                .filter_map(|a| self.by_attempt.get(a)),
+        );
         for r in record_changes.touched.iter().chain(&record_changes.removed) {
             ids.extend(self.by_record.get(r));
         }
@@ -145,7 +152,7 @@ impl RunsMemo {
                 let heartbeat = obs
                     .attempts
                     .get(&q.attempt)
-                    .and_then(|r| r.heartbeat_at)
+                    .and_then(|r| obs.heartbeat(r))
                     .unwrap_or(q.started);
                 let deadline = heartbeat.plus_secs(timeout_secs);
                 q.deadline = Some(deadline);
@@ -159,6 +166,7 @@ impl RunsMemo {
             return;
         };
         self.by_record.remove(&q.resource);
+        self.by_attempt.remove(&q.attempt);
         if let Some(jobs) = self.by_tpu.get_mut(&q.tpu_name) {
             jobs.retain(|j| j != job);
             if jobs.is_empty() {
@@ -178,6 +186,7 @@ impl RunsMemo {
     /// Remembers a job found still running.
     pub fn quiet(&mut self, job: Name, run: QuietRun) {
         self.by_record.insert(run.resource, job);
+        self.by_attempt.insert(run.attempt, job);
         self.by_tpu.entry(run.tpu_name).or_default().push(job);
         if let Some(at) = run.deadline {
             self.deadlines.entry(at).or_default().push(job);

@@ -34,6 +34,9 @@ pub struct Observation {
     /// Refusals of the previous pass's actions (stockout, quota, rate limit, …).
     #[serde(default)]
     pub failures: Vec<ActionFailure>,
+    /// When the worker reports were read (the heartbeat of a `beating` report).
+    #[serde(default)]
+    pub read_at: Option<Timestamp>,
     /// This observation's number in its driver's sequence (0: not numbered).
     #[serde(skip)]
     pub serial: u64,
@@ -41,16 +44,31 @@ pub struct Observation {
     /// track (the engine then need not compare every report; `None`: any may differ).
     #[serde(skip)]
     pub report_changes: Option<ReportChanges>,
+    /// Attempts whose report carries a launch or cancel result (the driver's bookkeeping:
+    /// the next observation clears them).
+    #[serde(skip)]
+    pub fed: Vec<Name>,
 }
 
-/// The jobs whose worker report may differ from an earlier observation's other than by a
-/// later heartbeat (every other report is the same or only heard from its workers since).
+impl Observation {
+    /// The last sign of life of the workers behind `report`.
+    pub fn heartbeat(&self, report: &AttemptReport) -> Option<Timestamp> {
+        if report.beating {
+            self.read_at.or(report.heartbeat_at)
+        } else {
+            report.heartbeat_at
+        }
+    }
+}
+
+/// The attempts whose worker report may differ from an earlier observation's other than by
+/// a later heartbeat (every other report is the same, or its workers were heard from since).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ReportChanges {
     /// The `serial` of the earlier observation.
     pub since: u64,
-    /// Jobs whose current attempt's report may differ, was added or was dropped.
-    pub jobs: Vec<Name>,
+    /// Attempts whose report may differ, was added or was dropped.
+    pub attempts: Vec<Name>,
 }
 
 /// A TPU VM as the TPU API describes it.
@@ -240,6 +258,11 @@ pub struct AttemptReport {
     /// Last heartbeat of the slowest live worker (absent before launch).
     #[serde(default)]
     pub heartbeat_at: Option<Timestamp>,
+    /// Every live worker was heard from when the reports were read (the observation's
+    /// `read_at`), whatever `heartbeat_at` says: for a backend that knows liveness without
+    /// re-reading a report on every pass.
+    #[serde(default)]
+    pub beating: bool,
 }
 
 /// A failed remote operation (launch or cancel).

@@ -1329,7 +1329,7 @@ impl<'a> Pass<'a> {
     ) -> (bool, Timestamp, Timestamp) {
         let tpu_up = self.up_entry(resource).is_some();
         let heartbeat = report
-            .and_then(|r| r.heartbeat_at)
+            .and_then(|r| self.obs.heartbeat(r))
             .or(attempt.started_at)
             .unwrap_or(attempt.created_at);
         let deadline = heartbeat.plus_secs(self.config.heartbeat_timeout_secs);

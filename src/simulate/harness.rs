@@ -248,6 +248,18 @@ fn same_decisions(cached: &PassOutput, scratch: &PassOutput) -> bool {
         && wake_ok
 }
 
+/// Events a violation report shows: the last ones before it.
+const RECENT_EVENTS: usize = 40;
+
+/// The last `RECENT_EVENTS` of `earlier` followed by `now`.
+fn last_events(earlier: &std::collections::VecDeque<Event>, now: &[Event]) -> Vec<Event> {
+    let all: Vec<&Event> = earlier.iter().chain(now).collect();
+    all[all.len().saturating_sub(RECENT_EVENTS)..]
+        .iter()
+        .map(|e| (*e).clone())
+        .collect()
+}
+
 /// Folds an engine event into the run's FNV-1a event hash: its time, kind, ids and detail,
 /// each field ended by a marker so that no two different events hash the same bytes.
 fn hash_event(hash: &mut u64, e: &Event) {
@@ -478,7 +490,7 @@ pub fn run(
                         let (nodes, qrs) = backend.read_inventory(&engine.inventory_scope(&state));
                         let in_flight = driver::in_flight(&state);
                         let mut reports = backend.read_reports(&in_flight);
-                        driver::merge_feedback(&mut reports, &in_flight, &feedback);
+                        driver::merge_feedback(&mut reports, &mut Vec::new(), &feedback);
                         let differs =
                             if nodes != observation.nodes || qrs != observation.queued_resources {
                                 Some("inventory")
@@ -562,10 +574,6 @@ pub fn run(
                     let committed_pass = crash != Some(0);
                     for e in out.events.iter().filter(|_| committed_pass) {
                         hash_event(&mut event_hash, e);
-                        recent.push_back(e.clone());
-                        if recent.len() > 40 {
-                            recent.pop_front();
-                        }
                     }
                     metrics.engine_events += out.events.len() as u64;
                     if committed_pass && !out.violations.is_empty() {
@@ -575,7 +583,7 @@ pub fn run(
                                 out.violations.join("; ")
                             ),
                             at_s: t_ms as f64 / 1000.0,
-                            recent_events: recent.iter().cloned().collect(),
+                            recent_events: last_events(&recent, &out.events),
                         });
                     }
                     // Only chaos runs hand a pass the previous observation.
@@ -605,9 +613,16 @@ pub fn run(
                 return Err(Violation {
                     message,
                     at_s: t_ms as f64 / 1000.0,
-                    recent_events: recent.iter().cloned().collect(),
+                    recent_events: last_events(&recent, output.as_ref().map_or(&[], |o| &o.events)),
                 });
             }
+        }
+        // The pass's events join the recent ones (moved, not copied: most are never shown).
+        for e in output.into_iter().flat_map(|o| o.events) {
+            if recent.len() == RECENT_EVENTS {
+                recent.pop_front();
+            }
+            recent.push_back(e);
         }
         if t_ms >= next_sample_ms {
             series.push(sample(&backend, &state, scenario, &ceilings, t_ms));
