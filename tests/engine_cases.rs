@@ -143,3 +143,74 @@ fn engine_cases() {
         insta::assert_snapshot!(text);
     });
 }
+
+/// What the engine keeps between passes (its memo) never changes a decision: after a pass on
+/// every case, the state is damaged (or left alone) and the next pass of the same engine must
+/// leave the state and decide what a pass with empty caches decides (it may only wake
+/// earlier). A damaged record or job must be found although the memo skips what did not change.
+#[test]
+fn a_second_pass_decides_as_one_without_memory() {
+    type Damage = fn(&mut State);
+    let damages: [(&str, Damage); 4] = [
+        ("nothing", |_| {}),
+        ("a busy TPU forgets its owner", |st| {
+            let owned = st
+                .resources
+                .values()
+                .find(|r| r.owner.is_some())
+                .map(|r| r.id);
+            if let Some(id) = owned {
+                st.resources.get_mut(&id).expect("found").owner = None;
+            }
+        }),
+        ("a running job forgets its TPU", |st| {
+            let running = st
+                .jobs
+                .values()
+                .find(|j| j.assigned_resource.is_some())
+                .map(|j| j.id);
+            if let Some(id) = running {
+                st.jobs.get_mut(&id).expect("found").assigned_resource = None;
+            }
+        }),
+        ("every record is touched", |st| {
+            for r in st.resources.values_mut() {
+                r.idle_since = None;
+            }
+        }),
+    ];
+    for path in std::fs::read_dir("tests/engine_cases").unwrap() {
+        let path = path.unwrap().path();
+        let case = support::read_case(&std::fs::read_to_string(&path).unwrap());
+        for (what, damage) in damages {
+            let engine = Engine::new(
+                support::case_fleet(&case),
+                EngineConfig::default(),
+                by_name("classic").unwrap(),
+            );
+            let (mut state, obs) = support::build(&case, &support::naming_index(&case));
+            engine.reconcile(&mut state, &obs, support::at(case.now));
+            damage(&mut state);
+            let later = support::at(case.now + 30);
+            let mut scratch = state.clone();
+            let expected = engine.reconcile_from_scratch(&mut scratch, &obs, later);
+            let out = engine.reconcile(&mut state, &obs, later);
+            let case = path.display();
+            assert_eq!(state, scratch, "{case}, {what}: state");
+            assert_eq!(out.actions, expected.actions, "{case}, {what}: actions");
+            assert_eq!(out.events, expected.events, "{case}, {what}: events");
+            assert_eq!(
+                out.violations, expected.violations,
+                "{case}, {what}: violations"
+            );
+            assert!(
+                out.next_wake.is_some() || expected.next_wake.is_none(),
+                "{case}, {what}: wake"
+            );
+            assert!(
+                out.next_wake <= expected.next_wake || expected.next_wake.is_none(),
+                "{case}, {what}: wake later than without memory"
+            );
+        }
+    }
+}

@@ -6,10 +6,10 @@
 //! job arrives or ends, a TPU name is first seen). Must not expose any way to put a key out of
 //! order, nor any way to change a value without recording it.
 //!
-//! Change tracking: every mutable access stamps its entry with the map's clock, and removals
-//! are logged, so a reader that kept a [`Revision`] learns which keys may have changed since
-//! (a superset: a mutable access that changed nothing still counts) without visiting the
-//! others. A copy or a deserialised map is a new origin: revisions of another map never
+//! Change tracking: every mutable access and every removal is logged with the map's clock,
+//! so a reader that kept a [`Revision`] learns which keys may have changed since (a superset:
+//! a mutable access that changed nothing still counts) in time proportional to the changes,
+//! without visiting the others. A copy or a deserialised map is a new origin: revisions of another map never
 //! apply to it.
 
 use std::fmt;
@@ -29,10 +29,13 @@ type Table<V> = IndexMap<Name, Box<V>, BuildHasherDefault<IdentityHasher>>;
 /// insert into).
 pub struct SortedMap<V> {
     map: Table<V>,
-    /// Per entry, at the same index as in `map`: the clock at its last mutable access.
-    stamps: Vec<u64>,
-    /// Ticks at every mutable access.
+    /// Ticks at every mutable access and removal.
     clock: u64,
+    /// Keys accessed mutably (or inserted) with the clock then, oldest first (at most
+    /// `TOUCHED_KEPT`; a key accessed twice is there twice).
+    touched: Vec<(u64, Name)>,
+    /// Accesses at or before this clock value are no longer in `touched`.
+    touched_floor: u64,
     /// Removed keys with the clock at their removal, oldest first (at most `REMOVED_KEPT`).
     removed: Vec<(u64, Name)>,
     /// Removals at or before this clock value are no longer in `removed`.
@@ -51,6 +54,9 @@ pub struct Revision {
 /// Removals remembered for readers that lag behind.
 const REMOVED_KEPT: usize = 4096;
 
+/// Mutable accesses remembered for readers that lag behind (a pass makes tens).
+const TOUCHED_KEPT: usize = 1 << 14;
+
 /// A new origin (identities only: never part of any output).
 fn new_origin() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -60,7 +66,8 @@ fn new_origin() -> u64 {
 /// The keys that may have changed since a revision.
 #[derive(Debug)]
 pub struct Changes {
-    /// Keys present now whose value may differ (or that are new), in key order.
+    /// Keys present now whose value may differ (or that are new), each once, in no
+    /// particular order.
     pub touched: Vec<Name>,
     /// Keys removed since (a key removed and inserted again is in both), oldest first.
     pub removed: Vec<Name>,
@@ -76,8 +83,9 @@ impl<V: Clone> Clone for SortedMap<V> {
     fn clone(&self) -> Self {
         SortedMap {
             map: self.map.clone(),
-            stamps: self.stamps.clone(),
             clock: self.clock,
+            touched: self.touched.clone(),
+            touched_floor: self.touched_floor,
             removed: self.removed.clone(),
             removed_floor: self.removed_floor,
             origin: new_origin(),
@@ -101,19 +109,26 @@ impl<V> SortedMap<V> {
 
     fn from_map(map: Table<V>) -> Self {
         SortedMap {
-            stamps: vec![0; map.len()],
             map,
             clock: 0,
+            touched: Vec::new(),
+            touched_floor: 0,
             removed: Vec::new(),
             removed_floor: 0,
             origin: new_origin(),
         }
     }
 
-    /// Stamps entry `at` as changed now.
+    /// Logs entry `at` as changed now.
     fn stamp(&mut self, at: usize) {
         self.clock += 1;
-        self.stamps[at] = self.clock;
+        if self.touched.len() == TOUCHED_KEPT {
+            let forget = TOUCHED_KEPT / 2;
+            self.touched_floor = self.touched[forget - 1].0;
+            self.touched.drain(..forget);
+        }
+        let key = *self.map.get_index(at).expect("in range").0;
+        self.touched.push((self.clock, key));
     }
 
     /// Where this map is in its history.
@@ -128,15 +143,18 @@ impl<V> SortedMap<V> {
     /// of another map, or older than the removals remembered): the reader must look at
     /// everything.
     pub fn changes_since(&self, since: Revision) -> Option<Changes> {
-        if since.origin != self.origin || since.clock < self.removed_floor {
+        if since.origin != self.origin
+            || since.clock < self.removed_floor
+            || since.clock < self.touched_floor
+        {
             return None;
         }
-        let touched = self
-            .map
-            .keys()
-            .zip(&self.stamps)
-            .filter(|(_, stamp)| **stamp > since.clock)
-            .map(|(k, _)| *k)
+        let from = self.touched.partition_point(|(at, _)| *at <= since.clock);
+        let mut seen = crate::spec::NameSet::default();
+        let touched = self.touched[from..]
+            .iter()
+            .map(|(_, k)| *k)
+            .filter(|k| seen.insert(*k) && self.map.contains_key(k))
             .collect();
         let from = self.removed.partition_point(|(at, _)| *at <= since.clock);
         let removed = self.removed[from..].iter().map(|(_, k)| *k).collect();
@@ -167,7 +185,6 @@ impl<V> SortedMap<V> {
         }
         let at = self.map.binary_search_keys(&key).expect_err("absent key");
         self.map.shift_insert(at, key, Box::new(value));
-        self.stamps.insert(at, 0);
         self.stamp(at);
         None
     }
@@ -179,7 +196,6 @@ impl<V> SortedMap<V> {
             None => {
                 let at = self.map.binary_search_keys(key).expect_err("absent key");
                 self.map.shift_insert(at, *key, Box::new(make()));
-                self.stamps.insert(at, 0);
                 at
             }
         };
@@ -189,8 +205,7 @@ impl<V> SortedMap<V> {
 
     /// Removes `key`, keeping the order of the rest.
     pub fn remove(&mut self, key: &Name) -> Option<V> {
-        let (at, key, value) = self.map.shift_remove_full(key)?;
-        self.stamps.remove(at);
+        let (_, key, value) = self.map.shift_remove_full(key)?;
         self.clock += 1;
         if self.removed.len() == REMOVED_KEPT {
             let forget = REMOVED_KEPT / 2;
@@ -218,8 +233,10 @@ impl<V> SortedMap<V> {
 
     /// Values in key order, mutably.
     pub fn values_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut V> + ExactSizeIterator {
+        // Every entry may change: readers from before must look at everything.
         self.clock += 1;
-        self.stamps.fill(self.clock);
+        self.touched.clear();
+        self.touched_floor = self.clock;
         self.map.values_mut().map(|v| &mut **v)
     }
 
@@ -366,7 +383,8 @@ mod tests {
                 for k in then.keys().filter(|k| !now.contains_key(*k)) {
                     proptest::prop_assert!(removed.contains(k), "{k} removed");
                 }
-                proptest::prop_assert!(changes.touched.windows(2).all(|w| w[0] < w[1]));
+                proptest::prop_assert!(changes.touched.iter().all(|k| now.contains_key(k)));
+                proptest::prop_assert_eq!(touched.len(), changes.touched.len(), "each key once");
                 proptest::prop_assert!(m.clone().changes_since(*rev).is_none());
             }
             let unchanged = m.changes_since(m.revision()).expect("same map");
