@@ -29,8 +29,6 @@ pub(crate) struct Memo {
     pub records: RecordsMemo,
     /// The assignment step's inputs.
     pub assign: AssignMemo,
-    /// What the ownership repair last checked.
-    pub repair: RepairMemo,
 }
 
 /// Running jobs the attempts step found still running, with what it read and when each
@@ -359,88 +357,5 @@ impl AssignMemo {
     /// Busy records per entry (fleet order).
     pub fn busy(&self) -> &[u32] {
         &self.busy
-    }
-}
-
-/// The ownership repair's last check: every in-flight job and the record it was assigned
-/// then (all consistent, or repaired, so only what changed since needs checking again).
-#[derive(Debug, Default)]
-pub(crate) struct RepairMemo {
-    seen: Option<(Revision, Revision)>,
-    record_of: NameMap<Name>,
-    job_on: NameMap<Name>,
-}
-
-/// What the ownership repair must check: records and jobs, each in key order.
-pub(crate) struct ToCheck {
-    pub records: Vec<Name>,
-    pub jobs: Vec<Name>,
-}
-
-impl RepairMemo {
-    /// What may have become inconsistent since the last check: records and jobs accessed
-    /// mutably or removed, the records those jobs were assigned then and are now, and the
-    /// jobs those records were assigned to then or are owned by now. `None`: check all.
-    pub fn due(&mut self, jobs: &SortedMap<Job>, records: &SortedMap<Resource>) -> Option<ToCheck> {
-        let seen = self.seen.replace((jobs.revision(), records.revision()));
-        let changes = seen.and_then(|(jobs_then, records_then)| {
-            Some((
-                jobs.changes_since(jobs_then)?,
-                records.changes_since(records_then)?,
-            ))
-        });
-        let Some((job_changes, record_changes)) = changes else {
-            self.record_of.clear();
-            self.job_on.clear();
-            return None;
-        };
-        let mut job_ids: NameSet = job_changes
-            .touched
-            .into_iter()
-            .chain(job_changes.removed)
-            .collect();
-        let mut record_ids: NameSet = record_changes
-            .touched
-            .into_iter()
-            .chain(record_changes.removed)
-            .collect();
-        for j in &job_ids {
-            record_ids.extend(self.record_of.get(j));
-            record_ids.extend(jobs.get(j).and_then(|j| j.assigned_resource));
-        }
-        for r in &record_ids {
-            job_ids.extend(self.job_on.get(r));
-            job_ids.extend(
-                records
-                    .get(r)
-                    .and_then(|r| r.owner.as_ref())
-                    .map(|o| o.job_id),
-            );
-        }
-        Some(ToCheck {
-            records: records
-                .in_key_order(record_ids)
-                .into_iter()
-                .map(|(k, _)| *k)
-                .collect(),
-            jobs: jobs
-                .in_key_order(job_ids)
-                .into_iter()
-                .map(|(k, _)| *k)
-                .collect(),
-        })
-    }
-
-    /// Remembers the record in-flight job `job` is assigned now (`None`: not in flight).
-    pub fn checked(&mut self, job: Name, record: Option<Name>) {
-        if let Some(old) = self.record_of.remove(&job)
-            && self.job_on.get(&old) == Some(&job)
-        {
-            self.job_on.remove(&old);
-        }
-        if let Some(r) = record {
-            self.record_of.insert(job, r);
-            self.job_on.insert(r, job);
-        }
     }
 }

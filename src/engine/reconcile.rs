@@ -492,25 +492,11 @@ impl<'a> Pass<'a> {
     /// (unavailable until seen ready again) and the job requeued, pinned as before.
     fn repair_ownership(&mut self) {
         let now = self.now;
-        // Only what changed since the last check can have become inconsistent (the memo);
-        // on a first pass, everything is checked.
-        let due = self
-            .memo
-            .repair
-            .due(&self.state.jobs, &self.state.resources);
         let mut broken_tpus = Vec::new();
         // In-flight jobs proven intact by their TPU: a job is assigned one TPU, so each
         // reciprocal pair counts a distinct job.
         let mut intact = 0;
-        let records: Vec<&Resource> = match &due {
-            Some(due) => due
-                .records
-                .iter()
-                .filter_map(|id| self.state.resources.get(id))
-                .collect(),
-            None => self.state.resources.values().collect(),
-        };
-        for r in records {
+        for r in self.state.resources.values() {
             if let Some(o) = &r.owner {
                 let job = self.state.jobs.get(&o.job_id).filter(|j| {
                     matches!(j.status, JobStatus::Running | JobStatus::Cancelling)
@@ -534,26 +520,11 @@ impl<'a> Pass<'a> {
                 owner.job_id, owner.attempt_id
             ));
         }
-        // The jobs checked are remembered with the record they are assigned after the check.
-        let checked: Vec<Name> = match &due {
-            Some(due) => due.jobs.clone(),
-            None => self.in_flight.iter().map(|(_, id)| *id).collect(),
-        };
-        let to_check: Vec<(JobStatus, Name)> = match due {
-            Some(due) => due
-                .jobs
-                .into_iter()
-                .filter_map(|id| {
-                    let status = self.state.jobs.get(&id)?.status;
-                    matches!(status, JobStatus::Running | JobStatus::Cancelling)
-                        .then_some((status, id))
-                })
-                .collect(),
-            None if intact == self.in_flight.len() => Vec::new(),
-            None => self.in_flight.clone(),
-        };
+        if intact == self.in_flight.len() {
+            return;
+        }
         let mut broken_jobs = Vec::new();
-        for (status, job_id) in &to_check {
+        for (status, job_id) in &self.in_flight {
             let Some(job) = self.state.jobs.get(job_id) else {
                 continue;
             };
@@ -602,15 +573,6 @@ impl<'a> Pass<'a> {
                     "requeued"
                 }
             ));
-        }
-        for id in checked {
-            let record = self
-                .state
-                .jobs
-                .get(&id)
-                .filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Cancelling))
-                .and_then(|j| j.assigned_resource);
-            self.memo.repair.checked(id, record);
         }
     }
 
