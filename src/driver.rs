@@ -47,7 +47,13 @@ pub fn observe<B: CloudBackend>(
     observation.serial += 1;
     observation.report_changes = None;
     let scope = engine.inventory_scope(state);
-    let (nodes, queued_resources) = backend.inventory(&scope, now)?;
+    let mut inventory = (
+        std::mem::take(&mut observation.nodes),
+        std::mem::take(&mut observation.queued_resources),
+    );
+    let read = backend.inventory(&scope, now, &mut inventory);
+    (observation.nodes, observation.queued_resources) = inventory;
+    read?;
     let in_flight = in_flight(state);
     let read = backend.refresh_reports(&in_flight, &mut observation.attempts, now)?;
     observation.read_at = Some(read.read_at);
@@ -56,8 +62,6 @@ pub fn observe<B: CloudBackend>(
         attempts.extend(fed);
         ReportChanges { since, attempts }
     });
-    observation.nodes = nodes;
-    observation.queued_resources = queued_resources;
     observation.failures.clone_from(&feedback.failures);
     Ok(())
 }

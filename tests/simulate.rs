@@ -421,7 +421,13 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
             .collect(),
         adopted: Default::default(),
     };
-    let (_, qrs) = backend.inventory(&scope, Timestamp(0)).unwrap();
+    // Read into the lists the previous read left, as the driver does.
+    let mut kept = Default::default();
+    let mut read = |backend: &mut SimBackend| {
+        backend.inventory(&scope, Timestamp(0), &mut kept).unwrap();
+        kept.clone()
+    };
+    let (_, qrs) = read(&mut backend);
     // Ours, in this zone, in name order; one call per zone and kind.
     let names: Vec<&str> = qrs.iter().map(|q| q.name.as_str()).collect();
     assert_eq!(names, ["qr-a", "qr-b"]);
@@ -431,12 +437,12 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
     assert_eq!(calls(&backend, "get_queued_resource"), None);
     // Unchanged objects are shared with the previous read, not converted again; the call
     // that found the zone unchanged still counts.
-    let (_, again) = backend.inventory(&scope, Timestamp(0)).unwrap();
+    let (_, again) = read(&mut backend);
     assert!(Arc::ptr_eq(&qrs[0], &again[0]) && Arc::ptr_eq(&qrs[1], &again[1]));
     assert_eq!(calls(&backend, "list_queued_resources"), Some(2));
     // Changes are seen on the next read: the requests were granted, nodes came up.
     backend.cloud.advance_to(3_600_000);
-    let (nodes, qrs) = backend.inventory(&scope, Timestamp(0)).unwrap();
+    let (nodes, qrs) = read(&mut backend);
     for q in &qrs {
         let now = backend
             .cloud
@@ -461,7 +467,7 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
         .delete_queued_resource(ustr("us-west1-a"), ustr("qr-a"))
         .unwrap();
     backend.cloud.advance_to(2 * 3_600_000);
-    let (_, qrs) = backend.inventory(&scope, Timestamp(0)).unwrap();
+    let (_, qrs) = read(&mut backend);
     let names: Vec<&str> = qrs.iter().map(|q| q.name.as_str()).collect();
     assert_eq!(names, ["qr-b"]);
 }

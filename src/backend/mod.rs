@@ -58,14 +58,19 @@ pub struct Refreshed {
 /// A cloud the driver can observe and act on.
 pub trait CloudBackend {
     /// Lists the nodes and queued resources labelled `managed-by` = `scope.runner` in each
-    /// of `scope.zones` and fetches the adopted nodes by name (absent ones are left out);
-    /// returns each kind sorted by (zone, name), without duplicates. Any failed call fails
-    /// the whole read.
+    /// of `scope.zones` and fetches the adopted nodes by name (absent ones are left out),
+    /// into `inventory`: each kind sorted by (zone, name), without duplicates. `inventory`
+    /// is what this backend left there on the previous call, kept by the driver: a backend
+    /// may leave the objects of zones that did not change where they are, and must replace
+    /// everything when handed anything else (empty lists force a full read). Any failed call
+    /// fails the whole read; the lists may then be partly updated, and the next call must
+    /// replace them.
     fn inventory(
         &mut self,
         scope: &InventoryScope<'_>,
         now: Timestamp,
-    ) -> Result<Inventory, BackendError>;
+        inventory: &mut Inventory,
+    ) -> Result<(), BackendError>;
     /// Brings `reports` up to date with what the workers of each attempt in `in_flight`
     /// (attempt id, job id, in job-id order) report (launch acknowledged, status objects,
     /// heartbeat or `beating`; a default report when nothing is known of it), and drops every

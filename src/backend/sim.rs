@@ -39,6 +39,30 @@ pub struct SimBackend {
     /// every attempt next time), and the attempts in flight then.
     reports_kept: Option<usize>,
     in_flight: Vec<(Name, Name)>,
+    /// The lists the last inventory read left (`None`: none, or a read failed).
+    produced: Option<Produced>,
+}
+
+/// The kept listing's version (to ask whether it changed) and how many objects of it the
+/// lists hold (none when they are rebuilt).
+fn kept_version<S, T>(
+    kept: &Option<(u64, Vec<Converted<S, T>>)>,
+    in_place: bool,
+) -> (Option<u64>, usize) {
+    let version = kept.as_ref().map(|(version, _)| *version);
+    let held = kept
+        .as_ref()
+        .filter(|_| in_place)
+        .map_or(0, |(_, listed)| listed.len());
+    (version, held)
+}
+
+/// The lists the last successful inventory read left: over which zones, and their lengths.
+#[derive(Debug)]
+struct Produced {
+    zones: Vec<Name>,
+    nodes: usize,
+    qrs: usize,
 }
 
 /// What the last inventory read converted to observation types, kept so that a zone with
@@ -228,6 +252,7 @@ impl SimBackend {
             labels: NameMap::default(),
             reports_kept: None,
             in_flight: Vec::new(),
+            produced: None,
         }
     }
 
@@ -269,25 +294,40 @@ impl CloudBackend for SimBackend {
         &mut self,
         scope: &InventoryScope<'_>,
         _now: Timestamp,
-    ) -> Result<Inventory, BackendError> {
+        (nodes, qrs): &mut Inventory,
+    ) -> Result<(), BackendError> {
         let label = (LABEL_MANAGED_BY, scope.runner);
         let public_ip = self.public_ip;
+        // The lists left last time, over the same zones and without adopted nodes: only the
+        // zones that changed are replaced in them (each zone's objects are one run).
+        let in_place = scope.adopted.is_empty()
+            && self.produced.take().is_some_and(|p| {
+                p.nodes == nodes.len() && p.qrs == qrs.len() && p.zones.iter().eq(&scope.zones)
+            });
+        if !in_place {
+            nodes.clear();
+            qrs.clear();
+        }
         let listings = &mut self.listings;
-        let mut nodes = Vec::new();
+        let mut at = 0;
         for zone in &scope.zones {
             let kept = &mut listings.zones.entry(*zone).or_default().nodes;
-            let known = kept.as_ref().map(|(version, _)| *version);
+            let (known, before) = kept_version(kept, in_place);
             let listing = self
                 .cloud
                 .list_nodes(zone.ustr(), label, known)
                 .map_err(|e| read_error(e, zone))?;
+            let changed = !in_place || matches!(listing, Listing::Changed { .. });
             let listed = keep(
                 kept,
                 listing,
                 |n| (n.serial, n.state),
                 |n| node_info(n, public_ip),
             );
-            nodes.extend(listed.iter().map(|c| c.info.clone()));
+            if changed {
+                nodes.splice(at..at + before, listed.iter().map(|c| c.info.clone()));
+            }
+            at += listed.len();
         }
         // Listed zone by zone, each in name order: sorted already unless adopted TPUs join.
         if !scope.adopted.is_empty() {
@@ -307,18 +347,27 @@ impl CloudBackend for SimBackend {
             nodes.sort_by(|a, b| (&a.zone, &a.name).cmp(&(&b.zone, &b.name)));
             nodes.dedup_by(|a, b| a.name == b.name);
         }
-        let mut qrs = Vec::new();
+        let mut at = 0;
         for zone in &scope.zones {
             let kept = &mut listings.zones.entry(*zone).or_default().qrs;
-            let known = kept.as_ref().map(|(version, _)| *version);
+            let (known, before) = kept_version(kept, in_place);
             let listing = self
                 .cloud
                 .list_queued_resources(zone.ustr(), label, known)
                 .map_err(|e| read_error(e, zone))?;
+            let changed = !in_place || matches!(listing, Listing::Changed { .. });
             let listed = keep(kept, listing, |q| (q.serial, q.state), qr_info);
-            qrs.extend(listed.iter().map(|c| c.info.clone()));
+            if changed {
+                qrs.splice(at..at + before, listed.iter().map(|c| c.info.clone()));
+            }
+            at += listed.len();
         }
-        Ok((nodes, qrs))
+        self.produced = Some(Produced {
+            zones: scope.zones.iter().copied().collect(),
+            nodes: nodes.len(),
+            qrs: qrs.len(),
+        });
+        Ok(())
     }
 
     fn refresh_reports(
