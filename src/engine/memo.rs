@@ -49,6 +49,9 @@ pub(crate) struct RunsMemo {
     deadlines: BTreeMap<Timestamp, Vec<Name>>,
     /// Running jobs judged last time and not found quiet.
     pending: Vec<Name>,
+    /// Whether the judgements of the last pass were remembered (then the memo holds every
+    /// running job of its state, and the next pass may judge only what changed).
+    remember: bool,
 }
 
 /// What a still-running judgement read beyond the job (untouched since) and the time.
@@ -82,22 +85,28 @@ impl RunsMemo {
         let seen = self
             .seen
             .replace((jobs.revision(), records.revision(), obs.serial));
-        let changes = seen.and_then(|(jobs_then, records_then, serial)| {
-            let reports = obs.report_changes.as_ref().filter(|c| c.since == serial)?;
+        let tables = seen.and_then(|(jobs_then, records_then, _)| {
             Some((
                 jobs.changes_since(jobs_then)?,
                 records.changes_since(records_then)?,
-                observed.changed()?,
-                reports,
             ))
         });
-        let Some((job_changes, record_changes, names, reports)) = changes else {
+        let reports = seen
+            .and_then(|(_, _, serial)| obs.report_changes.as_ref().filter(|c| c.since == serial));
+        // Judging everything: remember what it finds only if the state goes on from the last
+        // pass's (a one-off pass on a fresh copy pays nothing for a memo it cannot use).
+        let remember = tables.is_some();
+        let (Some((job_changes, record_changes)), Some(names), Some(reports), true) =
+            (tables, observed.changed(), reports, self.remember)
+        else {
             *self = RunsMemo {
                 seen: self.seen,
+                remember,
                 ..RunsMemo::default()
             };
             return None;
         };
+        self.remember = true;
         let mut ids: NameSet = self.pending.drain(..).collect();
         ids.extend(job_changes.touched);
         ids.extend(job_changes.removed);
@@ -185,6 +194,9 @@ impl RunsMemo {
 
     /// Remembers a job found still running.
     pub fn quiet(&mut self, job: Name, run: QuietRun) {
+        if !self.remember {
+            return;
+        }
         self.by_record.insert(run.resource, job);
         self.by_attempt.insert(run.attempt, job);
         self.by_tpu.entry(run.tpu_name).or_default().push(job);
@@ -196,6 +208,9 @@ impl RunsMemo {
 
     /// Remembers a running job found needing work (judged again next pass).
     pub fn pending(&mut self, job: Name) {
+        if !self.remember {
+            return;
+        }
         self.pending.push(job);
     }
 
@@ -218,9 +233,13 @@ pub(crate) struct RecordsMemo {
 
 impl RecordsMemo {
     /// The records to judge, in key order: those found busy last time, those accessed
-    /// mutably or removed since, and those listed under a TPU name that changed; every
-    /// record when the last sweep is unknown.
-    pub fn due(&mut self, records: &SortedMap<Resource>, observed: &ObservedIndex) -> Vec<Name> {
+    /// mutably or removed since, and those listed under a TPU name that changed; `None`
+    /// (judge every record) when the last sweep is unknown.
+    pub fn due(
+        &mut self,
+        records: &SortedMap<Resource>,
+        observed: &ObservedIndex,
+    ) -> Option<Vec<Name>> {
         let seen = self.seen.replace(records.revision());
         let changes =
             seen.and_then(|then| Some((records.changes_since(then)?, observed.changed()?)));
@@ -230,7 +249,7 @@ impl RecordsMemo {
                 .filter(|r| r.adopted)
                 .map(|r| (r.tpu_name, r.id))
                 .collect();
-            return records.keys().copied().collect();
+            return None;
         };
         for id in &changes.removed {
             self.adopted.retain(|_, r| r != id);
@@ -246,11 +265,8 @@ impl RecordsMemo {
             ids.insert(*name);
             ids.extend(self.adopted.get(name));
         }
-        records
-            .in_key_order(ids)
-            .into_iter()
-            .map(|(id, _)| *id)
-            .collect()
+        let ids = records.in_key_order(ids).into_iter().map(|(id, _)| *id);
+        Some(ids.collect())
     }
 }
 
@@ -265,16 +281,19 @@ pub(crate) struct AssignMemo {
     /// Busy records owned by each entry, and the entry each busy record was counted for.
     busy: Vec<u32>,
     busy_in: NameMap<usize>,
+    /// The sets are kept for the state `seen` belongs to.
+    built: bool,
 }
 
 impl AssignMemo {
-    /// Brings the inputs up to date (all of them afresh when the last update is unknown).
+    /// Brings the inputs up to date (all of them afresh on the second pass over a state);
+    /// false when they are not kept for this state (its first pass): the caller sweeps.
     pub fn update(
         &mut self,
         jobs: &SortedMap<Job>,
         records: &SortedMap<Resource>,
         index: &FleetIndex,
-    ) {
+    ) -> bool {
         let seen = self.seen.replace((jobs.revision(), records.revision()));
         let changes = seen.and_then(|(jobs_then, records_then)| {
             Some((
@@ -283,9 +302,15 @@ impl AssignMemo {
             ))
         });
         let Some((job_changes, record_changes)) = changes else {
+            // Another state: swept this pass; the memo is built if the next goes on from it.
+            self.built = false;
+            return false;
+        };
+        if !self.built {
             *self = AssignMemo {
                 seen: self.seen,
                 busy: vec![0; index.fleet.tpus.len()],
+                built: true,
                 ..AssignMemo::default()
             };
             for id in jobs.keys() {
@@ -294,25 +319,20 @@ impl AssignMemo {
             for id in records.keys() {
                 self.record_changed(*id, records, index);
             }
-            return;
-        };
+            return true;
+        }
         for id in job_changes.touched.into_iter().chain(job_changes.removed) {
             self.job_changed(id, jobs);
         }
-        for id in record_changes
-            .touched
-            .into_iter()
-            .chain(record_changes.removed)
-        {
+        let records_changed = record_changes.touched.into_iter();
+        for id in records_changed.chain(record_changes.removed) {
             self.record_changed(id, records, index);
         }
+        true
     }
 
     fn job_changed(&mut self, id: Name, jobs: &SortedMap<Job>) {
-        if jobs
-            .get(&id)
-            .is_some_and(|j| j.status == JobStatus::Pending)
-        {
+        if jobs.get(&id).is_some_and(is_pending) {
             self.pending.insert(id);
         } else {
             self.pending.remove(&id);
@@ -321,9 +341,7 @@ impl AssignMemo {
 
     fn record_changed(&mut self, id: Name, records: &SortedMap<Resource>, index: &FleetIndex) {
         let r = records.get(&id);
-        if r.is_some_and(|r| {
-            r.status == ResourceStatus::Idle && !r.is_busy() && index.is_declared(r)
-        }) {
+        if r.is_some_and(|r| is_candidate(r, index)) {
             self.idle.insert(id);
         } else {
             self.idle.remove(&id);
@@ -358,4 +376,14 @@ impl AssignMemo {
     pub fn busy(&self) -> &[u32] {
         &self.busy
     }
+}
+
+/// A job the assignment considers.
+pub(crate) fn is_pending(job: &Job) -> bool {
+    job.status == JobStatus::Pending
+}
+
+/// A record the assignment may give a job: idle, unowned, declared.
+pub(crate) fn is_candidate(r: &Resource, index: &FleetIndex) -> bool {
+    r.status == ResourceStatus::Idle && !r.is_busy() && index.is_declared(r)
 }

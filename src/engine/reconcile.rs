@@ -10,7 +10,7 @@ use super::aggregate::{self, EXIT_RETRYABLE, FailureKind, Graces, Verdict};
 use super::config::{EngineConfig, backoff_secs};
 use super::demand::Demand;
 use super::fleet_index::{EntryFacts, FleetIndex};
-use super::memo::{Memo, QuietRun};
+use super::memo::{Memo, QuietRun, is_candidate, is_pending};
 use super::observe::{
     Action, ActionFailure, AttemptReport, CancelOutcome, CloudFailure, Event, LaunchRequest,
     NodeInfo, Observation, QueuedResourceInfo, RemoteErrorKind,
@@ -1699,8 +1699,17 @@ impl<'a> Pass<'a> {
         // Handling one record never touches another record, so the healthy majority and the
         // long gone can be skipped up front without copying their ids; of those, only records
         // found with something to do last time, or changed since, are looked at.
-        let mut ids = self.memo.records.due(&self.state.resources, self.observed);
-        ids.retain(|id| !self.nothing_to_do(&self.state.resources[id]));
+        let ids: Vec<Name> = match self.memo.records.due(&self.state.resources, self.observed) {
+            Some(mut ids) => {
+                ids.retain(|id| !self.nothing_to_do(&self.state.resources[id]));
+                ids
+            }
+            None => {
+                let records = self.state.resources.iter();
+                let busy = records.filter(|(_, r)| !self.nothing_to_do(r));
+                busy.map(|(id, _)| *id).collect()
+            }
+        };
         self.memo.records.busy.clone_from(&ids);
         for id in ids {
             let resource = self.state.resources[&id].clone();
@@ -2032,18 +2041,29 @@ impl<'a> Pass<'a> {
     fn assignment(&mut self) {
         let index = self.index;
         let now = self.now;
-        self.memo
+        let kept = self
+            .memo
             .assign
             .update(&self.state.jobs, &self.state.resources, index);
         let (pairs, waits, desired, named) = {
-            let demand = Demand::build(index, self.memo.assign.pending(&self.state.jobs), now);
+            let pending = if kept {
+                self.memo.assign.pending(&self.state.jobs)
+            } else {
+                self.state.jobs.values().filter(|j| is_pending(j)).collect()
+            };
+            let demand = Demand::build(index, pending, now);
             let waits: Vec<Timestamp> = demand
                 .jobs
                 .iter()
                 .filter(|j| !j.assignable)
                 .filter_map(|j| j.job.not_before)
                 .collect();
-            let candidates: Vec<&Resource> = self.memo.assign.idle(&self.state.resources);
+            let candidates: Vec<&Resource> = if kept {
+                self.memo.assign.idle(&self.state.resources)
+            } else {
+                let records = self.state.resources.values();
+                records.filter(|r| is_candidate(r, index)).collect()
+            };
             let pairs = self.policy.assign(&AssignInput {
                 index,
                 demand: &demand,
@@ -2051,7 +2071,17 @@ impl<'a> Pass<'a> {
             });
             let mut waiting = vec![true; demand.jobs.len()];
             let mut taken = vec![false; candidates.len()];
-            let mut busy = self.memo.assign.busy().to_vec();
+            let mut busy = if kept {
+                self.memo.assign.busy().to_vec()
+            } else {
+                let mut busy = vec![0u32; index.fleet.tpus.len()];
+                for r in self.state.resources.values().filter(|r| r.is_busy()) {
+                    if let Some(e) = index.owns_record(r) {
+                        busy[e] += 1;
+                    }
+                }
+                busy
+            };
             for &(j, t) in &pairs {
                 waiting[j] = false;
                 taken[t] = true;
