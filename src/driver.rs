@@ -51,9 +51,9 @@ pub fn observe<B: CloudBackend>(
         std::mem::take(&mut observation.nodes),
         std::mem::take(&mut observation.queued_resources),
     );
-    let read = backend.inventory(&scope, now, &mut inventory);
+    let listed = backend.inventory(&scope, now, &mut inventory);
     (observation.nodes, observation.queued_resources) = inventory;
-    read?;
+    listed?;
     let in_flight = in_flight(state);
     let read = backend.refresh_reports(&in_flight, &mut observation.attempts, now)?;
     observation.read_at = Some(read.read_at);

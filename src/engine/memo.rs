@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use super::fleet_index::FleetIndex;
 use super::observe::Observation;
 use super::observed::ObservedIndex;
-use super::sorted_map::{Revision, SortedMap};
+use super::sorted_map::{Changes, Revision, SortedMap};
 use super::state::{Job, JobStatus, Resource, ResourceStatus};
 use super::time::Timestamp;
 use crate::spec::{Name, NameMap, NameSet};
@@ -85,12 +85,7 @@ impl RunsMemo {
         let seen = self
             .seen
             .replace((jobs.revision(), records.revision(), obs.serial));
-        let tables = seen.and_then(|(jobs_then, records_then, _)| {
-            Some((
-                jobs.changes_since(jobs_then)?,
-                records.changes_since(records_then)?,
-            ))
-        });
+        let tables = seen.and_then(|(j, r, _)| table_changes(jobs, records, (j, r)));
         let reports = seen
             .and_then(|(_, _, serial)| obs.report_changes.as_ref().filter(|c| c.since == serial));
         // Judging everything: remember what it finds only if the state goes on from the last
@@ -295,12 +290,7 @@ impl AssignMemo {
         index: &FleetIndex,
     ) -> bool {
         let seen = self.seen.replace((jobs.revision(), records.revision()));
-        let changes = seen.and_then(|(jobs_then, records_then)| {
-            Some((
-                jobs.changes_since(jobs_then)?,
-                records.changes_since(records_then)?,
-            ))
-        });
+        let changes = seen.and_then(|then| table_changes(jobs, records, then));
         let Some((job_changes, record_changes)) = changes else {
             // Another state: swept this pass; the memo is built if the next goes on from it.
             self.built = false;
@@ -376,6 +366,18 @@ impl AssignMemo {
     pub fn busy(&self) -> &[u32] {
         &self.busy
     }
+}
+
+/// What changed in the job and record tables since revisions `then` (`None`: unknown).
+fn table_changes(
+    jobs: &SortedMap<Job>,
+    records: &SortedMap<Resource>,
+    (jobs_then, records_then): (Revision, Revision),
+) -> Option<(Changes, Changes)> {
+    Some((
+        jobs.changes_since(jobs_then)?,
+        records.changes_since(records_then)?,
+    ))
 }
 
 /// A job the assignment considers.
