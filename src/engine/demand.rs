@@ -139,6 +139,17 @@ impl<'a> Demand<'a> {
         pending: impl IntoIterator<Item = &'a Job>,
         now: Timestamp,
     ) -> Demand<'a> {
+        Demand::build_with(index, pending, now, &mut ClassEntries::default())
+    }
+
+    /// `build`, taking the compatible entries of requirements seen before from `known` (and
+    /// adding the new ones): they depend only on the requirement and the fleet.
+    pub(crate) fn build_with(
+        index: &FleetIndex,
+        pending: impl IntoIterator<Item = &'a Job>,
+        now: Timestamp,
+        known: &mut ClassEntries,
+    ) -> Demand<'a> {
         // Only looked up, never iterated: class ids follow job order, so hashing is safe
         // for determinism and much cheaper than ordered keys at 100k jobs. Keyed by the
         // job's cached requirement fingerprints, so most jobs are grouped without reading
@@ -158,14 +169,17 @@ impl<'a> Demand<'a> {
             };
             let class = *by_req.entry(key).or_insert_with(|| {
                 let req = Requirement::of(job);
-                let entries: Vec<u32> = (0..index.fleet.tpus.len())
-                    .filter(|&e| req.accepts_entry(index, e))
-                    .map(|e| e as u32)
-                    .collect();
-                let managed_entries = entries
-                    .iter()
-                    .filter(|&&e| !index.entry(e as usize).is_adopted())
-                    .count() as u32;
+                let (entries, managed_entries) = known.of(job, || {
+                    let entries: Vec<u32> = (0..index.fleet.tpus.len())
+                        .filter(|&e| req.accepts_entry(index, e))
+                        .map(|e| e as u32)
+                        .collect();
+                    let managed = entries
+                        .iter()
+                        .filter(|&&e| !index.entry(e as usize).is_adopted())
+                        .count() as u32;
+                    (entries, managed)
+                });
                 demand.classes.push(DemandClass {
                     req,
                     entries,
@@ -194,5 +208,34 @@ impl<'a> Demand<'a> {
     /// The class of a pending job.
     pub fn class(&self, job: &PendingJob<'_>) -> &DemandClass<'a> {
         &self.classes[job.class as usize]
+    }
+}
+
+/// Compatible entries (and how many are managed) per requirement, by the jobs' requirement
+/// fingerprints: what `Demand::build` derives for a class, kept for a fleet that does not
+/// change (the engine keeps one; bounded, emptied when it grows large).
+#[derive(Debug, Default)]
+pub(crate) struct ClassEntries {
+    any_of: rustc_hash::FxHashMap<u128, (Vec<u32>, u32)>,
+    pinned: rustc_hash::FxHashMap<(u128, String), (Vec<u32>, u32)>,
+}
+
+impl ClassEntries {
+    /// More requirements than a queue plausibly holds classes of: start afresh.
+    const MAX: usize = 1 << 14;
+
+    fn of(&mut self, job: &Job, derive: impl FnOnce() -> (Vec<u32>, u32)) -> (Vec<u32>, u32) {
+        if self.any_of.len() + self.pinned.len() >= Self::MAX {
+            *self = ClassEntries::default();
+        }
+        let print = job.print();
+        let known = match &job.placement {
+            Some(p) => self
+                .pinned
+                .entry((print.base, p.region.clone()))
+                .or_insert_with(derive),
+            None => self.any_of.entry(print.with_regions).or_insert_with(derive),
+        };
+        known.clone()
     }
 }

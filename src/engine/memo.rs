@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 
+use super::demand::ClassEntries;
 use super::fleet_index::FleetIndex;
 use super::observe::Observation;
 use super::observed::ObservedIndex;
@@ -29,6 +30,8 @@ pub(crate) struct Memo {
     pub records: RecordsMemo,
     /// The assignment step's inputs.
     pub assign: AssignMemo,
+    /// Compatible entries per requirement (they depend on the fleet only).
+    pub classes: ClassEntries,
 }
 
 /// Running jobs the attempts step found still running, with what it read and when each

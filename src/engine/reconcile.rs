@@ -2051,7 +2051,7 @@ impl<'a> Pass<'a> {
             } else {
                 self.state.jobs.values().filter(|j| is_pending(j)).collect()
             };
-            let demand = Demand::build(index, pending, now);
+            let demand = Demand::build_with(index, pending, now, &mut self.memo.classes);
             let waits: Vec<Timestamp> = demand
                 .jobs
                 .iter()
