@@ -43,18 +43,9 @@ pub struct SimBackend {
     produced: Option<Produced>,
 }
 
-/// The kept listing's version (to ask whether it changed) and how many objects of it the
-/// lists hold (none when they are rebuilt).
-fn kept_version<S, T>(
-    kept: &Option<(u64, Vec<Converted<S, T>>)>,
-    in_place: bool,
-) -> (Option<u64>, usize) {
-    let version = kept.as_ref().map(|(version, _)| *version);
-    let held = kept
-        .as_ref()
-        .filter(|_| in_place)
-        .map_or(0, |(_, listed)| listed.len());
-    (version, held)
+/// The version of a zone's kept listing (to ask the cloud whether it changed since).
+fn version<S, T>(kept: &Option<(u64, Vec<Converted<S, T>>)>) -> Option<u64> {
+    kept.as_ref().map(|(version, _)| *version)
 }
 
 /// The lists the last successful inventory read left: over which zones, and their lengths.
@@ -113,13 +104,23 @@ fn convert<S: Copy + Eq, T>(
 
 /// A zone's kept listing (version and conversions) brought up to date with `listing`: kept
 /// when unchanged, else replaced by its objects, each converted by `make` unless the kept
-/// listing holds it in the same incarnation and state (see `convert`).
+/// listing holds it in the same incarnation and state (see `convert`). Its objects are then
+/// in `out` from `*at` on (written over the kept listing's run when `in_place`, where an
+/// unchanged zone costs nothing; else appended), and `*at` moves past them.
 fn keep<S: Copy + Eq, T, V>(
     kept: &mut Option<(u64, Vec<Converted<S, T>>)>,
     listing: Listing<impl Iterator<Item = V>>,
     incarnation: impl Fn(&V) -> (u64, S),
     make: impl Fn(&V) -> Option<T>,
-) -> &[Converted<S, T>] {
+    in_place: bool,
+    out: &mut Vec<Arc<T>>,
+    at: &mut usize,
+) {
+    let held = kept
+        .as_ref()
+        .filter(|_| in_place)
+        .map_or(0, |(_, l)| l.len());
+    let changed = !in_place || matches!(listing, Listing::Changed { .. });
     if let Listing::Changed { version, objects } = listing {
         let old = kept.take().map(|(_, old)| old).unwrap_or_default();
         let new = objects
@@ -130,7 +131,11 @@ fn keep<S: Copy + Eq, T, V>(
             .collect();
         *kept = Some((version, new));
     }
-    kept.as_ref().map_or(&[], |(_, listed)| listed)
+    let listed = kept.as_ref().map_or(&[][..], |(_, listed)| listed);
+    if changed {
+        out.splice(*at..*at + held, listed.iter().map(|c| c.info.clone()));
+    }
+    *at += listed.len();
 }
 
 fn node_info(n: &simc::NodeView<'_>, public_ip: bool) -> Option<NodeInfo> {
@@ -312,22 +317,13 @@ impl CloudBackend for SimBackend {
         let mut at = 0;
         for zone in &scope.zones {
             let kept = &mut listings.zones.entry(*zone).or_default().nodes;
-            let (known, before) = kept_version(kept, in_place);
             let listing = self
                 .cloud
-                .list_nodes(zone.ustr(), label, known)
+                .list_nodes(zone.ustr(), label, version(kept))
                 .map_err(|e| read_error(e, zone))?;
-            let changed = !in_place || matches!(listing, Listing::Changed { .. });
-            let listed = keep(
-                kept,
-                listing,
-                |n| (n.serial, n.state),
-                |n| node_info(n, public_ip),
-            );
-            if changed {
-                nodes.splice(at..at + before, listed.iter().map(|c| c.info.clone()));
-            }
-            at += listed.len();
+            let incarnation = |n: &simc::NodeView<'_>| (n.serial, n.state);
+            let make = |n: &simc::NodeView<'_>| node_info(n, public_ip);
+            keep(kept, listing, incarnation, make, in_place, nodes, &mut at);
         }
         // Listed zone by zone, each in name order: sorted already unless adopted TPUs join.
         if !scope.adopted.is_empty() {
@@ -350,17 +346,12 @@ impl CloudBackend for SimBackend {
         let mut at = 0;
         for zone in &scope.zones {
             let kept = &mut listings.zones.entry(*zone).or_default().qrs;
-            let (known, before) = kept_version(kept, in_place);
             let listing = self
                 .cloud
-                .list_queued_resources(zone.ustr(), label, known)
+                .list_queued_resources(zone.ustr(), label, version(kept))
                 .map_err(|e| read_error(e, zone))?;
-            let changed = !in_place || matches!(listing, Listing::Changed { .. });
-            let listed = keep(kept, listing, |q| (q.serial, q.state), qr_info);
-            if changed {
-                qrs.splice(at..at + before, listed.iter().map(|c| c.info.clone()));
-            }
-            at += listed.len();
+            let incarnation = |q: &simc::QrView<'_>| (q.serial, q.state);
+            keep(kept, listing, incarnation, qr_info, in_place, qrs, &mut at);
         }
         self.produced = Some(Produced {
             zones: scope.zones.iter().copied().collect(),
