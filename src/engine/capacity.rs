@@ -6,7 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::fleet_index::{Declared, EntryFacts};
+use super::memo::SizingInputs;
 use super::observe::{Action, NodeInfo, QueuedResourceInfo};
+use super::observed::Listed;
 use super::reconcile::Pass;
 use super::state::{Resource, ResourceStatus};
 use crate::spec::{Name, NameSet, ProvisioningModel, QuotaKey};
@@ -89,77 +91,156 @@ fn by_entry(facts: &[EntryFacts], n_entries: usize) -> ByEntry {
     ByEntry { order, start }
 }
 
+fn with_facts<T>(listed: &Listed<T>) -> (&T, EntryFacts) {
+    (&*listed.info, listed.facts)
+}
+
+/// What the observation and the records hold under each declared ordinal: for every entry
+/// (swept once, laid out as `FleetIndex::ordinal_start` says) when most entries are sized,
+/// else looked up for the entry being sized.
+struct OrdinalTables<'a> {
+    swept: bool,
+    slots: Vec<Slot<'a>>,
+    busy: Vec<bool>,
+}
+
 impl<'a> Pass<'a> {
     pub(super) fn capacity(&mut self) {
         let desired = std::mem::take(&mut self.desired);
         let named = std::mem::take(&mut self.named);
         let mut remaining = self.remaining_chips();
-        // One sweep over the observation: objects labelled for each entry, in observation
-        // order, and what each declared ordinal has (found through the names' declarations
-        // computed with the pass, instead of a lookup per ordinal). Tables are flat, one slice
-        // per entry: a pass sizes every entry, and a table per entry was an allocation each.
-        let n_entries = self.index.fleet.tpus.len();
-        let mut first_ordinal = Vec::with_capacity(n_entries + 1);
-        first_ordinal.push(0);
-        for o in &self.index.ordinals {
-            first_ordinal.push(first_ordinal.last().copied().unwrap_or(0) + o.len());
+        let index = self.index;
+        let n_entries = index.fleet.tpus.len();
+        let counts = |e: usize| (index.ordinals[e].len() as u32, desired.get(e).copied());
+        for e in (0..n_entries).filter(|&e| !index.entry(e).is_adopted()) {
+            if let (count, Some(asked)) = counts(e)
+                && asked > count
+            {
+                self.violation(format!(
+                    "policy {} asked for {asked} TPUs of entry {} (count {count})",
+                    self.policy.name(),
+                    index.entry(e).id
+                ));
+            }
         }
-        let ordinal_at = |d: Declared| first_ordinal[d.entry] + d.ordinal as usize - 1;
-        let mut slots = vec![Slot::default(); first_ordinal[n_entries]];
+        // Only entries whose inputs may have changed are sized; the others would decide
+        // nothing again and only repeat their wake-up (see `SizingMemo`). Sizing an entry
+        // never changes what a later one reads: it deletes objects and touches records only
+        // under names listed for it or unlisted, which, on a pass that skips entries (no two
+        // objects share a name), no other entry's listed objects carry.
+        let due = self.memo.sizing.due(&SizingInputs {
+            index,
+            state: self.state,
+            observed: self.observed,
+            desired: &desired,
+            named: &named,
+            deleted: &self.deleted,
+            now: self.now,
+        });
+        // Objects labelled for each entry, in observation order: one counting sort over the
+        // observation's facts (flat tables, a slice per entry: a table per entry was an
+        // allocation each).
         let nodes = by_entry(self.node_facts, n_entries);
         let qrs = by_entry(self.qr_facts, n_entries);
+        let mut tables = self.ordinal_tables(&due);
+        let mut scratch = Scratch::default();
+        for (e, due) in due.into_iter().enumerate() {
+            if index.entry(e).is_adopted() {
+                continue;
+            }
+            if !due {
+                if let Some(at) = self.memo.sizing.kept_wake(e) {
+                    self.wake_at(at);
+                }
+                continue;
+            }
+            let (slots, busy_ordinals) = self.ordinals_of(e, &mut tables);
+            let (count, asked) = counts(e);
+            let seen = EntryInventory {
+                nodes: nodes.of(e),
+                qrs: qrs.of(e),
+                slots,
+                busy_ordinals,
+            };
+            let actions = self.out.actions.len();
+            let events = self.out.events.len();
+            let wake = self.out.next_wake.take();
+            let asked = asked.unwrap_or(0).min(count);
+            self.size_entry(e, asked, &named, &seen, &mut remaining, &mut scratch);
+            let own_wake = self.out.next_wake;
+            self.out.next_wake = wake;
+            if let Some(at) = own_wake {
+                self.wake_at(at);
+            }
+            let acted = self.out.actions.len() > actions || self.out.events.len() > events;
+            self.memo.sizing.sized(e, acted, own_wake);
+        }
+    }
+
+    /// The ordinal tables: swept for every entry when most entries are due (a lookup per
+    /// ordinal costs more then), else empty.
+    fn ordinal_tables(&self, due: &[bool]) -> OrdinalTables<'a> {
+        let index = self.index;
+        let swept = due.iter().filter(|d| **d).count() * 4 > due.len();
+        let n_ordinals = if swept {
+            index.ordinal_start[index.fleet.tpus.len()]
+        } else {
+            0
+        };
+        let mut tables = OrdinalTables {
+            swept,
+            slots: vec![Slot::default(); n_ordinals],
+            busy: vec![false; n_ordinals],
+        };
+        if !swept {
+            return tables;
+        }
+        let ordinal_at = |d: Declared| index.ordinal_start[d.entry] + d.ordinal as usize - 1;
         for (n, seen) in self.obs.nodes.iter().zip(self.node_facts) {
             if let Some(d) = seen.declared.filter(|d| d.ordinal > 0) {
-                slots[ordinal_at(d)].node = Some((n, *seen));
+                tables.slots[ordinal_at(d)].node = Some((n, *seen));
             }
         }
         for (q, seen) in self.obs.queued_resources.iter().zip(self.qr_facts) {
             if let Some(d) = seen.declared.filter(|d| d.ordinal > 0) {
-                slots[ordinal_at(d)].qr = Some((q, *seen));
+                tables.slots[ordinal_at(d)].qr = Some((q, *seen));
             }
         }
-        // Busy declared ordinals, found in one sweep over the records instead of a lookup per
-        // ordinal. Sizing never changes whether a record is busy (it only deletes or
-        // re-provisions idle ones), so the table stays true through the step.
-        let mut busy_ordinals = vec![false; first_ordinal[n_entries]];
+        // Sizing never changes whether a record is busy (it only deletes or re-provisions
+        // idle ones), so the table stays true through the step.
         for (id, _) in self.state.resources.iter().filter(|(_, r)| r.is_busy()) {
-            if let Some(d) = self.index.declared(id)
+            if let Some(d) = index.declared(id)
                 && d.ordinal > 0
             {
-                busy_ordinals[ordinal_at(d)] = true;
+                tables.busy[ordinal_at(d)] = true;
             }
         }
-        let mut scratch = Scratch::default();
-        for e in 0..n_entries {
-            let entry = self.index.entry(e);
-            if entry.is_adopted() {
-                continue;
-            }
-            let count = self.index.ordinals[e].len() as u32;
-            let asked = desired.get(e).copied().unwrap_or(0);
-            if asked > count {
-                self.violation(format!(
-                    "policy {} asked for {asked} TPUs of entry {} (count {count})",
-                    self.policy.name(),
-                    entry.id
-                ));
-            }
-            let ordinals = first_ordinal[e]..first_ordinal[e + 1];
-            let seen = EntryInventory {
-                nodes: nodes.of(e),
-                qrs: qrs.of(e),
-                slots: &slots[ordinals.clone()],
-                busy_ordinals: &busy_ordinals[ordinals],
-            };
-            self.size_entry(
-                e,
-                asked.min(count),
-                &named,
-                &seen,
-                &mut remaining,
-                &mut scratch,
-            );
+        tables
+    }
+
+    /// Entry `e`'s ordinals in the tables, or looked up one by one into them.
+    fn ordinals_of<'t>(
+        &self,
+        e: usize,
+        tables: &'t mut OrdinalTables<'a>,
+    ) -> (&'t [Slot<'a>], &'t [bool]) {
+        let index = self.index;
+        if tables.swept {
+            let range = index.ordinal_start[e]..index.ordinal_start[e + 1];
+            return (&tables.slots[range.clone()], &tables.busy[range]);
         }
+        tables.slots.clear();
+        tables.busy.clear();
+        for name in &index.ordinals[e] {
+            let tpu = self.observed.tpu(name);
+            tables.slots.push(Slot {
+                node: tpu.and_then(|t| t.node.as_ref()).map(with_facts),
+                qr: tpu.and_then(|t| t.qr.as_ref()).map(with_facts),
+            });
+            let record = self.state.resources.get(name);
+            tables.busy.push(record.is_some_and(Resource::is_busy));
+        }
+        (&tables.slots, &tables.busy)
     }
 
     /// Chips still free per limited quota key: the limit minus chips of live inventory.

@@ -33,6 +33,11 @@ pub struct FleetIndex {
     pub qr_names: Vec<Vec<Name>>,
     /// Per entry, its ordinals' positions in `ordinals` sorted by node name.
     pub in_name_order: Vec<Vec<usize>>,
+    /// Where each entry's ordinals start when all entries' ordinals are laid end to end
+    /// (one more item: the total).
+    pub ordinal_start: Vec<usize>,
+    /// Declared ordinals by the name of their own queued resource (hashed: only looked up).
+    declared_qr: NameMap<Declared>,
     /// Entry index by id (hashed: only looked up, never iterated).
     by_id: NameMap<usize>,
     /// Chip limit per quota key.
@@ -83,7 +88,7 @@ impl FleetIndex {
             .enumerate()
             .map(|(i, e)| (e.id, i))
             .collect();
-        let qr_names = ordinals
+        let qr_names: Vec<Vec<Name>> = ordinals
             .iter()
             .map(|names| {
                 names
@@ -100,6 +105,16 @@ impl FleetIndex {
                 order
             })
             .collect();
+        let mut ordinal_start = vec![0];
+        for names in &ordinals {
+            ordinal_start.push(ordinal_start.last().copied().unwrap_or(0) + names.len());
+        }
+        let declared_qr = qr_names
+            .iter()
+            .zip(&ordinals)
+            .flat_map(|(qrs, nodes)| qrs.iter().zip(nodes))
+            .filter_map(|(qr, node)| Some((*qr, *declared.get(node)?)))
+            .collect();
         let chip_limits = fleet.chip_limits();
         let managed_zones: BTreeSet<Name> = fleet
             .tpus
@@ -113,6 +128,8 @@ impl FleetIndex {
             ordinals,
             qr_names,
             in_name_order,
+            ordinal_start,
+            declared_qr,
             by_id,
             chip_limits,
             managed_zone_set: managed_zones.iter().copied().collect(),
@@ -123,6 +140,11 @@ impl FleetIndex {
     /// Where declared node `name` comes from.
     pub fn declared(&self, name: &Name) -> Option<Declared> {
         self.declared.get(name).copied()
+    }
+
+    /// The declared ordinal whose own queued resource is named `name`.
+    pub fn declared_qr(&self, name: &Name) -> Option<Declared> {
+        self.declared_qr.get(name).copied()
     }
 
     /// The entry at `index`.
@@ -286,6 +308,14 @@ pub struct EntryFacts {
     pub entry: Option<u32>,
     /// The managed Spot entry it is labelled for, any ordinal.
     pub labelled: Option<u32>,
+}
+
+impl EntryFacts {
+    /// Every entry the facts name.
+    pub fn entries(self) -> impl Iterator<Item = u32> {
+        let declared = self.declared.map(|d| d.entry as u32);
+        declared.into_iter().chain(self.entry).chain(self.labelled)
+    }
 }
 
 /// Whether `entry` owns `resource`: same zone and type, and adopted exactly when the entry is

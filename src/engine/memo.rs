@@ -17,7 +17,7 @@ use super::fleet_index::FleetIndex;
 use super::observe::Observation;
 use super::observed::ObservedIndex;
 use super::sorted_map::{Changes, Revision, SortedMap};
-use super::state::{Job, JobStatus, Resource, ResourceStatus};
+use super::state::{Backoff, Job, JobStatus, Resource, ResourceStatus, State};
 use super::time::Timestamp;
 use crate::spec::{Name, NameMap, NameSet};
 
@@ -32,6 +32,8 @@ pub(crate) struct Memo {
     pub assign: AssignMemo,
     /// Compatible entries per requirement (they depend on the fleet only).
     pub classes: ClassEntries,
+    /// The sizing step's inputs and per-entry outcome.
+    pub sizing: SizingMemo,
 }
 
 /// Running jobs the attempts step found still running, with what it read and when each
@@ -369,6 +371,179 @@ impl AssignMemo {
     pub fn busy(&self) -> &[u32] {
         &self.busy
     }
+}
+
+/// What the sizing step read on its last pass, and per entry whether it acted and when it
+/// asked to be woken: an entry is sized again when anything it reads may have changed (the
+/// policy's count for it, the names pending jobs ask for, its backoff, a record or listed
+/// object under a name it reads, a deletion this pass), when it acted last time, or when its
+/// wake-up came; the others only repeat their wake-up.
+#[derive(Debug, Default)]
+pub(crate) struct SizingMemo {
+    /// The record table's revision when the last sizing began (so the sizing's own changes
+    /// count as changes for the next).
+    seen: Option<Revision>,
+    /// Whether the last sizing was remembered: every entry's outcome is kept.
+    remember: bool,
+    desired: Vec<u32>,
+    named: NameSet,
+    backoff: BTreeMap<Name, Backoff>,
+    /// Per entry: whether its last sizing acted (an action or an event), and the earliest
+    /// wake-up it asked for.
+    acted: Vec<bool>,
+    wake: Vec<Option<Timestamp>>,
+}
+
+/// What the sizing step reads besides the observation's objects.
+pub(crate) struct SizingInputs<'p> {
+    pub index: &'p FleetIndex,
+    pub state: &'p State,
+    pub observed: &'p ObservedIndex,
+    pub desired: &'p [u32],
+    pub named: &'p NameSet,
+    /// Names deleted earlier in the pass.
+    pub deleted: &'p NameSet,
+    pub now: Timestamp,
+}
+
+impl SizingMemo {
+    /// Which entries to size this pass (fleet order): all of them when the last sizing is
+    /// unknown (first pass, another state or an index rebuilt).
+    pub fn due(&mut self, input: &SizingInputs<'_>) -> Vec<bool> {
+        let SizingInputs {
+            index,
+            state,
+            observed,
+            desired,
+            named,
+            deleted,
+            now,
+        } = *input;
+        let records = &state.resources;
+        let n = index.fleet.tpus.len();
+        let seen = self.seen.replace(records.revision());
+        let changes = seen.and_then(|then| records.changes_since(then));
+        let remember = changes.is_some();
+        let known = self.remember && self.acted.len() == n && observed.changed().is_some();
+        let mut due = vec![true; n];
+        if let (Some(changes), Some(names), true) = (changes, observed.changed(), known) {
+            let count = |d: &[u32], e: usize| d.get(e).copied().unwrap_or(0);
+            for (e, due) in due.iter_mut().enumerate() {
+                *due = self.acted[e]
+                    || self.wake[e].is_some_and(|w| w <= now)
+                    || count(desired, e) != count(&self.desired, e);
+            }
+            let mut mark = |e: u32| due[e as usize] = true;
+            for name in named.symmetric_difference(&self.named) {
+                index
+                    .declared(name)
+                    .map(|d| d.entry as u32)
+                    .into_iter()
+                    .for_each(&mut mark);
+            }
+            for name in changes.touched.iter().chain(&changes.removed) {
+                reading_record(name, index, observed).for_each(&mut mark);
+            }
+            for name in deleted {
+                reading_deleted(name, index, observed).for_each(&mut mark);
+            }
+            // A node new or gone is read by the entry of a queued resource for it.
+            for name in names {
+                let qr = observed.tpu(name).and_then(|t| t.qr.as_ref());
+                qr.and_then(|q| q.facts.labelled)
+                    .into_iter()
+                    .for_each(&mut mark);
+            }
+            observed
+                .changed_entries()
+                .iter()
+                .copied()
+                .for_each(&mut mark);
+            let backoff_changed = state
+                .entry_backoff
+                .iter()
+                .filter(|(id, b)| self.backoff.get(*id) != Some(*b))
+                .map(|(id, _)| id)
+                .chain(
+                    self.backoff
+                        .keys()
+                        .filter(|id| !state.entry_backoff.contains_key(*id)),
+                );
+            for id in backoff_changed {
+                index
+                    .entry_index(id)
+                    .into_iter()
+                    .for_each(|e| mark(e as u32));
+            }
+            // Entries under a chip limit read what every other entry holds.
+            if !index.chip_limits.is_empty() {
+                (0..n)
+                    .filter(|&e| index.chip_limit(e).is_some())
+                    .for_each(|e| mark(e as u32));
+            }
+        } else {
+            self.acted = vec![false; n];
+            self.wake = vec![None; n];
+        }
+        self.remember = remember;
+        if remember {
+            self.desired.clear();
+            self.desired.extend_from_slice(desired);
+            self.named.clone_from(named);
+            self.backoff.clone_from(&state.entry_backoff);
+        }
+        due
+    }
+
+    /// Records the outcome of sizing entry `e`.
+    pub fn sized(&mut self, e: usize, acted: bool, wake: Option<Timestamp>) {
+        if self.remember {
+            self.acted[e] = acted;
+            self.wake[e] = wake;
+        }
+    }
+
+    /// The wake-up entry `e` asked for when it was last sized.
+    pub fn kept_wake(&self, e: usize) -> Option<Timestamp> {
+        self.wake.get(e).copied().flatten()
+    }
+}
+
+/// The entries whose sizing reads the record under TPU name `name`: the entry declaring it,
+/// and those the node or queued resource listed under it is labelled for.
+fn reading_record<'i>(
+    name: &Name,
+    index: &FleetIndex,
+    observed: &'i ObservedIndex,
+) -> impl Iterator<Item = u32> + 'i {
+    let tpu = observed.tpu(name);
+    let labelled = tpu.into_iter().flat_map(|t| {
+        let node = t.node.as_ref().and_then(|l| l.facts.labelled);
+        node.into_iter()
+            .chain(t.qr.as_ref().and_then(|l| l.facts.labelled))
+    });
+    index
+        .declared(name)
+        .map(|d| d.entry as u32)
+        .into_iter()
+        .chain(labelled)
+}
+
+/// The entries whose sizing reads whether TPU or queued-resource name `name` was deleted:
+/// the entry declaring it (as a node or an own queued resource's name), and the one the
+/// queued resource of that name is labelled for.
+fn reading_deleted(
+    name: &Name,
+    index: &FleetIndex,
+    observed: &ObservedIndex,
+) -> impl Iterator<Item = u32> {
+    let declared = [index.declared(name), index.declared_qr(name)];
+    let labelled = observed.qr_named(name).and_then(|l| l.facts.labelled);
+    declared
+        .into_iter()
+        .flatten()
+        .map(|d| d.entry as u32)
+        .chain(labelled)
 }
 
 /// What changed in the job and record tables since revisions `then` (`None`: unknown).

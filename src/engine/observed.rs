@@ -72,6 +72,8 @@ pub(crate) struct ObservedIndex {
     /// TPU names whose node or queued resource the last update found new or gone; `None`
     /// when it rebuilt the tables (any name may have changed).
     changed: Option<Vec<Name>>,
+    /// The entries those objects name or are labelled for (see `changed_entries`).
+    changed_entries: Vec<u32>,
 }
 
 impl ObservedIndex {
@@ -79,6 +81,7 @@ impl ObservedIndex {
     pub fn update(&mut self, index: &FleetIndex, obs: &Observation) {
         self.stamp += 1;
         self.changed = Some(Vec::new());
+        self.changed_entries.clear();
         if !(self.distinct && self.patch(index, obs)) {
             self.changed = None;
             self.rebuild(index, obs);
@@ -104,12 +107,16 @@ impl ObservedIndex {
         // Vanished objects leave their names first: every name then holds only objects
         // listed now, so a new object finding its slot taken shares its name.
         let changed = self.changed.get_or_insert_default();
-        for gone in forget_unseen(&mut self.known_nodes, stamp) {
+        let entries = &mut self.changed_entries;
+        for (gone, facts) in forget_unseen(&mut self.known_nodes, stamp) {
             changed.push(gone.name);
+            entries.extend(facts.entries());
             clear_tpu(&mut self.tpus, &gone.name, |t| &mut t.node, &gone);
         }
-        for gone in forget_unseen(&mut self.known_qrs, stamp) {
+        for (gone, facts) in forget_unseen(&mut self.known_qrs, stamp) {
             changed.push(gone.node_id);
+            entries.extend(facts.entries());
+            entries.extend(index.declared_qr(&gone.name).map(|d| d.entry as u32));
             clear_tpu(&mut self.tpus, &gone.node_id, |t| &mut t.qr, &gone);
             if self
                 .qrs
@@ -124,6 +131,7 @@ impl ObservedIndex {
             let facts = index.node_facts(n);
             self.node_facts[i] = facts;
             changed.push(n.name);
+            entries.extend(facts.entries());
             let slot = &mut self.tpus.entry(n.name).or_default().node;
             if slot.is_some() {
                 return false;
@@ -136,6 +144,8 @@ impl ObservedIndex {
             let facts = index.qr_facts(q);
             self.qr_facts[i] = facts;
             changed.push(q.node_id);
+            entries.extend(facts.entries());
+            entries.extend(index.declared_qr(&q.name).map(|d| d.entry as u32));
             let slot = &mut self.tpus.entry(q.node_id).or_default().qr;
             if slot.is_some() || self.qrs.contains_key(&q.name) {
                 return false;
@@ -185,6 +195,14 @@ impl ObservedIndex {
     /// resource (in no particular order, possibly repeated); `None`: any name may have changed.
     pub fn changed(&self) -> Option<&[Name]> {
         self.changed.as_deref()
+    }
+
+    /// The entries the objects found new or gone by the last update name (their node name or
+    /// node id, or their own queued resource name, is declared for it) or are labelled or
+    /// matched for (in no particular order, possibly repeated); meaningful only when
+    /// `changed` is known.
+    pub fn changed_entries(&self) -> &[u32] {
+        &self.changed_entries
     }
 
     /// What is listed under TPU name `name`.
@@ -247,13 +265,16 @@ fn seen_or_new<T>(
     new
 }
 
-/// Removes the objects update `stamp` did not list, returning them.
-fn forget_unseen<T>(known: &mut FxHashMap<usize, Known<T>>, stamp: u64) -> Vec<Arc<T>> {
+/// Removes the objects update `stamp` did not list, returning them with their facts.
+fn forget_unseen<T>(
+    known: &mut FxHashMap<usize, Known<T>>,
+    stamp: u64,
+) -> Vec<(Arc<T>, EntryFacts)> {
     let mut gone = Vec::new();
     known.retain(|_, k| {
         let keep = k.seen == stamp;
         if !keep {
-            gone.push(k.info.clone());
+            gone.push((k.info.clone(), k.facts));
         }
         keep
     });

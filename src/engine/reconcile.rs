@@ -75,7 +75,7 @@ pub(crate) struct Pass<'a> {
     /// The observation indexed: what is listed under each TPU name, queued resources by name.
     pub(super) observed: &'a ObservedIndex,
     /// What the last passes judged (a cache: see `memo`).
-    memo: &'a mut Memo,
+    pub(super) memo: &'a mut Memo,
     /// Entry facts of `obs.nodes` and `obs.queued_resources` (same order).
     pub(super) node_facts: &'a [EntryFacts],
     pub(super) qr_facts: &'a [EntryFacts],
