@@ -1,7 +1,8 @@
 //! The capacity step of a pass (§3.10): ask the policy for a desired TPU count per managed
 //! entry, then create or delete queued resources and nodes to follow it, within chip quotas,
 //! idle timeouts and refusal backoffs. Ordinals are recreated under their own names, never
-//! substituted.
+//! substituted. Only entries whose inputs changed since the last pass are sized (the memo's
+//! `SizingMemo`); the others would decide nothing again.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -91,6 +92,7 @@ fn by_entry(facts: &[EntryFacts], n_entries: usize) -> ByEntry {
     ByEntry { order, start }
 }
 
+/// A listed object and its entry facts, as a slot holds them.
 fn with_facts<T>(listed: &Listed<T>) -> (&T, EntryFacts) {
     (&*listed.info, listed.facts)
 }

@@ -1,10 +1,11 @@
 //! What the engine remembers from one pass to the next so that a step can skip the items
-//! whose judgement cannot have changed: running attempts found still running, and the TPU
-//! records the unusable-resource step found with nothing to do. An item is judged again as
-//! soon as anything its judgement read may have changed: its job or record was accessed
-//! mutably (the tables' change tracking), a node or queued resource under its TPU name was
-//! listed anew or vanished (the observation index), its workers' final statuses differ, or a
-//! time it waits for has come. A cache only: a pass with an empty memo leaves the same state
+//! whose judgement cannot have changed: running attempts found still running, the TPU
+//! records the unusable-resource step found with nothing to do, the assignment's inputs, and
+//! the fleet entries whose sizing decided nothing. An item is judged again as soon as
+//! anything its judgement read may have changed: its job or record was accessed mutably (the
+//! tables' change tracking), a node or queued resource under its TPU name was listed anew or
+//! vanished (the observation index), its workers' final statuses differ, or a time it waits
+//! for has come. A cache only: a pass with an empty memo leaves the same state
 //! and returns the same actions, events and violations (the harness checks it on every step
 //! of every chaos run); only its wake-up may come later, as a kept heartbeat deadline may be
 //! older than the heartbeat. Must not hold anything that is not derived from the passes'
