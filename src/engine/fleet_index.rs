@@ -311,10 +311,10 @@ pub struct EntryFacts {
 }
 
 impl EntryFacts {
-    /// Every entry the facts name.
+    /// Every entry the facts name (a matched `entry` is always the declaring one).
     pub fn entries(self) -> impl Iterator<Item = u32> {
         let declared = self.declared.map(|d| d.entry as u32);
-        declared.into_iter().chain(self.entry).chain(self.labelled)
+        declared.into_iter().chain(self.labelled)
     }
 }
 

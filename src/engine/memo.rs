@@ -425,7 +425,7 @@ impl SizingMemo {
         let seen = self.seen.replace(records.revision());
         let changes = seen.and_then(|then| records.changes_since(then));
         let remember = changes.is_some();
-        let known = self.remember && self.acted.len() == n && observed.changed().is_some();
+        let known = self.remember && self.acted.len() == n;
         let mut due = vec![true; n];
         if let (Some(changes), Some(names), true) = (changes, observed.changed(), known) {
             let count = |d: &[u32], e: usize| d.get(e).copied().unwrap_or(0);
