@@ -147,6 +147,7 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     let progress = std::io::stderr().is_terminal();
+    let started = std::time::Instant::now();
     std::thread::scope(|scope| {
         for _ in 0..threads.min(work.len().max(1)) {
             scope.spawn(|| {
@@ -176,6 +177,7 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
     if progress {
         eprint!("\r\x1b[K");
     }
+    let wall_s = started.elapsed().as_secs_f64();
     let mut results = results.into_inner().expect("no poisoned lock");
     results.sort_by_key(|(i, _)| *i);
     let mut ok = Vec::new();
@@ -203,7 +205,42 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
     if let Some(dir) = args.report {
         eprintln!("report written to {}", dir.join("index.html").display());
     }
+    eprintln!(
+        "{}",
+        throughput(&ok, wall_s, threads.min(work.len().max(1)))
+    );
     Ok(ExitStatus::Ok)
+}
+
+/// One line for stderr: how much simulated time and how many events the command covered per
+/// wall second (runs share the threads), and the same per run.
+fn throughput(runs: &[RunResult], wall_s: f64, threads: usize) -> String {
+    let simulated_s: f64 = runs.iter().map(|r| r.metrics.simulated_s).sum();
+    let run_wall_s: f64 = runs.iter().map(|r| r.metrics.wall_s).sum();
+    let events: u64 = runs
+        .iter()
+        .map(|r| r.metrics.events + r.metrics.engine_events)
+        .sum();
+    let rate = |x: f64, wall: f64| {
+        let r = if wall > 0.0 { x / wall } else { 0.0 };
+        match r {
+            r if r >= 1e6 => format!("{:.2} M", r / 1e6),
+            r if r >= 1e3 => format!("{:.0} k", r / 1e3),
+            r => format!("{r:.0}"),
+        }
+    };
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    format!(
+        "simulated {:.0} h in {wall_s:.2} s wall ({} run{} on {threads} thread{}): {} simulated s \
+         and {} events per wall s; {} simulated s per s of one run",
+        simulated_s / 3600.0,
+        runs.len(),
+        plural(runs.len()),
+        plural(threads),
+        rate(simulated_s, wall_s),
+        rate(events as f64, wall_s),
+        rate(simulated_s, run_wall_s),
+    )
 }
 
 /// Overrides the horizon and caps every workload at `max_jobs` jobs.
