@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use proptest::prelude::*;
 use tpu_runner::simulate::harness::{self, RunOptions};
-use tpu_runner::simulate::metrics::{BoundJob, goodput_bound};
+use tpu_runner::simulate::metrics::{
+    BoundJob, PlacedBoundJob, goodput_bound, goodput_bound_with_placement,
+};
 use tpu_runner::simulate::report;
 use tpu_runner::simulate::scenario;
 
@@ -228,6 +230,7 @@ fn goodput_never_exceeds_the_bound() {
         "scenarios/smoke.yaml",
         "scenarios/regional-stockout.yaml",
         "scenarios/huge-multihost.yaml",
+        "scenarios/trc-mixed.yaml",
     ] {
         let s = load(rel);
         for seed in 1..=2 {
@@ -280,6 +283,76 @@ proptest! {
         let jobs: Vec<BoundJob> = jobs.iter().map(|&(r, w, width)| BoundJob { release_s: r as f64, work: w as f64, width: width as f64 }).collect();
         let caps: Vec<f64> = caps.iter().map(|&c| c as f64).collect();
         prop_assert_eq!(goodput_bound(&jobs, &caps, 1.0), max_flow(&jobs, &caps, 1.0));
+    }
+}
+
+/// The exact max flow with placement: source → job (work) → (job, slot) (width × slot) →
+/// (slot, resource) for each resource of the job's set → sink (the resource's capacity).
+fn placed_max_flow(jobs: &[PlacedBoundJob], sets: &[Vec<usize>], caps: &[Vec<f64>]) -> f64 {
+    use pathfinding::directed::edmonds_karp::{SparseCapacity, edmonds_karp};
+    let (n_jobs, n_res, n_slots) = (jobs.len(), caps.len(), caps[0].len());
+    let (source, sink) = (0usize, 1usize);
+    let job_node = |j: usize| 2 + j;
+    let job_slot = |j: usize, t: usize| 2 + n_jobs + j * n_slots + t;
+    let res_slot = |r: usize, t: usize| 2 + n_jobs + n_jobs * n_slots + r * n_slots + t;
+    let vertices: Vec<usize> = (0..2 + n_jobs + n_jobs * n_slots + n_res * n_slots).collect();
+    let mut edges = Vec::new();
+    for (j, pj) in jobs.iter().enumerate() {
+        edges.push(((source, job_node(j)), pj.job.work as i64));
+        for t in (pj.job.release_s as usize).min(n_slots)..n_slots {
+            edges.push(((job_node(j), job_slot(j, t)), pj.job.width as i64));
+            for &r in &sets[pj.set] {
+                edges.push(((job_slot(j, t), res_slot(r, t)), i64::MAX / 4));
+            }
+        }
+    }
+    for (r, row) in caps.iter().enumerate() {
+        for (t, c) in row.iter().enumerate() {
+            edges.push(((res_slot(r, t), sink), *c as i64));
+        }
+    }
+    let (_, total, _) =
+        edmonds_karp::<_, _, _, SparseCapacity<_>>(&vertices, &source, &sink, edges);
+    total as f64
+}
+
+proptest! {
+    /// The placement-aware bound never falls below what any schedule can do (the exact
+    /// flow), never rises above the pooled bound, and is exact when every job may use one
+    /// resource only or every resource.
+    #[test]
+    fn placement_bound_lies_between_the_exact_flow_and_the_pooled_bound(
+        jobs in proptest::collection::vec((0u32..4, 1u32..30, 1u32..4, 0usize..6), 0..7),
+        caps in proptest::collection::vec(proptest::collection::vec(0u32..8, 4), 1..4),
+        masks in proptest::collection::vec(0u8..16, 6),
+    ) {
+        let n_res = caps.len();
+        let sets: Vec<Vec<usize>> = masks
+            .iter()
+            .map(|m| (0..n_res).filter(|r| m & (1 << r) != 0).collect())
+            .collect();
+        let jobs: Vec<PlacedBoundJob> = jobs
+            .iter()
+            .map(|&(r, w, width, set)| PlacedBoundJob {
+                job: BoundJob { release_s: r as f64, work: w as f64, width: width as f64 },
+                set,
+            })
+            .collect();
+        let caps: Vec<Vec<f64>> =
+            caps.iter().map(|row| row.iter().map(|&c| c as f64).collect()).collect();
+        let ours = goodput_bound_with_placement(&jobs, &sets, &caps, 1.0);
+        let exact = placed_max_flow(&jobs, &sets, &caps);
+        let pooled_caps: Vec<f64> = (0..4).map(|t| caps.iter().map(|row| row[t]).sum()).collect();
+        let all: Vec<BoundJob> = jobs.iter().map(|j| j.job).collect();
+        let pooled = goodput_bound(&all, &pooled_caps, 1.0);
+        prop_assert!(exact <= ours + 1e-9, "exact {exact} > bound {ours}");
+        prop_assert!(ours <= pooled + 1e-9, "bound {ours} > pooled {pooled}");
+        if jobs.iter().all(|j| sets[j.set].len() == 1) {
+            prop_assert_eq!(ours, exact);
+        }
+        if jobs.iter().all(|j| sets[j.set].len() == n_res) {
+            prop_assert_eq!(ours, pooled);
+        }
     }
 }
 

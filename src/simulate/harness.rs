@@ -11,7 +11,7 @@ use tpu_runner_sim::{CallKind, CloudConfig, CloudFaults, PoolConfig, SimCloud, S
 
 use super::checker::Invariants;
 use super::fingerprint::Fingerprint;
-use super::metrics::{BoundJob, Metrics, Stats, goodput_bound};
+use super::metrics::{BoundJob, Metrics, PlacedBoundJob, Stats, goodput_bound_with_placement};
 use super::scenario::{ChaosSpec, Scenario, WorkloadSpec, hosts_of};
 use crate::backend::sim::SimBackend;
 use crate::driver::{self, Feedback};
@@ -371,12 +371,6 @@ pub fn run(
     let sample_every_ms =
         (horizon_ms / options.samples.max(1) as u64).max(tick_ms) / tick_ms * tick_ms;
     let ceilings = pool_ceilings(scenario);
-    let chips_of_pool: Vec<u64> = scenario
-        .cloud
-        .pools
-        .iter()
-        .map(|p| u64::from(p.tpu_type.chips()))
-        .collect();
 
     let mut state = State::new();
     let mut feedback = Feedback::default();
@@ -719,26 +713,24 @@ pub fn run(
         })
         .sum::<f64>()
         + metrics.egress_usd;
-    // The bound, on the capacity the fleet could have used during the run.
-    let bound_jobs: Vec<BoundJob> = arrivals
+    // The bound, on the capacity the fleet could have used during the run, each job on the
+    // pools and adopted TPUs it may run on.
+    let (sets, set_of) = placement_sets(scenario, arrivals.iter().take(next_arrival));
+    let bound_jobs: Vec<PlacedBoundJob> = arrivals
         .iter()
-        .take(next_arrival)
-        .map(|(a, _)| BoundJob {
-            release_s: a.at_secs,
-            work: a.behaviour.work_secs * f64::from(a.width_chips),
-            width: f64::from(a.width_chips),
+        .zip(set_of)
+        .map(|((a, _), set)| PlacedBoundJob {
+            job: BoundJob {
+                release_s: a.at_secs,
+                work: a.behaviour.work_secs * f64::from(a.width_chips),
+                width: f64::from(a.width_chips),
+            },
+            set,
         })
         .collect();
     let slot_s = (t_ms / 1000).div_ceil(BOUND_SLOTS_MAX).max(600);
-    let slot_capacity = capacity_per_slot(
-        &backend.cloud,
-        &ceilings,
-        &chips_of_pool,
-        adopted_chips,
-        t_ms,
-        slot_s,
-    );
-    let bound_chip_s = goodput_bound(&bound_jobs, &slot_capacity, slot_s as f64);
+    let capacity = capacity_by_resource(scenario, &backend.cloud, &ceilings, t_ms, slot_s);
+    let bound_chip_s = goodput_bound_with_placement(&bound_jobs, &sets, &capacity, slot_s as f64);
     metrics.bound_goodput_chip_hours = hours(bound_chip_s);
     metrics.efficiency = ratio(metrics.goodput_chip_hours, metrics.bound_goodput_chip_hours);
     metrics.wall_s = started.elapsed().as_secs_f64();
@@ -754,48 +746,113 @@ pub fn run(
     })
 }
 
-/// Chip-seconds the fleet could have held in each slot of `[0, end_ms)`: per pool, the
-/// integral of min(available slices, fleet ceiling) × chips, exact from the capacity log; plus
-/// the adopted TPUs, always there.
-fn capacity_per_slot(
+/// The bound's resources: the cloud's pools, then the fleet's adopted TPUs. Per resource,
+/// the chip-seconds the fleet could have held in each slot of `[0, end_ms)`: for a pool, the
+/// integral of min(available slices, fleet ceiling) × chips, exact from the capacity log
+/// (chip limits are not applied: the bound stays an upper bound); an adopted TPU is always
+/// there.
+fn capacity_by_resource(
+    scenario: &Scenario,
     cloud: &SimCloud,
     ceilings: &[u32],
-    chips: &[u64],
-    adopted_chips: u64,
     end_ms: u64,
     slot_s: u64,
-) -> Vec<f64> {
+) -> Vec<Vec<f64>> {
     let slot_ms = slot_s * 1000;
     let n = end_ms.div_ceil(slot_ms).max(1) as usize;
-    let mut out = vec![adopted_chips as f64 * slot_s as f64; n];
-    if let Some(last) = out.last_mut() {
-        *last = adopted_chips as f64 * ((end_ms - (n as u64 - 1) * slot_ms) as f64 / 1000.0);
-    }
-    let mut add = |from: u64, until: u64, chips_per_s: f64| {
+    let slot_len_s = |slot: usize| {
+        ((slot as u64 + 1) * slot_ms)
+            .min(end_ms)
+            .saturating_sub(slot as u64 * slot_ms) as f64
+            / 1000.0
+    };
+    let pools = &scenario.cloud.pools;
+    let mut out = vec![vec![0.0; n]; pools.len()];
+    let mut add = |pool: usize, from: u64, until: u64, chips: f64| {
         let mut t = from;
         while t < until {
             let slot = (t / slot_ms) as usize;
             let slot_end = ((slot as u64 + 1) * slot_ms).min(until);
             if slot < n {
-                out[slot] += chips_per_s * (slot_end - t) as f64 / 1000.0;
+                out[pool][slot] += chips * (slot_end - t) as f64 / 1000.0;
             }
             t = slot_end;
         }
     };
-    let log = cloud.capacity_log();
-    for pool in 0..ceilings.len() {
-        let changes: Vec<(u64, u32)> = log
-            .iter()
-            .filter(|(_, p, _)| *p == pool)
-            .map(|(t, _, a)| (*t, *a))
-            .collect();
-        for (i, &(t, available)) in changes.iter().enumerate() {
-            let until = changes.get(i + 1).map_or(end_ms, |c| c.0).min(end_ms);
-            let usable = u64::from(available.min(ceilings[pool])) * chips[pool];
-            add(t.min(end_ms), until, usable as f64);
+    // The log is in time order: each pool's level holds until its next entry.
+    let mut level: Vec<Option<(u64, u32)>> = vec![None; pools.len()];
+    let chips_at = |pool: usize, available: u32| {
+        f64::from(available.min(ceilings[pool])) * f64::from(pools[pool].tpu_type.chips())
+    };
+    for &(t, pool, available) in cloud.capacity_log() {
+        if let Some((since, before)) = level[pool] {
+            add(
+                pool,
+                since.min(end_ms),
+                t.min(end_ms),
+                chips_at(pool, before),
+            );
+        }
+        level[pool] = Some((t, available));
+    }
+    for (pool, l) in level.iter().enumerate() {
+        if let Some((since, available)) = *l {
+            add(pool, since.min(end_ms), end_ms, chips_at(pool, available));
+        }
+    }
+    for entry in &scenario.fleet.tpus {
+        if let EntryKind::Adopted { .. } = entry.kind {
+            let chips = f64::from(entry.tpu_type.chips());
+            out.push((0..n).map(|slot| chips * slot_len_s(slot)).collect());
         }
     }
     out
+}
+
+/// Per arrival, the index of its set of bound resources (same order as
+/// [`capacity_by_resource`]: a pool or an adopted TPU of an accepted type in one of its
+/// regions), and the sets (sorted resource indices). Arrivals with the same types and
+/// regions share a set.
+fn placement_sets<'a>(
+    scenario: &Scenario,
+    arrivals: impl Iterator<Item = &'a (JobArrival, &'a [gcp::TpuType])>,
+) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let places: Vec<(&gcp::TpuType, &str)> = scenario
+        .cloud
+        .pools
+        .iter()
+        .map(|p| (&p.tpu_type, p.zone.as_str()))
+        .chain(
+            scenario
+                .fleet
+                .tpus
+                .iter()
+                .filter(|e| matches!(e.kind, EntryKind::Adopted { .. }))
+                .map(|e| (&e.tpu_type, e.zone.as_str())),
+        )
+        .collect();
+    let mut ids: BTreeMap<(&[gcp::TpuType], &[String]), usize> = BTreeMap::new();
+    let mut sets = Vec::new();
+    let mut set_of = Vec::new();
+    for (arrival, types) in arrivals {
+        let id = *ids.entry((*types, &arrival.regions)).or_insert_with(|| {
+            sets.push(
+                places
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (tpu_type, zone))| {
+                        types.contains(tpu_type)
+                            && gcp::zone_region(zone)
+                                .is_ok_and(|r| arrival.regions.iter().any(|a| a == r))
+                    })
+                    .map(|(i, _)| i)
+                    .collect(),
+            );
+            sets.len() - 1
+        });
+        set_of.push(id);
+    }
+    (sets, set_of)
 }
 
 fn ratio(a: f64, b: f64) -> f64 {

@@ -175,6 +175,109 @@ pub fn goodput_bound(jobs: &[BoundJob], slot_capacity_chip_s: &[f64], slot_s: f6
     best.into_iter().fold(INF, f64::min)
 }
 
+/// A job for the placement-aware bound: a [`BoundJob`] and the index of the set of resources
+/// (capacity pools) it may run on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlacedBoundJob {
+    /// The job.
+    pub job: BoundJob,
+    /// Index into the resource sets.
+    pub set: usize,
+}
+
+/// Resource sets of one connected component beyond which the nested-set refinement is
+/// skipped (each costs two more bounds; the result stays a valid bound without it).
+const REFINE_SETS_MAX: usize = 64;
+
+/// The release-aware bound with placement rules: a job may use only the resources in its set
+/// (`sets[set]`, indices into `capacity`: per resource, chip-seconds per slot).
+///
+/// Resources joined by a job's set form connected components; no job crosses one, so the
+/// bound is the sum over components of [`goodput_bound`] on the component's own capacity.
+/// Within a component, for each set P the jobs confined to P (their set ⊆ P) can do at most
+/// the bound on P's capacity and the others at most the bound on the component's: the
+/// smallest of these sums is kept. Every term is an upper bound on work any policy can do,
+/// so the result is one too, and it is never above the pooled bound (all jobs on all
+/// capacity). Jobs whose set is empty can never run and count nothing.
+pub fn goodput_bound_with_placement(
+    jobs: &[PlacedBoundJob],
+    sets: &[Vec<usize>],
+    capacity: &[Vec<f64>],
+    slot_s: f64,
+) -> f64 {
+    let n_slots = capacity.first().map_or(0, Vec::len);
+    let mut parent: Vec<usize> = (0..capacity.len()).collect();
+    fn root(parent: &mut [usize], mut r: usize) -> usize {
+        while parent[r] != r {
+            parent[r] = parent[parent[r]];
+            r = parent[r];
+        }
+        r
+    }
+    let mut jobs_of_set: Vec<Vec<BoundJob>> = vec![Vec::new(); sets.len()];
+    for j in jobs {
+        jobs_of_set[j.set].push(j.job);
+    }
+    for (set, members) in sets.iter().enumerate() {
+        if jobs_of_set[set].is_empty() {
+            continue;
+        }
+        if let Some((&first, rest)) = members.split_first() {
+            for &r in rest {
+                let (a, b) = (root(&mut parent, first), root(&mut parent, r));
+                parent[a.max(b)] = a.min(b);
+            }
+        }
+    }
+    let mut components: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for (set, members) in sets.iter().enumerate() {
+        if let Some(&first) = members.first()
+            && !jobs_of_set[set].is_empty()
+        {
+            components
+                .entry(root(&mut parent, first))
+                .or_default()
+                .push(set);
+        }
+    }
+    let capacity_of = |resources: &mut dyn Iterator<Item = usize>| {
+        let mut total = vec![0.0; n_slots];
+        for r in resources {
+            for (t, c) in capacity[r].iter().enumerate() {
+                total[t] += c;
+            }
+        }
+        total
+    };
+    let mut bound = 0.0;
+    for (component, component_sets) in components {
+        let component_capacity =
+            capacity_of(&mut (0..capacity.len()).filter(|&r| root(&mut parent, r) == component));
+        let all: Vec<BoundJob> = component_sets
+            .iter()
+            .flat_map(|&s| jobs_of_set[s].iter().copied())
+            .collect();
+        let mut best = goodput_bound(&all, &component_capacity, slot_s);
+        if component_sets.len() > 1 && component_sets.len() <= REFINE_SETS_MAX {
+            for &p in &component_sets {
+                let (mut inside, mut outside) = (Vec::new(), Vec::new());
+                for &q in &component_sets {
+                    let within = sets[q].iter().all(|r| sets[p].binary_search(r).is_ok());
+                    let to = if within { &mut inside } else { &mut outside };
+                    to.extend_from_slice(&jobs_of_set[q]);
+                }
+                let p_capacity = capacity_of(&mut sets[p].iter().copied());
+                best = best.min(
+                    goodput_bound(&inside, &p_capacity, slot_s)
+                        + goodput_bound(&outside, &component_capacity, slot_s),
+                );
+            }
+        }
+        bound += best;
+    }
+    bound
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
