@@ -1,5 +1,6 @@
-//! End-to-end CLI behaviour: init, exit codes, help, version, completions, and that every
-//! YAML example in the README and the `init` template validates.
+//! End-to-end CLI behaviour: init, exit codes, help, version, completions, that every YAML
+//! example in the README and the `init` template validates, and `simulate` through the
+//! binary (its table, JSON, report, exit codes, and the README's pasted output).
 
 use std::process::Command;
 
@@ -199,4 +200,149 @@ fn plan_repairs_and_reports_a_damaged_state() {
             "missing {expected:?} in\n{stdout}"
         );
     }
+}
+
+fn root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The JSON records without `wall_s` (the only field that may differ between runs).
+fn records_without_wall(path: &std::path::Path) -> Vec<serde_json::Value> {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut records = json["records"].as_array().unwrap().clone();
+    for r in &mut records {
+        r["metrics"].as_object_mut().unwrap().remove("wall_s");
+    }
+    records
+}
+
+#[test]
+fn simulate_writes_table_json_and_report_the_same_on_any_thread_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |threads: &str, json: &str| {
+        let json = dir.path().join(json);
+        let report = dir.path().join("report");
+        let out = tpu_runner(
+            &[
+                "simulate",
+                "scenarios/smoke.yaml",
+                "tests/fixtures/scenarios/notice.yaml",
+                "--seeds",
+                "1..=3",
+                "--threads",
+                threads,
+                "--json",
+                json.to_str().unwrap(),
+                "--report",
+                report.to_str().unwrap(),
+            ],
+            &root(),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out, json)
+    };
+    let (out, one) = run("1", "one.json");
+    let (_, two) = run("2", "two.json");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.starts_with("  SCENARIO "), "{table}");
+    assert!(
+        table.contains("  smoke ") && table.contains("  notice "),
+        "{table}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("simulated s and"), "{stderr}");
+    let records = records_without_wall(&one);
+    assert_eq!(records.len(), 6);
+    assert_eq!(records, records_without_wall(&two));
+    let index = std::fs::read_to_string(dir.path().join("report/index.html")).unwrap();
+    assert!(index.contains(".svg"));
+}
+
+#[test]
+fn simulate_exit_codes() {
+    let fixtures = root().join("tests/fixtures/scenarios/invalid");
+    let code = |args: &[&str]| tpu_runner(args, &fixtures).status.code();
+    assert_eq!(code(&["simulate", "contradictions.yaml"]), Some(1));
+    assert_eq!(code(&["simulate", "nothing-here.yaml"]), Some(3));
+    assert_eq!(code(&["simulate", "missing-trace.yaml"]), Some(3));
+    assert_eq!(
+        code(&[
+            "simulate",
+            "../notice.yaml",
+            "--seeds",
+            "0..=18446744073709551615"
+        ]),
+        Some(2)
+    );
+    assert_eq!(
+        code(&["simulate", "../notice.yaml", "--horizon-hours", "nan"]),
+        Some(2)
+    );
+    // A scenario whose data is missing is left out; the others run and are shown.
+    let out = tpu_runner(
+        &["simulate", "missing-trace.yaml", "../notice.yaml"],
+        &fixtures,
+    );
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("  notice "));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("../shared/data"));
+}
+
+#[test]
+fn readme_shows_what_the_main_command_prints() {
+    if !root().join("../shared/data").is_dir() {
+        eprintln!("note: ../shared/data is absent; the README's output is not checked");
+        return;
+    }
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let pasted = readme
+        .split("```text\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README pastes the main command's output in the first text block");
+    let mut files: Vec<String> = std::fs::read_dir(root().join("scenarios"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .map(|p| p.strip_prefix(root()).unwrap().display().to_string())
+        .collect();
+    files.sort(); // as the shell expands scenarios/*.yaml
+    let mut args = vec!["simulate"];
+    args.extend(files.iter().map(String::as_str));
+    let out = tpu_runner(&args, &root());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every column but the last (`WALL s`); the stderr summary line by its start.
+    let columns = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("  "))
+            .map(|l| {
+                l.trim_end()
+                    .rsplit_once("  ")
+                    .map_or(l, |(rest, _)| rest)
+                    .trim_end()
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(
+        columns(pasted),
+        columns(&String::from_utf8_lossy(&out.stdout))
+    );
+    let summary = String::from_utf8_lossy(&out.stderr);
+    let start = |text: &str| -> Option<String> {
+        text.lines()
+            .find(|l| l.starts_with("simulated "))
+            .and_then(|l| l.split(" in ").next())
+            .map(str::to_owned)
+    };
+    assert_eq!(start(pasted), start(&summary), "{summary}");
 }

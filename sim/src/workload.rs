@@ -163,7 +163,14 @@ pub fn read_column(text: &str, column: &str) -> Result<Vec<f64>, String> {
         let value: f64 = cell
             .trim()
             .parse()
-            .map_err(|_| format!("row {}: `{column}` is not a number: {cell:?}", row + 2))?;
+            .ok()
+            .filter(|v: &f64| v.is_finite())
+            .ok_or_else(|| {
+                format!(
+                    "row {}: `{column}` is not a finite number: {cell:?}",
+                    row + 2
+                )
+            })?;
         out.push(value);
     }
     Ok(out)

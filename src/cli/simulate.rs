@@ -12,7 +12,7 @@ use super::{Failure, print_stdout};
 use crate::engine::policy;
 use crate::simulate::harness::{self, RunOptions, RunResult, Violation};
 use crate::simulate::report;
-use crate::simulate::scenario::{self, ChaosSpec, Scenario, WorkloadSpec};
+use crate::simulate::scenario::{self, ChaosSpec, Scenario, ScenarioError, WorkloadSpec};
 
 /// Options of `simulate`.
 pub(crate) struct SimulateArgs<'a> {
@@ -27,6 +27,9 @@ pub(crate) struct SimulateArgs<'a> {
     pub horizon_hours: Option<f64>,
     pub max_jobs: Option<usize>,
 }
+
+/// Seeds one command may run (a typo such as `1..=1000000000` is refused, not run for days).
+const MAX_SEEDS: u64 = 1_000_000;
 
 /// Parses `A..B` (exclusive) or `A..=B` (inclusive).
 pub(crate) fn parse_seed_range(text: &str) -> Result<Vec<u64>, String> {
@@ -44,30 +47,44 @@ pub(crate) fn parse_seed_range(text: &str) -> Result<Vec<u64>, String> {
     if end <= a {
         return Err(format!("the seed range {text:?} is empty"));
     }
+    if end - a > MAX_SEEDS {
+        return Err(format!(
+            "the seed range {text:?} has {} seeds; at most {MAX_SEEDS} per command",
+            end - a
+        ));
+    }
     Ok((a..end).collect())
 }
 
-fn load_all(files: &[PathBuf]) -> Result<Vec<Scenario>, Failure> {
+/// Loads every file. An invalid or unreadable scenario stops the command before anything
+/// runs; a scenario whose data files are missing (only that) is reported and left out, the
+/// others run, and the command then exits with [`ExitStatus::Io`]. Returns the scenarios
+/// and the reports of those left out.
+fn load_all(files: &[PathBuf]) -> Result<(Vec<Scenario>, String), Failure> {
     let mut scenarios = Vec::new();
     let mut errors = String::new();
+    let mut missing = String::new();
+    let mut status = ExitStatus::Io;
     for file in files {
         match scenario::load(file) {
             Ok(s) => scenarios.push(s),
-            Err(e) => errors.push_str(&e.to_string()),
+            Err(e @ ScenarioError::Missing(_)) => missing.push_str(&e.to_string()),
+            Err(e) => {
+                if matches!(e, ScenarioError::Invalid(_)) {
+                    status = ExitStatus::Invalid;
+                }
+                errors.push_str(&e.to_string());
+            }
         }
     }
-    if !errors.is_empty() {
-        let status = if errors.contains("cannot read") {
-            ExitStatus::Io
-        } else {
-            ExitStatus::Invalid
-        };
+    if !errors.is_empty() || scenarios.is_empty() {
+        errors.push_str(&missing);
         return Err(Failure {
             message: errors,
             status,
         });
     }
-    Ok(scenarios)
+    Ok((scenarios, missing))
 }
 
 /// One unit of work.
@@ -85,7 +102,19 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
             status: ExitStatus::Usage,
         });
     }
-    let mut scenarios = load_all(args.files)?;
+    if let Some(h) = args.horizon_hours
+        && !(h.is_finite() && h > 0.0)
+    {
+        return Err(Failure {
+            message: format!(
+                "error: --horizon-hours must be a positive number of hours, found {h}\n"
+            ),
+            status: ExitStatus::Usage,
+        });
+    }
+    let (mut scenarios, left_out) = load_all(args.files)?;
+    // Shown first, so the table is the last thing on the screen.
+    eprint!("{left_out}");
     for s in &mut scenarios {
         // Faults are fixed before any override, so a shortened replay keeps the same faults.
         if args.chaos && s.chaos.is_none() {
@@ -209,7 +238,12 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
         "{}",
         throughput(&ok, wall_s, threads.min(work.len().max(1)))
     );
-    Ok(ExitStatus::Ok)
+    if left_out.is_empty() {
+        Ok(ExitStatus::Ok)
+    } else {
+        eprintln!("error: scenarios whose data files could not be read (above) were left out");
+        Ok(ExitStatus::Io)
+    }
 }
 
 /// One line for stderr: how much simulated time and how many events the command covered per

@@ -182,11 +182,18 @@ pub fn hosts_of(tpu_type: &TpuType) -> u32 {
     if chips <= 8 { 1 } else { chips / 4 }
 }
 
+/// Where the public traces are expected (never copied into the repository).
+const DATA_HINT: &str = "the public traces live in ../shared/data beside the repository; \
+                         see scenarios/README.md";
+
 /// Why a scenario could not be loaded.
 #[derive(Debug)]
 pub enum ScenarioError {
-    /// The file (or a file it names) could not be read.
+    /// The scenario file itself could not be read.
     Io(String),
+    /// Files it names (fleet, traces) could not be read, and nothing else is wrong: typically
+    /// the public traces are not beside the repository.
+    Missing(SpecErrors),
     /// Problems in the file.
     Invalid(SpecErrors),
 }
@@ -194,8 +201,8 @@ pub enum ScenarioError {
 impl std::fmt::Display for ScenarioError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ScenarioError::Io(m) => write!(f, "error: {m}"),
-            ScenarioError::Invalid(e) => f.write_str(&e.render()),
+            ScenarioError::Io(m) => writeln!(f, "error: {m}"),
+            ScenarioError::Missing(e) | ScenarioError::Invalid(e) => f.write_str(&e.render()),
         }
     }
 }
@@ -231,12 +238,14 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
     let root = yaml::parse(&file, text).map_err(ScenarioError::Invalid)?;
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut c = Checker::new(text);
-    let mut io_errors = Vec::new();
-    let scenario = read(&mut c, &root, path, &dir, &mut io_errors);
-    if let Some(e) = io_errors.into_iter().next().filter(|_| c.is_clean()) {
-        return Err(ScenarioError::Io(e));
-    }
-    let scenario = c.finish(&file, scenario).map_err(ScenarioError::Invalid)?;
+    let mut unreadable = 0;
+    let scenario = read(&mut c, &root, path, &dir, &mut unreadable);
+    let only_unreadable = unreadable > 0 && c.error_count() == unreadable;
+    let scenario = c.finish(&file, scenario).map_err(if only_unreadable {
+        ScenarioError::Missing
+    } else {
+        ScenarioError::Invalid
+    })?;
     scenario.ok_or_else(|| ScenarioError::Io(format!("`{file}` could not be read")))
 }
 
@@ -245,7 +254,7 @@ fn read(
     root: &Node,
     path: &Path,
     dir: &Path,
-    io: &mut Vec<String>,
+    unreadable: &mut usize,
 ) -> Option<Scenario> {
     if matches!(root.value, Value::Null) {
         c.error_hint(
@@ -270,7 +279,7 @@ fn read(
         .unwrap_or_default();
     let fleet = f
         .required(c, "fleet", "a path to a deployment.yaml or an inline fleet")
-        .and_then(|n| read_fleet(c, n, dir, io));
+        .and_then(|n| read_fleet(c, n, dir, unreadable));
     let horizon_secs = f
         .required(c, "horizon_hours", "the simulated duration in hours")
         .and_then(|n| {
@@ -350,13 +359,13 @@ fn read(
         )
         .and_then(|n| read_types_by_width(c, n));
     let cloud = match (f.get("cloud"), &fleet) {
-        (Some(n), Some(fleet)) => read_cloud(c, n, fleet, dir, io),
+        (Some(n), Some(fleet)) => read_cloud(c, n, fleet, dir, unreadable),
         (None, Some(fleet)) => Some(default_cloud(fleet)),
         _ => None,
     };
     let workloads = f
         .required(c, "workload", "a list of workloads")
-        .and_then(|n| read_workloads(c, n, dir, io));
+        .and_then(|n| read_workloads(c, n, types_by_width.as_ref(), dir, unreadable));
     let prices = match f.get("prices") {
         Some(n) => read_prices(c, n),
         None => Some(default_prices()),
@@ -457,7 +466,7 @@ fn read_fleet(
     c: &mut Checker<'_>,
     node: &Node,
     dir: &Path,
-    io: &mut Vec<String>,
+    unreadable: &mut usize,
 ) -> Option<FleetSpec> {
     match &node.value {
         Value::Str(rel) => {
@@ -476,7 +485,7 @@ fn read_fleet(
                     }
                 },
                 Err(e) => {
-                    io.push(format!("cannot read the fleet `{}`: {e}", path.display()));
+                    *unreadable += 1;
                     c.error(
                         node,
                         "fleet",
@@ -492,17 +501,15 @@ fn read_fleet(
             match parse_fleet("<inline fleet>", &json) {
                 Ok(fleet) => Some(fleet),
                 Err(e) => {
-                    let first = e
-                        .diagnostics
-                        .first()
-                        .map(|d| format!("{}: {}", d.path, d.message))
-                        .unwrap_or_default();
-                    c.error_hint(
-                        node,
-                        "fleet",
-                        format!("the inline fleet is invalid: {first}"),
-                        "validate it on its own with `tpu-runner validate-fleet`",
-                    );
+                    // Each problem at the node it names in this file.
+                    for d in &e.diagnostics {
+                        let at = yaml::node_at(node, &d.path);
+                        let path = yaml::join("fleet", &d.path);
+                        match &d.hint {
+                            Some(hint) => c.error_hint(at, &path, d.message.clone(), hint.clone()),
+                            None => c.error(at, &path, d.message.clone()),
+                        }
+                    }
                     None
                 }
             }
@@ -518,20 +525,37 @@ fn read_fleet(
     }
 }
 
+/// Engine overrides: the fields of [`EngineConfig`] (named by its serialised default), each
+/// a whole number, every problem reported at its field.
 fn read_engine(c: &mut Checker<'_>, node: &Node) -> Option<EngineConfig> {
-    let json = yaml::to_json(node);
-    match serde_json::from_value::<EngineConfig>(json) {
-        Ok(config) => Some(config),
-        Err(e) => {
-            c.error_hint(
-                node,
-                "engine",
-                format!("invalid engine settings: {e}"),
-                "fields are those of EngineConfig (src/engine/config.rs), each a whole number",
-            );
-            None
+    let Ok(serde_json::Value::Object(mut fields)) = serde_json::to_value(EngineConfig::default())
+    else {
+        return None;
+    };
+    let names: Vec<String> = fields.keys().cloned().collect();
+    let allowed: Vec<&str> = names.iter().map(String::as_str).collect();
+    let f = c.mapping(node, "engine", "engine settings", &allowed, &[])?;
+    let mut ok = true;
+    for name in &allowed {
+        if let Some(n) = f.get(name) {
+            match c.integer(
+                n,
+                &f.path(name),
+                0,
+                i64::from(u32::MAX),
+                "a whole number, 0 or more",
+            ) {
+                Some(v) => {
+                    fields.insert((*name).to_owned(), v.into());
+                }
+                None => ok = false,
+            }
         }
     }
+    if !ok {
+        return None;
+    }
+    serde_json::from_value(serde_json::Value::Object(fields)).ok()
 }
 
 fn read_types_by_width(c: &mut Checker<'_>, node: &Node) -> Option<BTreeMap<u32, Vec<TpuType>>> {
@@ -706,7 +730,7 @@ fn read_cloud(
     node: &Node,
     fleet: &FleetSpec,
     dir: &Path,
-    io: &mut Vec<String>,
+    unreadable: &mut usize,
 ) -> Option<CloudSpec> {
     let f = c.mapping(
         node,
@@ -869,7 +893,7 @@ fn read_cloud(
         None => Some(WorkerConfig::default()),
     };
     let pool_defaults = match f.get("default_pool") {
-        Some(n) => read_pool_defaults(c, n, dir, io),
+        Some(n) => read_pool_defaults(c, n, dir, unreadable),
         None => Some(PoolDefaults {
             capacity: Capacity::Unlimited,
             preemption_per_hour: 0.0,
@@ -879,11 +903,40 @@ fn read_cloud(
         Some(n) => c
             .list(n, "cloud.pools", "a list of pools", true)
             .map(|items| {
-                items
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, p)| read_pool(c, p, &yaml::index("cloud.pools", i), dir, io))
-                    .collect::<Vec<_>>()
+                let mut pools: Vec<PoolSpec> = Vec::new();
+                for (i, node) in items.iter().enumerate() {
+                    let path = yaml::index("cloud.pools", i);
+                    let Some(pool) = read_pool(c, node, &path, dir, unreadable) else {
+                        continue;
+                    };
+                    let used = fleet.tpus.iter().any(|e| {
+                        matches!(e.kind, EntryKind::Managed { .. })
+                            && e.zone == pool.zone
+                            && e.tpu_type == pool.tpu_type
+                    });
+                    if !used {
+                        c.error(
+                            node,
+                            &path,
+                            format!(
+                                "no managed fleet entry is a {} in {}: this pool would never be used",
+                                pool.tpu_type, pool.zone
+                            ),
+                        );
+                    } else if pools
+                        .iter()
+                        .any(|p| p.zone == pool.zone && p.tpu_type == pool.tpu_type)
+                    {
+                        c.error(
+                            node,
+                            &path,
+                            format!("a second pool for {} in {}", pool.tpu_type, pool.zone),
+                        );
+                    } else {
+                        pools.push(pool);
+                    }
+                }
+                pools
             }),
         None => Some(Vec::new()),
     };
@@ -904,7 +957,7 @@ fn read_pool_defaults(
     c: &mut Checker<'_>,
     node: &Node,
     dir: &Path,
-    io: &mut Vec<String>,
+    unreadable: &mut usize,
 ) -> Option<PoolDefaults> {
     let f = c.mapping(
         node,
@@ -914,7 +967,7 @@ fn read_pool_defaults(
         &[],
     )?;
     let capacity = f.get("capacity").map_or(Some(Capacity::Unlimited), |n| {
-        read_capacity(c, n, "cloud.default_pool.capacity", dir, io)
+        read_capacity(c, n, "cloud.default_pool.capacity", dir, unreadable)
     });
     let preemption = f.get("preemption_per_hour").map_or(Some(0.0), |n| {
         c.number(
@@ -936,7 +989,7 @@ fn read_pool(
     node: &Node,
     path: &str,
     dir: &Path,
-    io: &mut Vec<String>,
+    unreadable: &mut usize,
 ) -> Option<PoolSpec> {
     let f = c.mapping(
         node,
@@ -965,7 +1018,7 @@ fn read_pool(
             .ok()
     });
     let capacity = f.get("capacity").map_or(Some(Capacity::Unlimited), |n| {
-        read_capacity(c, n, &f.path("capacity"), dir, io)
+        read_capacity(c, n, &f.path("capacity"), dir, unreadable)
     });
     let preemption = f.get("preemption_per_hour").map_or(Some(0.0), |n| {
         c.number(
@@ -1021,7 +1074,7 @@ fn read_capacity(
     node: &Node,
     path: &str,
     dir: &Path,
-    io: &mut Vec<String>,
+    unreadable: &mut usize,
 ) -> Option<Capacity> {
     const EXPECTED: &str = "`unlimited`, a number of slices, `{on_off: ...}` or `{trace: ...}`";
     match &node.value {
@@ -1029,6 +1082,9 @@ fn read_capacity(
         Value::Int(n) if *n >= 0 && *n <= u32::MAX as i64 => Some(Capacity::Constant(*n as u32)),
         Value::Map(_) => {
             let f = c.mapping(node, path, "a capacity model", &["on_off", "trace"], &[])?;
+            if !f.at_most_one(c, &["on_off", "trace"]) {
+                return None;
+            }
             if let Some(n) = f.get("on_off") {
                 let p = f.path("on_off");
                 let o = c.mapping(
@@ -1093,11 +1149,12 @@ fn read_capacity(
                         }
                     },
                     Err(e) => {
-                        io.push(format!("cannot read the trace `{}`: {e} (traces live in ../shared/data; see scenarios/README.md)", full.display()));
-                        c.error(
+                        *unreadable += 1;
+                        c.error_hint(
                             n,
                             &t.path("file"),
-                            format!("cannot read `{}`", full.display()),
+                            format!("cannot read the spot trace `{}`: {e}", full.display()),
+                            DATA_HINT,
                         );
                         return None;
                     }
@@ -1123,7 +1180,7 @@ fn read_dist(
     node: &Node,
     path: &str,
     dir: &Path,
-    io: &mut Vec<String>,
+    unreadable: &mut usize,
 ) -> Option<Dist> {
     let f = c.mapping(
         node,
@@ -1132,6 +1189,9 @@ fn read_dist(
         &["constant", "exponential", "lognormal", "empirical"],
         &[],
     )?;
+    if !f.at_most_one(c, &["constant", "exponential", "lognormal", "empirical"]) {
+        return None;
+    }
     if let Some(n) = f.get("constant") {
         return c
             .number(n, &f.path("constant"), 0.0, 1e9, "seconds")
@@ -1175,10 +1235,20 @@ fn read_dist(
         let column = e
             .required(c, "column", "a column name")
             .and_then(|n| c.nonempty_string(n, &e.path("column"), "a column name"))?;
-        let values = read_csv_column(c, n, &e.path("file"), &dir.join(&file), &column, io)?;
-        return Some(Dist::Empirical(
-            values.into_iter().filter(|v| *v > 0.0).collect(),
-        ));
+        let values: Vec<f64> =
+            read_csv_column(c, n, &e.path("file"), &dir.join(&file), &column, unreadable)?
+                .into_iter()
+                .filter(|v| *v > 0.0)
+                .collect();
+        if values.is_empty() {
+            c.error(
+                n,
+                &e.path("column"),
+                format!("column `{column}` of `{file}` has no positive value to draw from"),
+            );
+            return None;
+        }
+        return Some(Dist::Empirical(values));
     }
     c.expected(
         node,
@@ -1194,7 +1264,7 @@ fn read_csv_column(
     path: &str,
     file: &Path,
     column: &str,
-    io: &mut Vec<String>,
+    unreadable: &mut usize,
 ) -> Option<Vec<f64>> {
     match std::fs::read_to_string(file) {
         Ok(text) => match read_column(&text, column) {
@@ -1205,8 +1275,13 @@ fn read_csv_column(
             }
         },
         Err(e) => {
-            io.push(format!("cannot read `{}`: {e} (job traces live in ../shared/data; see scenarios/README.md)", file.display()));
-            c.error(node, path, format!("cannot read `{}`", file.display()));
+            *unreadable += 1;
+            c.error_hint(
+                node,
+                path,
+                format!("cannot read `{}`: {e}", file.display()),
+                DATA_HINT,
+            );
             None
         }
     }
@@ -1298,11 +1373,26 @@ const WORKLOAD_FIELDS: &[&str] = &[
     "limit",
 ];
 
+/// Fields only a synthetic workload reads.
+const SYNTHETIC_ONLY_FIELDS: &[&str] = &["count", "interarrival", "widths"];
+
+/// Fields only a trace replay reads.
+const TRACE_ONLY_FIELDS: &[&str] = &[
+    "file",
+    "arrival_column",
+    "width_column",
+    "duration_column",
+    "chips_per_unit",
+    "time_scale",
+    "limit",
+];
+
 fn read_workloads(
     c: &mut Checker<'_>,
     node: &Node,
+    types_by_width: Option<&BTreeMap<u32, Vec<TpuType>>>,
     dir: &Path,
-    io: &mut Vec<String>,
+    unreadable: &mut usize,
 ) -> Option<Vec<WorkloadSpec>> {
     let items = c.list(node, "workload", "a non-empty list of workloads", false)?;
     let mut out = Vec::new();
@@ -1349,12 +1439,50 @@ fn read_workloads(
             );
             continue;
         }
-        let template = read_template(c, &f, &name, dir, io);
+        // Fields of the other kind would be silently ignored: refuse them.
+        let other_kind_fields: &[&str] = match kind.as_deref() {
+            Some("synthetic") => TRACE_ONLY_FIELDS,
+            Some("trace") => SYNTHETIC_ONLY_FIELDS,
+            _ => &[],
+        };
+        for field in other_kind_fields {
+            if let Some(n) = f.get_raw(field) {
+                c.error_hint(
+                    n,
+                    &f.path(field),
+                    format!(
+                        "`{field}` does not apply to a `{}` workload",
+                        kind.as_deref().unwrap_or_default()
+                    ),
+                    format!("remove `{field}`"),
+                );
+            }
+        }
+        let template = read_template(c, &f, &name, dir, unreadable);
         match kind.as_deref() {
             Some("synthetic") => {
-                if let Some(t) = template {
-                    out.push(WorkloadSpec::Synthetic(t));
+                let Some(t) = template else { continue };
+                let unknown: Vec<String> = t
+                    .widths
+                    .iter()
+                    .filter(|(w, weight)| {
+                        *weight > 0.0 && types_by_width.is_some_and(|types| !types.contains_key(w))
+                    })
+                    .map(|(w, _)| w.to_string())
+                    .collect();
+                if !unknown.is_empty() {
+                    c.error_hint(
+                        f.get("widths").expect("required by the template"),
+                        &f.path("widths"),
+                        format!(
+                            "no `types_by_width` entry for width {}: these jobs could never run",
+                            unknown.join(", ")
+                        ),
+                        "add the width to `types_by_width` or remove it here",
+                    );
+                    continue;
                 }
+                out.push(WorkloadSpec::Synthetic(t));
             }
             Some("trace") => {
                 let Some(t) = template else { continue };
@@ -1398,17 +1526,27 @@ fn read_workloads(
                 let full = dir.join(&file);
                 let node_file = f.get("file").expect("required");
                 let Some(arrivals) =
-                    read_csv_column(c, node_file, &f.path("file"), &full, &arrival, io)
+                    read_csv_column(c, node_file, &f.path("file"), &full, &arrival, unreadable)
                 else {
                     continue;
                 };
+                if arrivals.is_empty() {
+                    c.error(
+                        node_file,
+                        &f.path("file"),
+                        format!("`{file}` has no job rows"),
+                    );
+                    continue;
+                }
                 let Some(widths) =
-                    read_csv_column(c, node_file, &f.path("file"), &full, &width, io)
+                    read_csv_column(c, node_file, &f.path("file"), &full, &width, unreadable)
                 else {
                     continue;
                 };
                 let durations = match duration_col {
-                    Some(col) => read_csv_column(c, node_file, &f.path("file"), &full, &col, io),
+                    Some(col) => {
+                        read_csv_column(c, node_file, &f.path("file"), &full, &col, unreadable)
+                    }
                     None => None,
                 };
                 let duration = t.duration.clone();
@@ -1442,7 +1580,7 @@ fn read_template(
     f: &Fields<'_>,
     name: &str,
     dir: &Path,
-    io: &mut Vec<String>,
+    unreadable: &mut usize,
 ) -> Option<Synthetic> {
     let is_trace = f.get("kind").and_then(Node::as_str) == Some("trace");
     let count = if is_trace {
@@ -1457,14 +1595,14 @@ fn read_template(
         c.number(n, &f.path("start_hours"), 0.0, 1e6, "hours")
     });
     let interarrival = match f.get("interarrival") {
-        Some(n) => read_dist(c, n, &f.path("interarrival"), dir, io),
+        Some(n) => read_dist(c, n, &f.path("interarrival"), dir, unreadable),
         None => Some(Dist::Constant(0.0)),
     };
     let duration = if is_trace && f.get("duration").is_none() {
         Some(Dist::Constant(3600.0))
     } else {
         f.required(c, "duration", "a distribution of work seconds")
-            .and_then(|n| read_dist(c, n, &f.path("duration"), dir, io))
+            .and_then(|n| read_dist(c, n, &f.path("duration"), dir, unreadable))
     };
     let widths = if is_trace {
         Some(vec![(0, 1.0)])
@@ -1523,6 +1661,7 @@ fn read_template(
         .map_or(Some(30.0 * 86400.0), |n| {
             c.number(n, &f.path("max_duration_secs"), 0.0, 1e9, "seconds")
         });
+    let (min, max) = duration_limits(c, f, min, max);
     Some(Synthetic {
         name: name.to_owned(),
         count: count?,
@@ -1540,6 +1679,44 @@ fn read_template(
         min_duration_secs: min?,
         max_duration_secs: max?,
     })
+}
+
+/// The duration limits, or an error at the one given when the minimum exceeds the maximum.
+fn duration_limits(
+    c: &mut Checker<'_>,
+    f: &yaml::Fields<'_>,
+    min: Option<f64>,
+    max: Option<f64>,
+) -> (Option<f64>, Option<f64>) {
+    if let (Some(lo), Some(hi)) = (min, max)
+        && lo > hi
+    {
+        let default = |name: &str| match f.get(name) {
+            Some(_) => "",
+            None => ", its default",
+        };
+        let (key, message) = match f.get("max_duration_secs") {
+            Some(_) => (
+                "max_duration_secs",
+                format!(
+                    "must be at least `min_duration_secs` ({lo} s{})",
+                    default("min_duration_secs")
+                ),
+            ),
+            None => (
+                "min_duration_secs",
+                format!(
+                    "must be at most `max_duration_secs` ({hi} s{})",
+                    default("max_duration_secs")
+                ),
+            ),
+        };
+        if let Some(node) = f.get(key) {
+            c.error(node, &f.path(key), message);
+        }
+        return (None, None);
+    }
+    (min, max)
 }
 
 fn read_prices(c: &mut Checker<'_>, node: &Node) -> Option<BTreeMap<String, (f64, f64)>> {

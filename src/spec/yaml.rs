@@ -454,6 +454,32 @@ impl<'n> Fields<'n> {
         value
     }
 
+    /// False (with an error at the second one given) when more than one of `names` is set:
+    /// for mappings that choose one form among several.
+    pub fn at_most_one(&self, checker: &mut Checker<'_>, names: &[&str]) -> bool {
+        // In document order, so the error is at the one written second.
+        let given: Vec<&str> = self
+            .fields
+            .iter()
+            .filter(|(k, _, v)| names.contains(k) && !matches!(v.value, Value::Null))
+            .map(|(k, _, _)| *k)
+            .collect();
+        if let [first, second, ..] = given[..] {
+            let node = self.get_raw(second).unwrap_or(self.node);
+            checker.error_hint(
+                node,
+                &self.path(second),
+                format!(
+                    "`{first}` is already given: choose one of {}",
+                    quoted(names)
+                ),
+                format!("remove `{second}` or `{first}`"),
+            );
+            return false;
+        }
+        true
+    }
+
     /// Path of a field of this mapping.
     pub fn path(&self, name: &str) -> String {
         join(&self.path, name)
@@ -463,6 +489,47 @@ impl<'n> Fields<'n> {
     pub fn node(&self) -> &'n Node {
         self.node
     }
+}
+
+/// The node a field path such as `tpus[2].zone` names under `root`, or the deepest node on
+/// the way when the path goes further than the tree (a missing field is reported at its
+/// mapping).
+pub fn node_at<'n>(root: &'n Node, path: &str) -> &'n Node {
+    let mut node = root;
+    for segment in path.split('.').filter(|s| !s.is_empty()) {
+        let (key, indices) = match segment.find('[') {
+            Some(i) => (&segment[..i], &segment[i..]),
+            None => (segment, ""),
+        };
+        if !key.is_empty() {
+            let Value::Map(pairs) = &node.value else {
+                return node;
+            };
+            match pairs.iter().find(|(k, _)| k.as_str() == Some(key)) {
+                Some((_, v)) => node = v,
+                None => return node,
+            }
+        }
+        for index in indices
+            .split(['[', ']'])
+            .filter_map(|i| i.parse::<usize>().ok())
+        {
+            match &node.value {
+                Value::Seq(items) if index < items.len() => node = &items[index],
+                _ => return node,
+            }
+        }
+    }
+    node
+}
+
+/// `a`, `b` and `c` as "`a`, `b`, `c`".
+fn quoted(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Joins a parent path and a field name: `tpus[2]` + `zone` = `tpus[2].zone`.
