@@ -64,26 +64,49 @@ fn same_seed_same_bytes_different_seed_different_run() {
 fn skipping_idle_passes_changes_nothing() {
     // Preemptions with a notice, stockouts, failures and API latency: time moves inside a
     // pass, and a skipped pass must see exactly what a run one would have seen.
-    // (scenario, seeds, median seconds of an inventory read if overridden)
+    // A skipped pass still makes its reads: they count, use quota and may fail, so even API
+    // faults and a tight read quota must not tell the two runs apart.
+    // (scenario, seeds, median seconds of an inventory read if overridden, API faults)
     let cases = [
-        ("tests/fixtures/scenarios/faulty-small.yaml", 1..=6, None),
+        (
+            "tests/fixtures/scenarios/faulty-small.yaml",
+            1..=6,
+            None,
+            false,
+        ),
         (
             "tests/fixtures/scenarios/faulty-small.yaml",
             1..=6,
             Some(10.0),
+            false,
         ),
-        ("tests/fixtures/scenarios/notice.yaml", 1..=3, None),
+        (
+            "tests/fixtures/scenarios/faulty-small.yaml",
+            1..=6,
+            None,
+            true,
+        ),
+        ("tests/fixtures/scenarios/notice.yaml", 1..=3, None, false),
     ];
     // Every policy: a decision that changes with time alone (frugal racing a job that waited
     // long enough) must ask for its wake-up, or a skipped pass would have decided it.
     for policy in tpu_runner::engine::policy::NAMES {
-        for (rel, seeds, read_secs) in cases.clone() {
+        for (rel, seeds, read_secs, api_faults) in cases.clone() {
             let mut s = load(rel);
             if let Some(median_secs) = read_secs {
                 s.cloud.api_latency.read = tpu_runner_sim::Latency {
                     median_secs,
                     sigma: 0.5,
                 };
+            }
+            if api_faults {
+                s.cloud.api = tpu_runner_sim::ApiConfig {
+                    rate_limited: 0.02,
+                    unavailable: 0.02,
+                    timeout: 0.01,
+                    lost_reply: 0.01,
+                };
+                s.cloud.api_quota.reads_per_minute = 12.0;
             }
             for seed in seeds {
                 let run =
@@ -101,6 +124,9 @@ fn skipping_idle_passes_changes_nothing() {
                     skip.metrics.goodput_chip_hours,
                     every.metrics.goodput_chip_hours
                 );
+                assert_eq!(skip.metrics.api_calls, every.metrics.api_calls);
+                assert_eq!(skip.metrics.api_errors, every.metrics.api_errors);
+                assert_eq!(skip.metrics.failed_passes, every.metrics.failed_passes);
                 assert!(
                     skip.metrics.passes < every.metrics.passes,
                     "{} vs {}",

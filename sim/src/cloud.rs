@@ -1347,6 +1347,23 @@ impl SimCloud {
         }
     }
 
+    /// The calls of an inventory read that finds nothing changed, without listing: `zones`
+    /// node listings, `adopted` node reads, then `zones` queued-resource listings, stopping
+    /// at the first refusal as the reader does. For a controller pass the harness skips (it
+    /// has nothing to do): its reads still count, use quota and may fail.
+    pub fn idle_inventory_reads(&mut self, zones: usize, adopted: usize) -> Result<(), ApiError> {
+        for _ in 0..zones {
+            self.api(ApiCall::ListNodes, false)?;
+        }
+        for _ in 0..adopted {
+            self.api(ApiCall::GetNode, false)?;
+        }
+        for _ in 0..zones {
+            self.api(ApiCall::ListQueuedResources, false)?;
+        }
+        Ok(())
+    }
+
     /// GET a node.
     pub fn get_node(&mut self, zone: Ustr, name: Ustr) -> Result<Option<NodeView<'_>>, ApiError> {
         self.api(ApiCall::GetNode, false)?;

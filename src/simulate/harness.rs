@@ -378,6 +378,8 @@ pub fn run(
     let mut next_arrival = 0;
     let mut last_version = u64::MAX;
     let mut next_wake: Option<Timestamp> = None;
+    // Zones and adopted TPUs a skipped pass reads (kept while passes are skipped).
+    let mut idle_scope: Option<(usize, usize)> = None;
     // The previous pass acted: the next one must see the consequences.
     let mut acted = false;
     // The previous pass changed the state: the next one may have follow-up decisions.
@@ -424,7 +426,17 @@ pub fn run(
         // Every pass reads the inventory (skipped ones too: they would have read and found
         // nothing to do); its actions go out once the reads are back.
         let read_done_ms = t_ms + backend.cloud.call_latency_ms(CallKind::Read, t_ms, 0);
-        if !must_run {
+        if must_run {
+            idle_scope = None;
+        } else {
+            // The skipped pass's reads: the state, so the scope, is the last pass's.
+            let (zones, adopted) = *idle_scope.get_or_insert_with(|| {
+                let scope = engine.inventory_scope(&state);
+                (scope.zones.len(), scope.adopted.len())
+            });
+            if backend.cloud.idle_inventory_reads(zones, adopted).is_err() {
+                metrics.failed_passes += 1;
+            }
             backend.cloud.advance_to(read_done_ms);
         }
         if must_run {
