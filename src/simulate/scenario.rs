@@ -1733,6 +1733,16 @@ fn read_prices(c: &mut Checker<'_>, node: &Node) -> Option<BTreeMap<String, (f64
         let Some(family) = c.nonempty_string(k, "prices", "a TPU family such as `v6e`") else {
             continue;
         };
+        if !out.contains_key(&family) {
+            let known: Vec<&str> = out.keys().map(String::as_str).collect();
+            c.error_hint(
+                k,
+                "prices",
+                format!("unknown TPU family `{family}`"),
+                format!("families are {}", known.join(", ")),
+            );
+            continue;
+        }
         let p = format!("prices.{family}");
         let Some(f) = c.mapping(v, &p, "`{spot, on_demand}`", &["spot", "on_demand"], &[]) else {
             continue;
@@ -1750,14 +1760,15 @@ fn read_prices(c: &mut Checker<'_>, node: &Node) -> Option<BTreeMap<String, (f64
     Some(out)
 }
 
-/// Default USD per chip-hour (spot, on-demand). v6e from the SkyPilot catalog excerpt in
-/// ../shared/data (tpu-v6e-1 in us-central1: on-demand 2.70, spot 24 % of it); the others are
-/// GCP list prices of the same period, as parameters to override.
+/// Default USD per chip-hour (spot, on-demand). From the SkyPilot catalog excerpt in
+/// ../shared/data, us-central1: v6e from tpu-v6e-1 (2.70, spot 24 % of it), v5p from
+/// tpu-v5p-12288 = 6,144 chips (25,804.80 and 10,321.92 per hour); the others are GCP list
+/// prices of the same period, as parameters to override.
 pub fn default_prices() -> BTreeMap<String, (f64, f64)> {
     BTreeMap::from([
         ("v6e".to_owned(), (0.65, 2.70)),
         ("v5e".to_owned(), (0.48, 1.20)),
-        ("v5p".to_owned(), (1.89, 4.20)),
+        ("v5p".to_owned(), (1.68, 4.20)),
         ("v4".to_owned(), (0.97, 3.22)),
         ("v3".to_owned(), (0.88, 2.20)),
         ("v2".to_owned(), (0.50, 1.13)),
