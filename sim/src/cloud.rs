@@ -27,6 +27,8 @@ pub enum QrState {
     Active,
     /// Failed.
     Failed,
+    /// Its node was preempted or deleted; being suspended (for `delete_secs`).
+    Suspending,
     /// Its node was preempted or deleted.
     Suspended,
     /// Being deleted.
@@ -248,6 +250,7 @@ enum Event {
     CapacityChange { pool: usize },
     Provisioned { serial: u64 },
     DeletionDone { serial: u64 },
+    SuspensionDone { serial: u64 },
     Preempt { serial: u64 },
     NoticeEnd { serial: u64 },
     SetupDone { attempt: Ustr },
@@ -750,6 +753,15 @@ impl SimCloud {
                     }
                 }
             }
+            Event::SuspensionDone { serial } => {
+                if let Some((true, key)) = self.by_serial.get(&serial).cloned()
+                    && let Some(q) = self.qrs.get(key)
+                    && q.state == QrState::Suspending
+                {
+                    self.qrs.get_mut(key).expect("exists").state = QrState::Suspended;
+                    self.version += 1;
+                }
+            }
             Event::Preempt { serial } => {
                 if let Some((false, key)) = self.by_serial.get(&serial).cloned()
                     && self
@@ -971,14 +983,30 @@ impl SimCloud {
         self.accounting.preemptions += 1;
         self.version += 1;
         if let Some(qr) = qr
-            && let Some(q) = self.qrs.get_mut(qr)
-            && q.state != QrState::Deleting
+            && self.qrs.get(qr).is_some_and(|q| {
+                !matches!(
+                    q.state,
+                    QrState::Deleting | QrState::Suspending | QrState::Suspended
+                )
+            })
         {
-            q.state = QrState::Suspended;
+            self.suspend(qr);
         }
         if let Some(attempt) = run {
             self.kill_run(attempt);
         }
+    }
+
+    /// The queued resource `key` lost its node: SUSPENDING now, SUSPENDED `delete_secs`
+    /// later (unless it is deleted first).
+    fn suspend(&mut self, key: Ustr) {
+        let Some(q) = self.qrs.get_mut(key) else {
+            return;
+        };
+        q.state = QrState::Suspending;
+        let serial = q.serial;
+        let done = self.now + (self.config.delete_secs * 1000.0) as u64;
+        self.push(done, Event::SuspensionDone { serial });
     }
 
     /// The run dies with its TPU: no status, no heartbeat; progress since the last
@@ -1333,10 +1361,12 @@ impl SimCloud {
         let qr = node.queued_resource;
         self.start_node_deletion(name);
         if let Some(qr) = qr
-            && let Some(q) = self.qrs.get_mut(qr)
-            && matches!(q.state, QrState::Active | QrState::Provisioning)
+            && self
+                .qrs
+                .get(qr)
+                .is_some_and(|q| matches!(q.state, QrState::Active | QrState::Provisioning))
         {
-            q.state = QrState::Suspended;
+            self.suspend(qr);
         }
         let pool = self.nodes[name].pool;
         self.provision_waiting(pool);

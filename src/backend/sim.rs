@@ -169,6 +169,7 @@ fn qr_info(q: &simc::QrView<'_>) -> Option<QueuedResourceInfo> {
             simc::QrState::Provisioning => QrState::Provisioning,
             simc::QrState::Active => QrState::Active,
             simc::QrState::Failed => QrState::Failed,
+            simc::QrState::Suspending => QrState::Suspending,
             simc::QrState::Suspended => QrState::Suspended,
             simc::QrState::Deleting => QrState::Deleting,
         },

@@ -135,7 +135,10 @@ pub struct Violation {
 pub fn cloud_config(scenario: &Scenario, seed: u64, chaos: Option<&ChaosSpec>) -> CloudConfig {
     let mut api = scenario.cloud.api;
     let mut workers = scenario.cloud.workers;
-    let mut faults = CloudFaults::default();
+    let mut faults = CloudFaults {
+        qr_failure_per_hour: scenario.cloud.qr_failure_per_hour,
+        ..CloudFaults::default()
+    };
     if let Some(c) = chaos {
         api = c.api;
         workers.missing_status = c.missing_status;
@@ -143,6 +146,7 @@ pub fn cloud_config(scenario: &Scenario, seed: u64, chaos: Option<&ChaosSpec>) -
         workers.partial_failure = c.partial_failure;
         faults = CloudFaults {
             until_secs: c.stop_secs.max(1),
+            qr_failure_per_hour: c.faults.qr_failure_per_hour.max(faults.qr_failure_per_hour),
             ..c.faults
         };
     }

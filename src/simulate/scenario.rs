@@ -136,8 +136,11 @@ pub struct CloudSpec {
     pub provisioning: Latency,
     /// Per-region provisioning latency.
     pub provisioning_by_region: BTreeMap<String, Latency>,
-    /// Seconds a deletion takes.
+    /// Seconds a deletion takes (and a queued resource stays SUSPENDING after losing its
+    /// node).
     pub delete_secs: f64,
+    /// Queued resources waiting for capacity that fail (FAILED), per request-hour.
+    pub qr_failure_per_hour: f64,
     /// Seconds between a Spot preemption notice and the TPU going away.
     pub preemption_notice_secs: f64,
     /// How long API calls take.
@@ -680,6 +683,7 @@ fn default_cloud(fleet: &FleetSpec) -> CloudSpec {
         },
         provisioning_by_region: BTreeMap::new(),
         delete_secs: 60.0,
+        qr_failure_per_hour: 0.0,
         preemption_notice_secs: PREEMPTION_NOTICE_SECS,
         api_latency: API_LATENCY,
         api_quota: ApiQuota::default(),
@@ -740,6 +744,7 @@ fn read_cloud(
             "provisioning",
             "provisioning_by_region",
             "delete_secs",
+            "qr_failure_per_hour",
             "preemption_notice_secs",
             "api_latency",
             "api_quota",
@@ -784,6 +789,15 @@ fn read_cloud(
     }
     let delete_secs = f.get("delete_secs").map_or(Some(60.0), |n| {
         c.number(n, "cloud.delete_secs", 0.0, 86400.0, "seconds")
+    });
+    let qr_failure = f.get("qr_failure_per_hour").map_or(Some(0.0), |n| {
+        c.number(
+            n,
+            "cloud.qr_failure_per_hour",
+            0.0,
+            1000.0,
+            "a rate per request-hour",
+        )
     });
     let notice = f
         .get("preemption_notice_secs")
@@ -944,6 +958,7 @@ fn read_cloud(
         provisioning: provisioning?,
         provisioning_by_region: by_region,
         delete_secs: delete_secs?,
+        qr_failure_per_hour: qr_failure?,
         preemption_notice_secs: notice?,
         api_latency: api_latency?,
         api_quota: api_quota?,
