@@ -197,7 +197,8 @@ pub struct Accounting {
     pub attempts_displaced: u64,
     /// Injected faults that fired, by kind.
     pub faults: BTreeMap<&'static str, u64>,
-    /// Chip-seconds of ACTIVE capacity per `<accelerator>/<spot|on-demand>` (for cost).
+    /// Chip-seconds of ACTIVE capacity per `<accelerator>/<spot|on-demand|adopted>` (for
+    /// cost; adopted = TPUs that existed before the run).
     pub allocated_chip_secs_by_type: BTreeMap<String, f64>,
 }
 
@@ -1917,11 +1918,12 @@ impl SimCloud {
 }
 
 fn price_key(node: &Node) -> String {
-    format!(
-        "{}/{}",
-        node.accelerator,
-        if node.spot { "spot" } else { "on-demand" }
-    )
+    let model = match (node.pool, node.spot) {
+        (usize::MAX, _) => "adopted",
+        (_, true) => "spot",
+        (_, false) => "on-demand",
+    };
+    format!("{}/{model}", node.accelerator)
 }
 
 fn sample(rng: &mut SimRng, latency: Latency) -> f64 {

@@ -725,7 +725,12 @@ pub fn run(
                 .map(|t| t.quota_family().to_owned())
                 .unwrap_or_default();
             let (spot, on_demand) = scenario.prices.get(&family).copied().unwrap_or((0.0, 0.0));
-            hours(*chip_s) * if model == "spot" { spot } else { on_demand }
+            hours(*chip_s)
+                * match model {
+                    "spot" => spot,
+                    "adopted" => scenario.adopted_usd_per_chip_hour.unwrap_or(on_demand),
+                    _ => on_demand,
+                }
         })
         .sum::<f64>()
         + metrics.egress_usd;

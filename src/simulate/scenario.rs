@@ -46,6 +46,9 @@ pub struct Scenario {
     pub prices: BTreeMap<String, (f64, f64)>,
     /// USD per GB moved between regions.
     pub egress_usd_per_gb: f64,
+    /// USD per chip-hour of adopted TPUs (None: the family's on-demand price; 0 for TPU
+    /// Research Cloud quota, which is free).
+    pub adopted_usd_per_chip_hour: Option<f64>,
     /// Data read per job attempt from its bucket, in GB (for egress when regions differ).
     pub data_gb_per_attempt: f64,
     /// Faults switched on by the scenario (`chaos:`), if any.
@@ -224,6 +227,7 @@ const TOP: &[&str] = &[
     "types_by_width",
     "prices",
     "egress_usd_per_gb",
+    "adopted_usd_per_chip_hour",
     "data_gb_per_attempt",
     "chaos",
 ];
@@ -373,6 +377,18 @@ fn read(
         Some(n) => read_prices(c, n),
         None => Some(default_prices()),
     };
+    let adopted_price = match f.get("adopted_usd_per_chip_hour") {
+        Some(n) => c
+            .number(
+                n,
+                "adopted_usd_per_chip_hour",
+                0.0,
+                1e4,
+                "USD per chip-hour, 0 or more",
+            )
+            .map(Some),
+        None => Some(None),
+    };
     let egress_usd_per_gb = f.get("egress_usd_per_gb").map_or(Some(0.02), |n| {
         c.number(n, "egress_usd_per_gb", 0.0, 100.0, "USD per GB, 0 or more")
     });
@@ -402,6 +418,7 @@ fn read(
         types_by_width: types_by_width?,
         prices: prices?,
         egress_usd_per_gb: egress_usd_per_gb?,
+        adopted_usd_per_chip_hour: adopted_price?,
         data_gb_per_attempt: data_gb_per_attempt?,
         chaos: chaos?,
     })
