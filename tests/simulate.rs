@@ -251,27 +251,40 @@ fn ample_capacity_without_preemption_reaches_the_bound() {
 
 #[test]
 fn goodput_never_exceeds_the_bound() {
-    for rel in [
+    // Every policy; pinned regions, adopted TPUs, whole-slice failures, and (with the data)
+    // trace-driven capacity and mixed widths.
+    let mut files = vec![
         "tests/fixtures/scenarios/faulty-small.yaml",
         "scenarios/smoke.yaml",
         "scenarios/regional-stockout.yaml",
         "scenarios/huge-multihost.yaml",
         "scenarios/trc-mixed.yaml",
-    ] {
+    ];
+    if shared_data().is_some() {
+        files.extend([
+            "scenarios/preemption-storm.yaml",
+            "scenarios/philly-replay.yaml",
+        ]);
+    }
+    for rel in files {
         let s = load(rel);
-        for seed in 1..=2 {
-            let r = classic(&s, seed, RunOptions::default());
-            let m = &r.metrics;
-            assert!(
-                m.goodput_chip_hours <= m.bound_goodput_chip_hours * (1.0 + 1e-9) + 1e-6,
-                "{rel} seed {seed}: {} > {}",
-                m.goodput_chip_hours,
-                m.bound_goodput_chip_hours
-            );
-            assert!(
-                m.busy_chip_hours <= m.allocated_chip_hours + 1e-6,
-                "{rel} seed {seed}: busy > allocated"
-            );
+        for policy in tpu_runner::engine::policy::NAMES {
+            for seed in 1..=2 {
+                let r = harness::run(&s, policy, seed, RunOptions::default(), Default::default())
+                    .unwrap();
+                let m = &r.metrics;
+                let replay = format!("tpu-runner simulate {rel} --seed {seed} --policy {policy}");
+                assert!(
+                    m.goodput_chip_hours <= m.bound_goodput_chip_hours * (1.0 + 1e-9) + 1e-6,
+                    "{replay}: {} > {}",
+                    m.goodput_chip_hours,
+                    m.bound_goodput_chip_hours
+                );
+                assert!(
+                    m.busy_chip_hours <= m.allocated_chip_hours + 1e-6,
+                    "{replay}: busy > allocated"
+                );
+            }
         }
     }
 }
@@ -449,6 +462,41 @@ fn trace_loader_reproduces_the_data() {
         "median {}",
         r[r.len() / 2]
     );
+}
+
+#[test]
+fn simulated_capacity_follows_the_trace_with_scale_offset_repeat_and_outages() {
+    let dir = tempfile::tempdir().unwrap();
+    let values = [1u32, 0, 2, 1, 0];
+    let gap = 600u64;
+    std::fs::write(
+        dir.path().join("trace.json"),
+        format!(r#"{{"metadata": {{"gap_seconds": {gap}}}, "data": {values:?}}}"#),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(root().join("scenarios/smoke.yaml"))
+        .unwrap()
+        .replace(
+            "horizon_hours: 24",
+            "horizon_hours: 24\ncloud:\n  pools:\n    - {zone: us-east1-d, type: v6e-8, \
+             capacity: {trace: {file: trace.json, scale: 3, offset_hours: 0.5}}, \
+             outages_hours: [[2, 2.5]]}",
+        );
+    let path = dir.path().join("traced.yaml");
+    let s = scenario::parse(&path, &text).unwrap_or_else(|e| panic!("{e}"));
+    let mut cloud = tpu_runner_sim::SimCloud::new(harness::cloud_config(&s, 1, None));
+    let offset = 1800u64;
+    // Every minute for three passes through the trace (it repeats).
+    for minute in 0..(3 * values.len() as u64 * gap / 60) {
+        let t = minute * 60;
+        cloud.advance_to(t * 1000);
+        let expected = if (7200..9000).contains(&t) {
+            0
+        } else {
+            values[(((t + offset) / gap) as usize) % values.len()] * 3
+        };
+        assert_eq!(cloud.available_slices()[0], expected, "at {t} s");
+    }
 }
 
 #[test]
