@@ -1379,14 +1379,12 @@ fn read_regions(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<(Vec
     Some(out)
 }
 
+/// Fields every workload reads (see also the kind-specific ones below).
 const WORKLOAD_FIELDS: &[&str] = &[
     "kind",
     "name",
-    "count",
     "start_hours",
-    "interarrival",
     "duration",
-    "widths",
     "regions",
     "priorities",
     "checkpoint_secs",
@@ -1396,13 +1394,6 @@ const WORKLOAD_FIELDS: &[&str] = &[
     "setup_failure",
     "min_duration_secs",
     "max_duration_secs",
-    "file",
-    "arrival_column",
-    "width_column",
-    "duration_column",
-    "chips_per_unit",
-    "time_scale",
-    "limit",
 ];
 
 /// Fields only a synthetic workload reads.
@@ -1431,7 +1422,8 @@ fn read_workloads(
     let mut names = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let path = yaml::index("workload", i);
-        let Some(f) = c.mapping(item, &path, "a workload", WORKLOAD_FIELDS, &[]) else {
+        let allowed = [WORKLOAD_FIELDS, SYNTHETIC_ONLY_FIELDS, TRACE_ONLY_FIELDS].concat();
+        let Some(f) = c.mapping(item, &path, "a workload", &allowed, &[]) else {
             continue;
         };
         let kind = f
