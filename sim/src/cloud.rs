@@ -1353,7 +1353,7 @@ impl SimCloud {
         self.version += 1;
     }
 
-    /// Deletes a node (its queued resource, if any, becomes SUSPENDED).
+    /// Deletes a node (its queued resource, if any, becomes SUSPENDING, then SUSPENDED).
     pub fn delete_node(&mut self, zone: Ustr, name: Ustr) -> Result<(), ApiError> {
         let lost_reply = self.api(ApiCall::DeleteNode, true)?;
         let Some(node) = self.nodes.get(name).filter(|n| n.zone == zone) else {

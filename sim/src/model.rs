@@ -18,7 +18,8 @@ pub struct CloudConfig {
     pub provisioning: Latency,
     /// Per-region overrides of the provisioning latency.
     pub provisioning_by_region: BTreeMap<String, Latency>,
-    /// Seconds a deletion takes.
+    /// Seconds a deletion takes (also how long a queued resource stays SUSPENDING after
+    /// losing its node).
     pub delete_secs: f64,
     /// Seconds between a Spot preemption notice and the TPU going away (GCP: 30 s).
     pub preemption_notice_secs: f64,

@@ -103,18 +103,17 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
         });
     }
     if let Some(h) = args.horizon_hours
-        && !(h.is_finite() && h > 0.0)
+        && !(h.is_finite() && h > 0.0 && h <= 24.0 * 366.0)
     {
         return Err(Failure {
             message: format!(
-                "error: --horizon-hours must be a positive number of hours, found {h}\n"
+                "error: --horizon-hours must be a positive number of hours, at most a year \
+                 (8784), found {h}\n"
             ),
             status: ExitStatus::Usage,
         });
     }
     let (mut scenarios, left_out) = load_all(args.files)?;
-    // Shown first, so the table is the last thing on the screen.
-    eprint!("{left_out}");
     for s in &mut scenarios {
         // Faults are fixed before any override, so a shortened replay keeps the same faults.
         if args.chaos && s.chaos.is_none() {
@@ -156,6 +155,8 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
         }
         None => None,
     };
+    // Shown once the arguments are known good, before the table.
+    eprint!("{left_out}");
     let mut work = Vec::new();
     for s in &scenarios {
         for p in policies_override.as_ref().unwrap_or(&s.policies) {

@@ -131,7 +131,9 @@ pub struct Violation {
     pub recent_events: Vec<Event>,
 }
 
-/// The cloud configuration of a scenario for `seed`, with `chaos` faults if given.
+/// The cloud configuration of a scenario for `seed`, with `chaos` faults if given (they
+/// stop at the chaos stop time, the scenario's own queued-resource failures with them, so
+/// that liveness can be checked on a quiet cloud).
 pub fn cloud_config(scenario: &Scenario, seed: u64, chaos: Option<&ChaosSpec>) -> CloudConfig {
     let mut api = scenario.cloud.api;
     let mut workers = scenario.cloud.workers;
@@ -800,7 +802,10 @@ fn capacity_by_resource(
             t = slot_end;
         }
     };
-    // The log is in time order: each pool's level holds until its next entry.
+    // The log is in time order: each pool's level holds until its next entry. When it
+    // drops, the TPUs above the new level get a preemption notice and may work on until it
+    // ends: the chips they hold are credited for that long too (an upper envelope).
+    let notice_ms = (cloud.config().preemption_notice_secs * 1000.0) as u64;
     let mut level: Vec<Option<(u64, u32)>> = vec![None; pools.len()];
     let chips_at = |pool: usize, available: u32| {
         f64::from(available.min(ceilings[pool])) * f64::from(pools[pool].tpu_type.chips())
@@ -813,6 +818,10 @@ fn capacity_by_resource(
                 t.min(end_ms),
                 chips_at(pool, before),
             );
+            let dropped = chips_at(pool, before) - chips_at(pool, available);
+            if dropped > 0.0 {
+                add(pool, t.min(end_ms), (t + notice_ms).min(end_ms), dropped);
+            }
         }
         level[pool] = Some((t, available));
     }

@@ -91,7 +91,8 @@ pub struct Metrics {
     pub failed_passes: u64,
     /// Engine events emitted.
     pub engine_events: u64,
-    /// Injected faults that fired, by kind (chaos runs).
+    /// Injected faults that fired, by kind (chaos runs; `qr_failed` also from the
+    /// scenario's `cloud.qr_failure_per_hour`).
     pub faults: std::collections::BTreeMap<String, u64>,
     /// Steps whose invariants were checked.
     pub invariant_checks: u64,

@@ -3,7 +3,7 @@
 //! mistake names the file, line, column and field. Loads the files a scenario refers to
 //! (fleet, traces, CSV columns) relative to the scenario file.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -373,10 +373,28 @@ fn read(
     let workloads = f
         .required(c, "workload", "a list of workloads")
         .and_then(|n| read_workloads(c, n, types_by_width.as_ref(), dir, unreadable));
+    let fleet_families: BTreeSet<String> = fleet
+        .iter()
+        .flat_map(|fleet| &fleet.tpus)
+        .map(|e| e.tpu_type.quota_family().to_owned())
+        .collect();
     let prices = match f.get("prices") {
-        Some(n) => read_prices(c, n),
+        Some(n) => read_prices(c, n, &fleet_families),
         None => Some(default_prices()),
     };
+    // Every family the fleet uses needs a price, or its chip-hours would cost nothing.
+    if let Some(prices) = &prices {
+        for family in fleet_families.iter().filter(|f| !prices.contains_key(*f)) {
+            c.error_hint(
+                f.get("prices").unwrap_or(f.node()),
+                "prices",
+                format!("no price for the TPU family `{family}` the fleet uses"),
+                format!(
+                    "add `prices: {{{family}: {{spot: …, on_demand: …}}}}` (USD per chip-hour)"
+                ),
+            );
+        }
+    }
     let adopted_price = match f.get("adopted_usd_per_chip_hour") {
         Some(n) => c
             .number(
@@ -1743,7 +1761,12 @@ fn duration_limits(
     (min, max)
 }
 
-fn read_prices(c: &mut Checker<'_>, node: &Node) -> Option<BTreeMap<String, (f64, f64)>> {
+/// Prices per family: the defaults, overridden or extended (for families the fleet uses).
+fn read_prices(
+    c: &mut Checker<'_>,
+    node: &Node,
+    fleet_families: &BTreeSet<String>,
+) -> Option<BTreeMap<String, (f64, f64)>> {
     let Value::Map(pairs) = &node.value else {
         c.expected(
             node,
@@ -1757,8 +1780,13 @@ fn read_prices(c: &mut Checker<'_>, node: &Node) -> Option<BTreeMap<String, (f64
         let Some(family) = c.nonempty_string(k, "prices", "a TPU family such as `v6e`") else {
             continue;
         };
-        if !out.contains_key(&family) {
-            let known: Vec<&str> = out.keys().map(String::as_str).collect();
+        if !out.contains_key(&family) && !fleet_families.contains(&family) {
+            let known: BTreeSet<&str> = out
+                .keys()
+                .chain(fleet_families)
+                .map(String::as_str)
+                .collect();
+            let known: Vec<&str> = known.into_iter().collect();
             c.error_hint(
                 k,
                 "prices",
