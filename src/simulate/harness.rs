@@ -783,21 +783,22 @@ fn capacity_by_resource(
 ) -> Vec<Vec<f64>> {
     let slot_ms = slot_s * 1000;
     let n = end_ms.div_ceil(slot_ms).max(1) as usize;
-    let slot_len_s = |slot: usize| {
-        ((slot as u64 + 1) * slot_ms)
-            .min(end_ms)
-            .saturating_sub(slot as u64 * slot_ms) as f64
-            / 1000.0
-    };
     let pools = &scenario.cloud.pools;
-    let mut out = vec![vec![0.0; n]; pools.len()];
-    let mut add = |pool: usize, from: u64, until: u64, chips: f64| {
+    let adopted: Vec<f64> = scenario
+        .fleet
+        .tpus
+        .iter()
+        .filter(|e| matches!(e.kind, EntryKind::Adopted { .. }))
+        .map(|e| f64::from(e.tpu_type.chips()))
+        .collect();
+    let mut out = vec![vec![0.0; n]; pools.len() + adopted.len()];
+    let mut add = |resource: usize, from: u64, until: u64, chips: f64| {
         let mut t = from;
         while t < until {
             let slot = (t / slot_ms) as usize;
             let slot_end = ((slot as u64 + 1) * slot_ms).min(until);
             if slot < n {
-                out[pool][slot] += chips * (slot_end - t) as f64 / 1000.0;
+                out[resource][slot] += chips * (slot_end - t) as f64 / 1000.0;
             }
             t = slot_end;
         }
@@ -830,11 +831,8 @@ fn capacity_by_resource(
             add(pool, since.min(end_ms), end_ms, chips_at(pool, available));
         }
     }
-    for entry in &scenario.fleet.tpus {
-        if let EntryKind::Adopted { .. } = entry.kind {
-            let chips = f64::from(entry.tpu_type.chips());
-            out.push((0..n).map(|slot| chips * slot_len_s(slot)).collect());
-        }
+    for (k, chips) in adopted.into_iter().enumerate() {
+        add(pools.len() + k, 0, end_ms, chips);
     }
     out
 }
