@@ -12,6 +12,7 @@
 
 pub mod aggregate;
 mod capacity;
+pub mod commands;
 pub mod config;
 pub mod demand;
 pub mod explain;

@@ -1,0 +1,245 @@
+//! The user commands' rules on stored records (§2.1): cancel (plain and `--if-pending`),
+//! reprioritise, and the target check of an interruption request. Pure decisions on the
+//! records a store read inside its transaction; the store writes what they return. Every
+//! store runs these same functions, so the rules cannot differ between SQLite and Firestore.
+//! No IO, no clock (times come in).
+
+use serde::{Deserialize, Serialize};
+
+use super::Event;
+use super::state::{
+    InterruptionRequest, InterruptionStatus, Job, JobStatus, Resource, ResourceStatus,
+};
+use super::time::Timestamp;
+use crate::spec::{Name, Priority};
+
+/// What `cancel` did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum CancelResult {
+    /// No such job.
+    Unknown,
+    /// `--if-pending` and the job is not provably idle: why.
+    Conflict {
+        /// Why the cancel was refused.
+        reason: String,
+    },
+    /// The job's status after the cancel (deactivated, cancelling, or a terminal status
+    /// left unchanged).
+    Status {
+        /// Resulting status.
+        status: JobStatus,
+        /// True when the job was changed (false: it already was terminal or cancelling).
+        changed: bool,
+    },
+}
+
+/// What `set-priority` did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum ReprioritizeResult {
+    /// No such job.
+    Unknown,
+    /// Not pending, or assigned.
+    Conflict {
+        /// The job's status.
+        status: JobStatus,
+    },
+    /// It already had that priority.
+    Unchanged,
+    /// Changed (the event `pending_job_reprioritized` was written with it).
+    Reprioritized {
+        /// Priority before.
+        old: Priority,
+        /// Priority now.
+        new: Priority,
+    },
+}
+
+/// What a resource lookup inside a cancel needs: which TPU records point at a job or an
+/// attempt. A store answers it from an index (SQLite columns, a Firestore query).
+pub trait OwnerIndex {
+    /// The records whose owner names `job_id` or `attempt_id`.
+    fn owners_of(&self, job_id: &Name, attempt_id: &Name) -> Vec<Resource>;
+    /// The record `id`, if any.
+    fn resource(&self, id: &Name) -> Option<Resource>;
+}
+
+/// Cancels `job` (already read by the store). Plain: pending → deactivated, running →
+/// cancelling, anything else unchanged (a terminal job is never rewritten). `if_pending`:
+/// refused unless the job is pending, unassigned and, when it keeps a previous attempt, that
+/// attempt provably ended and no TPU record points at the job or the attempt.
+pub fn cancel(
+    job: Option<&mut Job>,
+    if_pending: bool,
+    owners: &dyn OwnerIndex,
+    now: Timestamp,
+) -> CancelResult {
+    let Some(job) = job else {
+        return CancelResult::Unknown;
+    };
+    if if_pending && let Err(reason) = provably_idle(job, owners) {
+        return CancelResult::Conflict { reason };
+    }
+    let to = match job.status {
+        JobStatus::Pending => JobStatus::Deactivated,
+        JobStatus::Running => JobStatus::Cancelling,
+        status => {
+            return CancelResult::Status {
+                status,
+                changed: false,
+            };
+        }
+    };
+    // Both moves are legal from where the job is (checked above), so this cannot fail.
+    if job.transition(to, now).is_ok() && to == JobStatus::Deactivated {
+        job.end_reason = Some("cancelled".into());
+    }
+    CancelResult::Status {
+        status: job.status,
+        changed: true,
+    }
+}
+
+fn provably_idle(job: &Job, owners: &dyn OwnerIndex) -> Result<(), String> {
+    if job.status != JobStatus::Pending {
+        return Err(format!("job is {}, not pending", job.status.as_str()));
+    }
+    if let Some(resource) = &job.assigned_resource {
+        return Err(format!("job is assigned to {resource}"));
+    }
+    let Some(attempt_id) = job.current_attempt else {
+        return Ok(());
+    };
+    let attempt = job
+        .attempts
+        .iter()
+        .rev()
+        .find(|a| a.id == attempt_id)
+        .ok_or_else(|| format!("previous attempt {attempt_id} is missing"))?;
+    let ended = attempt.status.is_terminal()
+        && attempt
+            .end_reason
+            .is_some_and(|reason| reason.fits(attempt.status));
+    if !ended {
+        return Err(format!(
+            "previous attempt {attempt_id} has not provably ended"
+        ));
+    }
+    if let Some(resource) = owners.resource(&attempt.resource_id) {
+        let points_here = resource
+            .owner
+            .as_ref()
+            .is_some_and(|o| o.job_id == job.id || o.attempt_id == attempt_id);
+        let half_owned = resource.status == ResourceStatus::Busy && resource.owner.is_none();
+        if points_here || half_owned {
+            return Err(format!(
+                "TPU {} of the previous attempt still points at it",
+                resource.id
+            ));
+        }
+    }
+    if let Some(resource) = owners.owners_of(&job.id, &attempt_id).first() {
+        return Err(format!("TPU {} still points at the job", resource.id));
+    }
+    Ok(())
+}
+
+/// Sets a pending, unassigned job's priority; returns the event to append when it changed.
+pub fn reprioritize(
+    job: Option<&mut Job>,
+    priority: Priority,
+    now: Timestamp,
+) -> (ReprioritizeResult, Option<Event>) {
+    let Some(job) = job else {
+        return (ReprioritizeResult::Unknown, None);
+    };
+    if job.status != JobStatus::Pending || job.assigned_resource.is_some() {
+        return (ReprioritizeResult::Conflict { status: job.status }, None);
+    }
+    let old = job.spec.priority;
+    if old == priority {
+        return (ReprioritizeResult::Unchanged, None);
+    }
+    job.spec.priority = priority;
+    let event = Event {
+        at: now,
+        kind: "pending_job_reprioritized".into(),
+        job_id: Some(job.id),
+        resource_id: None,
+        attempt_id: None,
+        detail: format!(
+            "old_priority={}; new_priority={}",
+            priority_name(old),
+            priority_name(priority)
+        ),
+    };
+    (
+        ReprioritizeResult::Reprioritized { old, new: priority },
+        Some(event),
+    )
+}
+
+/// `low`, `normal` or `high`.
+pub fn priority_name(p: Priority) -> &'static str {
+    match p {
+        Priority::Low => "low",
+        Priority::Normal => "normal",
+        Priority::High => "high",
+    }
+}
+
+/// The id of the interruption request for (resource, job, attempt):
+/// `stable_id("interrupt", {attempt_id, job_id, resource_id})`.
+pub fn interruption_id(resource_id: &Name, job_id: &Name, attempt_id: &Name) -> Name {
+    let value = serde_json::json!({
+        "resource_id": resource_id.as_str(),
+        "job_id": job_id.as_str(),
+        "attempt_id": attempt_id.as_str(),
+    });
+    Name::new(&crate::spec::names::stable_id("interrupt", &value))
+}
+
+/// A new `requested` interruption request after the target check of §2.1: the TPU is a
+/// managed record of an eligible (managed Spot) entry, busy with exactly that job and
+/// attempt, and the job runs that attempt on it.
+pub fn interruption_request(
+    resource: &Resource,
+    job: &Job,
+    attempt_id: &Name,
+    eligible_entry: bool,
+    now: Timestamp,
+) -> Result<InterruptionRequest, String> {
+    if resource.adopted || !eligible_entry {
+        return Err(format!(
+            "{} is not a managed Spot TPU (only those can be interrupted)",
+            resource.id
+        ));
+    }
+    let attempt = job.attempt();
+    let reciprocal = resource.status == ResourceStatus::Busy
+        && resource.owned_by(&job.id, attempt_id)
+        && job.status == JobStatus::Running
+        && job.assigned_resource.as_ref() == Some(&resource.id)
+        && attempt.is_some_and(|a| {
+            a.id == *attempt_id && !a.status.is_terminal() && a.resource_id == resource.id
+        });
+    if !reciprocal {
+        return Err(format!(
+            "{} does not run attempt {attempt_id} of job {}",
+            resource.id, job.id
+        ));
+    }
+    Ok(InterruptionRequest {
+        id: interruption_id(&resource.id, &job.id, attempt_id),
+        resource_id: resource.id,
+        job_id: job.id,
+        attempt_id: *attempt_id,
+        entry_id: resource.entry_id,
+        status: InterruptionStatus::Requested,
+        requested_at: now,
+        processed_at: None,
+        queued_resource_name: None,
+        error_summary: String::new(),
+    })
+}

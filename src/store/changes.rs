@@ -1,0 +1,205 @@
+//! What a pass changed: the records of a `State` that differ from what was loaded (the
+//! `Base`), found from the state tables' change logs so the cost follows the changes, not
+//! the size of the state. Shared by every store; must not do IO.
+
+use std::collections::BTreeMap;
+
+use super::{ControllerDocs, Version, Versions};
+use crate::engine::State;
+use crate::engine::sorted_map::Revision;
+use crate::engine::state::{InterruptionRequest, Job, Resource};
+use crate::spec::Name;
+
+/// What a load read: the versions of the records it returned and copies of the small
+/// controller-only maps, so a commit can tell what changed and guard what it writes.
+#[derive(Clone, Debug)]
+pub struct Base {
+    /// `state.jobs` at the load (or the last commit).
+    pub(crate) jobs_at: Revision,
+    /// `state.resources` at the load (or the last commit).
+    pub(crate) resources_at: Revision,
+    /// Versions of the jobs read.
+    pub jobs: Versions,
+    /// Versions of the resource records read.
+    pub resources: Versions,
+    /// Open interruption requests read, with their versions.
+    pub requests: BTreeMap<Name, (Version, InterruptionRequest)>,
+    /// Backoffs and notices read.
+    pub controller: ControllerDocs,
+}
+
+impl Base {
+    /// The base of a freshly loaded `state`.
+    pub fn new(
+        state: &State,
+        jobs: Versions,
+        resources: Versions,
+        requests: BTreeMap<Name, Version>,
+    ) -> Base {
+        Base {
+            jobs_at: state.jobs.revision(),
+            resources_at: state.resources.revision(),
+            jobs,
+            resources,
+            requests: requests
+                .into_iter()
+                .filter_map(|(id, v)| {
+                    Some((id, (v, state.interruption_requests.get(&id)?.clone())))
+                })
+                .collect(),
+            controller: ControllerDocs {
+                backoff: state.entry_backoff.clone(),
+                notices: state.notices.clone(),
+            },
+        }
+    }
+
+    /// After a commit of `changes` that gave the written records `written` versions: the
+    /// base of `state` as it is now.
+    pub fn advance(&mut self, state: &State, changes: &ChangeSet<'_>, written: Written) {
+        self.jobs_at = state.jobs.revision();
+        self.resources_at = state.resources.revision();
+        for (job, _) in &changes.jobs {
+            if job.status.is_terminal() {
+                self.jobs.remove(&job.id);
+            }
+        }
+        for (id, v) in written.jobs {
+            if state.jobs.contains_key(&id) {
+                self.jobs.insert(id, v);
+            }
+        }
+        self.resources.extend(written.resources);
+        for (id, v) in written.requests {
+            match state.interruption_requests.get(&id) {
+                Some(r) if !is_closed(r) => {
+                    self.requests.insert(id, (v, r.clone()));
+                }
+                _ => {
+                    self.requests.remove(&id);
+                }
+            }
+        }
+        self.controller = ControllerDocs {
+            backoff: state.entry_backoff.clone(),
+            notices: state.notices.clone(),
+        };
+    }
+}
+
+/// True when a request is done (deletion requested, failed, rejected): history, not loaded.
+pub fn is_closed(r: &InterruptionRequest) -> bool {
+    use crate::engine::state::InterruptionStatus::*;
+    matches!(r.status, DeletionRequested | Failed | Rejected)
+}
+
+/// The versions a commit gave the records it wrote.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// Jobs.
+    pub jobs: Vec<(Name, Version)>,
+    /// Resource records.
+    pub resources: Vec<(Name, Version)>,
+    /// Interruption requests.
+    pub requests: Vec<(Name, Version)>,
+}
+
+/// The records a pass changed, each with the version it must still have in the store
+/// (`None`: it must not exist yet).
+#[derive(Debug, Default)]
+pub struct ChangeSet<'s> {
+    /// Jobs (with all their attempts), active or just finished.
+    pub jobs: Vec<(&'s Job, Option<Version>)>,
+    /// Resource records.
+    pub resources: Vec<(&'s Resource, Option<Version>)>,
+    /// Interruption requests.
+    pub requests: Vec<(&'s InterruptionRequest, Option<Version>)>,
+    /// Backoffs and notices, when either changed.
+    pub controller: Option<ControllerDocs>,
+}
+
+impl<'s> ChangeSet<'s> {
+    /// What `state` changed since `base`. Falls back to comparing every record with its
+    /// version when a table's change log does not reach back to the base (then every record
+    /// of that table is written: correct, only slower).
+    pub fn between(base: &Base, state: &'s State) -> ChangeSet<'s> {
+        let mut set = ChangeSet::default();
+        let expected = |versions: &Versions, id: &Name| versions.get(id).cloned();
+        match state.jobs.changes_since(base.jobs_at) {
+            Some(changes) => {
+                let mut ids = changes.touched;
+                ids.sort_unstable();
+                for id in ids {
+                    if let Some(job) = state.jobs.get(&id) {
+                        set.jobs.push((job, expected(&base.jobs, &id)));
+                    }
+                }
+                let mut removed = changes.removed;
+                removed.sort_unstable();
+                removed.dedup();
+                for id in removed {
+                    if let Some(job) = state.finished.get(&id) {
+                        set.jobs.push((job, expected(&base.jobs, &id)));
+                    }
+                }
+            }
+            None => {
+                for job in state.jobs.values() {
+                    set.jobs.push((job, expected(&base.jobs, &job.id)));
+                }
+                for job in state.finished.values() {
+                    if base.jobs.contains_key(&job.id) {
+                        set.jobs.push((job, expected(&base.jobs, &job.id)));
+                    }
+                }
+            }
+        }
+        let resources: Vec<&Resource> = match state.resources.changes_since(base.resources_at) {
+            Some(changes) => {
+                let mut ids = changes.touched;
+                ids.sort_unstable();
+                ids.iter()
+                    .filter_map(|id| state.resources.get(id))
+                    .collect()
+            }
+            None => state.resources.values().collect(),
+        };
+        for r in resources {
+            set.resources.push((r, expected(&base.resources, &r.id)));
+        }
+        for (id, request) in &state.interruption_requests {
+            match base.requests.get(id) {
+                Some((_, read)) if read == request => {}
+                Some((v, _)) => set.requests.push((request, Some(v.clone()))),
+                // Closed requests not read at the load are history already stored.
+                None if is_closed(request) && !base.requests.contains_key(id) => {}
+                None => set.requests.push((request, None)),
+            }
+        }
+        if state.entry_backoff != base.controller.backoff
+            || state.notices != base.controller.notices
+        {
+            set.controller = Some(ControllerDocs {
+                backoff: state.entry_backoff.clone(),
+                notices: state.notices.clone(),
+            });
+        }
+        set
+    }
+
+    /// True when nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+            && self.resources.is_empty()
+            && self.requests.is_empty()
+            && self.controller.is_none()
+    }
+
+    /// How many records it writes.
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+            + self.resources.len()
+            + self.requests.len()
+            + usize::from(self.controller.is_some())
+    }
+}

@@ -1,0 +1,1057 @@
+//! The production store: Firestore (Native mode) through its REST API. The original's
+//! collections, `<prefix>_<kind>` with prefix = runner name with `-` → `_` (jobs, attempts,
+//! resources, interruption_requests, events, locks, lease_epochs), plus `<prefix>_controller`
+//! for backoffs, notices and the event counter. One document per job, attempt, resource
+//! and request; a record's version is its document's update time. Every operation is one
+//! read-write transaction (reads inside it, writes with preconditions), retried with backoff
+//! when Firestore aborts it for contention. Applies the engine's rules; decides nothing.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use super::changes::{ChangeSet, Written, is_closed};
+use super::records::{attempt_doc, is_active, job_doc, job_from_docs};
+use super::{
+    Base, CommitOutcome, ControllerDocs, CreateResult, Fence, InterruptResult, Loaded, StateStore,
+    StoreError, Version, Versions,
+};
+use crate::engine::commands::{self, CancelResult, OwnerIndex, ReprioritizeResult};
+use crate::engine::lease::{self, Lease, Refusal};
+use crate::engine::state::{InterruptionRequest, Job, Resource, SCHEMA_VERSION};
+use crate::engine::{Event, State, Timestamp};
+use crate::gcp::firestore::{ApiError, Client, Doc, Filter, Precondition, Query, Write};
+use crate::spec::{Name, Priority};
+
+pub use crate::gcp::firestore::Endpoint;
+
+/// Attempts of a transaction aborted by contention before giving up.
+const MAX_TRIES: u32 = 10;
+
+/// Documents per query page.
+const PAGE: usize = 1000;
+
+/// A store in a Firestore database.
+#[derive(Debug)]
+pub struct FirestoreStore {
+    client: Client,
+    prefix: String,
+}
+
+/// The collection names of one runner.
+struct Collections {
+    jobs: String,
+    attempts: String,
+    resources: String,
+    requests: String,
+    events: String,
+    locks: String,
+    epochs: String,
+    controller: String,
+}
+
+type Res<T> = Result<T, StoreError>;
+
+/// What one try of a transaction's body decided.
+enum Step<T> {
+    /// Commit these writes, then return the value (and the writes' update times).
+    Commit(Vec<Write>, T),
+    /// Write nothing; return the value.
+    Done(T),
+}
+
+/// A failure inside a transaction's body: the store's, or an API error (retried when it is
+/// an abort).
+enum TxError {
+    Api(ApiError),
+    Store(StoreError),
+}
+
+impl From<ApiError> for TxError {
+    fn from(e: ApiError) -> Self {
+        TxError::Api(e)
+    }
+}
+
+impl From<StoreError> for TxError {
+    fn from(e: StoreError) -> Self {
+        TxError::Store(e)
+    }
+}
+
+impl FirestoreStore {
+    /// Opens the store of runner `runner` in `projects/{project}/databases/{database}` and
+    /// checks it can be read (an unreachable endpoint or a permission error fails here).
+    pub fn open(
+        project: &str,
+        database: &str,
+        runner: &str,
+        endpoint: Endpoint,
+    ) -> Res<FirestoreStore> {
+        let describe = format!("firestore:projects/{project}/databases/{database}");
+        if project.is_empty() || runner.is_empty() {
+            return Err(StoreError {
+                store: describe,
+                message: "needs the fleet's project and runner name: pass --fleet deployment.yaml or --store firestore:PROJECT/DATABASE".into(),
+            });
+        }
+        let client = Client::new(endpoint, project, database).map_err(|e| StoreError {
+            store: describe.clone(),
+            message: explain(&e),
+        })?;
+        let mut store = FirestoreStore {
+            client,
+            prefix: runner.replace('-', "_"),
+        };
+        let locks = store.names().locks;
+        store
+            .client
+            .batch_get(&[format!("{locks}/controller")], None)
+            .map_err(|e| store.error(&e))?;
+        Ok(store)
+    }
+
+    /// Round trips made so far.
+    pub fn calls(&self) -> u64 {
+        self.client.calls
+    }
+
+    fn names(&self) -> Collections {
+        let p = &self.prefix;
+        Collections {
+            jobs: format!("{p}_jobs"),
+            attempts: format!("{p}_attempts"),
+            resources: format!("{p}_resources"),
+            requests: format!("{p}_interruption_requests"),
+            events: format!("{p}_events"),
+            locks: format!("{p}_locks"),
+            epochs: format!("{p}_lease_epochs"),
+            controller: format!("{p}_controller"),
+        }
+    }
+
+    fn error(&self, e: &ApiError) -> StoreError {
+        StoreError {
+            store: self.describe(),
+            message: explain(e),
+        }
+    }
+
+    fn bad(&self, path: &str, e: impl std::fmt::Display) -> StoreError {
+        StoreError {
+            store: self.describe(),
+            message: format!(
+                "document {path} cannot be read ({e}): fix or delete it in the Firestore console"
+            ),
+        }
+    }
+
+    /// Runs `body` in read-write transactions until one commits (or is not retryable).
+    fn transact<T>(
+        &mut self,
+        mut body: impl FnMut(&mut FirestoreStore, &str) -> Result<Step<T>, TxError>,
+    ) -> Res<(T, Vec<String>)> {
+        let mut retry: Option<String> = None;
+        let mut last = None;
+        for attempt in 0..MAX_TRIES {
+            if attempt > 0 {
+                std::thread::sleep(backoff(attempt));
+            }
+            let tx = match self.client.begin(false, retry.as_deref()) {
+                Ok(tx) => tx,
+                Err(e) if retryable(&e) => {
+                    last = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(self.error(&e)),
+            };
+            let result = body(self, &tx).and_then(|step| match step {
+                Step::Done(value) => {
+                    self.client.rollback(&tx);
+                    Ok((value, Vec::new()))
+                }
+                Step::Commit(writes, value) => {
+                    let times = self.client.commit(&writes, Some(&tx))?;
+                    Ok((value, times))
+                }
+            });
+            match result {
+                Ok(done) => return Ok(done),
+                Err(TxError::Api(e)) if e.status == "ABORTED" || retryable(&e) => {
+                    self.client.rollback(&tx);
+                    retry = Some(tx);
+                    last = Some(e);
+                }
+                Err(TxError::Api(e)) => {
+                    self.client.rollback(&tx);
+                    return Err(self.error(&e));
+                }
+                Err(TxError::Store(e)) => {
+                    self.client.rollback(&tx);
+                    return Err(e);
+                }
+            }
+        }
+        let e = last.expect("a failed try");
+        Err(StoreError {
+            store: self.describe(),
+            message: format!(
+                "gave up after {MAX_TRIES} tries aborted by contention or unavailability (last: {}): try again",
+                explain(&e)
+            ),
+        })
+    }
+
+    fn get(&mut self, paths: &[String], tx: Option<&str>) -> Result<Vec<Option<Doc>>, ApiError> {
+        self.client.batch_get(paths, tx)
+    }
+
+    fn read_job(&mut self, id: &Name, tx: Option<&str>) -> Result<Option<(Job, String)>, TxError> {
+        let names = self.names();
+        let path = format!("{}/{id}", names.jobs);
+        let Some(doc) = self.get(std::slice::from_ref(&path), tx)?.pop().flatten() else {
+            return Ok(None);
+        };
+        let attempts = self.client.query(
+            &Query {
+                collection: &names.attempts,
+                filters: vec![Filter::new("job_id", "EQUAL", json!(id.as_str()))],
+                ..Query::default()
+            },
+            tx,
+            PAGE,
+        )?;
+        let job = self.job_of(
+            doc.fields,
+            attempts.into_iter().map(|d| d.fields).collect(),
+            &path,
+        )?;
+        Ok(Some((job, doc.update_time)))
+    }
+
+    fn job_of(
+        &self,
+        mut doc: Map<String, Value>,
+        attempts: Vec<Map<String, Value>>,
+        path: &str,
+    ) -> Res<Job> {
+        doc.remove("active");
+        let attempts = attempts
+            .into_iter()
+            .map(|mut a| {
+                a.remove("job_active");
+                a
+            })
+            .collect();
+        job_from_docs(doc, attempts).map_err(|e| self.bad(path, e))
+    }
+
+    /// The writes of one job and all its attempts.
+    fn job_writes(&self, job: &Job, precondition: Precondition) -> Res<Vec<Write>> {
+        let names = self.names();
+        let active = is_active(job);
+        let mut doc = job_doc(job).map_err(|e| self.bad(&job.id, e))?;
+        doc.insert("active".into(), json!(active));
+        if let Some(ended) = job.ended_at {
+            doc.insert("ended_ms".into(), json!(ended.0));
+        }
+        let mut writes = vec![Write::Set {
+            path: format!("{}/{}", names.jobs, job.id),
+            fields: doc,
+            precondition,
+        }];
+        for (seq, attempt) in job.attempts.iter().enumerate() {
+            let mut doc = attempt_doc(job, seq, attempt).map_err(|e| self.bad(&attempt.id, e))?;
+            doc.insert("job_active".into(), json!(active));
+            writes.push(Write::Set {
+                path: format!("{}/{}", names.attempts, attempt.id),
+                fields: doc,
+                precondition: Precondition::None,
+            });
+        }
+        Ok(writes)
+    }
+
+    fn record<T: serde::Serialize>(&self, value: &T) -> Map<String, Value> {
+        match serde_json::to_value(value).expect("state records serialise") {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        }
+    }
+
+    fn request_write(&self, r: &InterruptionRequest, precondition: Precondition) -> Write {
+        let mut fields = self.record(r);
+        fields.insert("active".into(), json!(!is_closed(r)));
+        Write::Set {
+            path: format!("{}/{}", self.names().requests, r.id),
+            fields,
+            precondition,
+        }
+    }
+
+    fn resource_write(&self, r: &Resource, precondition: Precondition) -> Write {
+        Write::Set {
+            path: format!("{}/{}", self.names().resources, r.id),
+            fields: self.record(r),
+            precondition,
+        }
+    }
+
+    fn controller_writes(&self, docs: &ControllerDocs) -> Vec<Write> {
+        let c = self.names().controller;
+        vec![
+            Write::Set {
+                path: format!("{c}/backoff"),
+                fields: self.record(&docs.backoff),
+                precondition: Precondition::None,
+            },
+            Write::Set {
+                path: format!("{c}/notices"),
+                fields: self.record(&docs.notices),
+                precondition: Precondition::None,
+            },
+        ]
+    }
+
+    /// The writes appending `events` after the counter `next` read in the transaction.
+    fn event_writes(
+        &self,
+        events: &[Event],
+        next: u64,
+        counter_time: Option<String>,
+    ) -> Vec<Write> {
+        if events.is_empty() {
+            return Vec::new();
+        }
+        let names = self.names();
+        let mut writes: Vec<Write> = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let seq = next + i as u64 + 1;
+                let mut fields = self.record(e);
+                fields.insert("seq".into(), json!(seq));
+                Write::Set {
+                    path: format!("{}/{seq:020}", names.events),
+                    fields,
+                    precondition: Precondition::Exists(false),
+                }
+            })
+            .collect();
+        writes.push(Write::Set {
+            path: format!("{}/events", names.controller),
+            fields: [("next".to_owned(), json!(next + events.len() as u64))]
+                .into_iter()
+                .collect(),
+            precondition: match counter_time {
+                Some(t) => Precondition::UpdateTime(t),
+                None => Precondition::Exists(false),
+            },
+        });
+        writes
+    }
+
+    /// The event counter read in `tx`: (last sequence number, its update time).
+    fn event_counter(&mut self, tx: &str) -> Result<(u64, Option<String>), TxError> {
+        let path = format!("{}/events", self.names().controller);
+        Ok(match self.get(&[path], Some(tx))?.pop().flatten() {
+            Some(doc) => (
+                doc.fields.get("next").and_then(Value::as_u64).unwrap_or(0),
+                Some(doc.update_time),
+            ),
+            None => (0, None),
+        })
+    }
+
+    fn read_locks(&mut self, tx: Option<&str>) -> Result<(Option<Lease>, Option<String>), TxError> {
+        let names = self.names();
+        let paths = [
+            format!("{}/controller", names.locks),
+            format!("{}/controller", names.epochs),
+        ];
+        let docs = self.get(&paths, tx)?;
+        let lease = match &docs[0] {
+            Some(doc) => Some(
+                serde_json::from_value::<Lease>(Value::Object(doc.fields.clone()))
+                    .map_err(|e| self.bad(&paths[0], e))?,
+            ),
+            None => None,
+        };
+        let epoch = docs[1]
+            .as_ref()
+            .and_then(|d| d.fields.get("epoch"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        Ok((lease, epoch))
+    }
+
+    fn parse<T: serde::de::DeserializeOwned>(&self, doc: Doc) -> Res<T> {
+        let name = doc.name.clone();
+        let mut fields = doc.fields;
+        fields.remove("active");
+        serde_json::from_value(Value::Object(fields)).map_err(|e| self.bad(&name, e))
+    }
+
+    fn all(&mut self, collection: &str, filters: Vec<Filter>, tx: Option<&str>) -> Res<Vec<Doc>> {
+        self.client
+            .query(
+                &Query {
+                    collection,
+                    filters,
+                    ..Query::default()
+                },
+                tx,
+                PAGE,
+            )
+            .map_err(|e| self.error(&e))
+    }
+}
+
+/// Retryable transport or server failures (the call may be made again).
+fn retryable(e: &ApiError) -> bool {
+    matches!(
+        e.status.as_str(),
+        "ABORTED" | "UNAVAILABLE" | "DEADLINE_EXCEEDED" | "RESOURCE_EXHAUSTED"
+    )
+}
+
+/// Exponential backoff with jitter: 50 ms × 2^k, at most 2 s, ± half.
+fn backoff(attempt: u32) -> Duration {
+    let base = (50u64 << attempt.min(6)).min(2000);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    Duration::from_millis(base / 2 + nanos % (base / 2 + 1))
+}
+
+/// A sentence for an API failure, with what to do.
+fn explain(e: &ApiError) -> String {
+    match e.status.as_str() {
+        "UNAVAILABLE" if e.code == 0 => format!(
+            "unreachable ({}): check the network, or FIRESTORE_EMULATOR_HOST for an emulator",
+            e.message
+        ),
+        "DEADLINE_EXCEEDED" => format!("did not answer in time ({}): try again", e.message),
+        "PERMISSION_DENIED" => format!(
+            "permission denied ({}): the caller needs roles/datastore.user on the project",
+            e.message
+        ),
+        "UNAUTHENTICATED" => e.message.clone(),
+        "NOT_FOUND" => format!(
+            "not found ({}): create the database with `tpu-runner deploy` (or check the project and database)",
+            e.message
+        ),
+        _ => e.to_string(),
+    }
+}
+
+fn precondition(expected: &Option<Version>) -> Precondition {
+    match expected {
+        Some(v) => Precondition::UpdateTime(v.0.clone()),
+        None => Precondition::Exists(false),
+    }
+}
+
+struct Owners<'a> {
+    store: std::cell::RefCell<&'a mut FirestoreStore>,
+    tx: &'a str,
+    error: std::cell::RefCell<Option<TxError>>,
+}
+
+impl Owners<'_> {
+    fn keep<T: Default>(&self, r: Result<T, TxError>) -> T {
+        r.unwrap_or_else(|e| {
+            self.error.borrow_mut().get_or_insert(e);
+            T::default()
+        })
+    }
+}
+
+impl OwnerIndex for Owners<'_> {
+    fn owners_of(&self, job_id: &Name, attempt_id: &Name) -> Vec<Resource> {
+        let mut store = self.store.borrow_mut();
+        let collection = store.names().resources;
+        let mut out: Vec<Resource> = Vec::new();
+        for (field, value) in [("owner.job_id", job_id), ("owner.attempt_id", attempt_id)] {
+            let docs = store.client.query(
+                &Query {
+                    collection: &collection,
+                    filters: vec![Filter::new(field, "EQUAL", json!(value.as_str()))],
+                    ..Query::default()
+                },
+                Some(self.tx),
+                PAGE,
+            );
+            let docs = self.keep(docs.map_err(TxError::from));
+            for doc in docs {
+                let r: Result<Resource, TxError> = store.parse(doc).map_err(TxError::from);
+                if let Some(r) = self.keep(r.map(Some))
+                    && !out.iter().any(|o| o.id == r.id)
+                {
+                    out.push(r);
+                }
+            }
+        }
+        out.sort_by_key(|r| r.id);
+        out
+    }
+
+    fn resource(&self, id: &Name) -> Option<Resource> {
+        let mut store = self.store.borrow_mut();
+        let path = format!("{}/{id}", store.names().resources);
+        let doc = self.keep(store.get(&[path], Some(self.tx)).map_err(TxError::from));
+        let doc = doc.into_iter().next().flatten()?;
+        self.keep(store.parse(doc).map(Some).map_err(TxError::from))
+    }
+}
+
+impl StateStore for FirestoreStore {
+    fn describe(&self) -> String {
+        format!("firestore:{}", self.client.database())
+    }
+
+    fn create_jobs(&mut self, jobs: &[Job], _now: Timestamp) -> Res<CreateResult> {
+        let jobs_coll = self.names().jobs;
+        let (result, _) = self.transact(|store, tx| {
+            let paths: Vec<String> = jobs
+                .iter()
+                .map(|j| format!("{jobs_coll}/{}", j.id))
+                .collect();
+            let found = store.get(&paths, Some(tx))?;
+            let mut exist: Vec<Name> = jobs
+                .iter()
+                .zip(&found)
+                .filter(|(_, d)| d.is_some())
+                .map(|(j, _)| j.id)
+                .collect();
+            let mut seen = crate::spec::NameSet::default();
+            exist.extend(jobs.iter().filter(|j| !seen.insert(j.id)).map(|j| j.id));
+            if !exist.is_empty() {
+                exist.sort();
+                exist.dedup();
+                return Ok(Step::Done(CreateResult::Exist(exist)));
+            }
+            let mut writes = Vec::new();
+            for job in jobs {
+                writes.extend(store.job_writes(job, Precondition::Exists(false))?);
+            }
+            Ok(Step::Commit(writes, CreateResult::Created))
+        })?;
+        Ok(result)
+    }
+
+    fn cancel_job(&mut self, id: &Name, if_pending: bool, now: Timestamp) -> Res<CancelResult> {
+        let (result, _) = self.transact(|store, tx| {
+            let mut read = store.read_job(id, Some(tx))?;
+            let owners = Owners {
+                store: std::cell::RefCell::new(store),
+                tx,
+                error: Default::default(),
+            };
+            let result = commands::cancel(read.as_mut().map(|(j, _)| j), if_pending, &owners, now);
+            if let Some(e) = owners.error.into_inner() {
+                return Err(e);
+            }
+            let store = owners.store.into_inner();
+            match (&result, &read) {
+                (CancelResult::Status { changed: true, .. }, Some((job, time))) => {
+                    let writes = store.job_writes(job, Precondition::UpdateTime(time.clone()))?;
+                    Ok(Step::Commit(writes, result))
+                }
+                _ => Ok(Step::Done(result)),
+            }
+        })?;
+        Ok(result)
+    }
+
+    fn reprioritize(
+        &mut self,
+        id: &Name,
+        priority: Priority,
+        now: Timestamp,
+    ) -> Res<ReprioritizeResult> {
+        let (result, _) = self.transact(|store, tx| {
+            let mut read = store.read_job(id, Some(tx))?;
+            let (result, event) =
+                commands::reprioritize(read.as_mut().map(|(j, _)| j), priority, now);
+            let (Some(event), Some((job, time))) = (event, &read) else {
+                return Ok(Step::Done(result));
+            };
+            let (next, counter) = store.event_counter(tx)?;
+            let mut writes = store.job_writes(job, Precondition::UpdateTime(time.clone()))?;
+            writes.extend(store.event_writes(&[event], next, counter));
+            Ok(Step::Commit(writes, result))
+        })?;
+        Ok(result)
+    }
+
+    fn create_interruption_request(
+        &mut self,
+        resource_id: &Name,
+        job_id: &Name,
+        attempt_id: &Name,
+        eligible: &dyn Fn(&Name) -> bool,
+        now: Timestamp,
+    ) -> Res<InterruptResult> {
+        let (result, _) = self.transact(|store, tx| {
+            let names = store.names();
+            let id = commands::interruption_id(resource_id, job_id, attempt_id);
+            let paths = [
+                format!("{}/{resource_id}", names.resources),
+                format!("{}/{id}", names.requests),
+            ];
+            let mut docs = store.get(&paths, Some(tx))?;
+            let existing = docs.pop().flatten();
+            let resource: Option<Resource> = match docs.pop().flatten() {
+                Some(doc) => Some(store.parse(doc)?),
+                None => None,
+            };
+            let job = store.read_job(job_id, Some(tx))?.map(|(j, _)| j);
+            let (Some(resource), Some(job)) = (resource, job) else {
+                return Ok(Step::Done(InterruptResult::UnknownTarget(format!(
+                    "unknown interruption target: resource {resource_id}, job {job_id}"
+                ))));
+            };
+            if !job.attempts.iter().any(|a| a.id == *attempt_id) {
+                return Ok(Step::Done(InterruptResult::UnknownTarget(format!(
+                    "unknown interruption target: attempt {attempt_id} of job {job_id}"
+                ))));
+            }
+            if existing.is_some() {
+                return Ok(Step::Done(InterruptResult::Exists(id)));
+            }
+            match commands::interruption_request(
+                &resource,
+                &job,
+                attempt_id,
+                eligible(&resource.entry_id),
+                now,
+            ) {
+                Ok(request) => {
+                    let write = store.request_write(&request, Precondition::Exists(false));
+                    Ok(Step::Commit(
+                        vec![write],
+                        InterruptResult::Requested(request),
+                    ))
+                }
+                Err(reason) => Ok(Step::Done(InterruptResult::Rejected(reason))),
+            }
+        })?;
+        Ok(result)
+    }
+
+    fn acquire_lease(
+        &mut self,
+        owner: &str,
+        epoch: &str,
+        ttl_secs: i64,
+        now: Timestamp,
+    ) -> Res<Result<Lease, Refusal>> {
+        let (result, _) = self.transact(|store, tx| {
+            let (held, current) = store.read_locks(Some(tx))?;
+            match lease::acquire(
+                held.as_ref(),
+                current.as_deref(),
+                owner,
+                epoch,
+                ttl_secs,
+                now,
+            ) {
+                Ok(new) => {
+                    let write = Write::Set {
+                        path: format!("{}/controller", store.names().locks),
+                        fields: store.record(&new),
+                        precondition: Precondition::None,
+                    };
+                    Ok(Step::Commit(vec![write], Ok(new)))
+                }
+                Err(refusal) => Ok(Step::Done(Err(refusal))),
+            }
+        })?;
+        Ok(result)
+    }
+
+    fn release_lease(&mut self, owner: &str) -> Res<()> {
+        self.transact(|store, tx| {
+            let (held, _) = store.read_locks(Some(tx))?;
+            if held.is_some() && lease::release(held, owner).is_none() {
+                let write = Write::Delete {
+                    path: format!("{}/controller", store.names().locks),
+                    precondition: Precondition::None,
+                };
+                return Ok(Step::Commit(vec![write], ()));
+            }
+            Ok(Step::Done(()))
+        })?;
+        Ok(())
+    }
+
+    fn set_epoch(&mut self, epoch: &str, now: Timestamp) -> Res<()> {
+        if epoch.is_empty() {
+            return Err(StoreError {
+                store: self.describe(),
+                message: "refused an empty epoch".into(),
+            });
+        }
+        let path = format!("{}/controller", self.names().epochs);
+        let fields: Map<String, Value> = [
+            ("epoch".to_owned(), json!(epoch)),
+            ("updated_at".to_owned(), json!(now)),
+        ]
+        .into_iter()
+        .collect();
+        self.client
+            .commit(
+                &[Write::Set {
+                    path,
+                    fields,
+                    precondition: Precondition::None,
+                }],
+                None,
+            )
+            .map_err(|e| self.error(&e))?;
+        Ok(())
+    }
+
+    fn lease(&mut self) -> Res<(Option<Lease>, Option<String>)> {
+        self.read_locks(None).map_err(|e| match e {
+            TxError::Api(e) => self.error(&e),
+            TxError::Store(e) => e,
+        })
+    }
+
+    fn load_active(&mut self) -> Res<Loaded> {
+        let names = self.names();
+        let tx = self.client.begin(true, None).map_err(|e| self.error(&e))?;
+        let result = (|| -> Res<Loaded> {
+            let mut state = State::new();
+            let active = || vec![Filter::new("active", "EQUAL", json!(true))];
+            let job_docs = self.all(&names.jobs, active(), Some(&tx))?;
+            let attempt_docs = self.all(
+                &names.attempts,
+                vec![Filter::new("job_active", "EQUAL", json!(true))],
+                Some(&tx),
+            )?;
+            let mut attempts: BTreeMap<String, Vec<Map<String, Value>>> = BTreeMap::new();
+            for doc in attempt_docs {
+                let job = doc
+                    .fields
+                    .get("job_id")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned();
+                attempts.entry(job).or_default().push(doc.fields);
+            }
+            let mut job_versions = Versions::default();
+            for doc in job_docs {
+                let id = doc.id().to_owned();
+                let job = self.job_of(
+                    doc.fields,
+                    attempts.remove(&id).unwrap_or_default(),
+                    &doc.name,
+                )?;
+                job_versions.insert(job.id, Version(doc.update_time));
+                state.jobs.insert(job.id, job);
+            }
+            let mut resource_versions = Versions::default();
+            for doc in self.all(&names.resources, Vec::new(), Some(&tx))? {
+                let time = doc.update_time.clone();
+                let r: Resource = self.parse(doc)?;
+                resource_versions.insert(r.id, Version(time));
+                state.resources.insert(r.id, r);
+            }
+            let mut request_versions = BTreeMap::new();
+            for doc in self.all(&names.requests, active(), Some(&tx))? {
+                let time = doc.update_time.clone();
+                let r: InterruptionRequest = self.parse(doc)?;
+                request_versions.insert(r.id, Version(time));
+                state.interruption_requests.insert(r.id, r);
+            }
+            let paths = [
+                format!("{}/backoff", names.controller),
+                format!("{}/notices", names.controller),
+            ];
+            let mut docs = self.get(&paths, Some(&tx)).map_err(|e| self.error(&e))?;
+            if let Some(doc) = docs.pop().flatten() {
+                state.notices = self.parse(doc)?;
+            }
+            if let Some(doc) = docs.pop().flatten() {
+                state.entry_backoff = self.parse(doc)?;
+            }
+            let base = Base::new(&state, job_versions, resource_versions, request_versions);
+            Ok(Loaded { state, base })
+        })();
+        self.client.rollback(&tx);
+        result
+    }
+
+    fn commit_pass(
+        &mut self,
+        base: &mut Base,
+        state: &State,
+        events: &[Event],
+        fence: &Fence,
+        now: Timestamp,
+    ) -> Res<CommitOutcome> {
+        let changes = ChangeSet::between(base, state);
+        let names = self.names();
+        let ((outcome, counts), times) = self.transact(|store, tx| {
+            let (lease, epoch) = store.read_locks(Some(tx))?;
+            if let Some(reason) =
+                super::sqlite::fence_refusal(lease.as_ref(), epoch.as_deref(), fence, now)
+            {
+                return Ok(Step::Done((CommitOutcome::Fenced { reason }, None)));
+            }
+            // Read every record about to be written inside the transaction: a write since
+            // the load is a conflict (and the preconditions below guard the same).
+            let mut paths = Vec::with_capacity(changes.len());
+            let mut expected = Vec::with_capacity(changes.len());
+            for (job, v) in &changes.jobs {
+                paths.push(format!("{}/{}", names.jobs, job.id));
+                expected.push(v);
+            }
+            for (r, v) in &changes.resources {
+                paths.push(format!("{}/{}", names.resources, r.id));
+                expected.push(v);
+            }
+            for (r, v) in &changes.requests {
+                paths.push(format!("{}/{}", names.requests, r.id));
+                expected.push(v);
+            }
+            let found = store.get(&paths, Some(tx))?;
+            let conflicts: Vec<String> = paths
+                .iter()
+                .zip(&found)
+                .zip(&expected)
+                .filter(|((_, doc), want)| {
+                    doc.as_ref().map(|d| &d.update_time) != want.as_ref().map(|v| &v.0)
+                })
+                .map(|((path, _), _)| {
+                    let (coll, id) = path.split_once('/').unwrap_or((path, ""));
+                    let kind = coll
+                        .strip_prefix(&format!("{}_", store.prefix))
+                        .unwrap_or(coll);
+                    format!("{kind}/{id}")
+                })
+                .collect();
+            if !conflicts.is_empty() {
+                return Ok(Step::Done((
+                    CommitOutcome::Conflict { records: conflicts },
+                    None,
+                )));
+            }
+            // Writes in a fixed order; remember where each record's document write is.
+            let mut writes = Vec::new();
+            let mut positions = (Vec::new(), Vec::new(), Vec::new());
+            for (job, v) in &changes.jobs {
+                positions.0.push(writes.len());
+                writes.extend(store.job_writes(job, precondition(v))?);
+            }
+            for (r, v) in &changes.resources {
+                positions.1.push(writes.len());
+                writes.push(store.resource_write(r, precondition(v)));
+            }
+            for (r, v) in &changes.requests {
+                positions.2.push(writes.len());
+                writes.push(store.request_write(r, precondition(v)));
+            }
+            if let Some(docs) = &changes.controller {
+                writes.extend(store.controller_writes(docs));
+            }
+            if !events.is_empty() {
+                let (next, counter) = store.event_counter(tx)?;
+                writes.extend(store.event_writes(events, next, counter));
+            }
+            Ok(Step::Commit(
+                writes,
+                (CommitOutcome::Committed, Some(positions)),
+            ))
+        })?;
+        if let Some((jobs, resources, requests)) = counts {
+            let version = |i: usize| Version(times.get(i).cloned().unwrap_or_default());
+            let written = Written {
+                jobs: changes
+                    .jobs
+                    .iter()
+                    .zip(jobs)
+                    .map(|((j, _), i)| (j.id, version(i)))
+                    .collect(),
+                resources: changes
+                    .resources
+                    .iter()
+                    .zip(resources)
+                    .map(|((r, _), i)| (r.id, version(i)))
+                    .collect(),
+                requests: changes
+                    .requests
+                    .iter()
+                    .zip(requests)
+                    .map(|((r, _), i)| (r.id, version(i)))
+                    .collect(),
+            };
+            base.advance(state, &changes, written);
+        }
+        Ok(outcome)
+    }
+
+    fn job(&mut self, id: &Name) -> Res<Option<Job>> {
+        match self.read_job(id, None) {
+            Ok(job) => Ok(job.map(|(j, _)| j)),
+            Err(TxError::Api(e)) => Err(self.error(&e)),
+            Err(TxError::Store(e)) => Err(e),
+        }
+    }
+
+    fn finished_jobs(&mut self, since: Timestamp, limit: usize) -> Res<Vec<Job>> {
+        let names = self.names();
+        let docs = self
+            .client
+            .query(
+                &Query {
+                    collection: &names.jobs,
+                    filters: vec![Filter::new(
+                        "ended_ms",
+                        "GREATER_THAN_OR_EQUAL",
+                        json!(since.0),
+                    )],
+                    order_by: Some("ended_ms"),
+                    limit: Some(limit),
+                    ..Query::default()
+                },
+                None,
+                PAGE,
+            )
+            .map_err(|e| self.error(&e))?;
+        let mut jobs = Vec::new();
+        for doc in docs {
+            if doc.fields.get("active") == Some(&json!(false)) {
+                let id = Name::new(doc.id());
+                jobs.extend(self.job(&id)?);
+            }
+        }
+        Ok(jobs)
+    }
+
+    fn events_after(&mut self, after: u64, limit: usize) -> Res<Vec<(u64, Event)>> {
+        let names = self.names();
+        let start = self
+            .client
+            .doc_name(&format!("{}/{after:020}", names.events));
+        let docs = self
+            .client
+            .query(
+                &Query {
+                    collection: &names.events,
+                    start_after: Some(json!([{ "referenceValue": start }])),
+                    limit: Some(limit),
+                    ..Query::default()
+                },
+                None,
+                PAGE,
+            )
+            .map_err(|e| self.error(&e))?;
+        let mut out = Vec::new();
+        for doc in docs {
+            let seq = doc.fields.get("seq").and_then(Value::as_u64).unwrap_or(0);
+            let mut fields = doc.fields.clone();
+            fields.remove("seq");
+            let event: Event = serde_json::from_value(Value::Object(fields))
+                .map_err(|e| self.bad(&doc.name, e))?;
+            out.push((seq, event));
+        }
+        Ok(out)
+    }
+
+    fn export(&mut self) -> Res<State> {
+        let Loaded { mut state, .. } = self.load_active()?;
+        let names = self.names();
+        let finished = self.all(
+            &names.jobs,
+            vec![Filter::new("active", "EQUAL", json!(false))],
+            None,
+        )?;
+        let attempts = self.all(
+            &names.attempts,
+            vec![Filter::new("job_active", "EQUAL", json!(false))],
+            None,
+        )?;
+        let mut by_job: BTreeMap<String, Vec<Map<String, Value>>> = BTreeMap::new();
+        for doc in attempts {
+            let job = doc
+                .fields
+                .get("job_id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            by_job.entry(job).or_default().push(doc.fields);
+        }
+        for doc in finished {
+            let id = doc.id().to_owned();
+            let job = self.job_of(
+                doc.fields,
+                by_job.remove(&id).unwrap_or_default(),
+                &doc.name,
+            )?;
+            state.finished.insert(job.id, job);
+        }
+        for doc in self.all(
+            &names.requests,
+            vec![Filter::new("active", "EQUAL", json!(false))],
+            None,
+        )? {
+            let r: InterruptionRequest = self.parse(doc)?;
+            state.interruption_requests.insert(r.id, r);
+        }
+        state.schema_version = SCHEMA_VERSION;
+        Ok(state)
+    }
+
+    fn import(&mut self, state: &State) -> Res<()> {
+        let names = self.names();
+        for coll in [&names.jobs, &names.resources, &names.requests] {
+            let docs = self
+                .client
+                .query(
+                    &Query {
+                        collection: coll,
+                        limit: Some(1),
+                        ..Query::default()
+                    },
+                    None,
+                    1,
+                )
+                .map_err(|e| self.error(&e))?;
+            if !docs.is_empty() {
+                return Err(StoreError {
+                    store: self.describe(),
+                    message: format!(
+                        "holds records already ({coll}): import only into an empty store (nothing was written)"
+                    ),
+                });
+            }
+        }
+        let mut writes = Vec::new();
+        for job in state.all_jobs() {
+            writes.extend(self.job_writes(job, Precondition::Exists(false))?);
+        }
+        for r in state.resources.values() {
+            writes.push(self.resource_write(r, Precondition::Exists(false)));
+        }
+        for r in state.interruption_requests.values() {
+            writes.push(self.request_write(r, Precondition::Exists(false)));
+        }
+        writes.extend(self.controller_writes(&ControllerDocs {
+            backoff: state.entry_backoff.clone(),
+            notices: state.notices.clone(),
+        }));
+        // One commit holds at most 10 MiB: import in chunks (each create-only, so a retry
+        // after a partial import fails loudly rather than overwriting).
+        for chunk in writes.chunks(400) {
+            self.client
+                .commit(chunk, None)
+                .map_err(|e| self.error(&e))?;
+        }
+        Ok(())
+    }
+}

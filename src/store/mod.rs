@@ -1,0 +1,297 @@
+//! Durable state shared by the controller and every command: the `StateStore` boundary and
+//! what all its implementations share (opening a store from a URL, the change set of a
+//! pass, record layout). Two implementations: `sqlite` (embedded, the default) and
+//! `firestore` (production). Stores apply the engine's rules (`engine::commands`,
+//! `engine::lease`) inside their transactions; they must not make decisions of their own.
+//!
+//! Concurrency design (ARCHITECTURE.md): optimistic. A pass loads the active state with the
+//! version of every record; its commit writes only the records the pass changed, each
+//! conditional on the version it read, inside one transaction that also checks the lease
+//! (owner, epoch, expiry). A command that wrote one of those records meanwhile makes the
+//! commit refuse (`CommitOutcome::Conflict`): the controller reloads and redoes the pass.
+//! A command's write to a record the pass did not change is kept as it is.
+
+pub mod changes;
+pub mod firestore;
+pub mod records;
+pub mod sqlite;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::engine::commands::{CancelResult, ReprioritizeResult};
+use crate::engine::lease::{Lease, Refusal};
+use crate::engine::state::{Backoff, InterruptionRequest, Job};
+use crate::engine::{Event, State, Timestamp};
+use crate::spec::{Name, NameMap, Priority};
+
+pub use changes::{Base, ChangeSet};
+
+/// A record's version as its store reads it (SQLite: a counter; Firestore: the document's
+/// update time). Opaque: only compared for equality.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Version(pub String);
+
+/// A failure of the store itself (not a refusal of the operation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreError {
+    /// The store (`sqlite:/path/state.db`, `firestore:projects/p/databases/d`).
+    pub store: String,
+    /// What went wrong and what to do.
+    pub message: String,
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "store {}: {}", self.store, self.message)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// Which controller may write: the lease holder of the current epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    /// Lease owner.
+    pub owner: String,
+    /// Deployment epoch of that owner.
+    pub epoch: String,
+}
+
+/// The active state as a pass sees it, with what its commit needs to find its changes.
+#[derive(Debug)]
+pub struct Loaded {
+    /// Pending, running and cancelling jobs (with their attempts), every resource record,
+    /// open interruption requests, backoffs and notices. `finished` is empty.
+    pub state: State,
+    /// The versions read, for the commit.
+    pub base: Base,
+}
+
+/// What a pass's commit did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CommitOutcome {
+    /// Written, with the events.
+    Committed,
+    /// A record the pass changed was written by someone else since the load (ids named):
+    /// nothing was written; reload and redo the pass.
+    Conflict {
+        /// `jobs/<id>`, `resources/<id>`, `interruption_requests/<id>`.
+        records: Vec<String>,
+    },
+    /// The caller does not hold the lease of the current epoch: nothing was written.
+    Fenced {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What creating jobs did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CreateResult {
+    /// Every job was created.
+    Created,
+    /// Nothing was created: these ids exist already (active or finished).
+    Exist(Vec<Name>),
+}
+
+/// What filing an interruption request did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InterruptResult {
+    /// Filed.
+    Requested(InterruptionRequest),
+    /// The resource, job or attempt does not exist: which.
+    UnknownTarget(String),
+    /// A request with this id exists already.
+    Exists(Name),
+    /// The target is not a managed Spot TPU running that attempt: why.
+    Rejected(String),
+}
+
+/// The transactional store of jobs, attempts, resources, interruption requests, the
+/// controller lease and events (§2, §2.1).
+pub trait StateStore {
+    /// The store's name for messages (`sqlite:PATH`, `firestore:projects/P/databases/D`).
+    fn describe(&self) -> String;
+
+    /// Creates every job, or none when any id exists (active or finished).
+    fn create_jobs(&mut self, jobs: &[Job], now: Timestamp) -> Result<CreateResult, StoreError>;
+
+    /// Cancels a job (§2.1 `cancel_job`; the rules of `engine::commands::cancel`).
+    fn cancel_job(
+        &mut self,
+        id: &Name,
+        if_pending: bool,
+        now: Timestamp,
+    ) -> Result<CancelResult, StoreError>;
+
+    /// Sets a pending job's priority; the event is appended in the same transaction.
+    fn reprioritize(
+        &mut self,
+        id: &Name,
+        priority: Priority,
+        now: Timestamp,
+    ) -> Result<ReprioritizeResult, StoreError>;
+
+    /// Files an interruption request for the TPU `resource_id` running `attempt_id` of
+    /// `job_id`; `eligible` says whether a fleet entry id is a managed Spot entry.
+    fn create_interruption_request(
+        &mut self,
+        resource_id: &Name,
+        job_id: &Name,
+        attempt_id: &Name,
+        eligible: &dyn Fn(&Name) -> bool,
+        now: Timestamp,
+    ) -> Result<InterruptResult, StoreError>;
+
+    /// Acquires or renews the controller lease (`engine::lease::acquire` on the stored lease
+    /// and epoch, in one transaction).
+    fn acquire_lease(
+        &mut self,
+        owner: &str,
+        epoch: &str,
+        ttl_secs: i64,
+        now: Timestamp,
+    ) -> Result<Result<Lease, Refusal>, StoreError>;
+
+    /// Releases the lease if `owner` holds it.
+    fn release_lease(&mut self, owner: &str) -> Result<(), StoreError>;
+
+    /// Sets the deployment epoch (a new deployment fences every older controller).
+    fn set_epoch(&mut self, epoch: &str, now: Timestamp) -> Result<(), StoreError>;
+
+    /// The stored lease and epoch.
+    fn lease(&mut self) -> Result<(Option<Lease>, Option<String>), StoreError>;
+
+    /// Loads the active state (one consistent snapshot).
+    fn load_active(&mut self) -> Result<Loaded, StoreError>;
+
+    /// Commits what a pass changed in `state` since `base` (see `ChangeSet`) and the pass's
+    /// events, in one transaction fenced by `fence` (lease held, not expired at `now`,
+    /// current epoch). On `Committed`, `base` is brought forward to `state`.
+    fn commit_pass(
+        &mut self,
+        base: &mut Base,
+        state: &State,
+        events: &[Event],
+        fence: &Fence,
+        now: Timestamp,
+    ) -> Result<CommitOutcome, StoreError>;
+
+    /// One job, active or finished, with its attempts.
+    fn job(&mut self, id: &Name) -> Result<Option<Job>, StoreError>;
+
+    /// Finished jobs (succeeded, failed, deactivated) ended at or after `since`, oldest
+    /// first, at most `limit`.
+    fn finished_jobs(&mut self, since: Timestamp, limit: usize) -> Result<Vec<Job>, StoreError>;
+
+    /// Events with sequence numbers above `after`, oldest first, at most `limit`, each with
+    /// its sequence number (SQLite: a counter; Firestore: commit time order).
+    fn events_after(&mut self, after: u64, limit: usize) -> Result<Vec<(u64, Event)>, StoreError>;
+
+    /// Everything, finished jobs and closed requests included (the state JSON of
+    /// `docs/state-schema.md`).
+    fn export(&mut self) -> Result<State, StoreError>;
+
+    /// Writes a whole state into an empty store (refused when it holds any job or resource).
+    fn import(&mut self, state: &State) -> Result<(), StoreError>;
+}
+
+/// Where the store is: from `--store URL` or `TPU_RUNNER_STORE`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// `sqlite:PATH`.
+    Sqlite(PathBuf),
+    /// `firestore` (project and database from the fleet) or `firestore:PROJECT/DATABASE`.
+    Firestore {
+        /// Project, when given in the URL.
+        project: Option<String>,
+        /// Database, when given in the URL.
+        database: Option<String>,
+    },
+}
+
+/// The default store: `.tpu-runner/state.db` beside the fleet file.
+pub fn default_store(fleet: &Path) -> StoreUrl {
+    let dir = fleet
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    StoreUrl::Sqlite(dir.join(".tpu-runner").join("state.db"))
+}
+
+impl StoreUrl {
+    /// Parses `sqlite:PATH`, `firestore` or `firestore:PROJECT[/DATABASE]`.
+    pub fn parse(text: &str) -> Result<StoreUrl, String> {
+        if let Some(path) = text.strip_prefix("sqlite:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err("`sqlite:` needs a path, e.g. `sqlite:.tpu-runner/state.db`".into());
+            }
+            return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
+        }
+        if text == "firestore" {
+            return Ok(StoreUrl::Firestore {
+                project: None,
+                database: None,
+            });
+        }
+        if let Some(rest) = text.strip_prefix("firestore:") {
+            let (project, database) = match rest.split_once('/') {
+                Some((p, d)) => (p, Some(d.to_owned())),
+                None => (rest, None),
+            };
+            if project.is_empty() || database.as_deref() == Some("") {
+                return Err(format!(
+                    "`{text}`: expected `firestore:PROJECT` or `firestore:PROJECT/DATABASE`"
+                ));
+            }
+            return Ok(StoreUrl::Firestore {
+                project: Some(project.to_owned()),
+                database,
+            });
+        }
+        Err(format!(
+            "`{text}` is not a store: expected `sqlite:PATH`, `firestore` or `firestore:PROJECT[/DATABASE]`"
+        ))
+    }
+}
+
+/// What opening a Firestore store needs from the fleet when the URL does not say.
+#[derive(Clone, Debug, Default)]
+pub struct FleetDefaults {
+    /// The fleet's runner name (collection prefix).
+    pub runner: String,
+    /// The fleet's project.
+    pub project: String,
+}
+
+/// Opens the store at `url` (creating an SQLite file and its folder when missing).
+pub fn open(url: &StoreUrl, fleet: &FleetDefaults) -> Result<Box<dyn StateStore>, StoreError> {
+    match url {
+        StoreUrl::Sqlite(path) => Ok(Box::new(sqlite::SqliteStore::open(path)?)),
+        StoreUrl::Firestore { project, database } => {
+            let project = project.clone().unwrap_or_else(|| fleet.project.clone());
+            let database = database.clone().unwrap_or_else(|| "(default)".into());
+            Ok(Box::new(firestore::FirestoreStore::open(
+                &project,
+                &database,
+                &fleet.runner,
+                firestore::Endpoint::from_env(),
+            )?))
+        }
+    }
+}
+
+/// The controller-only documents: per-entry backoffs and reported notices.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ControllerDocs {
+    /// `State::entry_backoff`.
+    pub backoff: BTreeMap<Name, Backoff>,
+    /// `State::notices`.
+    pub notices: BTreeMap<String, String>,
+}
+
+/// Versions of records by id.
+pub type Versions = NameMap<Version>;

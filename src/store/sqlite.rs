@@ -1,0 +1,983 @@
+//! The embedded store: one SQLite file (WAL, `synchronous=FULL`), a versioned schema with
+//! migrations, safe for a controller and any number of commands on one machine. Every write
+//! is one `BEGIN IMMEDIATE` transaction (SQLite serialises writers; readers keep their
+//! snapshot); a load is one read transaction. Applies the engine's rules; decides nothing.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{
+    Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior, params,
+};
+
+use super::changes::{ChangeSet, Written, is_closed};
+use super::records::{attempt_doc, is_active, job_doc};
+use super::{
+    Base, CommitOutcome, ControllerDocs, CreateResult, Fence, InterruptResult, Loaded, StateStore,
+    StoreError, Version, Versions,
+};
+use crate::engine::commands::{self, CancelResult, OwnerIndex, ReprioritizeResult};
+use crate::engine::lease::{self, Lease, Refusal};
+use crate::engine::state::{Attempt, InterruptionRequest, Job, Resource, SCHEMA_VERSION};
+use crate::engine::{Event, State, Timestamp};
+use crate::spec::{Name, Priority};
+
+/// `PRAGMA application_id` of a tpu-runner store ("TPUR").
+const APPLICATION_ID: i32 = 0x5450_5552;
+
+/// The schema, one migration per version: `MIGRATIONS[k]` takes version k to k + 1.
+const MIGRATIONS: &[&str] = &[
+    // Version 1.
+    "CREATE TABLE jobs (
+         id TEXT PRIMARY KEY,
+         status TEXT NOT NULL,
+         active INTEGER NOT NULL,
+         submitted_at INTEGER NOT NULL,
+         ended_at INTEGER,
+         version INTEGER NOT NULL,
+         doc TEXT NOT NULL
+     ) WITHOUT ROWID;
+     CREATE INDEX jobs_active ON jobs (id) WHERE active = 1;
+     CREATE INDEX jobs_ended ON jobs (ended_at) WHERE active = 0;
+     CREATE TABLE attempts (
+         id TEXT PRIMARY KEY,
+         job_id TEXT NOT NULL,
+         seq INTEGER NOT NULL,
+         doc TEXT NOT NULL
+     ) WITHOUT ROWID;
+     CREATE INDEX attempts_job ON attempts (job_id, seq);
+     CREATE TABLE resources (
+         id TEXT PRIMARY KEY,
+         owner_job TEXT,
+         owner_attempt TEXT,
+         version INTEGER NOT NULL,
+         doc TEXT NOT NULL
+     ) WITHOUT ROWID;
+     CREATE INDEX resources_owner_job ON resources (owner_job) WHERE owner_job IS NOT NULL;
+     CREATE INDEX resources_owner_attempt ON resources (owner_attempt)
+         WHERE owner_attempt IS NOT NULL;
+     CREATE TABLE interruption_requests (
+         id TEXT PRIMARY KEY,
+         active INTEGER NOT NULL,
+         version INTEGER NOT NULL,
+         doc TEXT NOT NULL
+     ) WITHOUT ROWID;
+     CREATE TABLE controller (key TEXT PRIMARY KEY, doc TEXT NOT NULL) WITHOUT ROWID;
+     CREATE TABLE locks (key TEXT PRIMARY KEY, doc TEXT NOT NULL) WITHOUT ROWID;
+     CREATE TABLE events (
+         seq INTEGER PRIMARY KEY AUTOINCREMENT,
+         at INTEGER NOT NULL,
+         kind TEXT NOT NULL,
+         job_id TEXT,
+         doc TEXT NOT NULL
+     );
+     CREATE INDEX events_job ON events (job_id, seq) WHERE job_id IS NOT NULL;",
+];
+
+/// The schema version this build writes.
+pub const LATEST_SCHEMA: i64 = MIGRATIONS.len() as i64;
+
+/// A store in one SQLite file.
+pub struct SqliteStore {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SqliteStore({})", self.path.display())
+    }
+}
+
+/// A failure inside a transaction: the store's, or a record that cannot be read.
+type Res<T> = Result<T, StoreError>;
+
+impl SqliteStore {
+    /// Opens (or creates) the store at `path`, creating its folder, and brings the schema
+    /// up to date. Refuses a file that is not a tpu-runner store or whose schema is newer.
+    pub fn open(path: &Path) -> Res<SqliteStore> {
+        let describe = format!("sqlite:{}", path.display());
+        let fail = |message: String| StoreError {
+            store: describe.clone(),
+            message,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.exists()
+        {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| fail(format!("cannot create the folder `{}`: {e}", dir.display())))?;
+        }
+        if path.exists() && !path.is_file() {
+            return Err(fail("is not a regular file: pass a file path".into()));
+        }
+        let conn = Connection::open(path).map_err(|e| fail(open_error(&e)))?;
+        let mut store = SqliteStore {
+            conn,
+            path: path.to_owned(),
+        };
+        store.prepare().map_err(|e| fail(e.message))?;
+        Ok(store)
+    }
+
+    fn err(&self, e: rusqlite::Error) -> StoreError {
+        StoreError {
+            store: self.describe(),
+            message: open_error(&e),
+        }
+    }
+
+    fn prepare(&mut self) -> Res<()> {
+        let e = |s: &SqliteStore, err| s.err(err);
+        self.conn
+            .busy_timeout(Duration::from_secs(30))
+            .map_err(|err| e(self, err))?;
+        let app: i32 = self
+            .conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(|err| e(self, err))?;
+        let version: i64 = self
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|err| e(self, err))?;
+        let tables: i64 = self
+            .conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE type = 'table'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|err| e(self, err))?;
+        if app != APPLICATION_ID && (tables > 0 || app != 0) {
+            return Err(self.fail(
+                "is an SQLite database of another program (not a tpu-runner store): nothing was written; pass another path with --store sqlite:PATH".into(),
+            ));
+        }
+        if version > LATEST_SCHEMA {
+            return Err(self.fail(format!(
+                "has schema version {version}, newer than this tpu-runner understands ({LATEST_SCHEMA}): nothing was written; upgrade tpu-runner"
+            )));
+        }
+        self.conn
+            .pragma_update(None, "journal_mode", "WAL")
+            .map_err(|err| e(self, err))?;
+        self.conn
+            .pragma_update(None, "synchronous", "FULL")
+            .map_err(|err| e(self, err))?;
+        if version < LATEST_SCHEMA {
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Exclusive)
+                .map_err(|err| store_err(&self.path, err))?;
+            // Another process may have migrated meanwhile: read the version again inside.
+            let current: i64 = tx
+                .query_row("PRAGMA user_version", [], |r| r.get(0))
+                .map_err(|err| store_err(&self.path, err))?;
+            for (k, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+                tx.execute_batch(sql)
+                    .map_err(|err| store_err(&self.path, err))?;
+                tx.pragma_update(None, "user_version", (k + 1) as i64)
+                    .map_err(|err| store_err(&self.path, err))?;
+            }
+            tx.pragma_update(None, "application_id", APPLICATION_ID)
+                .map_err(|err| store_err(&self.path, err))?;
+            tx.commit().map_err(|err| store_err(&self.path, err))?;
+        }
+        Ok(())
+    }
+
+    fn fail(&self, message: String) -> StoreError {
+        StoreError {
+            store: self.describe(),
+            message,
+        }
+    }
+
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction; commits when it returns `Ok(Some)`…
+    fn write<T>(&mut self, f: impl FnOnce(&Transaction<'_>, &Path) -> Res<(T, bool)>) -> Res<T> {
+        let path = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| store_err(&path, e))?;
+        let (value, commit) = f(&tx, &path)?;
+        if commit {
+            tx.commit().map_err(|e| store_err(&path, e))?;
+        }
+        Ok(value)
+    }
+
+    /// Runs `f` in one read transaction (a consistent snapshot).
+    fn read<T>(&mut self, f: impl FnOnce(&Transaction<'_>, &Path) -> Res<T>) -> Res<T> {
+        let path = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Deferred)
+            .map_err(|e| store_err(&path, e))?;
+        f(&tx, &path)
+    }
+}
+
+/// A readable sentence for an SQLite failure, with what to do.
+fn open_error(e: &rusqlite::Error) -> String {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => {
+            "is not an SQLite database (or is damaged): nothing was written; move it away or pass another path with --store sqlite:PATH".into()
+        }
+        Some(ErrorCode::DatabaseCorrupt) => {
+            "is damaged (SQLite reports corruption): nothing was written; restore it from a `tpu-runner state export` or move it away".into()
+        }
+        Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied | ErrorCode::CannotOpen) => {
+            format!("cannot be opened for writing ({e}): check the file's and its folder's permissions")
+        }
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+            format!("stayed locked by another process for 30 s ({e}); try again")
+        }
+        Some(ErrorCode::DiskFull) => format!("the disk is full ({e})"),
+        _ => e.to_string(),
+    }
+}
+
+fn store_err(path: &Path, e: rusqlite::Error) -> StoreError {
+    StoreError {
+        store: format!("sqlite:{}", path.display()),
+        message: open_error(&e),
+    }
+}
+
+fn bad_record(path: &Path, what: &str, id: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError {
+        store: format!("sqlite:{}", path.display()),
+        message: format!(
+            "record {what}/{id} cannot be read ({e}): the store is damaged; restore it from a `tpu-runner state export`"
+        ),
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("state records serialise")
+}
+
+fn parse<T: serde::de::DeserializeOwned>(path: &Path, what: &str, id: &str, doc: &str) -> Res<T> {
+    serde_json::from_str(doc).map_err(|e| bad_record(path, what, id, e))
+}
+
+/// Reads one job with its attempts.
+fn read_job(tx: &Transaction<'_>, path: &Path, id: &str) -> Res<Option<(Job, i64)>> {
+    let row: Option<(i64, String)> = tx
+        .query_row("SELECT version, doc FROM jobs WHERE id = ?1", [id], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()
+        .map_err(|e| store_err(path, e))?;
+    let Some((version, doc)) = row else {
+        return Ok(None);
+    };
+    let mut job: Job = parse(path, "jobs", id, &doc)?;
+    let mut stmt = tx
+        .prepare_cached("SELECT id, doc FROM attempts WHERE job_id = ?1 ORDER BY seq")
+        .map_err(|e| store_err(path, e))?;
+    let rows = stmt
+        .query_map([id], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })
+        .map_err(|e| store_err(path, e))?;
+    for row in rows {
+        let (aid, doc) = row.map_err(|e| store_err(path, e))?;
+        job.attempts
+            .push(parse::<Attempt>(path, "attempts", &aid, &doc)?);
+    }
+    Ok(Some((job, version)))
+}
+
+/// Writes one job and all its attempts at `version`.
+fn write_job(tx: &Transaction<'_>, path: &Path, job: &Job, version: i64) -> Res<()> {
+    let doc = job_doc(job).map_err(|e| bad_record(path, "jobs", &job.id, e))?;
+    tx.prepare_cached(
+        "INSERT INTO jobs (id, status, active, submitted_at, ended_at, version, doc)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (id) DO UPDATE SET status = excluded.status, active = excluded.active,
+             ended_at = excluded.ended_at, version = excluded.version, doc = excluded.doc",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            job.id.as_str(),
+            job.status.as_str(),
+            is_active(job),
+            job.submitted_at.0,
+            job.ended_at.map(|t| t.0),
+            version,
+            json(&doc)
+        ])
+    })
+    .map_err(|e| store_err(path, e))?;
+    for (seq, attempt) in job.attempts.iter().enumerate() {
+        let doc = attempt_doc(job, seq, attempt)
+            .map_err(|e| bad_record(path, "attempts", &attempt.id, e))?;
+        tx.prepare_cached(
+            "INSERT INTO attempts (id, job_id, seq, doc) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (id) DO UPDATE SET job_id = excluded.job_id, seq = excluded.seq,
+                 doc = excluded.doc",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                attempt.id.as_str(),
+                job.id.as_str(),
+                seq as i64,
+                json(&doc)
+            ])
+        })
+        .map_err(|e| store_err(path, e))?;
+    }
+    Ok(())
+}
+
+fn write_resource(tx: &Transaction<'_>, path: &Path, r: &Resource, version: i64) -> Res<()> {
+    tx.prepare_cached(
+        "INSERT INTO resources (id, owner_job, owner_attempt, version, doc) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (id) DO UPDATE SET owner_job = excluded.owner_job,
+             owner_attempt = excluded.owner_attempt, version = excluded.version, doc = excluded.doc",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            r.id.as_str(),
+            r.owner.as_ref().map(|o| o.job_id.as_str()),
+            r.owner.as_ref().map(|o| o.attempt_id.as_str()),
+            version,
+            json(r)
+        ])
+    })
+    .map(|_| ())
+    .map_err(|e| store_err(path, e))
+}
+
+fn write_request(
+    tx: &Transaction<'_>,
+    path: &Path,
+    r: &InterruptionRequest,
+    version: i64,
+) -> Res<()> {
+    tx.prepare_cached(
+        "INSERT INTO interruption_requests (id, active, version, doc) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (id) DO UPDATE SET active = excluded.active, version = excluded.version,
+             doc = excluded.doc",
+    )
+    .and_then(|mut s| s.execute(params![r.id.as_str(), !is_closed(r), version, json(r)]))
+    .map(|_| ())
+    .map_err(|e| store_err(path, e))
+}
+
+fn write_controller(tx: &Transaction<'_>, path: &Path, docs: &ControllerDocs) -> Res<()> {
+    for (key, doc) in [
+        ("backoff", json(&docs.backoff)),
+        ("notices", json(&docs.notices)),
+    ] {
+        tx.execute(
+            "INSERT INTO controller (key, doc) VALUES (?1, ?2)
+             ON CONFLICT (key) DO UPDATE SET doc = excluded.doc",
+            params![key, doc],
+        )
+        .map_err(|e| store_err(path, e))?;
+    }
+    Ok(())
+}
+
+fn append_events(tx: &Transaction<'_>, path: &Path, events: &[Event]) -> Res<()> {
+    let mut stmt = tx
+        .prepare_cached("INSERT INTO events (at, kind, job_id, doc) VALUES (?1, ?2, ?3, ?4)")
+        .map_err(|e| store_err(path, e))?;
+    for e in events {
+        stmt.execute(params![
+            e.at.0,
+            e.kind,
+            e.job_id.map(|j| j.as_str()),
+            json(e)
+        ])
+        .map_err(|err| store_err(path, err))?;
+    }
+    Ok(())
+}
+
+fn version_of(tx: &Transaction<'_>, path: &Path, table: &str, id: &str) -> Res<Option<i64>> {
+    tx.prepare_cached(&format!("SELECT version FROM {table} WHERE id = ?1"))
+        .and_then(|mut s| s.query_row([id], |r| r.get(0)).optional())
+        .map_err(|e| store_err(path, e))
+}
+
+fn read_locks(tx: &Transaction<'_>, path: &Path) -> Res<(Option<Lease>, Option<String>)> {
+    let get = |key: &str| -> Res<Option<String>> {
+        tx.query_row("SELECT doc FROM locks WHERE key = ?1", [key], |r| r.get(0))
+            .optional()
+            .map_err(|e| store_err(path, e))
+    };
+    let lease = match get("controller")? {
+        Some(doc) => Some(parse::<Lease>(path, "locks", "controller", &doc)?),
+        None => None,
+    };
+    let epoch = match get("epoch")? {
+        Some(doc) => parse::<EpochDoc>(path, "locks", "epoch", &doc)?
+            .epoch
+            .into(),
+        None => None,
+    };
+    Ok((lease, epoch))
+}
+
+/// The stored epoch (`lease_epochs/controller` in the original).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct EpochDoc {
+    epoch: String,
+    updated_at: Timestamp,
+}
+
+/// Why `fence` may not write at `now`, if it may not.
+pub(crate) fn fence_refusal(
+    lease: Option<&Lease>,
+    epoch: Option<&str>,
+    fence: &Fence,
+    now: Timestamp,
+) -> Option<String> {
+    if let Some(current) = epoch
+        && current != fence.epoch
+    {
+        return Some(format!(
+            "epoch {} is not the current deployment's ({current})",
+            fence.epoch
+        ));
+    }
+    match lease {
+        None => Some("nobody holds the controller lease".into()),
+        Some(l) if l.owner != fence.owner => {
+            Some(format!("the controller lease is held by {}", l.owner))
+        }
+        Some(l) if l.epoch != fence.epoch => Some(format!(
+            "the lease was taken with epoch {}, not {}",
+            l.epoch, fence.epoch
+        )),
+        Some(l) if l.expires_at <= now => Some(format!("the lease expired at {}", l.expires_at)),
+        Some(_) => None,
+    }
+}
+
+struct TxOwners<'a, 'c> {
+    tx: &'a Transaction<'c>,
+    path: &'a Path,
+    error: std::cell::RefCell<Option<StoreError>>,
+}
+
+impl TxOwners<'_, '_> {
+    fn query(&self, sql: &str, args: &[&str]) -> Vec<Resource> {
+        let result = (|| -> Res<Vec<Resource>> {
+            let mut stmt = self
+                .tx
+                .prepare_cached(sql)
+                .map_err(|e| store_err(self.path, e))?;
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(args.iter()), |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                })
+                .map_err(|e| store_err(self.path, e))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (id, doc) = row.map_err(|e| store_err(self.path, e))?;
+                out.push(parse(self.path, "resources", &id, &doc)?);
+            }
+            Ok(out)
+        })();
+        result.unwrap_or_else(|e| {
+            self.error.borrow_mut().get_or_insert(e);
+            Vec::new()
+        })
+    }
+}
+
+impl OwnerIndex for TxOwners<'_, '_> {
+    fn owners_of(&self, job_id: &Name, attempt_id: &Name) -> Vec<Resource> {
+        self.query(
+            "SELECT id, doc FROM resources WHERE owner_job = ?1 OR owner_attempt = ?2 ORDER BY id",
+            &[job_id.as_str(), attempt_id.as_str()],
+        )
+    }
+
+    fn resource(&self, id: &Name) -> Option<Resource> {
+        self.query(
+            "SELECT id, doc FROM resources WHERE id = ?1",
+            &[id.as_str()],
+        )
+        .into_iter()
+        .next()
+    }
+}
+
+impl StateStore for SqliteStore {
+    fn describe(&self) -> String {
+        format!("sqlite:{}", self.path.display())
+    }
+
+    fn create_jobs(&mut self, jobs: &[Job], _now: Timestamp) -> Res<CreateResult> {
+        self.write(|tx, path| {
+            let mut exist = Vec::new();
+            let mut seen = crate::spec::NameSet::default();
+            for job in jobs {
+                if !seen.insert(job.id) || version_of(tx, path, "jobs", &job.id)?.is_some() {
+                    exist.push(job.id);
+                }
+            }
+            if !exist.is_empty() {
+                exist.sort();
+                exist.dedup();
+                return Ok((CreateResult::Exist(exist), false));
+            }
+            for job in jobs {
+                write_job(tx, path, job, 1)?;
+            }
+            Ok((CreateResult::Created, true))
+        })
+    }
+
+    fn cancel_job(&mut self, id: &Name, if_pending: bool, now: Timestamp) -> Res<CancelResult> {
+        self.write(|tx, path| {
+            let mut read = read_job(tx, path, id)?;
+            let owners = TxOwners {
+                tx,
+                path,
+                error: Default::default(),
+            };
+            let result = commands::cancel(read.as_mut().map(|(j, _)| j), if_pending, &owners, now);
+            if let Some(e) = owners.error.into_inner() {
+                return Err(e);
+            }
+            let changed = matches!(result, CancelResult::Status { changed: true, .. });
+            if changed && let Some((job, version)) = &read {
+                write_job(tx, path, job, version + 1)?;
+            }
+            Ok((result, changed))
+        })
+    }
+
+    fn reprioritize(
+        &mut self,
+        id: &Name,
+        priority: Priority,
+        now: Timestamp,
+    ) -> Res<ReprioritizeResult> {
+        self.write(|tx, path| {
+            let mut read = read_job(tx, path, id)?;
+            let (result, event) =
+                commands::reprioritize(read.as_mut().map(|(j, _)| j), priority, now);
+            let Some(event) = event else {
+                return Ok((result, false));
+            };
+            let (job, version) = read.as_ref().expect("an event comes with a job");
+            write_job(tx, path, job, version + 1)?;
+            append_events(tx, path, &[event])?;
+            Ok((result, true))
+        })
+    }
+
+    fn create_interruption_request(
+        &mut self,
+        resource_id: &Name,
+        job_id: &Name,
+        attempt_id: &Name,
+        eligible: &dyn Fn(&Name) -> bool,
+        now: Timestamp,
+    ) -> Res<InterruptResult> {
+        self.write(|tx, path| {
+            let owners = TxOwners {
+                tx,
+                path,
+                error: Default::default(),
+            };
+            let resource = owners.resource(resource_id);
+            if let Some(e) = owners.error.into_inner() {
+                return Err(e);
+            }
+            let job = read_job(tx, path, job_id)?.map(|(j, _)| j);
+            let (Some(resource), Some(job)) = (resource, job) else {
+                return Ok((
+                    InterruptResult::UnknownTarget(format!(
+                        "unknown interruption target: resource {resource_id}, job {job_id}"
+                    )),
+                    false,
+                ));
+            };
+            if !job.attempts.iter().any(|a| a.id == *attempt_id) {
+                return Ok((
+                    InterruptResult::UnknownTarget(format!(
+                        "unknown interruption target: attempt {attempt_id} of job {job_id}"
+                    )),
+                    false,
+                ));
+            }
+            let id = commands::interruption_id(resource_id, job_id, attempt_id);
+            if version_of(tx, path, "interruption_requests", &id)?.is_some() {
+                return Ok((InterruptResult::Exists(id), false));
+            }
+            match commands::interruption_request(
+                &resource,
+                &job,
+                attempt_id,
+                eligible(&resource.entry_id),
+                now,
+            ) {
+                Ok(request) => {
+                    write_request(tx, path, &request, 1)?;
+                    Ok((InterruptResult::Requested(request), true))
+                }
+                Err(reason) => Ok((InterruptResult::Rejected(reason), false)),
+            }
+        })
+    }
+
+    fn acquire_lease(
+        &mut self,
+        owner: &str,
+        epoch: &str,
+        ttl_secs: i64,
+        now: Timestamp,
+    ) -> Res<Result<Lease, Refusal>> {
+        self.write(|tx, path| {
+            let (held, current) = read_locks(tx, path)?;
+            match lease::acquire(
+                held.as_ref(),
+                current.as_deref(),
+                owner,
+                epoch,
+                ttl_secs,
+                now,
+            ) {
+                Ok(new) => {
+                    tx.execute(
+                        "INSERT INTO locks (key, doc) VALUES ('controller', ?1)
+                         ON CONFLICT (key) DO UPDATE SET doc = excluded.doc",
+                        [json(&new)],
+                    )
+                    .map_err(|e| store_err(path, e))?;
+                    Ok((Ok(new), true))
+                }
+                Err(refusal) => Ok((Err(refusal), false)),
+            }
+        })
+    }
+
+    fn release_lease(&mut self, owner: &str) -> Res<()> {
+        self.write(|tx, path| {
+            let (held, _) = read_locks(tx, path)?;
+            let release = held.is_some() && lease::release(held, owner).is_none();
+            if release {
+                tx.execute("DELETE FROM locks WHERE key = 'controller'", [])
+                    .map_err(|e| store_err(path, e))?;
+            }
+            Ok(((), release))
+        })
+    }
+
+    fn set_epoch(&mut self, epoch: &str, now: Timestamp) -> Res<()> {
+        if epoch.is_empty() {
+            return Err(self.fail("refused an empty epoch".into()));
+        }
+        self.write(|tx, path| {
+            let doc = json(&EpochDoc {
+                epoch: epoch.to_owned(),
+                updated_at: now,
+            });
+            tx.execute(
+                "INSERT INTO locks (key, doc) VALUES ('epoch', ?1)
+                 ON CONFLICT (key) DO UPDATE SET doc = excluded.doc",
+                [doc],
+            )
+            .map_err(|e| store_err(path, e))?;
+            Ok(((), true))
+        })
+    }
+
+    fn lease(&mut self) -> Res<(Option<Lease>, Option<String>)> {
+        self.read(read_locks)
+    }
+
+    fn load_active(&mut self) -> Res<Loaded> {
+        self.read(|tx, path| {
+            let mut state = State::new();
+            let mut job_versions = Versions::default();
+            {
+                let mut stmt = tx
+                    .prepare("SELECT id, version, doc FROM jobs WHERE active = 1 ORDER BY id")
+                    .map_err(|e| store_err(path, e))?;
+                let mut rows = stmt.query([]).map_err(|e| store_err(path, e))?;
+                let mut jobs = Vec::new();
+                while let Some(row) = rows.next().map_err(|e| store_err(path, e))? {
+                    let id: String = row.get(0).map_err(|e| store_err(path, e))?;
+                    let version: i64 = row.get(1).map_err(|e| store_err(path, e))?;
+                    let doc: rusqlite::types::ValueRef<'_> = row.get_ref(2).map_err(|e| store_err(path, e))?;
+                    let text = doc.as_str().map_err(|e| bad_record(path, "jobs", &id, e))?;
+                    let job: Job = parse(path, "jobs", &id, text)?;
+                    job_versions.insert(job.id, Version(version.to_string()));
+                    jobs.push(job);
+                }
+                let mut stmt = tx
+                    .prepare(
+                        "SELECT a.job_id, a.id, a.doc FROM attempts a JOIN jobs j ON j.id = a.job_id
+                         WHERE j.active = 1 ORDER BY a.job_id, a.seq",
+                    )
+                    .map_err(|e| store_err(path, e))?;
+                let mut rows = stmt.query([]).map_err(|e| store_err(path, e))?;
+                let mut at = 0;
+                while let Some(row) = rows.next().map_err(|e| store_err(path, e))? {
+                    let job_id: String = row.get(0).map_err(|e| store_err(path, e))?;
+                    let id: String = row.get(1).map_err(|e| store_err(path, e))?;
+                    let doc = row.get_ref(2).map_err(|e| store_err(path, e))?;
+                    let text = doc.as_str().map_err(|e| bad_record(path, "attempts", &id, e))?;
+                    let attempt: Attempt = parse(path, "attempts", &id, text)?;
+                    // Both lists are in job id order: walk them together.
+                    while at < jobs.len() && jobs[at].id.as_str() < job_id.as_str() {
+                        at += 1;
+                    }
+                    if let Some(job) = jobs.get_mut(at).filter(|j| j.id.as_str() == job_id) {
+                        job.attempts.push(attempt);
+                    }
+                }
+                for mut job in jobs {
+                    // Filled before the base is taken: the first pass need not touch it.
+                    job.ensure_print();
+                    state.jobs.insert(job.id, job);
+                }
+            }
+            let mut resource_versions = Versions::default();
+            {
+                let mut stmt = tx
+                    .prepare("SELECT id, version, doc FROM resources ORDER BY id")
+                    .map_err(|e| store_err(path, e))?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?)))
+                    .map_err(|e| store_err(path, e))?;
+                for row in rows {
+                    let (id, version, doc) = row.map_err(|e| store_err(path, e))?;
+                    let r: Resource = parse(path, "resources", &id, &doc)?;
+                    resource_versions.insert(r.id, Version(version.to_string()));
+                    state.resources.insert(r.id, r);
+                }
+            }
+            let mut request_versions = BTreeMap::new();
+            {
+                let mut stmt = tx
+                    .prepare("SELECT id, version, doc FROM interruption_requests WHERE active = 1 ORDER BY id")
+                    .map_err(|e| store_err(path, e))?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?)))
+                    .map_err(|e| store_err(path, e))?;
+                for row in rows {
+                    let (id, version, doc) = row.map_err(|e| store_err(path, e))?;
+                    let r: InterruptionRequest = parse(path, "interruption_requests", &id, &doc)?;
+                    request_versions.insert(r.id, Version(version.to_string()));
+                    state.interruption_requests.insert(r.id, r);
+                }
+            }
+            let controller = read_controller(tx, path)?;
+            state.entry_backoff = controller.backoff;
+            state.notices = controller.notices;
+            let base = Base::new(&state, job_versions, resource_versions, request_versions);
+            Ok(Loaded { state, base })
+        })
+    }
+
+    fn commit_pass(
+        &mut self,
+        base: &mut Base,
+        state: &State,
+        events: &[Event],
+        fence: &Fence,
+        now: Timestamp,
+    ) -> Res<CommitOutcome> {
+        let changes = ChangeSet::between(base, state);
+        let (outcome, written) = self.write(|tx, path| {
+            let (lease, epoch) = read_locks(tx, path)?;
+            if let Some(reason) = fence_refusal(lease.as_ref(), epoch.as_deref(), fence, now) {
+                return Ok(((CommitOutcome::Fenced { reason }, None), false));
+            }
+            let mut conflicts = Vec::new();
+            let mut check = |table: &str, id: &Name, expected: &Option<Version>| -> Res<i64> {
+                let found = version_of(tx, path, table, id)?;
+                let same = match (found, expected) {
+                    (None, None) => true,
+                    (Some(v), Some(e)) => v.to_string() == e.0,
+                    _ => false,
+                };
+                if !same {
+                    conflicts.push(format!("{table}/{id}"));
+                }
+                Ok(found.unwrap_or(0) + 1)
+            };
+            let mut next = Vec::with_capacity(changes.len());
+            for (job, expected) in &changes.jobs {
+                next.push(check("jobs", &job.id, expected)?);
+            }
+            for (r, expected) in &changes.resources {
+                next.push(check("resources", &r.id, expected)?);
+            }
+            for (r, expected) in &changes.requests {
+                next.push(check("interruption_requests", &r.id, expected)?);
+            }
+            if !conflicts.is_empty() {
+                return Ok((
+                    (CommitOutcome::Conflict { records: conflicts }, None),
+                    false,
+                ));
+            }
+            let mut next = next.into_iter();
+            let mut written = Written::default();
+            for (job, _) in &changes.jobs {
+                let v = next.next().expect("one version per record");
+                write_job(tx, path, job, v)?;
+                written.jobs.push((job.id, Version(v.to_string())));
+            }
+            for (r, _) in &changes.resources {
+                let v = next.next().expect("one version per record");
+                write_resource(tx, path, r, v)?;
+                written.resources.push((r.id, Version(v.to_string())));
+            }
+            for (r, _) in &changes.requests {
+                let v = next.next().expect("one version per record");
+                write_request(tx, path, r, v)?;
+                written.requests.push((r.id, Version(v.to_string())));
+            }
+            if let Some(docs) = &changes.controller {
+                write_controller(tx, path, docs)?;
+            }
+            append_events(tx, path, events)?;
+            Ok(((CommitOutcome::Committed, Some(written)), true))
+        })?;
+        if let Some(written) = written {
+            base.advance(state, &changes, written);
+        }
+        Ok(outcome)
+    }
+
+    fn job(&mut self, id: &Name) -> Res<Option<Job>> {
+        self.read(|tx, path| Ok(read_job(tx, path, id)?.map(|(j, _)| j)))
+    }
+
+    fn finished_jobs(&mut self, since: Timestamp, limit: usize) -> Res<Vec<Job>> {
+        self.read(|tx, path| {
+            let ids: Vec<String> = {
+                let mut stmt = tx
+                    .prepare(
+                        "SELECT id FROM jobs WHERE active = 0 AND ended_at >= ?1
+                         ORDER BY ended_at, id LIMIT ?2",
+                    )
+                    .map_err(|e| store_err(path, e))?;
+                stmt.query_map(params![since.0, limit as i64], |r| r.get(0))
+                    .and_then(|rows| rows.collect())
+                    .map_err(|e| store_err(path, e))?
+            };
+            let mut jobs = Vec::with_capacity(ids.len());
+            for id in ids {
+                jobs.extend(read_job(tx, path, &id)?.map(|(j, _)| j));
+            }
+            Ok(jobs)
+        })
+    }
+
+    fn events_after(&mut self, after: u64, limit: usize) -> Res<Vec<(u64, Event)>> {
+        self.read(|tx, path| {
+            let mut stmt = tx
+                .prepare("SELECT seq, doc FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")
+                .map_err(|e| store_err(path, e))?;
+            let rows = stmt
+                .query_map(params![after as i64, limit as i64], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+                })
+                .map_err(|e| store_err(path, e))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (seq, doc) = row.map_err(|e| store_err(path, e))?;
+                out.push((seq as u64, parse(path, "events", &seq.to_string(), &doc)?));
+            }
+            Ok(out)
+        })
+    }
+
+    fn export(&mut self) -> Res<State> {
+        let Loaded { mut state, .. } = self.load_active()?;
+        self.read(|tx, path| {
+            let ids: Vec<String> = tx
+                .prepare("SELECT id FROM jobs WHERE active = 0 ORDER BY id")
+                .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+                .map_err(|e| store_err(path, e))?;
+            for id in ids {
+                if let Some((job, _)) = read_job(tx, path, &id)? {
+                    state.finished.insert(job.id, job);
+                }
+            }
+            let docs: Vec<(String, String)> = tx
+                .prepare("SELECT id, doc FROM interruption_requests WHERE active = 0 ORDER BY id")
+                .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+                .map_err(|e| store_err(path, e))?;
+            for (id, doc) in docs {
+                let r: InterruptionRequest = parse(path, "interruption_requests", &id, &doc)?;
+                state.interruption_requests.insert(r.id, r);
+            }
+            Ok(())
+        })?;
+        state.schema_version = SCHEMA_VERSION;
+        Ok(state)
+    }
+
+    fn import(&mut self, state: &State) -> Res<()> {
+        let store = self.describe();
+        self.write(|tx, path| {
+            let count: i64 = tx
+                .query_row(
+                    "SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM resources)
+                          + (SELECT count(*) FROM interruption_requests)",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(|e| store_err(path, e))?;
+            if count > 0 {
+                return Err(StoreError {
+                    store: store.clone(),
+                    message: format!("holds {count} records already: import only into an empty store (nothing was written)"),
+                });
+            }
+            for job in state.all_jobs() {
+                write_job(tx, path, job, 1)?;
+            }
+            for r in state.resources.values() {
+                write_resource(tx, path, r, 1)?;
+            }
+            for r in state.interruption_requests.values() {
+                write_request(tx, path, r, 1)?;
+            }
+            write_controller(
+                tx,
+                path,
+                &ControllerDocs {
+                    backoff: state.entry_backoff.clone(),
+                    notices: state.notices.clone(),
+                },
+            )?;
+            Ok(((), true))
+        })
+    }
+}
+
+fn read_controller(tx: &Transaction<'_>, path: &Path) -> Res<ControllerDocs> {
+    let get = |key: &str| -> Res<Option<String>> {
+        tx.query_row("SELECT doc FROM controller WHERE key = ?1", [key], |r| {
+            r.get(0)
+        })
+        .optional()
+        .map_err(|e| store_err(path, e))
+    };
+    Ok(ControllerDocs {
+        backoff: match get("backoff")? {
+            Some(doc) => parse(path, "controller", "backoff", &doc)?,
+            None => BTreeMap::new(),
+        },
+        notices: match get("notices")? {
+            Some(doc) => parse(path, "controller", "notices", &doc)?,
+            None => BTreeMap::new(),
+        },
+    })
+}
