@@ -346,3 +346,102 @@ fn readme_shows_what_the_main_command_prints() {
     };
     assert_eq!(start(pasted), start(&summary), "{summary}");
 }
+
+#[test]
+fn state_export_and_import_move_a_state_between_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/plan-example");
+    std::fs::copy(
+        example.join("deployment.yaml"),
+        dir.path().join("deployment.yaml"),
+    )
+    .unwrap();
+    std::fs::copy(example.join("state.json"), dir.path().join("state.json")).unwrap();
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    // Reading a store that does not exist creates nothing and says so.
+    let missing = tpu_runner(&["state", "export"], dir.path());
+    assert_eq!(missing.status.code(), Some(5), "{}", text(&missing));
+    assert!(text(&missing).contains("does not exist"));
+    assert!(
+        !dir.path().join(".tpu-runner").exists(),
+        "a read leaves no file behind"
+    );
+    // Import into the default store beside the fleet, export, compare.
+    let import = tpu_runner(&["state", "import", "state.json"], dir.path());
+    assert!(import.status.success(), "{}", text(&import));
+    assert!(dir.path().join(".tpu-runner/state.db").is_file());
+    let export = tpu_runner(&["state", "export", "--output", "out.json"], dir.path());
+    assert!(export.status.success(), "{}", text(&export));
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join(name)).unwrap()).unwrap()
+    };
+    let (before, after) = (read("state.json"), read("out.json"));
+    assert_eq!(
+        before["jobs"].as_object().unwrap().len(),
+        after["jobs"].as_object().unwrap().len()
+    );
+    assert_eq!(
+        before["resources"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        after["resources"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>()
+    );
+    // The export is a state `plan` reads.
+    let plan = tpu_runner(
+        &[
+            "plan",
+            "--state",
+            "out.json",
+            "--now",
+            "2026-01-01T12:00:00Z",
+        ],
+        dir.path(),
+    );
+    assert!(plan.status.code() == Some(0), "{}", text(&plan));
+    // No flag overwrites a file; a second import is refused and writes nothing.
+    let again = tpu_runner(&["state", "export", "--output", "state.json"], dir.path());
+    assert_eq!(again.status.code(), Some(3));
+    assert!(text(&again).contains("--force"));
+    assert_eq!(read("state.json"), before);
+    let twice = tpu_runner(&["state", "import", "state.json"], dir.path());
+    assert_eq!(twice.status.code(), Some(5));
+    assert!(text(&twice).contains("empty store"), "{}", text(&twice));
+    // The store comes from --store or TPU_RUNNER_STORE; a bad URL is a usage error.
+    let env = Command::new(env!("CARGO_BIN_EXE_tpu-runner"))
+        .args(["state", "import", "state.json"])
+        .env("TPU_RUNNER_STORE", "sqlite:other.db")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(env.status.success(), "{}", text(&env));
+    assert!(dir.path().join("other.db").is_file());
+    let bad = tpu_runner(&["state", "export", "--store", "mysql:x"], dir.path());
+    assert_eq!(bad.status.code(), Some(2));
+    std::fs::write(
+        dir.path().join("junk.db"),
+        "not a database at all, just text",
+    )
+    .unwrap();
+    let junk = tpu_runner(
+        &["state", "export", "--store", "sqlite:junk.db"],
+        dir.path(),
+    );
+    assert_eq!(junk.status.code(), Some(5));
+    assert!(
+        text(&junk).contains("not an SQLite database"),
+        "{}",
+        text(&junk)
+    );
+}

@@ -14,4 +14,6 @@ pub enum ExitStatus {
     Io = 3,
     /// A simulated run broke an invariant.
     Violation = 4,
+    /// The state store failed: unreachable, damaged, refused (the message says what to do).
+    Store = 5,
 }

@@ -6,6 +6,7 @@ mod exit_codes;
 mod output;
 mod plan;
 mod simulate;
+mod state;
 mod validate;
 
 pub(crate) use output::table;
@@ -34,7 +35,8 @@ Exit codes:
   1  the input was read but is invalid
   2  usage error (unknown command, bad flag)
   3  a file could not be read or written
-  4  a simulated run broke an invariant (the seed and a replay command are printed)";
+  4  a simulated run broke an invariant (the seed and a replay command are printed)
+  5  the state store failed (unreachable, damaged, refused; the message says what to do)";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -136,6 +138,9 @@ enum Command {
         #[arg(long, value_name = "N")]
         max_jobs: Option<usize>,
     },
+    /// Move the controller's state in and out of a store (SQLite or Firestore).
+    #[command(subcommand)]
+    State(StateCommand),
     /// Print a shell completion script.
     #[command(
         after_help = "Example:\n  tpu-runner completions bash > ~/.local/share/bash-completion/completions/tpu-runner"
@@ -143,6 +148,47 @@ enum Command {
     Completions {
         /// The shell.
         shell: clap_complete::Shell,
+    },
+}
+
+/// Where a command finds its state store.
+#[derive(Debug, clap::Args)]
+struct StoreOpts {
+    /// The state store: `sqlite:PATH` or `firestore` (project and runner from the fleet) or
+    /// `firestore:PROJECT/DATABASE`. Default: `.tpu-runner/state.db` beside the fleet file.
+    #[arg(long, env = "TPU_RUNNER_STORE", value_name = "URL")]
+    store: Option<String>,
+    /// The fleet file (names a Firestore store's project and collections).
+    #[arg(long, env = "TPU_RUNNER_DEPLOYMENT", default_value = "deployment.yaml")]
+    fleet: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+enum StateCommand {
+    /// Print everything in the store (finished jobs included) as state JSON
+    /// (docs/state-schema.md).
+    #[command(
+        after_help = "Examples:\n  tpu-runner state export > state.json\n  tpu-runner state export --store firestore --fleet deployment.yaml --output backup.json\n  tpu-runner plan --fleet deployment.yaml --state state.json"
+    )]
+    Export {
+        #[command(flatten)]
+        store: StoreOpts,
+        /// Write to this file instead of stdout (never over an existing file without --force).
+        #[arg(long, value_name = "PATH")]
+        output: Option<PathBuf>,
+        /// Replace an existing --output file.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Write a state JSON document into an empty store.
+    #[command(
+        after_help = "Examples:\n  tpu-runner state import backup.json --store sqlite:.tpu-runner/state.db\n  FIRESTORE_EMULATOR_HOST=127.0.0.1:8086 tpu-runner state import state.json --store firestore"
+    )]
+    Import {
+        /// The state JSON file.
+        file: PathBuf,
+        #[command(flatten)]
+        store: StoreOpts,
     },
 }
 
@@ -237,6 +283,25 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             horizon_hours,
             max_jobs,
         }),
+        Command::State(StateCommand::Export {
+            store,
+            output,
+            force,
+        }) => state::export(
+            &state::StoreArgs {
+                store: store.store.as_deref(),
+                fleet: &store.fleet,
+            },
+            output.as_deref(),
+            force,
+        ),
+        Command::State(StateCommand::Import { file, store }) => state::import(
+            &state::StoreArgs {
+                store: store.store.as_deref(),
+                fleet: &store.fleet,
+            },
+            &file,
+        ),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "tpu-runner", &mut out);
@@ -268,6 +333,32 @@ fn init(path: &Path) -> Result<ExitStatus, Failure> {
         .map_err(|e| Failure::io("write", path, &e, None))?;
     print_stdout(&format!("wrote {}\n", path.display()));
     Ok(ExitStatus::Ok)
+}
+
+/// Creates an output file: refuses an existing one unless `force` (and never a folder), so
+/// no flag can destroy an input.
+pub(crate) fn create_output(path: &Path, force: bool) -> Result<std::fs::File, Failure> {
+    if path.is_dir() {
+        return Err(Failure {
+            message: format!(
+                "error: `{}` is a folder: --output needs a file path\n",
+                path.display()
+            ),
+            status: ExitStatus::Io,
+        });
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true);
+    if force {
+        options.create(true).truncate(true);
+    } else {
+        options.create_new(true);
+    }
+    options.open(path).map_err(|e| {
+        let hint = (e.kind() == std::io::ErrorKind::AlreadyExists)
+            .then_some("pass --force to replace it, or another path");
+        Failure::io("create", path, &e, hint)
+    })
 }
 
 /// Reads a user file as UTF-8, with an actionable error.

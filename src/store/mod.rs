@@ -267,9 +267,18 @@ pub struct FleetDefaults {
     pub project: String,
 }
 
-/// Opens the store at `url` (creating an SQLite file and its folder when missing).
-pub fn open(url: &StoreUrl, fleet: &FleetDefaults) -> Result<Box<dyn StateStore>, StoreError> {
+/// Opens the store at `url`. A missing SQLite file (and its folder) is created when
+/// `create`, else refused (a command that only reads never leaves a file behind).
+pub fn open(
+    url: &StoreUrl,
+    fleet: &FleetDefaults,
+    create: bool,
+) -> Result<Box<dyn StateStore>, StoreError> {
     match url {
+        StoreUrl::Sqlite(path) if !create && !path.exists() => Err(StoreError {
+            store: format!("sqlite:{}", path.display()),
+            message: "does not exist (nothing was submitted to it yet): pass --store sqlite:PATH or --fleet beside an existing .tpu-runner/state.db".into(),
+        }),
         StoreUrl::Sqlite(path) => Ok(Box::new(sqlite::SqliteStore::open(path)?)),
         StoreUrl::Firestore { project, database } => {
             let project = project.clone().unwrap_or_else(|| fleet.project.clone());
