@@ -32,8 +32,8 @@ fn sabotaged(
 ) -> Option<(String, f64)> {
     let mut mutator = |st: &mut State, a: &mut Vec<Action>, now: Timestamp| sabotage(st, a, now);
     let hooks = Hooks {
-        checker: None,
         mutator: Some(&mut mutator),
+        ..Hooks::default()
     };
     harness::run(
         s,
@@ -176,4 +176,78 @@ fn short_sweep_with_every_fault_finds_nothing() {
             );
         }
     }
+}
+
+/// The controller's state kept in SQLite (every pass loads from it and commits to it; a
+/// crashed controller knows only what the store holds) gives the same run as in memory:
+/// the same events, metrics and final state, with crashes before commit, before acting and
+/// while acting, and a stale controller fenced by the store itself.
+#[test]
+fn a_controller_on_sqlite_runs_exactly_as_in_memory() {
+    let s = load("scenarios/chaos/mixed.yaml");
+    let mut crashes = 0;
+    for seed in 1..=4 {
+        let memory = harness::run(&s, "classic", seed, chaos(&s), Hooks::default())
+            .unwrap_or_else(|v| panic!("seed {seed} in memory: {}", v.message));
+        let dir = tempfile::tempdir().unwrap();
+        let mut store =
+            tpu_runner::store::sqlite::SqliteStore::open(&dir.path().join("state.db")).unwrap();
+        let stored = harness::run(
+            &s,
+            "classic",
+            seed,
+            chaos(&s),
+            Hooks {
+                store: Some(&mut store),
+                ..Hooks::default()
+            },
+        )
+        .unwrap_or_else(|v| {
+            panic!(
+                "seed {seed} on SQLite: {} at {} s\nreplay: cargo test --test chaos a_controller_on_sqlite",
+                v.message, v.at_s
+            )
+        });
+        let without_wall = |r: &harness::RunResult| {
+            let mut m = r.metrics.clone();
+            m.wall_s = 0.0;
+            format!("{m:?}")
+        };
+        assert_eq!(
+            stored.event_hash, memory.event_hash,
+            "seed {seed}: events differ"
+        );
+        assert_eq!(
+            without_wall(&stored),
+            without_wall(&memory),
+            "seed {seed}: metrics differ"
+        );
+        assert_eq!(stored.state.jobs, memory.state.jobs, "seed {seed}");
+        assert_eq!(stored.state.finished, memory.state.finished, "seed {seed}");
+        assert_eq!(
+            stored.state.resources, memory.state.resources,
+            "seed {seed}"
+        );
+        crashes += [
+            "crash_before_commit",
+            "crash_before_acting",
+            "crash_while_acting",
+        ]
+        .iter()
+        .map(|k| memory.metrics.faults.get(*k).copied().unwrap_or(0))
+        .sum::<u64>();
+        // And the store holds what the run ended with.
+        use tpu_runner::store::StateStore;
+        let exported = store.export().unwrap();
+        assert_eq!(
+            exported.jobs, memory.state.jobs,
+            "seed {seed}: the store's active jobs"
+        );
+        assert_eq!(
+            exported.finished.len(),
+            memory.state.finished.len(),
+            "seed {seed}"
+        );
+    }
+    assert!(crashes > 0, "the seeds crash the controller");
 }

@@ -19,6 +19,7 @@ use crate::engine::state::{BucketRegion, Job, JobStatus};
 use crate::engine::{Engine, Event, Observation, PassOutput, State, Timestamp, lease, policy};
 use crate::spec::fleet::SshTransport;
 use crate::spec::{EntryKind, JobSpec, Name, Priority, TpuRequest, gcp};
+use crate::store::{Base, CommitOutcome, CreateResult, Fence, StateStore, StoreError};
 
 /// Wall-clock instant of simulated time 0 (2026-01-01T00:00:00Z).
 pub const EPOCH: Timestamp = Timestamp::from_secs(1_767_225_600);
@@ -78,6 +79,61 @@ pub struct Hooks<'h> {
     pub checker: Option<&'h mut Checker<'h>>,
     /// Called between the engine's decision and acting on it.
     pub mutator: Option<&'h mut Mutator<'h>>,
+    /// Keep the controller's state in this (empty) store, as production does: jobs are
+    /// created in it as they arrive, every pass loads the active state from it and commits
+    /// its changes fenced by the lease, and a crashed controller knows only what it holds.
+    pub store: Option<&'h mut dyn StateStore>,
+}
+
+/// The controller's link to its store in a run: loads and commits, with the lease.
+struct StoreLink<'s> {
+    store: &'s mut dyn StateStore,
+    base: Option<Base>,
+}
+
+impl StoreLink<'_> {
+    fn fail(e: StoreError, t_ms: u64) -> Violation {
+        Violation {
+            message: format!("the state store failed: {e}"),
+            at_s: t_ms as f64 / 1000.0,
+            recent_events: Vec::new(),
+        }
+    }
+
+    /// Brings `state` to what the store holds now (what a controller reads before a pass,
+    /// and all a restarted one knows). Only records that differ are replaced, so the
+    /// engine's caches (which the harness keeps across a crash in memory too) stay valid;
+    /// a store missing a commit would revert the records of that commit here. `finished`
+    /// (history for metrics and checks) stays: a pass never reads it.
+    fn load(&mut self, state: &mut State, t_ms: u64) -> Result<(), Violation> {
+        let loaded = self.store.load_active().map_err(|e| Self::fail(e, t_ms))?;
+        self.base = Some(crate::store::changes::sync(state, loaded));
+        Ok(())
+    }
+
+    /// Commits a pass; a refusal is a violation (nothing else writes to this store).
+    fn commit(
+        &mut self,
+        state: &State,
+        events: &[Event],
+        fence: &Fence,
+        now: Timestamp,
+        t_ms: u64,
+    ) -> Result<(), Violation> {
+        let base = self.base.as_mut().expect("loaded before the pass");
+        match self
+            .store
+            .commit_pass(base, state, events, fence, now)
+            .map_err(|e| Self::fail(e, t_ms))?
+        {
+            CommitOutcome::Committed => Ok(()),
+            refused => Err(Violation {
+                message: format!("the store refused the controller's commit: {refused:?}"),
+                at_s: t_ms as f64 / 1000.0,
+                recent_events: Vec::new(),
+            }),
+        }
+    }
 }
 
 /// What a step exposes to invariant checkers.
@@ -323,7 +379,18 @@ pub fn run(
     let Hooks {
         mut checker,
         mut mutator,
+        store,
     } = hooks;
+    let mut store = store.map(|store| StoreLink { store, base: None });
+    let fence = Fence {
+        owner: "controller".into(),
+        epoch: "e2".into(),
+    };
+    if let Some(link) = store.as_mut() {
+        link.store
+            .set_epoch("e2", EPOCH)
+            .map_err(|e| StoreLink::fail(e, 0))?;
+    }
     let started = std::time::Instant::now();
     let policy = policy::by_name(policy_name).unwrap_or_else(|| Box::new(policy::Classic));
     let engine = Engine::new(scenario.fleet.clone(), scenario.engine, policy);
@@ -411,8 +478,22 @@ pub fn run(
                 .register_job(&arrival.id, arrival.behaviour.clone());
             let job = job_of(scenario, arrival, types);
             let id = job.id;
-            if state.submit(job).is_ok() {
-                submitted.push(id);
+            match store.as_mut() {
+                // The job is submitted to the store; the next pass reads it from there.
+                Some(link) => {
+                    let created = link
+                        .store
+                        .create_jobs(std::slice::from_ref(&job), now)
+                        .map_err(|e| StoreLink::fail(e, t_ms))?;
+                    if created == CreateResult::Created {
+                        submitted.push(id);
+                    }
+                }
+                None => {
+                    if state.submit(job).is_ok() {
+                        submitted.push(id);
+                    }
+                }
             }
             next_arrival += 1;
             arrived = true;
@@ -477,6 +558,52 @@ pub fn run(
                 now,
             )
             .ok();
+            if let Some(link) = store.as_mut() {
+                // The same through the store: the stale controller is refused both the
+                // lease and any commit, and the running one renews its lease.
+                if chaos.is_some_and(|c| c.stale_controller > 0.0) {
+                    let stale = Fence {
+                        owner: "stale-controller".into(),
+                        epoch: "e1".into(),
+                    };
+                    let refused = link
+                        .store
+                        .acquire_lease("stale-controller", "e1", 900, now)
+                        .map_err(|e| StoreLink::fail(e, t_ms))?
+                        .is_err();
+                    let mut base = link
+                        .store
+                        .load_active()
+                        .map_err(|e| StoreLink::fail(e, t_ms))?;
+                    let fenced = matches!(
+                        link.store
+                            .commit_pass(&mut base.base, &state, &[], &stale, now)
+                            .map_err(|e| StoreLink::fail(e, t_ms))?,
+                        CommitOutcome::Fenced { .. }
+                    );
+                    if !refused || !fenced {
+                        return Err(Violation {
+                            message: "a controller with a stale epoch was let through by the store"
+                                .into(),
+                            at_s: t_ms as f64 / 1000.0,
+                            recent_events: recent.iter().cloned().collect(),
+                        });
+                    }
+                }
+                if let Err(refusal) = link
+                    .store
+                    .acquire_lease("controller", "e2", 900, now)
+                    .map_err(|e| StoreLink::fail(e, t_ms))?
+                {
+                    return Err(Violation {
+                        message: format!("the controller lost its lease: {refusal:?}"),
+                        at_s: t_ms as f64 / 1000.0,
+                        recent_events: recent.iter().cloned().collect(),
+                    });
+                }
+                // Every pass reads what the store holds (new jobs, others' writes).
+                link.load(&mut state, t_ms)?;
+            }
             let crash =
                 chaos.and_then(|c| fault(&mut chaos_rng, c.crash).then(|| chaos_rng.index(3)));
             // What this pass sees is the cloud at its start: changes while its reads and
@@ -560,6 +687,13 @@ pub fn run(
                     // After a stale view the next pass must look again (production passes
                     // run every interval anyway; only the skipping shortcut needs telling).
                     acted = !out.actions.is_empty() || stale;
+                    // The driver persists the pass before acting (a crash before commit
+                    // loses it).
+                    if crash != Some(0)
+                        && let Some(link) = store.as_mut()
+                    {
+                        link.commit(&state, &out.events, &fence, now, t_ms)?;
+                    }
                     match crash {
                         None => feedback = driver::execute(&mut backend, &out.actions, now),
                         Some(point) => {
@@ -571,8 +705,19 @@ pub fn run(
                                 ))
                                 .or_default() += 1;
                             feedback = Feedback::default();
+                            let committed = committed.expect("cloned for a crash");
+                            if let Some(link) = store.as_mut() {
+                                // Only the store survives. The harness's bookkeeping is
+                                // that of the in-memory run (the last committed copy after
+                                // a crash before commit); the records come from the store.
+                                if point == 0 {
+                                    state = committed.clone();
+                                }
+                                link.load(&mut state, t_ms)?;
+                            }
                             match point {
-                                0 => state = committed.expect("cloned for a crash"),
+                                0 if store.is_some() => {}
+                                0 => state = committed,
                                 1 => {}
                                 _ => {
                                     let k = chaos_rng.index(out.actions.len() + 1);

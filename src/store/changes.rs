@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{ControllerDocs, Version, Versions};
+use super::{ControllerDocs, Loaded, Version, Versions};
 use crate::engine::State;
 use crate::engine::sorted_map::Revision;
 use crate::engine::state::{InterruptionRequest, Job, Resource};
@@ -202,4 +202,49 @@ impl<'s> ChangeSet<'s> {
             + self.requests.len()
             + usize::from(self.controller.is_some())
     }
+}
+
+/// Brings the active part of a long-lived controller's `state` to `fresh` (a new load),
+/// touching only the records that differ, so what the engine keeps between passes stays
+/// valid for the others. Jobs no longer active in the store leave `state.jobs` (their
+/// history stays in the store); closed interruption requests kept in memory stay. Returns
+/// the base for the next commit: `fresh_base` with revisions taken after the sync.
+pub fn sync(state: &mut State, fresh: Loaded) -> Base {
+    let Loaded {
+        state: fresh,
+        base: mut fresh_base,
+    } = fresh;
+    let gone: Vec<Name> = state
+        .jobs
+        .keys()
+        .filter(|id| !fresh.jobs.contains_key(id))
+        .copied()
+        .collect();
+    for id in gone {
+        state.jobs.remove(&id);
+    }
+    for (id, job) in fresh.jobs.iter() {
+        if state.jobs.get(id) != Some(job) {
+            state.jobs.insert(*id, job.clone());
+        }
+    }
+    for (id, r) in fresh.resources.iter() {
+        if state.resources.get(id) != Some(r) {
+            state.resources.insert(*id, r.clone());
+        }
+    }
+    for (id, r) in fresh.interruption_requests {
+        if state.interruption_requests.get(&id) != Some(&r) {
+            state.interruption_requests.insert(id, r);
+        }
+    }
+    if state.entry_backoff != fresh.entry_backoff {
+        state.entry_backoff = fresh.entry_backoff;
+    }
+    if state.notices != fresh.notices {
+        state.notices = fresh.notices;
+    }
+    fresh_base.jobs_at = state.jobs.revision();
+    fresh_base.resources_at = state.resources.revision();
+    fresh_base
 }
