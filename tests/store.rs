@@ -1230,3 +1230,59 @@ fn resource_records_survive_a_round_trip() {
         );
     }
 }
+
+/// A one-shot HTTP server on loopback answering every request with `status` and `body`
+/// (what a real Firestore says to a caller without the role).
+fn canned_server(status: u16, body: &'static str) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(4) {
+            let Ok(mut stream) = stream else { continue };
+            let mut buf = [0u8; 65536];
+            let _ = stream.read(&mut buf);
+            let reply = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(reply.as_bytes());
+        }
+    });
+    addr
+}
+
+#[test]
+fn permission_errors_name_the_store_and_the_role() {
+    let addr = canned_server(
+        403,
+        r#"{"error":{"code":403,"message":"Missing or insufficient permissions.","status":"PERMISSION_DENIED"}}"#,
+    );
+    let e =
+        FirestoreStore::open("p", "(default)", "runner", Endpoint::emulator(&addr)).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("permission denied") && text.contains("roles/datastore.user"),
+        "{text}"
+    );
+    assert!(
+        text.contains("firestore:projects/p/databases/(default)"),
+        "{text}"
+    );
+    // A database that does not exist says how to create it.
+    let addr = canned_server(
+        404,
+        r#"{"error":{"code":404,"message":"The database (default) does not exist for project p","status":"NOT_FOUND"}}"#,
+    );
+    let e =
+        FirestoreStore::open("p", "(default)", "runner", Endpoint::emulator(&addr)).unwrap_err();
+    assert!(e.to_string().contains("tpu-runner deploy"), "{e}");
+    // SQLite where no file can be created (even for root).
+    let e = SqliteStore::open(Path::new("/proc/tpu-runner-test/state.db")).unwrap_err();
+    assert!(e.to_string().contains("cannot create the folder"), "{e}");
+    let e = SqliteStore::open(Path::new("/proc/self/state.db")).unwrap_err();
+    assert!(
+        e.to_string().contains("permission") || e.to_string().contains("cannot be opened"),
+        "{e}"
+    );
+}

@@ -44,6 +44,10 @@ impl Timestamp {
     /// the original reads naive times.
     pub fn parse(text: &str) -> Result<Timestamp, String> {
         let text = text.trim();
+        // Instants outside RFC 3339's years are written as milliseconds (see `Display`).
+        if let Some(ms) = text.strip_suffix("ms").and_then(|n| n.parse::<i64>().ok()) {
+            return Ok(Timestamp(ms));
+        }
         if let Ok(ts) = text.parse::<jiff::Timestamp>() {
             return Ok(Timestamp(ts.as_millisecond()));
         }
@@ -89,5 +93,8 @@ mod tests {
         assert_eq!(t.to_string(), "2026-11-30T03:04:05.123Z");
         assert_eq!(Timestamp::parse("2026-11-30T03:04:05.123").unwrap(), t);
         assert!(Timestamp::parse("yesterday").is_err());
+        // Far instants are written as milliseconds and read back.
+        let far = Timestamp(i64::MAX / 2);
+        assert_eq!(Timestamp::parse(&far.to_string()), Ok(far));
     }
 }
