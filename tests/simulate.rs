@@ -2,7 +2,7 @@
 //! nothing, the bound is reached with ample capacity and never exceeded, the bound equals a
 //! general max flow, trace statistics match the data, bad scenarios get clear errors.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 use tpu_runner::simulate::harness::{self, RunOptions};
@@ -259,15 +259,13 @@ fn goodput_never_exceeds_the_bound() {
         "scenarios/regional-stockout.yaml",
         "scenarios/huge-multihost.yaml",
         "scenarios/trc-mixed.yaml",
+        "scenarios/philly-replay.yaml",
     ];
     if shared_data().is_some() {
-        files.extend([
-            "scenarios/preemption-storm.yaml",
-            "scenarios/philly-replay.yaml",
-        ]);
+        files.push("scenarios/traces/preemption-storm.yaml");
     }
     for rel in files {
-        let s = load(rel);
+        let s = load_traced(rel);
         for policy in tpu_runner::engine::policy::NAMES {
             for seed in 1..=2 {
                 let r = harness::run(&s, policy, seed, RunOptions::default(), Default::default())
@@ -373,13 +371,51 @@ proptest! {
     }
 }
 
+/// The unlicensed spot traces, when this checkout has them beside it (`../shared/data`, or
+/// `TPU_RUNNER_TRACES`); scenarios/traces/README.md says how to fetch them.
 fn shared_data() -> Option<PathBuf> {
-    let dir = root().join("../shared/data");
-    if dir.is_dir() {
+    let dir = std::env::var_os("TPU_RUNNER_TRACES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("../shared/data"));
+    if dir.join("spot-traces").is_dir() {
         Some(dir)
     } else {
-        eprintln!("note: ../shared/data is absent; trace statistics not checked");
+        eprintln!(
+            "note: the spot traces are absent (../shared/data, TPU_RUNNER_TRACES); trace statistics and scenarios/traces not checked"
+        );
         None
+    }
+}
+
+/// Loads a shipped scenario, with `$TRACES` from `shared_data()`.
+fn load_traced(rel: &str) -> scenario::Scenario {
+    scenario::load_with(&root().join(rel), shared_data().as_deref())
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn vendored_philly_data_loads_with_its_documented_statistics() {
+    // The vendored copies (scenarios/data, MIT and CC BY 4.0) are what ../shared/data holds.
+    let data = root().join("scenarios/data");
+    let csv = std::fs::read_to_string(data.join("gavel_philly_vc_traces_seed0.csv")).unwrap();
+    let widths = tpu_runner_sim::workload::read_column(&csv, "scale_factor").unwrap();
+    assert_eq!(widths.len(), 15_264);
+    assert_eq!(widths.iter().filter(|w| **w == 1.0).count(), 10_480);
+    let runtimes =
+        std::fs::read_to_string(data.join("philly_runtime_from_alibaba_analysis.csv")).unwrap();
+    let mut r = tpu_runner_sim::workload::read_column(&runtimes, "runtime").unwrap();
+    r.sort_by(f64::total_cmp);
+    assert_eq!(r.len(), 83_154);
+    assert!(
+        (r[r.len() / 2] - 1186.0).abs() < 2.0,
+        "median {}",
+        r[r.len() / 2]
+    );
+    for file in ["README.md", "LICENSE-gavel"] {
+        assert!(
+            data.join(file).is_file(),
+            "{file}: the licence and attribution travel with the data"
+        );
     }
 }
 
@@ -424,22 +460,6 @@ fn trace_loader_reproduces_the_data() {
     .unwrap();
     assert_eq!((t.drops_to_zero(), t.peak(), t.gap_seconds), (128, 1, 34));
     assert!((t.availability() - 0.639).abs() < 0.001);
-    // The Philly arrivals load and have the documented size and widths.
-    let csv = std::fs::read_to_string(data.join("jobs/gavel_philly_vc_traces_seed0.csv")).unwrap();
-    let widths = tpu_runner_sim::workload::read_column(&csv, "scale_factor").unwrap();
-    assert_eq!(widths.len(), 15_264);
-    assert_eq!(widths.iter().filter(|w| **w == 1.0).count(), 10_480);
-    let runtimes =
-        std::fs::read_to_string(data.join("jobs/philly_runtime_from_alibaba_analysis.csv"))
-            .unwrap();
-    let mut r = tpu_runner_sim::workload::read_column(&runtimes, "runtime").unwrap();
-    r.sort_by(f64::total_cmp);
-    assert_eq!(r.len(), 83_154);
-    assert!(
-        (r[r.len() / 2] - 1186.0).abs() < 2.0,
-        "median {}",
-        r[r.len() / 2]
-    );
 }
 
 #[test]
@@ -479,14 +499,28 @@ fn simulated_capacity_follows_the_trace_with_scale_offset_repeat_and_outages() {
 
 #[test]
 fn shipped_scenarios_load() {
-    let data = shared_data().is_some();
+    // Everything of the default glob loads on a fresh clone, with no data beside it.
     for entry in std::fs::read_dir(root().join("scenarios")).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "yaml") {
-            match scenario::load(&path) {
-                Ok(s) => assert!(!s.workloads.is_empty()),
-                Err(e) if !data && e.to_string().contains("shared/data") => {}
-                Err(e) => panic!("{}: {e}", path.display()),
+            let s = scenario::load_with(&path, Some(Path::new("/nonexistent")))
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(!s.workloads.is_empty());
+        }
+    }
+    // Those that need the spot traces load with them, and without say where to get them.
+    for entry in std::fs::read_dir(root().join("scenarios/traces")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let without = scenario::load_with(&path, Some(Path::new("/nonexistent")));
+            let e = without.expect_err("needs the traces").to_string();
+            assert!(
+                e.contains("--traces") && e.contains("scenarios/traces/README.md"),
+                "{e}"
+            );
+            if let Some(data) = shared_data() {
+                scenario::load_with(&path, Some(&data))
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             }
         }
     }

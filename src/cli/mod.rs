@@ -103,7 +103,7 @@ enum Command {
     },
     /// Simulate scenarios: the real engine against a deterministic simulated cloud.
     #[command(
-        after_help = "Examples:\n  tpu-runner simulate scenarios/*.yaml\n  tpu-runner simulate scenarios/preemption-storm.yaml --seeds 1..=20 --json results.json --report report/\n  tpu-runner simulate --chaos --seeds 1..=1000 scenarios/chaos/*.yaml"
+        after_help = "Examples:\n  tpu-runner simulate scenarios/*.yaml\n  tpu-runner simulate scenarios/regional-stockout.yaml --seeds 1..=20 --json results.json --report report/\n  tpu-runner simulate scenarios/traces/*.yaml --traces ../shared/data\n  tpu-runner simulate --chaos --seeds 1..=1000 scenarios/chaos/*.yaml"
     )]
     Simulate {
         /// Scenario files.
@@ -137,6 +137,10 @@ enum Command {
         /// Cap every workload at this many jobs; used by shrunk replays.
         #[arg(long, value_name = "N")]
         max_jobs: Option<usize>,
+        /// Read a scenario's `$TRACES/...` files from DIR (the spot traces the repository
+        /// does not carry: scenarios/traces/README.md).
+        #[arg(long, value_name = "DIR", env = "TPU_RUNNER_TRACES")]
+        traces: Option<PathBuf>,
     },
     /// Move the controller's state in and out of a store (SQLite or Firestore).
     #[command(subcommand)]
@@ -271,6 +275,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             chaos,
             horizon_hours,
             max_jobs,
+            traces,
         } => simulate::run(simulate::SimulateArgs {
             files: &files,
             seed,
@@ -282,6 +287,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             chaos,
             horizon_hours,
             max_jobs,
+            traces: traces.as_deref(),
         }),
         Command::State(StateCommand::Export {
             store,

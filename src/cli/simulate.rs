@@ -26,6 +26,7 @@ pub(crate) struct SimulateArgs<'a> {
     pub chaos: bool,
     pub horizon_hours: Option<f64>,
     pub max_jobs: Option<usize>,
+    pub traces: Option<&'a Path>,
 }
 
 /// Seeds one command may run (a typo such as `1..=1000000000` is refused, not run for days).
@@ -60,13 +61,13 @@ pub(crate) fn parse_seed_range(text: &str) -> Result<Vec<u64>, String> {
 /// runs; a scenario whose data files are missing (only that) is reported and left out, the
 /// others run, and the command then exits with [`ExitStatus::Io`]. Returns the scenarios
 /// and the reports of those left out.
-fn load_all(files: &[PathBuf]) -> Result<(Vec<Scenario>, String), Failure> {
+fn load_all(files: &[PathBuf], traces: Option<&Path>) -> Result<(Vec<Scenario>, String), Failure> {
     let mut scenarios = Vec::new();
     let mut errors = String::new();
     let mut missing = String::new();
     let mut status = ExitStatus::Io;
     for file in files {
-        match scenario::load(file) {
+        match scenario::load_with(file, traces) {
             Ok(s) => scenarios.push(s),
             Err(e @ ScenarioError::Missing(_)) => missing.push_str(&e.to_string()),
             Err(e) => {
@@ -113,7 +114,7 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
             status: ExitStatus::Usage,
         });
     }
-    let (mut scenarios, left_out) = load_all(args.files)?;
+    let (mut scenarios, left_out) = load_all(args.files, args.traces)?;
     for s in &mut scenarios {
         // Faults are fixed before any override, so a shortened replay keeps the same faults.
         if args.chaos && s.chaos.is_none() {

@@ -188,9 +188,35 @@ pub fn hosts_of(tpu_type: &TpuType) -> u32 {
     if chips <= 8 { 1 } else { chips / 4 }
 }
 
-/// Where the public traces are expected (never copied into the repository).
-const DATA_HINT: &str = "the public traces live in ../shared/data beside the repository; \
-                         see scenarios/README.md";
+/// Where data files the repository does not carry come from.
+const DATA_HINT: &str = "a `$TRACES/...` file is read from `--traces DIR` or TPU_RUNNER_TRACES; \
+                         scenarios/traces/README.md says where to fetch the spot traces";
+
+/// Where a scenario's files are: relative paths from the scenario's folder; `$TRACES/…`
+/// from the traces folder (`--traces DIR` or `TPU_RUNNER_TRACES`), for data the repository
+/// may not carry (the unlicensed spot traces).
+#[derive(Clone, Debug, Default)]
+pub struct Dirs {
+    /// The scenario file's folder.
+    pub scenario: PathBuf,
+    /// The traces folder, if given.
+    pub traces: Option<PathBuf>,
+}
+
+impl Dirs {
+    /// The path of `file` as written in the scenario.
+    pub fn join(&self, file: impl AsRef<Path>) -> PathBuf {
+        let file = file.as_ref();
+        match file.strip_prefix("$TRACES") {
+            Ok(rest) => match &self.traces {
+                Some(traces) => traces.join(rest),
+                // Left as written: reading it fails with the hint above.
+                None => file.to_path_buf(),
+            },
+            Err(_) => self.scenario.join(file),
+        }
+    }
+}
 
 /// Why a scenario could not be loaded.
 #[derive(Debug)]
@@ -234,16 +260,37 @@ const TOP: &[&str] = &[
 
 /// Reads a scenario file.
 pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    load_with(path, None)
+}
+
+/// Loads a scenario file with `$TRACES/…` files read from `traces` (default: the
+/// environment variable `TPU_RUNNER_TRACES`).
+pub fn load_with(path: &Path, traces: Option<&Path>) -> Result<Scenario, ScenarioError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ScenarioError::Io(format!("cannot read `{}`: {e}", path.display())))?;
-    parse(path, &text)
+    parse_with(path, &text, traces)
 }
 
 /// Parses scenario text; files it names are resolved relative to `path`'s directory.
 pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
+    parse_with(path, text, None)
+}
+
+/// Parses scenario text with `$TRACES/…` files read from `traces` (default:
+/// `TPU_RUNNER_TRACES`).
+pub fn parse_with(
+    path: &Path,
+    text: &str,
+    traces: Option<&Path>,
+) -> Result<Scenario, ScenarioError> {
     let file = path.display().to_string();
     let root = yaml::parse(&file, text).map_err(ScenarioError::Invalid)?;
-    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let dir = Dirs {
+        scenario: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+        traces: traces
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("TPU_RUNNER_TRACES").map(PathBuf::from)),
+    };
     let mut c = Checker::new(text);
     let mut unreadable = 0;
     let scenario = read(&mut c, &root, path, &dir, &mut unreadable);
@@ -260,7 +307,7 @@ fn read(
     c: &mut Checker<'_>,
     root: &Node,
     path: &Path,
-    dir: &Path,
+    dir: &Dirs,
     unreadable: &mut usize,
 ) -> Option<Scenario> {
     if matches!(root.value, Value::Null) {
@@ -503,7 +550,7 @@ fn read_chaos(c: &mut Checker<'_>, node: &Node, horizon_secs: u64) -> Option<Cha
 fn read_fleet(
     c: &mut Checker<'_>,
     node: &Node,
-    dir: &Path,
+    dir: &Dirs,
     unreadable: &mut usize,
 ) -> Option<FleetSpec> {
     match &node.value {
@@ -768,7 +815,7 @@ fn read_cloud(
     c: &mut Checker<'_>,
     node: &Node,
     fleet: &FleetSpec,
-    dir: &Path,
+    dir: &Dirs,
     unreadable: &mut usize,
 ) -> Option<CloudSpec> {
     let f = c.mapping(
@@ -1006,7 +1053,7 @@ fn read_cloud(
 fn read_pool_defaults(
     c: &mut Checker<'_>,
     node: &Node,
-    dir: &Path,
+    dir: &Dirs,
     unreadable: &mut usize,
 ) -> Option<PoolDefaults> {
     let f = c.mapping(
@@ -1038,7 +1085,7 @@ fn read_pool(
     c: &mut Checker<'_>,
     node: &Node,
     path: &str,
-    dir: &Path,
+    dir: &Dirs,
     unreadable: &mut usize,
 ) -> Option<PoolSpec> {
     let f = c.mapping(
@@ -1123,7 +1170,7 @@ fn read_capacity(
     c: &mut Checker<'_>,
     node: &Node,
     path: &str,
-    dir: &Path,
+    dir: &Dirs,
     unreadable: &mut usize,
 ) -> Option<Capacity> {
     const EXPECTED: &str = "`unlimited`, a number of slices, `{on_off: ...}` or `{trace: ...}`";
@@ -1229,7 +1276,7 @@ fn read_dist(
     c: &mut Checker<'_>,
     node: &Node,
     path: &str,
-    dir: &Path,
+    dir: &Dirs,
     unreadable: &mut usize,
 ) -> Option<Dist> {
     let f = c.mapping(
@@ -1432,7 +1479,7 @@ fn read_workloads(
     c: &mut Checker<'_>,
     node: &Node,
     types_by_width: Option<&BTreeMap<u32, Vec<TpuType>>>,
-    dir: &Path,
+    dir: &Dirs,
     unreadable: &mut usize,
 ) -> Option<Vec<WorkloadSpec>> {
     let items = c.list(node, "workload", "a non-empty list of workloads", false)?;
@@ -1621,7 +1668,7 @@ fn read_template(
     c: &mut Checker<'_>,
     f: &Fields<'_>,
     name: &str,
-    dir: &Path,
+    dir: &Dirs,
     unreadable: &mut usize,
 ) -> Option<Synthetic> {
     let is_trace = f.get("kind").and_then(Node::as_str) == Some("trace");
