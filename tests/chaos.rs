@@ -244,9 +244,8 @@ fn a_controller_on_sqlite_runs_exactly_as_in_memory() {
             "seed {seed}: the store's active jobs"
         );
         assert_eq!(
-            exported.finished.len(),
-            memory.state.finished.len(),
-            "seed {seed}"
+            exported.finished, memory.state.finished,
+            "seed {seed}: the store's history"
         );
     }
     assert!(crashes > 0, "the seeds crash the controller");

@@ -2,7 +2,6 @@
 //! store, and how every command finds its store (`--store URL`, `TPU_RUNNER_STORE`, or
 //! `.tpu-runner/state.db` beside the fleet file).
 
-use std::io::Write;
 use std::path::Path;
 
 use super::exit_codes::ExitStatus;
@@ -56,19 +55,18 @@ pub(crate) fn export(
     output: Option<&Path>,
     force: bool,
 ) -> Result<ExitStatus, Failure> {
-    // Check the output before reading anything: a bad path fails fast.
-    let file = match output {
-        Some(path) => Some(super::create_output(path, force)?),
-        None => None,
-    };
+    // Check the output before reading anything: a bad path fails fast, and an existing
+    // file is only replaced once the export succeeded.
+    if let Some(path) = output {
+        super::check_output(path, force)?;
+    }
     let mut store = open(args, false)?;
     let state = store.export().map_err(|e| store_failure(&e))?;
     let mut text = serde_json::to_string_pretty(&state).expect("a state serialises");
     text.push('\n');
-    match (file, output) {
-        (Some(mut file), Some(path)) => {
-            file.write_all(text.as_bytes())
-                .map_err(|e| Failure::io("write", path, &e, None))?;
+    match output {
+        Some(path) => {
+            super::write_output(path, &text, force)?;
             eprintln!(
                 "exported {} jobs ({} finished), {} TPU records from {} to {}",
                 state.jobs.len() + state.finished.len(),
@@ -78,7 +76,7 @@ pub(crate) fn export(
                 path.display()
             );
         }
-        _ => print_stdout(&text),
+        None => print_stdout(&text),
     }
     Ok(ExitStatus::Ok)
 }

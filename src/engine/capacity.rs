@@ -552,11 +552,11 @@ impl<'a> Pass<'a> {
                 self.clear_notice(format_args!("chip_limit:{}", entry.id));
             }
         }
-        if let Some(backoff) = self.state.entry_backoff.get(&entry.id).cloned() {
-            if backoff.until > self.now {
-                self.wake_at(backoff.until);
-                return;
-            }
+        if let Some(backoff) = self.state.entry_backoff.get(&entry.id).cloned()
+            && backoff.until > self.now
+        {
+            self.wake_at(backoff.until);
+            return;
         }
         for (i, name) in ordinals.iter().enumerate() {
             if missing == 0 {

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::Event;
+use super::lease::Lease;
 use super::state::{
     InterruptionRequest, InterruptionStatus, Job, JobStatus, Resource, ResourceStatus,
 };
@@ -91,8 +92,12 @@ pub fn cancel(
             };
         }
     };
-    // Both moves are legal from where the job is (checked above), so this cannot fail.
-    if job.transition(to, now).is_ok() && to == JobStatus::Deactivated {
+    if let Err(illegal) = job.transition(to, now) {
+        return CancelResult::Conflict {
+            reason: illegal.to_string(),
+        };
+    }
+    if to == JobStatus::Deactivated {
         job.end_reason = Some("cancelled".into());
     }
     CancelResult::Status {
@@ -131,8 +136,7 @@ fn provably_idle(job: &Job, owners: &dyn OwnerIndex) -> Result<(), String> {
             .owner
             .as_ref()
             .is_some_and(|o| o.job_id == job.id || o.attempt_id == attempt_id);
-        let half_owned = resource.status == ResourceStatus::Busy && resource.owner.is_none();
-        if points_here || half_owned {
+        if points_here {
             return Err(format!(
                 "TPU {} of the previous attempt still points at it",
                 resource.id
@@ -198,6 +202,54 @@ pub fn interruption_id(resource_id: &Name, job_id: &Name, attempt_id: &Name) -> 
         "attempt_id": attempt_id.as_str(),
     });
     Name::new(&crate::spec::names::stable_id("interrupt", &value))
+}
+
+/// Why a request for (`resource_id`, `job_id`, `attempt_id`) names no existing target, if
+/// it does not: the resource and the job must exist and the attempt be one of the job's.
+pub fn unknown_target(
+    resource: Option<&Resource>,
+    job: Option<&Job>,
+    resource_id: &Name,
+    job_id: &Name,
+    attempt_id: &Name,
+) -> Option<String> {
+    match (resource, job) {
+        (Some(_), Some(job)) if job.attempts.iter().any(|a| a.id == *attempt_id) => None,
+        (Some(_), Some(_)) => Some(format!(
+            "unknown interruption target: attempt {attempt_id} of job {job_id}"
+        )),
+        _ => Some(format!(
+            "unknown interruption target: resource {resource_id}, job {job_id}"
+        )),
+    }
+}
+
+/// Why `fence` may not write at `now` given the stored lease and epoch, if it may not: the
+/// epoch must be the current one, and the caller must hold an unexpired lease taken with it.
+pub fn fence_refusal(
+    lease: Option<&Lease>,
+    epoch: Option<&str>,
+    owner: &str,
+    fence_epoch: &str,
+    now: Timestamp,
+) -> Option<String> {
+    if let Some(current) = epoch
+        && current != fence_epoch
+    {
+        return Some(format!(
+            "epoch {fence_epoch} is not the current deployment's ({current})"
+        ));
+    }
+    match lease {
+        None => Some("nobody holds the controller lease".into()),
+        Some(l) if l.owner != owner => Some(format!("the controller lease is held by {}", l.owner)),
+        Some(l) if l.epoch != fence_epoch => Some(format!(
+            "the lease was taken with epoch {}, not {fence_epoch}",
+            l.epoch
+        )),
+        Some(l) if l.expires_at <= now => Some(format!("the lease expired at {}", l.expires_at)),
+        Some(_) => None,
+    }
 }
 
 /// A new `requested` interruption request after the target check of §2.1: the TPU is a

@@ -174,7 +174,7 @@ impl TpuType {
         let size: u32 = size
             .parse()
             .map_err(|_| format!("{EXPECTED}; the size is too large"))?;
-        if TENSORCORE_FAMILIES.contains(&family) && size % 2 != 0 {
+        if TENSORCORE_FAMILIES.contains(&family) && !size.is_multiple_of(2) {
             return Err(format!(
                 "an even size: `{family}` types count TensorCores, two per chip (e.g. `{family}-8` is 4 chips)"
             ));

@@ -138,7 +138,11 @@ impl<'s> ChangeSet<'s> {
                 removed.sort_unstable();
                 removed.dedup();
                 for id in removed {
-                    if let Some(job) = state.finished.get(&id) {
+                    if let Some(job) = state
+                        .finished
+                        .get(&id)
+                        .filter(|_| !state.jobs.contains_key(&id))
+                    {
                         set.jobs.push((job, expected(&base.jobs, &id)));
                     }
                 }
@@ -148,7 +152,7 @@ impl<'s> ChangeSet<'s> {
                     set.jobs.push((job, expected(&base.jobs, &job.id)));
                 }
                 for job in state.finished.values() {
-                    if base.jobs.contains_key(&job.id) {
+                    if base.jobs.contains_key(&job.id) && !state.jobs.contains_key(&job.id) {
                         set.jobs.push((job, expected(&base.jobs, &job.id)));
                     }
                 }
@@ -172,7 +176,7 @@ impl<'s> ChangeSet<'s> {
                 Some((_, read)) if read == request => {}
                 Some((v, _)) => set.requests.push((request, Some(v.clone()))),
                 // Closed requests not read at the load are history already stored.
-                None if is_closed(request) && !base.requests.contains_key(id) => {}
+                None if is_closed(request) => {}
                 None => set.requests.push((request, None)),
             }
         }
@@ -227,12 +231,19 @@ pub fn sync(state: &mut State, fresh: Loaded) -> Base {
         if state.jobs.get(id) != Some(job) {
             state.jobs.insert(*id, job.clone());
         }
+        // A job active in the store is not history (a refused pass may have retired it).
+        state.finished.remove(id);
     }
     for (id, r) in fresh.resources.iter() {
         if state.resources.get(id) != Some(r) {
             state.resources.insert(*id, r.clone());
         }
     }
+    // Open requests the store no longer has open were closed elsewhere: drop them (kept,
+    // each commit would try to create them again and conflict forever).
+    state
+        .interruption_requests
+        .retain(|id, r| is_closed(r) || fresh.interruption_requests.contains_key(id));
     for (id, r) in fresh.interruption_requests {
         if state.interruption_requests.get(&id) != Some(&r) {
             state.interruption_requests.insert(id, r);

@@ -2,9 +2,12 @@
 //! collections, `<prefix>_<kind>` with prefix = runner name with `-` → `_` (jobs, attempts,
 //! resources, interruption_requests, events, locks, lease_epochs), plus `<prefix>_controller`
 //! for backoffs, notices and the event counter. One document per job, attempt, resource
-//! and request; a record's version is its document's update time. Every operation is one
-//! read-write transaction (reads inside it, writes with preconditions), retried with backoff
-//! when Firestore aborts it for contention. Applies the engine's rules; decides nothing.
+//! and request; a record's version is its document's update time. Every write is one atomic
+//! `commit` whose writes carry preconditions on what was read (compare-and-set; documents
+//! only relied on get a `verify` write that changes nothing), retried on fresh reads when a
+//! precondition fails; loads and exports read in one read-only transaction. No read-write
+//! transaction is opened, so a killed client leaves no lock behind. Applies the engine's
+//! rules; decides nothing.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -26,8 +29,8 @@ use crate::spec::{Name, Priority};
 
 pub use crate::gcp::firestore::Endpoint;
 
-/// Attempts of a transaction aborted by contention before giving up.
-const MAX_TRIES: u32 = 10;
+/// How long an operation keeps trying when it loses races to concurrent writers.
+const RETRY_BUDGET: Duration = Duration::from_secs(60);
 
 /// Documents per query page.
 const PAGE: usize = 1000;
@@ -53,7 +56,17 @@ struct Collections {
 
 type Res<T> = Result<T, StoreError>;
 
-/// What one try of a transaction's body decided.
+/// The lease and the epoch as read, with their documents (for preconditions).
+struct LockDocs {
+    lease: Option<Lease>,
+    epoch: Option<String>,
+    lease_path: String,
+    lease_doc: Option<Doc>,
+    epoch_path: String,
+    epoch_doc: Option<Doc>,
+}
+
+/// What one try of an operation's body decided.
 enum Step<T> {
     /// Commit these writes, then return the value (and the writes' update times).
     Commit(Vec<Write>, T),
@@ -147,60 +160,72 @@ impl FirestoreStore {
         }
     }
 
-    /// Runs `body` in read-write transactions until one commits (or is not retryable).
-    fn transact<T>(
+    /// Runs `body` optimistically until its writes commit. `body` reads outside any
+    /// transaction (`tx` is `None`) and returns writes that each carry a precondition on
+    /// what it read: records it changes on their update time (or absence), documents it
+    /// only relied on through `verify` writes. One `commit` applies them all or none; a
+    /// failed precondition means someone wrote in between, and `body` runs again on fresh
+    /// reads. No read-write transaction is ever opened, so a client killed mid-operation
+    /// leaves no lock behind (Firestore keeps an abandoned transaction's locks for 60 s).
+    fn cas<T>(
         &mut self,
-        mut body: impl FnMut(&mut FirestoreStore, &str) -> Result<Step<T>, TxError>,
+        mut body: impl FnMut(&mut FirestoreStore, Option<&str>) -> Result<Step<T>, TxError>,
     ) -> Res<(T, Vec<String>)> {
-        let mut retry: Option<String> = None;
-        let mut last = None;
-        for attempt in 0..MAX_TRIES {
-            if attempt > 0 {
-                std::thread::sleep(backoff(attempt));
-            }
-            let tx = match self.client.begin(false, retry.as_deref()) {
-                Ok(tx) => tx,
-                Err(e) if retryable(&e) => {
-                    last = Some(e);
-                    continue;
-                }
-                Err(e) => return Err(self.error(&e)),
+        let started = std::time::Instant::now();
+        let mut attempt = 0;
+        loop {
+            let error = match body(self, None) {
+                Ok(Step::Done(value)) => return Ok((value, Vec::new())),
+                Ok(Step::Commit(writes, value)) => match self.client.commit(&writes, None) {
+                    Ok(times) => return Ok((value, times)),
+                    // Not applied: a precondition failed (someone wrote) or contention.
+                    Err(e) if lost_race(&e) || e.status == "ABORTED" => e,
+                    // No answer, or a server error: it may have been applied. Trying again
+                    // could report the caller's own write as someone else's.
+                    Err(e) if e.code == 0 || e.code >= 500 => {
+                        return Err(StoreError {
+                            store: self.describe(),
+                            message: format!(
+                                "the commit's outcome is unknown ({}): it may or may not have been written; read the state again before deciding (a controller reloads and redoes its pass)",
+                                explain(&e)
+                            ),
+                        });
+                    }
+                    Err(e) => return Err(self.error(&e)),
+                },
+                Err(TxError::Api(e)) if retryable(&e) => e,
+                Err(TxError::Api(e)) => return Err(self.error(&e)),
+                Err(TxError::Store(e)) => return Err(e),
             };
-            let result = body(self, &tx).and_then(|step| match step {
-                Step::Done(value) => {
-                    self.client.rollback(&tx);
-                    Ok((value, Vec::new()))
-                }
-                Step::Commit(writes, value) => {
-                    let times = self.client.commit(&writes, Some(&tx))?;
-                    Ok((value, times))
-                }
-            });
-            match result {
-                Ok(done) => return Ok(done),
-                Err(TxError::Api(e)) if e.status == "ABORTED" || retryable(&e) => {
-                    self.client.rollback(&tx);
-                    retry = Some(tx);
-                    last = Some(e);
-                }
-                Err(TxError::Api(e)) => {
-                    self.client.rollback(&tx);
-                    return Err(self.error(&e));
-                }
-                Err(TxError::Store(e)) => {
-                    self.client.rollback(&tx);
-                    return Err(e);
-                }
+            attempt += 1;
+            if started.elapsed() > RETRY_BUDGET {
+                return Err(StoreError {
+                    store: self.describe(),
+                    message: format!(
+                        "gave up after {attempt} tries in {} s lost to concurrent writers or unavailability (last: {}): try again",
+                        started.elapsed().as_secs(),
+                        explain(&error)
+                    ),
+                });
             }
+            std::thread::sleep(backoff(attempt));
         }
-        let e = last.expect("a failed try");
-        Err(StoreError {
-            store: self.describe(),
-            message: format!(
-                "gave up after {MAX_TRIES} tries aborted by contention or unavailability (last: {}): try again",
-                explain(&e)
-            ),
-        })
+    }
+
+    /// A write that changes nothing and fails unless `doc` (read at `path`) is unchanged,
+    /// or still absent.
+    fn verify(&self, path: String, doc: &Option<Doc>) -> Write {
+        match doc {
+            Some(doc) => Write::Set {
+                path,
+                fields: doc.fields.clone(),
+                precondition: Precondition::UpdateTime(doc.update_time.clone()),
+            },
+            None => Write::Delete {
+                path,
+                precondition: Precondition::Exists(false),
+            },
+        }
     }
 
     fn get(&mut self, paths: &[String], tx: Option<&str>) -> Result<Vec<Option<Doc>>, ApiError> {
@@ -353,9 +378,9 @@ impl FirestoreStore {
     }
 
     /// The event counter read in `tx`: (last sequence number, its update time).
-    fn event_counter(&mut self, tx: &str) -> Result<(u64, Option<String>), TxError> {
+    fn event_counter(&mut self, tx: Option<&str>) -> Result<(u64, Option<String>), TxError> {
         let path = format!("{}/events", self.names().controller);
-        Ok(match self.get(&[path], Some(tx))?.pop().flatten() {
+        Ok(match self.get(&[path], tx)?.pop().flatten() {
             Some(doc) => (
                 doc.fields.get("next").and_then(Value::as_u64).unwrap_or(0),
                 Some(doc.update_time),
@@ -364,33 +389,123 @@ impl FirestoreStore {
         })
     }
 
-    fn read_locks(&mut self, tx: Option<&str>) -> Result<(Option<Lease>, Option<String>), TxError> {
+    /// The lease and epoch documents, as read.
+    fn lock_docs(&mut self, tx: Option<&str>) -> Result<LockDocs, TxError> {
         let names = self.names();
         let paths = [
             format!("{}/controller", names.locks),
             format!("{}/controller", names.epochs),
         ];
-        let docs = self.get(&paths, tx)?;
-        let lease = match &docs[0] {
-            Some(doc) => Some(
-                serde_json::from_value::<Lease>(Value::Object(doc.fields.clone()))
-                    .map_err(|e| self.bad(&paths[0], e))?,
-            ),
-            None => None,
-        };
-        let epoch = docs[1]
+        let mut docs = self.get(&paths, tx)?;
+        let epoch_doc = docs.pop().flatten();
+        let lease_doc = docs.pop().flatten();
+        // A lease that cannot be read is acquirable (§2.1), never a dead controller.
+        let lease = lease_doc.as_ref().and_then(|doc| {
+            serde_json::from_value::<Lease>(Value::Object(doc.fields.clone())).ok()
+        });
+        let epoch = epoch_doc
             .as_ref()
             .and_then(|d| d.fields.get("epoch"))
             .and_then(Value::as_str)
             .map(str::to_owned);
-        Ok((lease, epoch))
+        Ok(LockDocs {
+            lease,
+            epoch,
+            lease_path: paths[0].clone(),
+            lease_doc,
+            epoch_path: paths[1].clone(),
+            epoch_doc,
+        })
+    }
+
+    fn read_locks(&mut self, tx: Option<&str>) -> Result<(Option<Lease>, Option<String>), TxError> {
+        let docs = self.lock_docs(tx)?;
+        Ok((docs.lease, docs.epoch))
     }
 
     fn parse<T: serde::de::DeserializeOwned>(&self, doc: Doc) -> Res<T> {
-        let name = doc.name.clone();
-        let mut fields = doc.fields;
-        fields.remove("active");
-        serde_json::from_value(Value::Object(fields)).map_err(|e| self.bad(&name, e))
+        serde_json::from_value(Value::Object(doc.fields)).map_err(|e| self.bad(&doc.name, e))
+    }
+
+    /// A request document without the `active` flag the store adds.
+    fn parse_request(&self, mut doc: Doc) -> Res<InterruptionRequest> {
+        doc.fields.remove("active");
+        self.parse(doc)
+    }
+
+    /// Runs `f` in one read-only transaction (a consistent snapshot), rolled back after.
+    fn read_only<T>(&mut self, f: impl FnOnce(&mut FirestoreStore, &str) -> Res<T>) -> Res<T> {
+        let tx = self.client.begin(true, None).map_err(|e| self.error(&e))?;
+        let result = f(self, &tx);
+        self.client.rollback(&tx);
+        result
+    }
+
+    /// Jobs from their documents and their attempts' documents, with each job's version.
+    fn jobs_of(&self, job_docs: Vec<Doc>, attempt_docs: Vec<Doc>) -> Res<Vec<(Job, String)>> {
+        let mut attempts: BTreeMap<String, Vec<Map<String, Value>>> = BTreeMap::new();
+        for doc in attempt_docs {
+            let job = doc
+                .fields
+                .get("job_id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            attempts.entry(job).or_default().push(doc.fields);
+        }
+        job_docs
+            .into_iter()
+            .map(|doc| {
+                let id = doc.id().to_owned();
+                let job = self.job_of(
+                    doc.fields,
+                    attempts.remove(&id).unwrap_or_default(),
+                    &doc.name,
+                )?;
+                Ok((job, doc.update_time))
+            })
+            .collect()
+    }
+
+    /// The active state and its base, read in `tx`.
+    fn load_in(&mut self, tx: &str) -> Res<Loaded> {
+        let names = self.names();
+        let mut state = State::new();
+        let active = |field: &str| vec![Filter::new(field, "EQUAL", json!(true))];
+        let job_docs = self.all(&names.jobs, active("active"), Some(tx))?;
+        let attempt_docs = self.all(&names.attempts, active("job_active"), Some(tx))?;
+        let mut job_versions = Versions::default();
+        for (job, time) in self.jobs_of(job_docs, attempt_docs)? {
+            job_versions.insert(job.id, Version(time));
+            state.jobs.insert(job.id, job);
+        }
+        let mut resource_versions = Versions::default();
+        for doc in self.all(&names.resources, Vec::new(), Some(tx))? {
+            let time = doc.update_time.clone();
+            let r: Resource = self.parse(doc)?;
+            resource_versions.insert(r.id, Version(time));
+            state.resources.insert(r.id, r);
+        }
+        let mut request_versions = BTreeMap::new();
+        for doc in self.all(&names.requests, active("active"), Some(tx))? {
+            let time = doc.update_time.clone();
+            let r = self.parse_request(doc)?;
+            request_versions.insert(r.id, Version(time));
+            state.interruption_requests.insert(r.id, r);
+        }
+        let paths = [
+            format!("{}/backoff", names.controller),
+            format!("{}/notices", names.controller),
+        ];
+        let mut docs = self.get(&paths, Some(tx)).map_err(|e| self.error(&e))?;
+        if let Some(doc) = docs.pop().flatten() {
+            state.notices = self.parse(doc)?;
+        }
+        if let Some(doc) = docs.pop().flatten() {
+            state.entry_backoff = self.parse(doc)?;
+        }
+        let base = Base::new(&state, job_versions, resource_versions, request_versions);
+        Ok(Loaded { state, base })
     }
 
     fn all(&mut self, collection: &str, filters: Vec<Filter>, tx: Option<&str>) -> Res<Vec<Doc>> {
@@ -406,6 +521,14 @@ impl FirestoreStore {
             )
             .map_err(|e| self.error(&e))
     }
+}
+
+/// A commit refused because a precondition no longer held: someone wrote first.
+fn lost_race(e: &ApiError) -> bool {
+    matches!(
+        e.status.as_str(),
+        "FAILED_PRECONDITION" | "ALREADY_EXISTS" | "NOT_FOUND"
+    )
 }
 
 /// Retryable transport or server failures (the call may be made again).
@@ -455,7 +578,7 @@ fn precondition(expected: &Option<Version>) -> Precondition {
 
 struct Owners<'a> {
     store: std::cell::RefCell<&'a mut FirestoreStore>,
-    tx: &'a str,
+    tx: Option<&'a str>,
     error: std::cell::RefCell<Option<TxError>>,
 }
 
@@ -480,7 +603,7 @@ impl OwnerIndex for Owners<'_> {
                     filters: vec![Filter::new(field, "EQUAL", json!(value.as_str()))],
                     ..Query::default()
                 },
-                Some(self.tx),
+                self.tx,
                 PAGE,
             );
             let docs = self.keep(docs.map_err(TxError::from));
@@ -500,7 +623,7 @@ impl OwnerIndex for Owners<'_> {
     fn resource(&self, id: &Name) -> Option<Resource> {
         let mut store = self.store.borrow_mut();
         let path = format!("{}/{id}", store.names().resources);
-        let doc = self.keep(store.get(&[path], Some(self.tx)).map_err(TxError::from));
+        let doc = self.keep(store.get(&[path], self.tx).map_err(TxError::from));
         let doc = doc.into_iter().next().flatten()?;
         self.keep(store.parse(doc).map(Some).map_err(TxError::from))
     }
@@ -513,12 +636,12 @@ impl StateStore for FirestoreStore {
 
     fn create_jobs(&mut self, jobs: &[Job], _now: Timestamp) -> Res<CreateResult> {
         let jobs_coll = self.names().jobs;
-        let (result, _) = self.transact(|store, tx| {
+        let (result, _) = self.cas(|store, tx| {
             let paths: Vec<String> = jobs
                 .iter()
                 .map(|j| format!("{jobs_coll}/{}", j.id))
                 .collect();
-            let found = store.get(&paths, Some(tx))?;
+            let found = store.get(&paths, tx)?;
             let mut exist: Vec<Name> = jobs
                 .iter()
                 .zip(&found)
@@ -542,8 +665,8 @@ impl StateStore for FirestoreStore {
     }
 
     fn cancel_job(&mut self, id: &Name, if_pending: bool, now: Timestamp) -> Res<CancelResult> {
-        let (result, _) = self.transact(|store, tx| {
-            let mut read = store.read_job(id, Some(tx))?;
+        let (result, _) = self.cas(|store, tx| {
+            let mut read = store.read_job(id, tx)?;
             let owners = Owners {
                 store: std::cell::RefCell::new(store),
                 tx,
@@ -571,8 +694,8 @@ impl StateStore for FirestoreStore {
         priority: Priority,
         now: Timestamp,
     ) -> Res<ReprioritizeResult> {
-        let (result, _) = self.transact(|store, tx| {
-            let mut read = store.read_job(id, Some(tx))?;
+        let (result, _) = self.cas(|store, tx| {
+            let mut read = store.read_job(id, tx)?;
             let (result, event) =
                 commands::reprioritize(read.as_mut().map(|(j, _)| j), priority, now);
             let (Some(event), Some((job, time))) = (event, &read) else {
@@ -594,30 +717,38 @@ impl StateStore for FirestoreStore {
         eligible: &dyn Fn(&Name) -> bool,
         now: Timestamp,
     ) -> Res<InterruptResult> {
-        let (result, _) = self.transact(|store, tx| {
+        let (result, _) = self.cas(|store, tx| {
             let names = store.names();
             let id = commands::interruption_id(resource_id, job_id, attempt_id);
             let paths = [
                 format!("{}/{resource_id}", names.resources),
                 format!("{}/{id}", names.requests),
             ];
-            let mut docs = store.get(&paths, Some(tx))?;
+            let mut docs = store.get(&paths, tx)?;
             let existing = docs.pop().flatten();
-            let resource: Option<Resource> = match docs.pop().flatten() {
+            let resource_doc = docs.pop().flatten();
+            let resource: Option<Resource> = match resource_doc.clone() {
                 Some(doc) => Some(store.parse(doc)?),
                 None => None,
             };
-            let job = store.read_job(job_id, Some(tx))?.map(|(j, _)| j);
-            let (Some(resource), Some(job)) = (resource, job) else {
-                return Ok(Step::Done(InterruptResult::UnknownTarget(format!(
-                    "unknown interruption target: resource {resource_id}, job {job_id}"
-                ))));
-            };
-            if !job.attempts.iter().any(|a| a.id == *attempt_id) {
-                return Ok(Step::Done(InterruptResult::UnknownTarget(format!(
-                    "unknown interruption target: attempt {attempt_id} of job {job_id}"
-                ))));
+            let job_path = format!("{}/{job_id}", names.jobs);
+            let job_doc = store
+                .get(std::slice::from_ref(&job_path), tx)?
+                .pop()
+                .flatten();
+            let job = store.read_job(job_id, tx)?.map(|(j, _)| j);
+            if let Some(reason) = commands::unknown_target(
+                resource.as_ref(),
+                job.as_ref(),
+                resource_id,
+                job_id,
+                attempt_id,
+            ) {
+                return Ok(Step::Done(InterruptResult::UnknownTarget(reason)));
             }
+            let (Some(resource), Some(job)) = (resource, job) else {
+                unreachable!("unknown_target checked both")
+            };
             if existing.is_some() {
                 return Ok(Step::Done(InterruptResult::Exists(id)));
             }
@@ -629,11 +760,13 @@ impl StateStore for FirestoreStore {
                 now,
             ) {
                 Ok(request) => {
-                    let write = store.request_write(&request, Precondition::Exists(false));
-                    Ok(Step::Commit(
-                        vec![write],
-                        InterruptResult::Requested(request),
-                    ))
+                    // Filed only if the TPU and the job are still as checked.
+                    let writes = vec![
+                        store.request_write(&request, Precondition::Exists(false)),
+                        store.verify(paths[0].clone(), &resource_doc),
+                        store.verify(job_path.clone(), &job_doc),
+                    ];
+                    Ok(Step::Commit(writes, InterruptResult::Requested(request)))
                 }
                 Err(reason) => Ok(Step::Done(InterruptResult::Rejected(reason))),
             }
@@ -648,23 +781,28 @@ impl StateStore for FirestoreStore {
         ttl_secs: i64,
         now: Timestamp,
     ) -> Res<Result<Lease, Refusal>> {
-        let (result, _) = self.transact(|store, tx| {
-            let (held, current) = store.read_locks(Some(tx))?;
+        let (result, _) = self.cas(|store, tx| {
+            let locks = store.lock_docs(tx)?;
             match lease::acquire(
-                held.as_ref(),
-                current.as_deref(),
+                locks.lease.as_ref(),
+                locks.epoch.as_deref(),
                 owner,
                 epoch,
                 ttl_secs,
                 now,
             ) {
                 Ok(new) => {
+                    // Taken only if neither the lease nor the epoch changed since read.
                     let write = Write::Set {
-                        path: format!("{}/controller", store.names().locks),
+                        path: locks.lease_path.clone(),
                         fields: store.record(&new),
-                        precondition: Precondition::None,
+                        precondition: match &locks.lease_doc {
+                            Some(doc) => Precondition::UpdateTime(doc.update_time.clone()),
+                            None => Precondition::Exists(false),
+                        },
                     };
-                    Ok(Step::Commit(vec![write], Ok(new)))
+                    let epoch = store.verify(locks.epoch_path.clone(), &locks.epoch_doc);
+                    Ok(Step::Commit(vec![write, epoch], Ok(new)))
                 }
                 Err(refusal) => Ok(Step::Done(Err(refusal))),
             }
@@ -673,12 +811,14 @@ impl StateStore for FirestoreStore {
     }
 
     fn release_lease(&mut self, owner: &str) -> Res<()> {
-        self.transact(|store, tx| {
-            let (held, _) = store.read_locks(Some(tx))?;
-            if held.is_some() && lease::release(held, owner).is_none() {
+        self.cas(|store, tx| {
+            let locks = store.lock_docs(tx)?;
+            if let (Some(held), Some(doc)) = (&locks.lease, &locks.lease_doc)
+                && lease::release(Some(held.clone()), owner).is_none()
+            {
                 let write = Write::Delete {
-                    path: format!("{}/controller", store.names().locks),
-                    precondition: Precondition::None,
+                    path: locks.lease_path.clone(),
+                    precondition: Precondition::UpdateTime(doc.update_time.clone()),
                 };
                 return Ok(Step::Commit(vec![write], ()));
             }
@@ -722,68 +862,7 @@ impl StateStore for FirestoreStore {
     }
 
     fn load_active(&mut self) -> Res<Loaded> {
-        let names = self.names();
-        let tx = self.client.begin(true, None).map_err(|e| self.error(&e))?;
-        let result = (|| -> Res<Loaded> {
-            let mut state = State::new();
-            let active = || vec![Filter::new("active", "EQUAL", json!(true))];
-            let job_docs = self.all(&names.jobs, active(), Some(&tx))?;
-            let attempt_docs = self.all(
-                &names.attempts,
-                vec![Filter::new("job_active", "EQUAL", json!(true))],
-                Some(&tx),
-            )?;
-            let mut attempts: BTreeMap<String, Vec<Map<String, Value>>> = BTreeMap::new();
-            for doc in attempt_docs {
-                let job = doc
-                    .fields
-                    .get("job_id")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned();
-                attempts.entry(job).or_default().push(doc.fields);
-            }
-            let mut job_versions = Versions::default();
-            for doc in job_docs {
-                let id = doc.id().to_owned();
-                let job = self.job_of(
-                    doc.fields,
-                    attempts.remove(&id).unwrap_or_default(),
-                    &doc.name,
-                )?;
-                job_versions.insert(job.id, Version(doc.update_time));
-                state.jobs.insert(job.id, job);
-            }
-            let mut resource_versions = Versions::default();
-            for doc in self.all(&names.resources, Vec::new(), Some(&tx))? {
-                let time = doc.update_time.clone();
-                let r: Resource = self.parse(doc)?;
-                resource_versions.insert(r.id, Version(time));
-                state.resources.insert(r.id, r);
-            }
-            let mut request_versions = BTreeMap::new();
-            for doc in self.all(&names.requests, active(), Some(&tx))? {
-                let time = doc.update_time.clone();
-                let r: InterruptionRequest = self.parse(doc)?;
-                request_versions.insert(r.id, Version(time));
-                state.interruption_requests.insert(r.id, r);
-            }
-            let paths = [
-                format!("{}/backoff", names.controller),
-                format!("{}/notices", names.controller),
-            ];
-            let mut docs = self.get(&paths, Some(&tx)).map_err(|e| self.error(&e))?;
-            if let Some(doc) = docs.pop().flatten() {
-                state.notices = self.parse(doc)?;
-            }
-            if let Some(doc) = docs.pop().flatten() {
-                state.entry_backoff = self.parse(doc)?;
-            }
-            let base = Base::new(&state, job_versions, resource_versions, request_versions);
-            Ok(Loaded { state, base })
-        })();
-        self.client.rollback(&tx);
-        result
+        self.read_only(|store, tx| store.load_in(tx))
     }
 
     fn commit_pass(
@@ -796,11 +875,16 @@ impl StateStore for FirestoreStore {
     ) -> Res<CommitOutcome> {
         let changes = ChangeSet::between(base, state);
         let names = self.names();
-        let ((outcome, counts), times) = self.transact(|store, tx| {
-            let (lease, epoch) = store.read_locks(Some(tx))?;
-            if let Some(reason) =
-                super::sqlite::fence_refusal(lease.as_ref(), epoch.as_deref(), fence, now)
-            {
+        let ((outcome, counts), times) = self.cas(|store, tx| {
+            let locks = store.lock_docs(tx)?;
+            let (lease, epoch) = (locks.lease.clone(), locks.epoch.clone());
+            if let Some(reason) = commands::fence_refusal(
+                lease.as_ref(),
+                epoch.as_deref(),
+                &fence.owner,
+                &fence.epoch,
+                now,
+            ) {
                 return Ok(Step::Done((CommitOutcome::Fenced { reason }, None)));
             }
             // Read every record about to be written inside the transaction: a write since
@@ -819,7 +903,7 @@ impl StateStore for FirestoreStore {
                 paths.push(format!("{}/{}", names.requests, r.id));
                 expected.push(v);
             }
-            let found = store.get(&paths, Some(tx))?;
+            let found = store.get(&paths, tx)?;
             let conflicts: Vec<String> = paths
                 .iter()
                 .zip(&found)
@@ -859,6 +943,9 @@ impl StateStore for FirestoreStore {
             if let Some(docs) = &changes.controller {
                 writes.extend(store.controller_writes(docs));
             }
+            // The fence holds at the commit: the lease and the epoch are as read.
+            writes.push(store.verify(locks.lease_path.clone(), &locks.lease_doc));
+            writes.push(store.verify(locks.epoch_path.clone(), &locks.epoch_doc));
             if !events.is_empty() {
                 let (next, counter) = store.event_counter(tx)?;
                 writes.extend(store.event_writes(events, next, counter));
@@ -896,11 +983,12 @@ impl StateStore for FirestoreStore {
     }
 
     fn job(&mut self, id: &Name) -> Res<Option<Job>> {
-        match self.read_job(id, None) {
+        // The job and its attempts as of one instant.
+        self.read_only(|store, tx| match store.read_job(id, Some(tx)) {
             Ok(job) => Ok(job.map(|(j, _)| j)),
-            Err(TxError::Api(e)) => Err(self.error(&e)),
+            Err(TxError::Api(e)) => Err(store.error(&e)),
             Err(TxError::Store(e)) => Err(e),
-        }
+        })
     }
 
     fn finished_jobs(&mut self, since: Timestamp, limit: usize) -> Res<Vec<Job>> {
@@ -964,47 +1052,24 @@ impl StateStore for FirestoreStore {
     }
 
     fn export(&mut self) -> Res<State> {
-        let Loaded { mut state, .. } = self.load_active()?;
-        let names = self.names();
-        let finished = self.all(
-            &names.jobs,
-            vec![Filter::new("active", "EQUAL", json!(false))],
-            None,
-        )?;
-        let attempts = self.all(
-            &names.attempts,
-            vec![Filter::new("job_active", "EQUAL", json!(false))],
-            None,
-        )?;
-        let mut by_job: BTreeMap<String, Vec<Map<String, Value>>> = BTreeMap::new();
-        for doc in attempts {
-            let job = doc
-                .fields
-                .get("job_id")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned();
-            by_job.entry(job).or_default().push(doc.fields);
-        }
-        for doc in finished {
-            let id = doc.id().to_owned();
-            let job = self.job_of(
-                doc.fields,
-                by_job.remove(&id).unwrap_or_default(),
-                &doc.name,
-            )?;
-            state.finished.insert(job.id, job);
-        }
-        for doc in self.all(
-            &names.requests,
-            vec![Filter::new("active", "EQUAL", json!(false))],
-            None,
-        )? {
-            let r: InterruptionRequest = self.parse(doc)?;
-            state.interruption_requests.insert(r.id, r);
-        }
-        state.schema_version = SCHEMA_VERSION;
-        Ok(state)
+        // One read-only transaction: a job finishing meanwhile is in `jobs` or in
+        // `finished`, never in both.
+        self.read_only(|store, tx| {
+            let Loaded { mut state, .. } = store.load_in(tx)?;
+            let names = store.names();
+            let inactive = |field: &str| vec![Filter::new(field, "EQUAL", json!(false))];
+            let job_docs = store.all(&names.jobs, inactive("active"), Some(tx))?;
+            let attempt_docs = store.all(&names.attempts, inactive("job_active"), Some(tx))?;
+            for (job, _) in store.jobs_of(job_docs, attempt_docs)? {
+                state.finished.insert(job.id, job);
+            }
+            for doc in store.all(&names.requests, inactive("active"), Some(tx))? {
+                let r = store.parse_request(doc)?;
+                state.interruption_requests.insert(r.id, r);
+            }
+            state.schema_version = SCHEMA_VERSION;
+            Ok(state)
+        })
     }
 
     fn import(&mut self, state: &State) -> Res<()> {
@@ -1045,12 +1110,29 @@ impl StateStore for FirestoreStore {
             backoff: state.entry_backoff.clone(),
             notices: state.notices.clone(),
         }));
-        // One commit holds at most 10 MiB: import in chunks (each create-only, so a retry
-        // after a partial import fails loudly rather than overwriting).
-        for chunk in writes.chunks(400) {
-            self.client
-                .commit(chunk, None)
-                .map_err(|e| self.error(&e))?;
+        // Ids must be unique across active and finished jobs (checked before writing).
+        let mut seen = crate::spec::NameSet::default();
+        if let Some(dup) = state.all_jobs().find(|j| !seen.insert(j.id)) {
+            return Err(StoreError {
+                store: self.describe(),
+                message: format!(
+                    "job {} is both active and finished in the file: nothing was written",
+                    dup.id
+                ),
+            });
+        }
+        // One commit holds at most 10 MiB: a large state is imported in chunks, each
+        // create-only, so a retry after a partial import fails loudly instead of overwriting.
+        let chunks = writes.chunks(400).count();
+        for (k, chunk) in writes.chunks(400).enumerate() {
+            self.client.commit(chunk, None).map_err(|e| StoreError {
+                store: self.describe(),
+                message: format!(
+                    "{} after {k} of {chunks} parts were written: delete the `{}_*` collections (or use another runner name) and import again",
+                    explain(&e),
+                    self.prefix
+                ),
+            })?;
         }
         Ok(())
     }

@@ -6,7 +6,7 @@
 //!
 //! Concurrency design (ARCHITECTURE.md): optimistic. A pass loads the active state with the
 //! version of every record; its commit writes only the records the pass changed, each
-//! conditional on the version it read, inside one transaction that also checks the lease
+//! conditional on the version it read, in one atomic write that also checks the lease
 //! (owner, epoch, expiry). A command that wrote one of those records meanwhile makes the
 //! commit refuse (`CommitOutcome::Conflict`): the controller reloads and redoes the pass.
 //! A command's write to a record the pass did not change is kept as it is.
@@ -146,7 +146,7 @@ pub trait StateStore {
     ) -> Result<InterruptResult, StoreError>;
 
     /// Acquires or renews the controller lease (`engine::lease::acquire` on the stored lease
-    /// and epoch, in one transaction).
+    /// and epoch, atomically).
     fn acquire_lease(
         &mut self,
         owner: &str,
@@ -187,7 +187,7 @@ pub trait StateStore {
     fn finished_jobs(&mut self, since: Timestamp, limit: usize) -> Result<Vec<Job>, StoreError>;
 
     /// Events with sequence numbers above `after`, oldest first, at most `limit`, each with
-    /// its sequence number (SQLite: a counter; Firestore: commit time order).
+    /// its sequence number (in commit order: SQLite's row ids, Firestore's event counter).
     fn events_after(&mut self, after: u64, limit: usize) -> Result<Vec<(u64, Event)>, StoreError>;
 
     /// Everything, finished jobs and closed requests included (the state JSON of

@@ -410,10 +410,8 @@ fn read_locks(tx: &Transaction<'_>, path: &Path) -> Res<(Option<Lease>, Option<S
             .optional()
             .map_err(|e| store_err(path, e))
     };
-    let lease = match get("controller")? {
-        Some(doc) => Some(parse::<Lease>(path, "locks", "controller", &doc)?),
-        None => None,
-    };
+    // A lease that cannot be read is acquirable (§2.1), never a dead controller.
+    let lease = get("controller")?.and_then(|doc| serde_json::from_str::<Lease>(&doc).ok());
     let epoch = match get("epoch")? {
         Some(doc) => parse::<EpochDoc>(path, "locks", "epoch", &doc)?
             .epoch
@@ -428,35 +426,6 @@ fn read_locks(tx: &Transaction<'_>, path: &Path) -> Res<(Option<Lease>, Option<S
 struct EpochDoc {
     epoch: String,
     updated_at: Timestamp,
-}
-
-/// Why `fence` may not write at `now`, if it may not.
-pub(crate) fn fence_refusal(
-    lease: Option<&Lease>,
-    epoch: Option<&str>,
-    fence: &Fence,
-    now: Timestamp,
-) -> Option<String> {
-    if let Some(current) = epoch
-        && current != fence.epoch
-    {
-        return Some(format!(
-            "epoch {} is not the current deployment's ({current})",
-            fence.epoch
-        ));
-    }
-    match lease {
-        None => Some("nobody holds the controller lease".into()),
-        Some(l) if l.owner != fence.owner => {
-            Some(format!("the controller lease is held by {}", l.owner))
-        }
-        Some(l) if l.epoch != fence.epoch => Some(format!(
-            "the lease was taken with epoch {}, not {}",
-            l.epoch, fence.epoch
-        )),
-        Some(l) if l.expires_at <= now => Some(format!("the lease expired at {}", l.expires_at)),
-        Some(_) => None,
-    }
 }
 
 struct TxOwners<'a, 'c> {
@@ -594,22 +563,18 @@ impl StateStore for SqliteStore {
                 return Err(e);
             }
             let job = read_job(tx, path, job_id)?.map(|(j, _)| j);
-            let (Some(resource), Some(job)) = (resource, job) else {
-                return Ok((
-                    InterruptResult::UnknownTarget(format!(
-                        "unknown interruption target: resource {resource_id}, job {job_id}"
-                    )),
-                    false,
-                ));
-            };
-            if !job.attempts.iter().any(|a| a.id == *attempt_id) {
-                return Ok((
-                    InterruptResult::UnknownTarget(format!(
-                        "unknown interruption target: attempt {attempt_id} of job {job_id}"
-                    )),
-                    false,
-                ));
+            if let Some(reason) = commands::unknown_target(
+                resource.as_ref(),
+                job.as_ref(),
+                resource_id,
+                job_id,
+                attempt_id,
+            ) {
+                return Ok((InterruptResult::UnknownTarget(reason), false));
             }
+            let (Some(resource), Some(job)) = (resource, job) else {
+                unreachable!("unknown_target checked both")
+            };
             let id = commands::interruption_id(resource_id, job_id, attempt_id);
             if version_of(tx, path, "interruption_requests", &id)?.is_some() {
                 return Ok((InterruptResult::Exists(id), false));
@@ -697,88 +662,7 @@ impl StateStore for SqliteStore {
     }
 
     fn load_active(&mut self) -> Res<Loaded> {
-        self.read(|tx, path| {
-            let mut state = State::new();
-            let mut job_versions = Versions::default();
-            {
-                let mut stmt = tx
-                    .prepare("SELECT id, version, doc FROM jobs WHERE active = 1 ORDER BY id")
-                    .map_err(|e| store_err(path, e))?;
-                let mut rows = stmt.query([]).map_err(|e| store_err(path, e))?;
-                let mut jobs = Vec::new();
-                while let Some(row) = rows.next().map_err(|e| store_err(path, e))? {
-                    let id: String = row.get(0).map_err(|e| store_err(path, e))?;
-                    let version: i64 = row.get(1).map_err(|e| store_err(path, e))?;
-                    let doc: rusqlite::types::ValueRef<'_> = row.get_ref(2).map_err(|e| store_err(path, e))?;
-                    let text = doc.as_str().map_err(|e| bad_record(path, "jobs", &id, e))?;
-                    let job: Job = parse(path, "jobs", &id, text)?;
-                    job_versions.insert(job.id, Version(version.to_string()));
-                    jobs.push(job);
-                }
-                let mut stmt = tx
-                    .prepare(
-                        "SELECT a.job_id, a.id, a.doc FROM attempts a JOIN jobs j ON j.id = a.job_id
-                         WHERE j.active = 1 ORDER BY a.job_id, a.seq",
-                    )
-                    .map_err(|e| store_err(path, e))?;
-                let mut rows = stmt.query([]).map_err(|e| store_err(path, e))?;
-                let mut at = 0;
-                while let Some(row) = rows.next().map_err(|e| store_err(path, e))? {
-                    let job_id: String = row.get(0).map_err(|e| store_err(path, e))?;
-                    let id: String = row.get(1).map_err(|e| store_err(path, e))?;
-                    let doc = row.get_ref(2).map_err(|e| store_err(path, e))?;
-                    let text = doc.as_str().map_err(|e| bad_record(path, "attempts", &id, e))?;
-                    let attempt: Attempt = parse(path, "attempts", &id, text)?;
-                    // Both lists are in job id order: walk them together.
-                    while at < jobs.len() && jobs[at].id.as_str() < job_id.as_str() {
-                        at += 1;
-                    }
-                    if let Some(job) = jobs.get_mut(at).filter(|j| j.id.as_str() == job_id) {
-                        job.attempts.push(attempt);
-                    }
-                }
-                for mut job in jobs {
-                    // Filled before the base is taken: the first pass need not touch it.
-                    job.ensure_print();
-                    state.jobs.insert(job.id, job);
-                }
-            }
-            let mut resource_versions = Versions::default();
-            {
-                let mut stmt = tx
-                    .prepare("SELECT id, version, doc FROM resources ORDER BY id")
-                    .map_err(|e| store_err(path, e))?;
-                let rows = stmt
-                    .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?)))
-                    .map_err(|e| store_err(path, e))?;
-                for row in rows {
-                    let (id, version, doc) = row.map_err(|e| store_err(path, e))?;
-                    let r: Resource = parse(path, "resources", &id, &doc)?;
-                    resource_versions.insert(r.id, Version(version.to_string()));
-                    state.resources.insert(r.id, r);
-                }
-            }
-            let mut request_versions = BTreeMap::new();
-            {
-                let mut stmt = tx
-                    .prepare("SELECT id, version, doc FROM interruption_requests WHERE active = 1 ORDER BY id")
-                    .map_err(|e| store_err(path, e))?;
-                let rows = stmt
-                    .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?)))
-                    .map_err(|e| store_err(path, e))?;
-                for row in rows {
-                    let (id, version, doc) = row.map_err(|e| store_err(path, e))?;
-                    let r: InterruptionRequest = parse(path, "interruption_requests", &id, &doc)?;
-                    request_versions.insert(r.id, Version(version.to_string()));
-                    state.interruption_requests.insert(r.id, r);
-                }
-            }
-            let controller = read_controller(tx, path)?;
-            state.entry_backoff = controller.backoff;
-            state.notices = controller.notices;
-            let base = Base::new(&state, job_versions, resource_versions, request_versions);
-            Ok(Loaded { state, base })
-        })
+        self.read(load_in)
     }
 
     fn commit_pass(
@@ -792,7 +676,13 @@ impl StateStore for SqliteStore {
         let changes = ChangeSet::between(base, state);
         let (outcome, written) = self.write(|tx, path| {
             let (lease, epoch) = read_locks(tx, path)?;
-            if let Some(reason) = fence_refusal(lease.as_ref(), epoch.as_deref(), fence, now) {
+            if let Some(reason) = commands::fence_refusal(
+                lease.as_ref(),
+                epoch.as_deref(),
+                &fence.owner,
+                &fence.epoch,
+                now,
+            ) {
                 return Ok(((CommitOutcome::Fenced { reason }, None), false));
             }
             let mut conflicts = Vec::new();
@@ -898,8 +788,10 @@ impl StateStore for SqliteStore {
     }
 
     fn export(&mut self) -> Res<State> {
-        let Loaded { mut state, .. } = self.load_active()?;
-        self.read(|tx, path| {
+        // One read transaction: a job finishing meanwhile is in `jobs` or in `finished`,
+        // never in both.
+        let mut state = self.read(|tx, path| {
+            let Loaded { mut state, .. } = load_in(tx, path)?;
             let ids: Vec<String> = tx
                 .prepare("SELECT id FROM jobs WHERE active = 0 ORDER BY id")
                 .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
@@ -917,7 +809,7 @@ impl StateStore for SqliteStore {
                 let r: InterruptionRequest = parse(path, "interruption_requests", &id, &doc)?;
                 state.interruption_requests.insert(r.id, r);
             }
-            Ok(())
+            Ok(state)
         })?;
         state.schema_version = SCHEMA_VERSION;
         Ok(state)
@@ -960,6 +852,107 @@ impl StateStore for SqliteStore {
             Ok(((), true))
         })
     }
+}
+
+/// The active state and its base, read in `tx` (one snapshot).
+fn load_in(tx: &Transaction<'_>, path: &Path) -> Res<Loaded> {
+    let mut state = State::new();
+    let mut job_versions = Versions::default();
+    {
+        let mut stmt = tx
+            .prepare("SELECT id, version, doc FROM jobs WHERE active = 1 ORDER BY id")
+            .map_err(|e| store_err(path, e))?;
+        let mut rows = stmt.query([]).map_err(|e| store_err(path, e))?;
+        let mut jobs = Vec::new();
+        while let Some(row) = rows.next().map_err(|e| store_err(path, e))? {
+            let id: String = row.get(0).map_err(|e| store_err(path, e))?;
+            let version: i64 = row.get(1).map_err(|e| store_err(path, e))?;
+            let doc: rusqlite::types::ValueRef<'_> =
+                row.get_ref(2).map_err(|e| store_err(path, e))?;
+            let text = doc.as_str().map_err(|e| bad_record(path, "jobs", &id, e))?;
+            let job: Job = parse(path, "jobs", &id, text)?;
+            job_versions.insert(job.id, Version(version.to_string()));
+            jobs.push(job);
+        }
+        let mut stmt = tx
+            .prepare(
+                "SELECT a.job_id, a.id, a.doc FROM attempts a JOIN jobs j ON j.id = a.job_id
+                 WHERE j.active = 1 ORDER BY a.job_id, a.seq",
+            )
+            .map_err(|e| store_err(path, e))?;
+        let mut rows = stmt.query([]).map_err(|e| store_err(path, e))?;
+        let mut at = 0;
+        while let Some(row) = rows.next().map_err(|e| store_err(path, e))? {
+            let job_id: String = row.get(0).map_err(|e| store_err(path, e))?;
+            let id: String = row.get(1).map_err(|e| store_err(path, e))?;
+            let doc = row.get_ref(2).map_err(|e| store_err(path, e))?;
+            let text = doc
+                .as_str()
+                .map_err(|e| bad_record(path, "attempts", &id, e))?;
+            let attempt: Attempt = parse(path, "attempts", &id, text)?;
+            // Both lists are in job id order: walk them together.
+            while at < jobs.len() && jobs[at].id.as_str() < job_id.as_str() {
+                at += 1;
+            }
+            if let Some(job) = jobs.get_mut(at).filter(|j| j.id.as_str() == job_id) {
+                job.attempts.push(attempt);
+            }
+        }
+        for mut job in jobs {
+            // Filled before the base is taken: the first pass need not touch it.
+            job.ensure_print();
+            state.jobs.insert(job.id, job);
+        }
+    }
+    let mut resource_versions = Versions::default();
+    {
+        let mut stmt = tx
+            .prepare("SELECT id, version, doc FROM resources ORDER BY id")
+            .map_err(|e| store_err(path, e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(|e| store_err(path, e))?;
+        for row in rows {
+            let (id, version, doc) = row.map_err(|e| store_err(path, e))?;
+            let r: Resource = parse(path, "resources", &id, &doc)?;
+            resource_versions.insert(r.id, Version(version.to_string()));
+            state.resources.insert(r.id, r);
+        }
+    }
+    let mut request_versions = BTreeMap::new();
+    {
+        let mut stmt = tx
+            .prepare(
+                "SELECT id, version, doc FROM interruption_requests WHERE active = 1 ORDER BY id",
+            )
+            .map_err(|e| store_err(path, e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(|e| store_err(path, e))?;
+        for row in rows {
+            let (id, version, doc) = row.map_err(|e| store_err(path, e))?;
+            let r: InterruptionRequest = parse(path, "interruption_requests", &id, &doc)?;
+            request_versions.insert(r.id, Version(version.to_string()));
+            state.interruption_requests.insert(r.id, r);
+        }
+    }
+    let controller = read_controller(tx, path)?;
+    state.entry_backoff = controller.backoff;
+    state.notices = controller.notices;
+    let base = Base::new(&state, job_versions, resource_versions, request_versions);
+    Ok(Loaded { state, base })
 }
 
 fn read_controller(tx: &Transaction<'_>, path: &Path) -> Res<ControllerDocs> {
