@@ -232,7 +232,7 @@ fn simulate_writes_table_json_and_report_the_same_on_any_thread_count() {
                 "1..=3",
                 "--threads",
                 threads,
-                "--json",
+                "--output",
                 json.to_str().unwrap(),
                 "--report",
                 report.to_str().unwrap(),
@@ -412,6 +412,37 @@ fn state_export_and_import_move_a_state_between_stores() {
     assert_eq!(again.status.code(), Some(3));
     assert!(text(&again).contains("--force"));
     assert_eq!(read("state.json"), before);
+    // --force replaces a file only once the export succeeded.
+    let failed = tpu_runner(
+        &[
+            "state",
+            "export",
+            "--store",
+            "sqlite:absent.db",
+            "--output",
+            "state.json",
+            "--force",
+        ],
+        dir.path(),
+    );
+    assert_eq!(failed.status.code(), Some(5));
+    assert_eq!(
+        read("state.json"),
+        before,
+        "a failed export leaves the old file whole"
+    );
+    let forced = tpu_runner(
+        &["state", "export", "--output", "out.json", "--force"],
+        dir.path(),
+    );
+    assert!(forced.status.success(), "{}", text(&forced));
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains(".tmp-"))
+    );
     let twice = tpu_runner(&["state", "import", "state.json"], dir.path());
     assert_eq!(twice.status.code(), Some(5));
     assert!(text(&twice).contains("empty store"), "{}", text(&twice));
@@ -481,4 +512,100 @@ fn trace_scenarios_need_the_traces_folder_and_say_where_to_get_it() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+#[test]
+fn no_simulate_flag_can_destroy_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let smoke = root().join("scenarios/smoke.yaml");
+    let original = std::fs::read_to_string(&smoke).unwrap();
+    for name in ["a.yaml", "b.yaml"] {
+        std::fs::write(
+            dir.path().join(name),
+            original.replace("name: smoke", &format!("name: {}", &name[..1])),
+        )
+        .unwrap();
+    }
+    let run = |args: &[&str]| tpu_runner(args, dir.path());
+    let unchanged = |name: &str| {
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(name)).unwrap(),
+            original.replace("name: smoke", &format!("name: {}", &name[..1])),
+            "{name} was changed"
+        )
+    };
+    // --json is a switch: both files are simulated, neither is written.
+    let out = run(&["simulate", "--json", "a.yaml", "b.yaml"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["records"].as_array().unwrap().len(), 2);
+    unchanged("a.yaml");
+    unchanged("b.yaml");
+    // --output never names an input, and never replaces a file without --force; both are
+    // refused before anything runs (nothing on stdout).
+    let out = run(&["simulate", "a.yaml", "--output", "a.yaml", "--force"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    unchanged("a.yaml");
+    std::fs::write(dir.path().join("old.json"), "mine").unwrap();
+    let out = run(&["simulate", "a.yaml", "--output", "old.json"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(out.stdout.is_empty() && String::from_utf8_lossy(&out.stderr).contains("--force"));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("old.json")).unwrap(),
+        "mine"
+    );
+    let out = run(&["simulate", "a.yaml", "--output", "/nonexistent/x.json"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(out.stdout.is_empty(), "checked before the run");
+    let out = run(&["simulate", "a.yaml", "--output", "old.json", "--force"]);
+    assert!(out.status.success());
+    assert!(
+        std::fs::read_to_string(dir.path().join("old.json"))
+            .unwrap()
+            .contains("records")
+    );
+    // --report needs a folder, and one that is new, empty or an earlier report.
+    for target in ["a.yaml", "/dev/null"] {
+        let out = run(&["simulate", "b.yaml", "--report", target]);
+        assert_eq!(out.status.code(), Some(3), "{target}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("needs a directory"),
+            "{target}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+    unchanged("a.yaml");
+    std::fs::create_dir(dir.path().join("photos")).unwrap();
+    std::fs::write(dir.path().join("photos/cat.svg"), "<svg/>").unwrap();
+    let out = run(&["simulate", "b.yaml", "--report", "photos"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        dir.path().join("photos/cat.svg").is_file(),
+        "a foreign folder is left alone"
+    );
+    // A reused report folder keeps no stale plot.
+    let out = run(&["simulate", "a.yaml", "--report", "rep"]);
+    assert!(out.status.success());
+    let plots = |d: &str| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir.path().join(d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".svg"))
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(plots("rep").iter().all(|p| p.starts_with("a-")));
+    let out = run(&["simulate", "b.yaml", "--report", "rep"]);
+    assert!(out.status.success());
+    let now = plots("rep");
+    assert!(
+        !now.is_empty() && now.iter().all(|p| p.starts_with("b-")),
+        "{now:?}"
+    );
 }

@@ -103,7 +103,7 @@ enum Command {
     },
     /// Simulate scenarios: the real engine against a deterministic simulated cloud.
     #[command(
-        after_help = "Examples:\n  tpu-runner simulate scenarios/*.yaml\n  tpu-runner simulate scenarios/regional-stockout.yaml --seeds 1..=20 --json results.json --report report/\n  tpu-runner simulate scenarios/traces/*.yaml --traces ../shared/data\n  tpu-runner simulate --chaos --seeds 1..=1000 scenarios/chaos/*.yaml"
+        after_help = "Examples:\n  tpu-runner simulate scenarios/*.yaml\n  tpu-runner simulate scenarios/regional-stockout.yaml --seeds 1..=20 --output results.json --report report/\n  tpu-runner simulate scenarios/smoke.yaml --json | jq '.records[].metrics.utilization'\n  tpu-runner simulate scenarios/traces/*.yaml --traces ../shared/data\n  tpu-runner simulate --chaos --seeds 1..=1000 scenarios/chaos/*.yaml"
     )]
     Simulate {
         /// Scenario files.
@@ -118,12 +118,21 @@ enum Command {
         /// Policies to compare, comma-separated (default: the scenario's).
         #[arg(long, value_name = "NAME[,NAME...]")]
         policy: Option<String>,
-        /// Write JSON records to PATH (`-` for stdout instead of the table).
-        #[arg(long, value_name = "PATH|-")]
-        json: Option<String>,
-        /// Write SVG plots and an HTML page to DIR.
+        /// Print the JSON records (docs/simulate-json.md) on stdout instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Also write the JSON records to this file (never over an input, nor over an
+        /// existing file without --force); checked before anything runs.
+        #[arg(long, value_name = "PATH")]
+        output: Option<PathBuf>,
+        /// Write SVG plots and an HTML page to DIR (a new or empty folder, or one an earlier
+        /// report wrote; its old plots are removed first).
         #[arg(long, value_name = "DIR")]
         report: Option<PathBuf>,
+        /// Replace an existing --output file, or write the report into a folder that holds
+        /// other files.
+        #[arg(long)]
+        force: bool,
         /// Worker threads (default: all cores).
         #[arg(long)]
         threads: Option<usize>,
@@ -270,7 +279,9 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             seeds,
             policy,
             json,
+            output,
             report,
+            force,
             threads,
             chaos,
             horizon_hours,
@@ -281,8 +292,10 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             seed,
             seeds: seeds.as_deref(),
             policies: policy.as_deref(),
-            json: json.as_deref(),
+            json,
+            output: output.as_deref(),
             report: report.as_deref(),
+            force,
             threads,
             chaos,
             horizon_hours,
@@ -341,29 +354,57 @@ fn init(path: &Path) -> Result<ExitStatus, Failure> {
     Ok(ExitStatus::Ok)
 }
 
-/// Creates an output file: refuses an existing one unless `force` (and never a folder), so
-/// no flag can destroy an input.
-pub(crate) fn create_output(path: &Path, force: bool) -> Result<std::fs::File, Failure> {
+/// Checks, before any work, that `path` can take an output: not a folder, its folder
+/// exists, and no file is there unless `force` (no flag may destroy an input).
+pub(crate) fn check_output(path: &Path, force: bool) -> Result<(), Failure> {
+    let fail = |what: String| Failure {
+        message: format!("error: `{}` {what}\n", path.display()),
+        status: ExitStatus::Io,
+    };
     if path.is_dir() {
-        return Err(Failure {
-            message: format!(
-                "error: `{}` is a folder: --output needs a file path\n",
-                path.display()
-            ),
-            status: ExitStatus::Io,
-        });
+        return Err(fail("is a folder: --output needs a file path".into()));
     }
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true);
-    if force {
-        options.create(true).truncate(true);
-    } else {
-        options.create_new(true);
+    if path.exists() && !force {
+        return Err(fail(
+            "already exists\n  = hint: pass --force to replace it, or another path".into(),
+        ));
     }
-    options.open(path).map_err(|e| {
-        let hint = (e.kind() == std::io::ErrorKind::AlreadyExists)
-            .then_some("pass --force to replace it, or another path");
-        Failure::io("create", path, &e, hint)
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(fail(format!(
+            "cannot be written: the folder `{}` does not exist",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Writes `text` to `path` whole or not at all: into a temporary file beside it, then
+/// renamed over it (`force`) or linked to it (refused if a file appeared meanwhile), so a
+/// failure never leaves a truncated file where a good one was.
+pub(crate) fn write_output(path: &Path, text: &str, force: bool) -> Result<(), Failure> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = std::fs::write(&temp, text).and_then(|()| {
+        if force {
+            std::fs::rename(&temp, path)
+        } else {
+            std::fs::hard_link(&temp, path).and_then(|()| std::fs::remove_file(&temp))
+        }
+    });
+    result.map_err(|e| {
+        let _ = std::fs::remove_file(&temp);
+        Failure::io("write", path, &e, None)
     })
 }
 

@@ -20,8 +20,10 @@ pub(crate) struct SimulateArgs<'a> {
     pub seed: Option<u64>,
     pub seeds: Option<&'a str>,
     pub policies: Option<&'a str>,
-    pub json: Option<&'a str>,
+    pub json: bool,
+    pub output: Option<&'a Path>,
     pub report: Option<&'a Path>,
+    pub force: bool,
     pub threads: Option<usize>,
     pub chaos: bool,
     pub horizon_hours: Option<f64>,
@@ -113,6 +115,30 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
             ),
             status: ExitStatus::Usage,
         });
+    }
+    // Outputs are checked before anything runs: no flag may overwrite an input, and a bad
+    // path fails now rather than after a long run.
+    if let Some(path) = args.output {
+        let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
+        if args.files.iter().any(|f| same(f, path)) {
+            return Err(Failure {
+                message: format!(
+                    "error: --output `{}` is one of the scenario files: it would be overwritten\n",
+                    path.display()
+                ),
+                status: ExitStatus::Usage,
+            });
+        }
+        super::check_output(path, args.force)?;
+    }
+    if let Some(dir) = args.report {
+        report::check_dir(dir, args.force).map_err(|message| Failure {
+            message: format!("error: --report: {message}\n"),
+            status: ExitStatus::Io,
+        })?;
     }
     let (mut scenarios, left_out) = load_all(args.files, args.traces)?;
     for s in &mut scenarios {
@@ -224,14 +250,13 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
             status: ExitStatus::Io,
         })?;
     }
-    match args.json {
-        Some("-") => print_stdout(&report::json(&ok)),
-        Some(path) => {
-            std::fs::write(path, report::json(&ok))
-                .map_err(|e| Failure::io("write", Path::new(path), &e, None))?;
-            print_stdout(&report::table(&ok));
-        }
-        None => print_stdout(&report::table(&ok)),
+    if let Some(path) = args.output {
+        super::write_output(path, &report::json(&ok), args.force)?;
+    }
+    if args.json {
+        print_stdout(&report::json(&ok));
+    } else {
+        print_stdout(&report::table(&ok));
     }
     if let Some(dir) = args.report {
         eprintln!("report written to {}", dir.join("index.html").display());

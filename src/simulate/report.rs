@@ -283,9 +283,55 @@ fn escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// Writes SVG plots for every run and an `index.html` tying them together.
+/// The file that marks a folder as a report tpu-runner wrote (so it may be rewritten).
+const MARKER: &str = ".tpu-runner-report";
+
+/// Checks that `dir` can take a report: absent, an empty folder, or one an earlier report
+/// wrote (unless `force`); never a file or a device.
+pub fn check_dir(dir: &Path, force: bool) -> Result<(), String> {
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot use `{}`: {e}", dir.display())),
+        Ok(m) if !m.is_dir() => Err(format!(
+            "`{}` is not a folder: the report needs a directory (it writes index.html and SVG plots into it)",
+            dir.display()
+        )),
+        Ok(_) => {
+            let mut entries = std::fs::read_dir(dir)
+                .map_err(|e| format!("cannot read `{}`: {e}", dir.display()))?;
+            if force || dir.join(MARKER).is_file() || entries.next().is_none() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "`{}` holds other files and no earlier report: pass a new or empty folder, or --force",
+                    dir.display()
+                ))
+            }
+        }
+    }
+}
+
+/// Writes SVG plots for every run and an `index.html` tying them together, after removing
+/// an earlier report's pages and plots from `dir`.
 pub fn write_dir(dir: &Path, results: &[RunResult]) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
+    // An earlier report's pages and plots go first: none of them may outlive this run.
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let ours = path.extension().is_some_and(|x| x == "svg")
+                || path.file_name().is_some_and(|n| n == "index.html");
+            if ours && path.is_file() {
+                std::fs::remove_file(&path)
+                    .map_err(|e| format!("cannot remove the old `{}`: {e}", path.display()))?;
+            }
+        }
+    }
+    std::fs::write(
+        dir.join(MARKER),
+        "a report written by tpu-runner simulate\n",
+    )
+    .map_err(|e| format!("cannot write in `{}`: {e}", dir.display()))?;
     let mut html = String::from(
         "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>tpu-runner simulation report</title>\n<style>body{font-family:sans-serif;margin:2em;max-width:1000px}pre{background:#f6f6f6;padding:1em;overflow:auto}</style></head><body>\n<h1>tpu-runner simulation report</h1>\n",
     );
