@@ -7,6 +7,7 @@ pub mod backend;
 pub mod cli;
 pub mod driver;
 pub mod engine;
+pub mod files;
 pub mod gcp;
 pub mod simulate;
 pub mod spec;

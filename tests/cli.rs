@@ -609,3 +609,40 @@ fn no_simulate_flag_can_destroy_a_file() {
         "{now:?}"
     );
 }
+
+#[test]
+fn hostile_inputs_end_promptly_with_clear_errors() {
+    let dir = root().join("tests/fixtures/hostile");
+    let big = tempfile::tempdir().unwrap();
+    let huge = big.path().join("huge.yaml");
+    // A 17 MiB one-line YAML: over the specification limit.
+    std::fs::write(&huge, format!("name: {}\n", "a".repeat(17 << 20))).unwrap();
+    let huge = huge.display().to_string();
+    let cases: [(&[&str], i32, &str); 6] = [
+        (
+            &["simulate", "fleet-dev-zero.yaml"],
+            3,
+            "not a regular file",
+        ),
+        (
+            &["simulate", "trace-dev-zero.yaml"],
+            3,
+            "not a regular file",
+        ),
+        (&["validate-fleet", "/dev/zero"], 3, "not a regular file"),
+        (&["validate-jobs", "/dev/zero"], 3, "not a regular file"),
+        (
+            &["plan", "--fleet", "/dev/zero", "--state", "/dev/zero"],
+            3,
+            "not a regular file",
+        ),
+        (&["validate-fleet", &huge], 3, "larger than 16 MiB"),
+    ];
+    for (args, code, message) in cases {
+        let out = tpu_runner(args, &dir);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}

@@ -408,23 +408,25 @@ pub(crate) fn write_output(path: &Path, text: &str, force: bool) -> Result<(), F
     })
 }
 
-/// Reads a user file as UTF-8, with an actionable error.
-pub(crate) fn read_text(path: &Path, hint: Option<&str>) -> Result<String, Failure> {
-    let bytes = std::fs::read(path).map_err(|e| {
-        let hint = if e.kind() == std::io::ErrorKind::NotFound {
-            hint
-        } else {
-            None
-        };
-        Failure::io("read", path, &e, hint)
-    })?;
-    String::from_utf8(bytes).map_err(|e| Failure {
-        message: format!(
-            "error: `{}` is not UTF-8 text (invalid byte at offset {})\n",
-            path.display(),
-            e.utf8_error().valid_up_to()
-        ),
-        status: ExitStatus::Invalid,
+/// Reads a user file as UTF-8 (a regular file of at most `limit` bytes), with an actionable
+/// error.
+pub(crate) fn read_text(path: &Path, limit: u64, hint: Option<&str>) -> Result<String, Failure> {
+    use crate::files::ReadError;
+    crate::files::read_text(path, limit).map_err(|e| match e {
+        ReadError::Io(e) => {
+            let hint = (e.kind() == std::io::ErrorKind::NotFound)
+                .then_some(hint)
+                .flatten();
+            Failure::io("read", path, &e, hint)
+        }
+        ReadError::NotUtf8(_) => Failure {
+            message: format!("error: `{}` is {e}\n", path.display()),
+            status: ExitStatus::Invalid,
+        },
+        other => Failure {
+            message: format!("error: cannot read `{}`: {other}\n", path.display()),
+            status: ExitStatus::Io,
+        },
     })
 }
 

@@ -57,7 +57,7 @@ fn json_error(path: &Path, what: &str, e: &serde_json::Error) -> Failure {
 
 /// Reads and checks a state snapshot.
 pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
-    let text = read_text(path, None)?;
+    let text = read_text(path, crate::files::DATA_LIMIT, None)?;
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| json_error(path, "invalid JSON", &e))?;
     let version = value
@@ -165,7 +165,7 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
     let engine = Engine::new(fleet, EngineConfig::default(), policy);
     let observation = match args.observation {
         Some(path) => {
-            let text = read_text(path, None)?;
+            let text = read_text(path, crate::files::DATA_LIMIT, None)?;
             serde_json::from_str(&text).map_err(|e| json_error(path, "invalid observation", &e))?
         }
         None => assumed_observation(engine.index(), &state, now),

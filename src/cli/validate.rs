@@ -18,6 +18,7 @@ fn invalid(errors: SpecErrors) -> Failure {
 pub(crate) fn load_fleet(path: &Path) -> Result<FleetSpec, Failure> {
     let text = read_text(
         path,
+        crate::files::SPEC_LIMIT,
         Some("run `tpu-runner init` to write an example deployment.yaml"),
     )?;
     spec::parse_fleet(&path.display().to_string(), &text).map_err(invalid)
@@ -39,7 +40,11 @@ pub(super) fn jobs(
     json: bool,
 ) -> Result<ExitStatus, Failure> {
     let fleet = fleet_path.map(load_fleet).transpose()?;
-    let text = read_text(path, Some("see the README for a job.yaml example"))?;
+    let text = read_text(
+        path,
+        crate::files::SPEC_LIMIT,
+        Some("see the README for a job.yaml example"),
+    )?;
     let jobs =
         spec::parse_jobs(&path.display().to_string(), &text, fleet.as_ref()).map_err(invalid)?;
     if json {

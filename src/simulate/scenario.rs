@@ -266,7 +266,7 @@ pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
 /// Loads a scenario file with `$TRACES/…` files read from `traces` (default: the
 /// environment variable `TPU_RUNNER_TRACES`).
 pub fn load_with(path: &Path, traces: Option<&Path>) -> Result<Scenario, ScenarioError> {
-    let text = std::fs::read_to_string(path)
+    let text = crate::files::read_text(path, crate::files::SPEC_LIMIT)
         .map_err(|e| ScenarioError::Io(format!("cannot read `{}`: {e}", path.display())))?;
     parse_with(path, &text, traces)
 }
@@ -556,7 +556,7 @@ fn read_fleet(
     match &node.value {
         Value::Str(rel) => {
             let path = dir.join(rel);
-            match std::fs::read_to_string(&path) {
+            match crate::files::read_text(&path, crate::files::SPEC_LIMIT) {
                 Ok(text) => match parse_fleet(&path.display().to_string(), &text) {
                     Ok(fleet) => Some(fleet),
                     Err(e) => {
@@ -1233,7 +1233,7 @@ fn read_capacity(
                     c.number(n, &t.path("offset_hours"), 0.0, 1e6, "hours")
                 });
                 let full = dir.join(&file);
-                let trace = match std::fs::read_to_string(&full) {
+                let trace = match crate::files::read_text(&full, crate::files::DATA_LIMIT) {
                     Ok(text) => match SpotTrace::parse(&text) {
                         Ok(trace) => trace,
                         Err(e) => {
@@ -1363,7 +1363,7 @@ fn read_csv_column(
     column: &str,
     unreadable: &mut usize,
 ) -> Option<Vec<f64>> {
-    match std::fs::read_to_string(file) {
+    match crate::files::read_text(file, crate::files::DATA_LIMIT) {
         Ok(text) => match read_column(&text, column) {
             Ok(v) => Some(v),
             Err(e) => {

@@ -11,6 +11,10 @@ use super::gcp::{self, ProvisioningModel, TpuType};
 use super::names::{self, Name};
 use super::yaml::{self, Checker, Node, Value};
 
+/// The most TPUs one managed entry may declare (every ordinal has a name the controller
+/// reads; 4,096 slices is beyond any TPU quota a single zone grants).
+pub const MAX_ENTRY_COUNT: u32 = 4096;
+
 /// A validated fleet.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FleetSpec {
@@ -646,8 +650,8 @@ fn read_entry(
                         n,
                         &f.path("count"),
                         0,
-                        u32::MAX as i64,
-                        "an integer, 0 or more (the most TPUs of this entry)",
+                        i64::from(MAX_ENTRY_COUNT),
+                        "an integer from 0 to 4096 (the most TPUs of this entry; split a larger fleet into several entries)",
                     )
                     .map(|v| v as u32)
                 });
