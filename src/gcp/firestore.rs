@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
+pub use super::http::{ApiError, api_error};
+use super::http::{error_chain, malformed, transport};
+
 /// Where the API is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
@@ -36,29 +39,6 @@ impl Endpoint {
         Endpoint {
             base: format!("http://{host}"),
             emulator: true,
-        }
-    }
-}
-
-/// A failed call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ApiError {
-    /// HTTP status (0: no reply).
-    pub code: u16,
-    /// The API's status (`ABORTED`, `FAILED_PRECONDITION`, `NOT_FOUND`, …), or
-    /// `UNAVAILABLE` / `DEADLINE_EXCEEDED` / `UNAUTHENTICATED` for transport and credential
-    /// failures.
-    pub status: String,
-    /// Message.
-    pub message: String,
-}
-
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.code == 0 {
-            write!(f, "{}: {}", self.status, self.message)
-        } else {
-            write!(f, "{} {}: {}", self.code, self.status, self.message)
         }
     }
 }
@@ -456,64 +436,6 @@ impl Client {
             Precondition::UpdateTime(t) => w["currentDocument"] = json!({ "updateTime": t }),
         }
         w
-    }
-}
-
-fn transport(status: &str, message: String) -> ApiError {
-    ApiError {
-        code: 0,
-        status: status.into(),
-        message,
-    }
-}
-
-fn malformed(what: &str) -> ApiError {
-    ApiError {
-        code: 0,
-        status: "INTERNAL".into(),
-        message: format!("unexpected reply: {what}"),
-    }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text
-}
-
-/// The Google error body `{"error": {code, status, message}}` (or a bare text).
-pub fn api_error(code: u16, body: &str) -> ApiError {
-    let parsed: Option<Value> = serde_json::from_str(body).ok();
-    let error = parsed.as_ref().map(|v| {
-        // Some replies wrap the error in a one-element list.
-        v.get("error")
-            .or_else(|| v.get(0).and_then(|e| e.get("error")))
-            .cloned()
-    });
-    match error.flatten() {
-        Some(e) => ApiError {
-            code,
-            status: e["status"].as_str().unwrap_or("UNKNOWN").to_owned(),
-            message: e["message"].as_str().unwrap_or_default().to_owned(),
-        },
-        None => ApiError {
-            code,
-            status: match code {
-                401 => "UNAUTHENTICATED",
-                403 => "PERMISSION_DENIED",
-                404 => "NOT_FOUND",
-                409 => "ABORTED",
-                429 => "RESOURCE_EXHAUSTED",
-                503 => "UNAVAILABLE",
-                _ => "UNKNOWN",
-            }
-            .into(),
-            message: body.chars().take(300).collect(),
-        },
     }
 }
 

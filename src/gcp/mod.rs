@@ -3,3 +3,5 @@
 //! APIs' JSON shapes and must not know the engine's types.
 
 pub mod firestore;
+pub mod http;
+pub mod tpu;

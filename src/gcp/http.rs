@@ -1,0 +1,189 @@
+//! What every Google REST client here shares: the error shape (`google.rpc.Status` in
+//! `{"error": …}`, or GCS's `errors[]`), transport failures as errors with a status, and the
+//! retry policy (bounded exponential backoff with jitter, honouring `Retry-After`). No
+//! knowledge of any one API.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// A failed call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status (0: no reply).
+    pub code: u16,
+    /// The API's status (`ABORTED`, `FAILED_PRECONDITION`, `NOT_FOUND`, …), or
+    /// `UNAVAILABLE` / `DEADLINE_EXCEEDED` / `UNAUTHENTICATED` for transport and credential
+    /// failures.
+    pub status: String,
+    /// Message.
+    pub message: String,
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.code == 0 {
+            write!(f, "{}: {}", self.status, self.message)
+        } else {
+            write!(f, "{} {}: {}", self.code, self.status, self.message)
+        }
+    }
+}
+
+/// A failure with no HTTP reply (connection, timeout, credentials).
+pub fn transport(status: &str, message: String) -> ApiError {
+    ApiError {
+        code: 0,
+        status: status.into(),
+        message,
+    }
+}
+
+/// A reply that does not have the documented shape.
+pub fn malformed(what: &str) -> ApiError {
+    ApiError {
+        code: 0,
+        status: "INTERNAL".into(),
+        message: format!("unexpected reply: {what}"),
+    }
+}
+
+/// An error with all its causes, for messages.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}
+
+/// The Google error body `{"error": {code, status, message}}` (or a bare text).
+pub fn api_error(code: u16, body: &str) -> ApiError {
+    let parsed: Option<Value> = serde_json::from_str(body).ok();
+    let error = parsed.as_ref().map(|v| {
+        // Some replies wrap the error in a one-element list.
+        v.get("error")
+            .or_else(|| v.get(0).and_then(|e| e.get("error")))
+            .cloned()
+    });
+    match error.flatten() {
+        Some(e) => ApiError {
+            code,
+            status: e["status"].as_str().unwrap_or("UNKNOWN").to_owned(),
+            message: e["message"].as_str().unwrap_or_default().to_owned(),
+        },
+        None => ApiError {
+            code,
+            status: match code {
+                401 => "UNAUTHENTICATED",
+                403 => "PERMISSION_DENIED",
+                404 => "NOT_FOUND",
+                409 => "ABORTED",
+                429 => "RESOURCE_EXHAUSTED",
+                503 => "UNAVAILABLE",
+                _ => "UNKNOWN",
+            }
+            .into(),
+            message: body.chars().take(300).collect(),
+        },
+    }
+}
+
+/// Whether a failed call may be made again as it is: rate limits, server errors, timeouts
+/// and lost connections (creates and deletes carry a `requestId`, so repeating them is
+/// idempotent).
+pub fn retryable(e: &ApiError) -> bool {
+    e.code == 0 && e.status != "UNAUTHENTICATED" && e.status != "INTERNAL"
+        || matches!(e.code, 408 | 429 | 500 | 502 | 503 | 504)
+}
+
+/// Bounded retries with exponential backoff and jitter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// Tries in all (the first included).
+    pub tries: u32,
+    /// Wait before the second try; doubled each time.
+    pub base: Duration,
+    /// The longest wait.
+    pub cap: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            tries: 5,
+            base: Duration::from_millis(500),
+            cap: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before try `k` (1-based, k ≥ 2): `Retry-After` when the server gave one
+    /// (capped), else base × 2^(k-2) with full jitter in its upper half.
+    pub fn wait(&self, k: u32, retry_after: Option<Duration>, jitter: u64) -> Duration {
+        if let Some(after) = retry_after {
+            return after.min(self.cap);
+        }
+        let exp = self
+            .base
+            .saturating_mul(1u32 << (k.saturating_sub(2)).min(16))
+            .min(self.cap);
+        let half = exp / 2;
+        half + Duration::from_nanos(jitter % (half.as_nanos() as u64 + 1))
+    }
+}
+
+/// `Retry-After` as seconds (the HTTP-date form is ignored: the backoff applies).
+pub fn retry_after(value: Option<&str>) -> Option<Duration> {
+    value?.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// A jitter seed from the clock's nanoseconds (not a simulation input: only spreads
+/// retries of many clients apart).
+pub fn jitter() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::from(d.subsec_nanos()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_honours_retry_after_and_is_capped() {
+        let p = RetryPolicy::default();
+        let w2 = p.wait(2, None, 0);
+        let w3 = p.wait(3, None, 0);
+        assert_eq!(
+            (w2, w3),
+            (Duration::from_millis(250), Duration::from_millis(500))
+        );
+        assert!(p.wait(30, None, u64::MAX) <= p.cap);
+        assert_eq!(
+            p.wait(2, Some(Duration::from_secs(7)), 0),
+            Duration::from_secs(7)
+        );
+        assert_eq!(p.wait(2, Some(Duration::from_secs(700)), 0), p.cap);
+        assert_eq!(retry_after(Some(" 12 ")), Some(Duration::from_secs(12)));
+        assert_eq!(retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT")), None);
+    }
+
+    #[test]
+    fn what_is_retried() {
+        let e = |code, status: &str| ApiError {
+            code,
+            status: status.into(),
+            message: String::new(),
+        };
+        assert!(retryable(&e(429, "RESOURCE_EXHAUSTED")));
+        assert!(retryable(&e(503, "UNAVAILABLE")));
+        assert!(retryable(&e(0, "DEADLINE_EXCEEDED")));
+        assert!(!retryable(&e(403, "PERMISSION_DENIED")));
+        assert!(!retryable(&e(400, "INVALID_ARGUMENT")));
+        assert!(!retryable(&e(0, "UNAUTHENTICATED")));
+    }
+}

@@ -1,0 +1,768 @@
+//! Cloud TPU API v2 REST client: nodes and queued resources listed per zone (paginated,
+//! several zones at once with a bound), nodes fetched by name, Spot queued resources created
+//! and queued resources and nodes deleted with a `requestId` (a retry after a lost reply is
+//! idempotent), long-running operations read. Proto-JSON is parsed tolerantly: unknown fields
+//! and enum values, int64 as strings or numbers, omitted defaults, and the v2alpha1 shapes of
+//! `original-behaviour.md` §7 (a bare-string `state`, a `nodeSpec` object). Every call has a
+//! timeout, bounded retries with backoff and jitter (honouring `Retry-After`) and a
+//! client-side rate limit per quota. Blocking API over a private runtime; knows nothing of
+//! the engine.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Value, json};
+
+use super::http::{
+    self, ApiError, RetryPolicy, api_error, error_chain, malformed, retryable, transport,
+};
+
+/// Where the API is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `https://tpu.googleapis.com` or an emulator's `http://HOST:PORT`.
+    pub base: String,
+    /// True when no credentials are needed (an emulator on this machine).
+    pub emulator: bool,
+}
+
+impl Endpoint {
+    /// `TPU_RUNNER_TPU_ENDPOINT` when set (no credentials), else production.
+    pub fn from_env() -> Endpoint {
+        match std::env::var("TPU_RUNNER_TPU_ENDPOINT") {
+            Ok(url) if !url.trim().is_empty() => Endpoint::emulator(url.trim()),
+            _ => Endpoint {
+                base: "https://tpu.googleapis.com".into(),
+                emulator: false,
+            },
+        }
+    }
+
+    /// An emulator at `url` (`http://127.0.0.1:8470`; a bare `host:port` is read as http).
+    pub fn emulator(url: &str) -> Endpoint {
+        let base = if url.contains("://") {
+            url.trim_end_matches('/').to_owned()
+        } else {
+            format!("http://{}", url.trim_end_matches('/'))
+        };
+        Endpoint {
+            base,
+            emulator: true,
+        }
+    }
+}
+
+/// An int64 written as a string (proto-JSON) or a number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Int64(pub i64);
+
+impl<'de> Deserialize<'de> for Int64 {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match Value::deserialize(d)? {
+            Value::String(s) => Int64(s.parse().unwrap_or(0)),
+            Value::Number(n) => Int64(n.as_i64().unwrap_or(0)),
+            _ => Int64(0),
+        })
+    }
+}
+
+/// A TPU VM as the API returns it (fields this project reads; the rest are ignored).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Node {
+    /// `projects/P/locations/Z/nodes/N` (or a bare id inside a queued resource's spec).
+    pub name: String,
+    /// `v6e-16`.
+    pub accelerator_type: String,
+    /// `READY`, `PREEMPTED` … (unknown values kept as they are).
+    pub state: String,
+    /// `HEALTHY` … (omitted means healthy).
+    pub health: String,
+    /// Free text.
+    pub health_description: String,
+    /// Software version.
+    pub runtime_version: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Metadata (startup script …).
+    pub metadata: BTreeMap<String, String>,
+    /// Spot, preemptible, reserved.
+    pub scheduling_config: SchedulingConfig,
+    /// One per worker.
+    pub network_endpoints: Vec<NetworkEndpoint>,
+    /// Full name of the owning queued resource.
+    pub queued_resource: String,
+    /// Numeric id.
+    pub id: Int64,
+    /// RFC 3339.
+    pub create_time: String,
+    /// v2alpha1: `SPOT`, `ON_DEMAND` ….
+    pub provisioning_model: String,
+}
+
+/// `schedulingConfig`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SchedulingConfig {
+    /// Preemptible (legacy Spot).
+    pub preemptible: bool,
+    /// Reserved.
+    pub reserved: bool,
+    /// Spot.
+    pub spot: bool,
+}
+
+/// One worker's address.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct NetworkEndpoint {
+    /// Internal IP.
+    pub ip_address: String,
+    /// Port (the emulator sets the worker's SSH port here).
+    pub port: i64,
+    /// External address, if any.
+    pub access_config: AccessConfig,
+}
+
+/// `accessConfig`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct AccessConfig {
+    /// Public IP (empty: none).
+    pub external_ip: String,
+}
+
+impl Node {
+    /// The last path segment of `name`.
+    pub fn id(&self) -> &str {
+        last_segment(&self.name)
+    }
+
+    /// Spot by any of the ways the API says so.
+    pub fn is_spot(&self) -> bool {
+        self.scheduling_config.spot
+            || self.scheduling_config.preemptible
+            || self.provisioning_model.eq_ignore_ascii_case("SPOT")
+    }
+}
+
+/// A queued resource as the API returns it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct QueuedResource {
+    /// `projects/P/locations/Z/queuedResources/Q`.
+    pub name: String,
+    /// RFC 3339.
+    pub create_time: String,
+    /// The nodes it provisions.
+    pub tpu: QrTpu,
+    /// Present (`{}`) for the Spot tier.
+    pub spot: Option<Value>,
+    /// Present for the guaranteed tier.
+    pub guaranteed: Option<Value>,
+    /// The state and its data.
+    pub state: QrState,
+    /// v2alpha1 top-level labels.
+    pub labels: BTreeMap<String, String>,
+    /// v2alpha1: `SPOT` …
+    pub provisioning_model: String,
+}
+
+/// `tpu` of a queued resource.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct QrTpu {
+    /// Node specs (a list in v2; one object in some v2alpha1 replies).
+    #[serde(deserialize_with = "one_or_many")]
+    pub node_spec: Vec<NodeSpec>,
+}
+
+/// One node a queued resource provisions.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct NodeSpec {
+    /// `projects/P/locations/Z`.
+    pub parent: String,
+    /// The node id.
+    pub node_id: String,
+    /// The node's configuration.
+    pub node: Node,
+}
+
+/// The state of a queued resource: `{state, stateInitiator, failedData…}` (v2) or a bare
+/// string (some v2alpha1 replies).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct QrState {
+    /// `WAITING_FOR_RESOURCES`, `ACTIVE` … (unknown values kept).
+    pub state: String,
+    /// `USER`, `SERVICE` or empty.
+    pub initiator: String,
+    /// Why it failed (`failedData.error.message`), if it did.
+    pub error: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for QrState {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match Value::deserialize(d)? {
+            Value::String(state) => QrState {
+                state,
+                ..QrState::default()
+            },
+            Value::Object(m) => {
+                let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_owned();
+                QrState {
+                    state: text(m.get("state").or_else(|| m.get("name"))),
+                    initiator: text(m.get("stateInitiator")),
+                    error: m
+                        .get("failedData")
+                        .and_then(|f| f.get("error"))
+                        .map(|e| text(e.get("message"))),
+                }
+            }
+            _ => QrState::default(),
+        })
+    }
+}
+
+fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<NodeSpec>, D::Error> {
+    Ok(match Value::deserialize(d)? {
+        Value::Array(items) => items
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect(),
+        v @ Value::Object(_) => serde_json::from_value(v).into_iter().collect(),
+        _ => Vec::new(),
+    })
+}
+
+impl QueuedResource {
+    /// The last path segment of `name`.
+    pub fn id(&self) -> &str {
+        last_segment(&self.name)
+    }
+
+    /// The first node spec (tpu-runner requests one node per queued resource).
+    pub fn node_spec(&self) -> Option<&NodeSpec> {
+        self.tpu.node_spec.first()
+    }
+
+    /// Labels: top level (v2alpha1) or the node spec's.
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        match self.node_spec() {
+            Some(spec) if self.labels.is_empty() => &spec.node.labels,
+            _ => &self.labels,
+        }
+    }
+
+    /// Spot tier (the default of the original when nothing says otherwise).
+    pub fn is_spot(&self) -> bool {
+        self.spot.is_some()
+            || self.provisioning_model.eq_ignore_ascii_case("SPOT")
+            || (self.guaranteed.is_none() && self.provisioning_model.is_empty())
+    }
+}
+
+/// A long-running operation.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Operation {
+    /// `projects/P/locations/Z/operations/O`.
+    pub name: String,
+    /// Omitted while false.
+    pub done: bool,
+    /// Set when it failed.
+    pub error: Option<Status>,
+    /// The result, when done.
+    pub response: Option<Value>,
+}
+
+/// `google.rpc.Status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Status {
+    /// gRPC code.
+    pub code: i64,
+    /// Message.
+    pub message: String,
+}
+
+fn last_segment(name: &str) -> &str {
+    name.rsplit('/').next().unwrap_or(name)
+}
+
+/// What a Spot queued resource is created with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QrRequest {
+    /// Queued resource id.
+    pub id: String,
+    /// Node id.
+    pub node_id: String,
+    /// Zone.
+    pub zone: String,
+    /// `v6e-16`.
+    pub accelerator_type: String,
+    /// Software version.
+    pub runtime_version: String,
+    /// VPC network name.
+    pub network: String,
+    /// Subnetwork name (in the zone's region).
+    pub subnetwork: String,
+    /// Give workers external IPs (SSH `direct`); off for IAP.
+    pub external_ips: bool,
+    /// Worker service account email (empty: the project default).
+    pub service_account: String,
+    /// Labels (`managed-by`, `fleet-entry`).
+    pub labels: BTreeMap<String, String>,
+    /// Metadata (`startup-script-url`).
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The body of `queuedResources.create` for `r` in `project` (ecosystem.md §3.1).
+pub fn create_body(project: &str, r: &QrRequest) -> Value {
+    let region = r
+        .zone
+        .rsplit_once('-')
+        .map_or(r.zone.as_str(), |(region, _)| region);
+    let mut node = json!({
+        "acceleratorType": r.accelerator_type,
+        "runtimeVersion": r.runtime_version,
+        "networkConfig": {
+            "network": format!("projects/{project}/global/networks/{}", r.network),
+            "subnetwork": format!("projects/{project}/regions/{region}/subnetworks/{}", r.subnetwork),
+            "enableExternalIps": r.external_ips,
+        },
+        "labels": r.labels,
+        "metadata": r.metadata,
+        "tags": ["tpu-runner"],
+    });
+    if !r.service_account.is_empty() {
+        node["serviceAccount"] = json!({
+            "email": r.service_account,
+            "scope": ["https://www.googleapis.com/auth/cloud-platform"],
+        });
+    }
+    json!({
+        "tpu": {"nodeSpec": [{
+            "parent": format!("projects/{project}/locations/{}", r.zone),
+            "nodeId": r.node_id,
+            "node": node,
+        }]},
+        "spot": {},
+    })
+}
+
+/// Calls per minute the client allows itself, per quota.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quotas {
+    /// Reads (list, get).
+    pub reads_per_minute: u32,
+    /// Writes (create, delete).
+    pub writes_per_minute: u32,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        // Below the TPU API's default per-project quotas, so the controller queues its own
+        // calls instead of being refused.
+        Quotas {
+            reads_per_minute: 900,
+            writes_per_minute: 240,
+        }
+    }
+}
+
+/// Spaces calls of one quota at least `interval` apart.
+#[derive(Debug)]
+struct Pacer {
+    interval: Duration,
+    next: tokio::sync::Mutex<tokio::time::Instant>,
+}
+
+impl Pacer {
+    fn new(per_minute: u32) -> Pacer {
+        Pacer {
+            interval: Duration::from_secs(60) / per_minute.max(1),
+            next: tokio::sync::Mutex::new(tokio::time::Instant::now()),
+        }
+    }
+
+    async fn wait(&self) {
+        let slot = {
+            let mut next = self.next.lock().await;
+            let now = tokio::time::Instant::now();
+            let slot = (*next).max(now);
+            *next = slot + self.interval;
+            slot
+        };
+        tokio::time::sleep_until(slot).await;
+    }
+}
+
+/// The kind of a call, for its quota.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Write,
+}
+
+/// The client.
+pub struct Client {
+    rt: tokio::runtime::Runtime,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    endpoint: Endpoint,
+    project: String,
+    auth: Option<Arc<dyn gcp_auth::TokenProvider>>,
+    policy: RetryPolicy,
+    reads: Pacer,
+    writes: Pacer,
+    calls: AtomicU64,
+    /// Calls of one request at a time in flight at most.
+    concurrency: usize,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "tpu::Client({} {})",
+            self.inner.endpoint.base, self.inner.project
+        )
+    }
+}
+
+const SCOPES: &[&str] = &["https://www.googleapis.com/auth/cloud-platform"];
+
+/// The per-call timeout.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Client {
+    /// A client for `project` at `endpoint`; production endpoints fetch Application
+    /// Default Credentials now (a missing credential fails here).
+    pub fn new(
+        endpoint: Endpoint,
+        project: &str,
+        quotas: Quotas,
+        policy: RetryPolicy,
+    ) -> Result<Client, ApiError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| transport("UNAVAILABLE", format!("cannot start the HTTP runtime: {e}")))?;
+        let http = reqwest::Client::builder()
+            .timeout(CALL_TIMEOUT)
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| transport("UNAVAILABLE", format!("cannot build the HTTP client: {e}")))?;
+        let auth = if endpoint.emulator {
+            None
+        } else {
+            Some(rt.block_on(gcp_auth::provider()).map_err(|e| {
+                transport(
+                    "UNAUTHENTICATED",
+                    format!("no Google credentials found ({e}): run `gcloud auth application-default login`, set GOOGLE_APPLICATION_CREDENTIALS, or run on GCP"),
+                )
+            })?)
+        };
+        let inner = Inner {
+            http,
+            endpoint,
+            project: project.to_owned(),
+            auth,
+            policy,
+            reads: rt.block_on(async { Pacer::new(quotas.reads_per_minute) }),
+            writes: rt.block_on(async { Pacer::new(quotas.writes_per_minute) }),
+            calls: AtomicU64::new(0),
+            concurrency: 16,
+        };
+        Ok(Client {
+            rt,
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// HTTP requests made so far (retries included).
+    pub fn calls(&self) -> u64 {
+        self.inner.calls.load(Ordering::Relaxed)
+    }
+
+    /// Every node of each zone (all pages), zones read concurrently; one result per zone,
+    /// in order.
+    pub fn list_nodes(&self, zones: &[String]) -> Vec<Result<Vec<Node>, ApiError>> {
+        self.list_all(zones, "nodes")
+    }
+
+    /// Every queued resource of each zone, as `list_nodes`.
+    pub fn list_queued_resources(
+        &self,
+        zones: &[String],
+    ) -> Vec<Result<Vec<QueuedResource>, ApiError>> {
+        self.list_all(zones, "queuedResources")
+    }
+
+    fn list_all<T: serde::de::DeserializeOwned + Send + 'static>(
+        &self,
+        zones: &[String],
+        collection: &'static str,
+    ) -> Vec<Result<Vec<T>, ApiError>> {
+        let inner = self.inner.clone();
+        let zones = zones.to_vec();
+        self.rt.block_on(async move {
+            futures_util::stream::iter(zones.into_iter().map(|zone| {
+                let inner = inner.clone();
+                async move { inner.list(&zone, collection).await }
+            }))
+            .buffered(inner.concurrency)
+            .collect()
+            .await
+        })
+    }
+
+    /// Nodes by (zone, id), concurrently; `None` for absent ones.
+    pub fn get_nodes(&self, targets: &[(String, String)]) -> Vec<Result<Option<Node>, ApiError>> {
+        let inner = self.inner.clone();
+        let targets = targets.to_vec();
+        self.rt.block_on(async move {
+            futures_util::stream::iter(targets.into_iter().map(|(zone, id)| {
+                let inner = inner.clone();
+                async move {
+                    let url = inner.url(&zone, &format!("nodes/{id}"));
+                    match inner
+                        .call(reqwest::Method::GET, &url, None, Kind::Read)
+                        .await
+                    {
+                        Ok(v) => serde_json::from_value(v)
+                            .map(Some)
+                            .map_err(|e| malformed(&format!("node {id}: {e}"))),
+                        Err(e) if e.status == "NOT_FOUND" => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                }
+            }))
+            .buffered(inner.concurrency)
+            .collect()
+            .await
+        })
+    }
+
+    /// Creates a Spot queued resource; `request_id` (a UUID) makes a retry idempotent.
+    pub fn create_queued_resource(
+        &self,
+        r: &QrRequest,
+        request_id: &str,
+    ) -> Result<Operation, ApiError> {
+        let inner = self.inner.clone();
+        let url = format!(
+            "{}?queuedResourceId={}&requestId={request_id}",
+            inner.url(&r.zone, "queuedResources"),
+            r.id
+        );
+        let body = create_body(&inner.project, r);
+        self.rt.block_on(async move {
+            let v = inner
+                .call(reqwest::Method::POST, &url, Some(body), Kind::Write)
+                .await?;
+            serde_json::from_value(v).map_err(|e| malformed(&format!("operation: {e}")))
+        })
+    }
+
+    /// Deletes a queued resource and its node (`force`); absent is success.
+    pub fn delete_queued_resource(
+        &self,
+        zone: &str,
+        id: &str,
+        request_id: &str,
+    ) -> Result<(), ApiError> {
+        let url = format!(
+            "{}?force=true&requestId={request_id}",
+            self.inner.url(zone, &format!("queuedResources/{id}"))
+        );
+        self.delete(url)
+    }
+
+    /// Deletes a node; absent is success.
+    pub fn delete_node(&self, zone: &str, id: &str, request_id: &str) -> Result<(), ApiError> {
+        let url = format!(
+            "{}?requestId={request_id}",
+            self.inner.url(zone, &format!("nodes/{id}"))
+        );
+        self.delete(url)
+    }
+
+    fn delete(&self, url: String) -> Result<(), ApiError> {
+        let inner = self.inner.clone();
+        self.rt.block_on(async move {
+            match inner
+                .call(reqwest::Method::DELETE, &url, None, Kind::Write)
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(e) if e.status == "NOT_FOUND" => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    /// Reads an operation by its full name.
+    pub fn operation(&self, name: &str) -> Result<Operation, ApiError> {
+        let inner = self.inner.clone();
+        let url = format!("{}/v2/{name}", inner.endpoint.base);
+        self.rt.block_on(async move {
+            let v = inner
+                .call(reqwest::Method::GET, &url, None, Kind::Read)
+                .await?;
+            serde_json::from_value(v).map_err(|e| malformed(&format!("operation: {e}")))
+        })
+    }
+}
+
+impl Inner {
+    fn url(&self, zone: &str, rest: &str) -> String {
+        format!(
+            "{}/v2/projects/{}/locations/{zone}/{rest}",
+            self.endpoint.base, self.project
+        )
+    }
+
+    async fn list<T: serde::de::DeserializeOwned>(
+        &self,
+        zone: &str,
+        collection: &str,
+    ) -> Result<Vec<T>, ApiError> {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        for _ in 0..10_000 {
+            let mut url = format!("{}?pageSize=500", self.url(zone, collection));
+            if !token.is_empty() {
+                url.push_str("&pageToken=");
+                url.push_str(&token);
+            }
+            let page = self
+                .call(reqwest::Method::GET, &url, None, Kind::Read)
+                .await?;
+            if let Some(items) = page.get(collection).and_then(Value::as_array) {
+                for item in items {
+                    out.push(
+                        serde_json::from_value(item.clone())
+                            .map_err(|e| malformed(&format!("{collection} in {zone}: {e}")))?,
+                    );
+                }
+            }
+            if let Some(unreachable) = page.get("unreachable").and_then(Value::as_array)
+                && !unreachable.is_empty()
+            {
+                return Err(transport(
+                    "UNAVAILABLE",
+                    format!("{zone}: the API could not reach {unreachable:?}"),
+                ));
+            }
+            token = page
+                .get("nextPageToken")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            if token.is_empty() {
+                return Ok(out);
+            }
+        }
+        Err(malformed("a listing that never ends"))
+    }
+
+    /// One call with the quota's pacing, a token, and bounded retries.
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        body: Option<Value>,
+        kind: Kind,
+    ) -> Result<Value, ApiError> {
+        let mut k = 1;
+        loop {
+            match kind {
+                Kind::Read => self.reads.wait().await,
+                Kind::Write => self.writes.wait().await,
+            }
+            let (result, after) = self.once(method.clone(), url, body.as_ref()).await;
+            match result {
+                Err(e) if retryable(&e) && k < self.policy.tries => {
+                    k += 1;
+                    tokio::time::sleep(self.policy.wait(k, after, http::jitter())).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn once(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        body: Option<&Value>,
+    ) -> (Result<Value, ApiError>, Option<Duration>) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let mut request = self.http.request(method, url);
+        if let Some(provider) = &self.auth {
+            match provider.token(SCOPES).await {
+                Ok(token) => request = request.bearer_auth(token.as_str()),
+                Err(e) => {
+                    return (
+                        Err(transport(
+                            "UNAUTHENTICATED",
+                            format!("cannot get an access token: {e}"),
+                        )),
+                        None,
+                    );
+                }
+            }
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let reply = match request.send().await {
+            Ok(reply) => reply,
+            Err(e) => {
+                let status = if e.is_timeout() {
+                    "DEADLINE_EXCEEDED"
+                } else {
+                    "UNAVAILABLE"
+                };
+                return (
+                    Err(transport(status, format!("{url}: {}", error_chain(&e)))),
+                    None,
+                );
+            }
+        };
+        let code = reply.status().as_u16();
+        let after = http::retry_after(
+            reply
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+        );
+        let text = match reply.text().await {
+            Ok(text) => text,
+            Err(e) => return (Err(transport("UNAVAILABLE", error_chain(&e))), after),
+        };
+        if !(200..300).contains(&code) {
+            return (Err(api_error(code, &text)), after);
+        }
+        if text.trim().is_empty() {
+            return (Ok(json!({})), after);
+        }
+        (
+            serde_json::from_str(&text).map_err(|e| ApiError {
+                code,
+                status: "INTERNAL".into(),
+                message: format!("unreadable reply ({e})"),
+            }),
+            after,
+        )
+    }
+}
