@@ -366,3 +366,68 @@ fn every_zone_is_listed_and_answered_in_order() {
     asked.sort();
     assert_eq!(asked, zones.iter().map(String::as_str).collect::<Vec<_>>());
 }
+
+#[test]
+fn the_inventory_keeps_the_runners_objects_and_fetches_adopted_tpus_by_name() {
+    use tpu_runner::backend::gcp::read_inventory;
+    use tpu_runner::engine::InventoryScope;
+    use tpu_runner::spec::Name;
+    let node = |zone: &str, n: &str, runner: &str| {
+        json!({"name": format!("projects/p/locations/{zone}/nodes/{n}"), "acceleratorType": "v6e-8", "state": "READY",
+               "labels": {"managed-by": runner}, "networkEndpoints": [{"ipAddress": "10.0.0.2"}]})
+    };
+    let qr = |zone: &str, q: &str, runner: &str| {
+        json!({"name": format!("projects/p/locations/{zone}/queuedResources/{q}"), "spot": {}, "state": {"state": "ACTIVE"},
+               "tpu": {"nodeSpec": [{"nodeId": q.trim_end_matches("-qr"), "node": {"acceleratorType": "v6e-8", "labels": {"managed-by": runner}}}]}})
+    };
+    // Calls go out concurrently, but the scripted server answers in arrival order: each
+    // zone's reply is told apart by the test through the request path instead.
+    let (addr, seen) = server(vec![
+        ok(
+            json!({"nodes": [node("us-east1-d", "lab-1", "lab"), node("us-east1-d", "other-1", "someone-else")]}),
+        ),
+        ok(json!({"nodes": [node("us-west1-a", "lab-2", "lab")]})),
+        ok(
+            json!({"queuedResources": [qr("us-east1-d", "lab-1-qr", "lab"), qr("us-east1-d", "x-qr", "someone-else")]}),
+        ),
+        ok(json!({"queuedResources": []})),
+        ok(
+            json!({"name": "projects/p/locations/us-central2-b/nodes/trc", "acceleratorType": "v4-32", "state": "READY", "networkEndpoints": [{}, {}, {}, {}]}),
+        ),
+    ]);
+    let c = client(&addr);
+    let scope = InventoryScope {
+        runner: "lab",
+        zones: [Name::new("us-east1-d"), Name::new("us-west1-a")]
+            .into_iter()
+            .collect(),
+        adopted: [("us-central2-b", "trc")].into_iter().collect(),
+    };
+    let mut inventory = (Vec::new(), Vec::new());
+    let notes = read_inventory(&c, &scope, &mut inventory).unwrap();
+    assert!(notes.is_empty(), "{notes:?}");
+    let (nodes, qrs) = inventory;
+    let names: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("{}/{}", n.zone, n.name))
+        .collect();
+    let seen = seen.lock().unwrap();
+    // Whatever order the zones were answered in, only the runner's objects and the adopted
+    // TPU are kept, sorted by (zone, name), with the zone the listing was made for.
+    assert_eq!(
+        seen.len(),
+        5,
+        "one listing per zone and kind, one get per adopted TPU"
+    );
+    assert!(names.contains(&"us-central2-b/trc".to_owned()), "{names:?}");
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(names.windows(2).all(|w| w[0] <= w[1]));
+    assert_eq!(
+        nodes.iter().find(|n| n.name == "trc").unwrap().worker_count,
+        4
+    );
+    assert!(
+        qrs.iter()
+            .all(|q| q.labels.get("managed-by").map(String::as_str) == Some("lab"))
+    );
+}

@@ -3,6 +3,7 @@
 //! and carries out one action at a time. Two implementations: the simulator (`sim`) and GCP
 //! (to come). Refusals are returned as data.
 
+pub mod gcp;
 pub mod sim;
 
 use std::fmt;
