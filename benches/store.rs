@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tpu_runner::engine::{State, Timestamp, synthetic};
-use tpu_runner::store::firestore::{Endpoint, FirestoreStore};
+use tpu_runner::store::firestore::{FirestoreStore, endpoint_from_env};
 use tpu_runner::store::sqlite::SqliteStore;
 use tpu_runner::store::{CommitOutcome, Fence, Loaded, StateStore};
 
@@ -89,13 +89,9 @@ fn firestore(c: &mut Criterion) {
     group.sample_size(10);
     for stored in [1_000usize] {
         let runner = format!("bench{}", std::process::id());
-        let mut store = FirestoreStore::open(
-            "demo-tpu-runner",
-            "(default)",
-            &runner,
-            Endpoint::from_env(),
-        )
-        .unwrap();
+        let mut store =
+            FirestoreStore::open("demo-tpu-runner", "(default)", &runner, endpoint_from_env())
+                .unwrap();
         filled(&mut store, stored);
         let started = Instant::now();
         let before = store.calls();

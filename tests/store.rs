@@ -17,7 +17,7 @@ use tpu_runner::engine::lease::Refusal;
 use tpu_runner::engine::state::{JobStatus, Resource, ResourceStatus, State};
 use tpu_runner::engine::{Engine, EngineConfig, Observation, Timestamp, policy, synthetic};
 use tpu_runner::spec::{FleetSpec, Name, Priority};
-use tpu_runner::store::firestore::{Endpoint, FirestoreStore};
+use tpu_runner::store::firestore::{Endpoint, FirestoreStore, endpoint_from_env};
 use tpu_runner::store::sqlite::SqliteStore;
 use tpu_runner::store::{CommitOutcome, CreateResult, Fence, InterruptResult, Loaded, StateStore};
 
@@ -35,7 +35,7 @@ impl Where {
         match self {
             Where::Sqlite(path) => Box::new(SqliteStore::open(path).expect("open sqlite")),
             Where::Firestore { runner } => Box::new(
-                FirestoreStore::open("demo-tpu-runner", "(default)", runner, Endpoint::from_env())
+                FirestoreStore::open("demo-tpu-runner", "(default)", runner, endpoint_from_env())
                     .expect("open firestore emulator"),
             ),
         }
@@ -112,6 +112,16 @@ fn hold_lease(store: &mut dyn StateStore, now: Timestamp) {
         .acquire_lease("controller-a", "e1", 900, now)
         .unwrap()
         .expect("lease");
+}
+
+/// A store holding the fleet's idle TPUs and `jobs` pending jobs, its lease held by
+/// `fence()`; and the observation showing those TPUs ready.
+fn seeded(at: &Where, jobs: usize) -> (Box<dyn StateStore>, Observation) {
+    let mut store = at.open();
+    let (state, obs) = planning(jobs);
+    store.import(&state).unwrap();
+    hold_lease(&mut *store, T0);
+    (store, obs)
 }
 
 /// A pass of the real engine on the stored state, committed.
@@ -224,11 +234,8 @@ fn create_jobs_is_all_or_none() {
 fn cancel_follows_the_rules() {
     let dir = tempfile::tempdir().unwrap();
     for at in stores("cancel", dir.path()) {
-        let mut store = at.open();
+        let (mut store, obs) = seeded(&at, 20);
         let s = &mut *store;
-        let (state, obs) = planning(20);
-        s.import(&state).unwrap();
-        hold_lease(s, T0);
         let engine = engine();
         assert_eq!(
             pass(s, &engine, &obs, T0),
@@ -305,11 +312,8 @@ fn cancel_follows_the_rules() {
 fn cancel_if_pending_needs_a_provably_finished_previous_attempt() {
     let dir = tempfile::tempdir().unwrap();
     for at in stores("ifpending", dir.path()) {
-        let mut store = at.open();
+        let (mut store, obs) = seeded(&at, 1);
         let s = &mut *store;
-        let (state, obs) = planning(1);
-        s.import(&state).unwrap();
-        hold_lease(s, T0);
         assert_eq!(pass(s, &engine(), &obs, T0), CommitOutcome::Committed);
         // Requeue the job by hand as a preemption would, but leave the TPU pointing at it:
         // a damaged or half-finished record the cancel must not trust.
@@ -371,11 +375,8 @@ fn cancel_if_pending_needs_a_provably_finished_previous_attempt() {
 fn reprioritize_follows_the_rules_and_writes_its_event() {
     let dir = tempfile::tempdir().unwrap();
     for at in stores("prio", dir.path()) {
-        let mut store = at.open();
+        let (mut store, obs) = seeded(&at, 20);
         let s = &mut *store;
-        let (state, obs) = planning(20);
-        s.import(&state).unwrap();
-        hold_lease(s, T0);
         assert_eq!(pass(s, &engine(), &obs, T0), CommitOutcome::Committed);
         let loaded = s.load_active().unwrap().state;
         let running = loaded
@@ -428,11 +429,8 @@ fn reprioritize_follows_the_rules_and_writes_its_event() {
 fn interruption_requests_check_their_target() {
     let dir = tempfile::tempdir().unwrap();
     for at in stores("interrupt", dir.path()) {
-        let mut store = at.open();
+        let (mut store, obs) = seeded(&at, 4);
         let s = &mut *store;
-        let (state, obs) = planning(4);
-        s.import(&state).unwrap();
-        hold_lease(s, T0);
         assert_eq!(pass(s, &engine(), &obs, T0), CommitOutcome::Committed);
         let loaded = s.load_active().unwrap().state;
         let job = loaded
@@ -582,11 +580,8 @@ fn a_commit_is_refused_without_the_lease_of_the_current_epoch() {
 fn a_pass_never_overwrites_a_command_write() {
     let dir = tempfile::tempdir().unwrap();
     for at in stores("conflict", dir.path()) {
-        let mut store = at.open();
+        let (mut store, obs) = seeded(&at, 30);
         let s = &mut *store;
-        let (state, obs) = planning(30);
-        s.import(&state).unwrap();
-        hold_lease(s, T0);
         let engine = engine();
         // A pass loads, a user cancels a job the pass assigns, the pass commits: refused.
         let Loaded {
@@ -748,11 +743,8 @@ fn a_long_lived_controller_commits_pass_after_pass() {
     // passes, and what it committed equals what a reload reads.
     let dir = tempfile::tempdir().unwrap();
     for at in stores("passes", dir.path()) {
-        let mut store = at.open();
+        let (mut store, obs) = seeded(&at, 40);
         let s = &mut *store;
-        let (state, obs) = planning(40);
-        s.import(&state).unwrap();
-        hold_lease(s, T0);
         let engine = engine();
         let Loaded {
             mut state,

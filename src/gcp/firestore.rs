@@ -10,37 +10,15 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-pub use super::http::{ApiError, api_error};
+pub use super::http::{ApiError, Endpoint, api_error};
 use super::http::{error_chain, malformed, transport};
 
-/// Where the API is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Endpoint {
-    /// `https://firestore.googleapis.com` or `http://HOST:PORT` of an emulator.
-    pub base: String,
-    /// True for an emulator: no credentials are fetched.
-    pub emulator: bool,
-}
-
-impl Endpoint {
-    /// `FIRESTORE_EMULATOR_HOST` (`host:port`) when set, else production.
-    pub fn from_env() -> Endpoint {
-        match std::env::var("FIRESTORE_EMULATOR_HOST") {
-            Ok(host) if !host.trim().is_empty() => Endpoint::emulator(host.trim()),
-            _ => Endpoint {
-                base: "https://firestore.googleapis.com".into(),
-                emulator: false,
-            },
-        }
-    }
-
-    /// The emulator at `host:port`.
-    pub fn emulator(host: &str) -> Endpoint {
-        Endpoint {
-            base: format!("http://{host}"),
-            emulator: true,
-        }
-    }
+/// `FIRESTORE_EMULATOR_HOST` when set (an emulator, no credentials), else production.
+pub fn endpoint_from_env() -> Endpoint {
+    Endpoint::from_env(
+        "FIRESTORE_EMULATOR_HOST",
+        "https://firestore.googleapis.com",
+    )
 }
 
 /// A document read: its full name, fields as plain JSON, and update time.
@@ -162,26 +140,7 @@ impl Client {
     /// endpoints fetch Application Default Credentials now, so a missing credential fails
     /// here with a clear message.
     pub fn new(endpoint: Endpoint, project: &str, database: &str) -> Result<Client, ApiError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| transport("UNAVAILABLE", format!("cannot start the HTTP runtime: {e}")))?;
-        let http = reqwest::Client::builder()
-            .timeout(CALL_TIMEOUT)
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| transport("UNAVAILABLE", format!("cannot build the HTTP client: {e}")))?;
-        let auth = if endpoint.emulator {
-            None
-        } else {
-            let provider = rt.block_on(gcp_auth::provider()).map_err(|e| {
-                transport(
-                    "UNAUTHENTICATED",
-                    format!("no Google credentials found ({e}): run `gcloud auth application-default login`, set GOOGLE_APPLICATION_CREDENTIALS, or run on GCP"),
-                )
-            })?;
-            Some(provider)
-        };
+        let (rt, http, auth) = super::http::connect(&endpoint, CALL_TIMEOUT)?;
         Ok(Client {
             rt,
             http,

@@ -7,6 +7,75 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+/// Where an API is: production, or an emulator on this machine (no credentials).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `https://…googleapis.com` or an emulator's `http://HOST:PORT`.
+    pub base: String,
+    /// True for an emulator: no credentials are fetched.
+    pub emulator: bool,
+}
+
+impl Endpoint {
+    /// The emulator named by the environment variable `var` (a URL or `host:port`) when it
+    /// is set, else `production`.
+    pub fn from_env(var: &str, production: &str) -> Endpoint {
+        match std::env::var(var) {
+            Ok(url) if !url.trim().is_empty() => Endpoint::emulator(url.trim()),
+            _ => Endpoint {
+                base: production.into(),
+                emulator: false,
+            },
+        }
+    }
+
+    /// An emulator at `url` (`http://127.0.0.1:8470`; a bare `host:port` is read as http).
+    pub fn emulator(url: &str) -> Endpoint {
+        let url = url.trim_end_matches('/');
+        Endpoint {
+            base: if url.contains("://") {
+                url.to_owned()
+            } else {
+                format!("http://{url}")
+            },
+            emulator: true,
+        }
+    }
+}
+
+/// A runtime, an HTTP client and the credentials (none for an emulator).
+pub type Connection = (
+    tokio::runtime::Runtime,
+    reqwest::Client,
+    Option<std::sync::Arc<dyn gcp_auth::TokenProvider>>,
+);
+
+/// What a blocking client of `endpoint` needs: a private single-threaded runtime, an HTTP
+/// client whose every call times out after `timeout`, and (for production endpoints) the
+/// Application Default Credentials, fetched now so a missing one fails here, clearly.
+pub fn connect(endpoint: &Endpoint, timeout: Duration) -> Result<Connection, ApiError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| transport("UNAVAILABLE", format!("cannot start the HTTP runtime: {e}")))?;
+    let http = reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| transport("UNAVAILABLE", format!("cannot build the HTTP client: {e}")))?;
+    let auth = if endpoint.emulator {
+        None
+    } else {
+        Some(rt.block_on(gcp_auth::provider()).map_err(|e| {
+            transport(
+                "UNAUTHENTICATED",
+                format!("no Google credentials found ({e}): run `gcloud auth application-default login`, set GOOGLE_APPLICATION_CREDENTIALS, or run on GCP"),
+            )
+        })?)
+    };
+    Ok((rt, http, auth))
+}
+
 /// A failed call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiError {

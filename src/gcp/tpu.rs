@@ -17,43 +17,14 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Value, json};
 
+pub use super::http::Endpoint;
 use super::http::{
     self, ApiError, RetryPolicy, api_error, error_chain, malformed, retryable, transport,
 };
 
-/// Where the API is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Endpoint {
-    /// `https://tpu.googleapis.com` or an emulator's `http://HOST:PORT`.
-    pub base: String,
-    /// True when no credentials are needed (an emulator on this machine).
-    pub emulator: bool,
-}
-
-impl Endpoint {
-    /// `TPU_RUNNER_TPU_ENDPOINT` when set (no credentials), else production.
-    pub fn from_env() -> Endpoint {
-        match std::env::var("TPU_RUNNER_TPU_ENDPOINT") {
-            Ok(url) if !url.trim().is_empty() => Endpoint::emulator(url.trim()),
-            _ => Endpoint {
-                base: "https://tpu.googleapis.com".into(),
-                emulator: false,
-            },
-        }
-    }
-
-    /// An emulator at `url` (`http://127.0.0.1:8470`; a bare `host:port` is read as http).
-    pub fn emulator(url: &str) -> Endpoint {
-        let base = if url.contains("://") {
-            url.trim_end_matches('/').to_owned()
-        } else {
-            format!("http://{}", url.trim_end_matches('/'))
-        };
-        Endpoint {
-            base,
-            emulator: true,
-        }
-    }
+/// `TPU_RUNNER_TPU_ENDPOINT` when set (an emulator, no credentials), else production.
+pub fn endpoint_from_env() -> Endpoint {
+    Endpoint::from_env("TPU_RUNNER_TPU_ENDPOINT", "https://tpu.googleapis.com")
 }
 
 /// An int64 written as a string (proto-JSON) or a number.
@@ -452,25 +423,7 @@ impl Client {
         quotas: Quotas,
         policy: RetryPolicy,
     ) -> Result<Client, ApiError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| transport("UNAVAILABLE", format!("cannot start the HTTP runtime: {e}")))?;
-        let http = reqwest::Client::builder()
-            .timeout(CALL_TIMEOUT)
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| transport("UNAVAILABLE", format!("cannot build the HTTP client: {e}")))?;
-        let auth = if endpoint.emulator {
-            None
-        } else {
-            Some(rt.block_on(gcp_auth::provider()).map_err(|e| {
-                transport(
-                    "UNAUTHENTICATED",
-                    format!("no Google credentials found ({e}): run `gcloud auth application-default login`, set GOOGLE_APPLICATION_CREDENTIALS, or run on GCP"),
-                )
-            })?)
-        };
+        let (rt, http, auth) = http::connect(&endpoint, CALL_TIMEOUT)?;
         let inner = Inner {
             http,
             endpoint,

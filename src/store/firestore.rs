@@ -27,7 +27,7 @@ use crate::engine::{Event, State, Timestamp};
 use crate::gcp::firestore::{ApiError, Client, Doc, Filter, Precondition, Query, Write};
 use crate::spec::{Name, Priority};
 
-pub use crate::gcp::firestore::Endpoint;
+pub use crate::gcp::firestore::{Endpoint, endpoint_from_env};
 
 /// How long an operation keeps trying when it loses races to concurrent writers.
 const RETRY_BUDGET: Duration = Duration::from_secs(60);

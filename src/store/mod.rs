@@ -287,7 +287,7 @@ pub fn open(
                 &project,
                 &database,
                 &fleet.runner,
-                firestore::Endpoint::from_env(),
+                firestore::endpoint_from_env(),
             )?))
         }
     }

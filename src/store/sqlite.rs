@@ -905,54 +905,35 @@ fn load_in(tx: &Transaction<'_>, path: &Path) -> Res<Loaded> {
         }
     }
     let mut resource_versions = Versions::default();
-    {
-        let mut stmt = tx
-            .prepare("SELECT id, version, doc FROM resources ORDER BY id")
-            .map_err(|e| store_err(path, e))?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, String>(2)?,
-                ))
-            })
-            .map_err(|e| store_err(path, e))?;
-        for row in rows {
-            let (id, version, doc) = row.map_err(|e| store_err(path, e))?;
-            let r: Resource = parse(path, "resources", &id, &doc)?;
-            resource_versions.insert(r.id, Version(version.to_string()));
-            state.resources.insert(r.id, r);
-        }
+    for (id, version, doc) in versioned_rows(
+        tx,
+        path,
+        "SELECT id, version, doc FROM resources ORDER BY id",
+    )? {
+        let r: Resource = parse(path, "resources", &id, &doc)?;
+        resource_versions.insert(r.id, Version(version.to_string()));
+        state.resources.insert(r.id, r);
     }
     let mut request_versions = BTreeMap::new();
-    {
-        let mut stmt = tx
-            .prepare(
-                "SELECT id, version, doc FROM interruption_requests WHERE active = 1 ORDER BY id",
-            )
-            .map_err(|e| store_err(path, e))?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, String>(2)?,
-                ))
-            })
-            .map_err(|e| store_err(path, e))?;
-        for row in rows {
-            let (id, version, doc) = row.map_err(|e| store_err(path, e))?;
-            let r: InterruptionRequest = parse(path, "interruption_requests", &id, &doc)?;
-            request_versions.insert(r.id, Version(version.to_string()));
-            state.interruption_requests.insert(r.id, r);
-        }
+    let open = "SELECT id, version, doc FROM interruption_requests WHERE active = 1 ORDER BY id";
+    for (id, version, doc) in versioned_rows(tx, path, open)? {
+        let r: InterruptionRequest = parse(path, "interruption_requests", &id, &doc)?;
+        request_versions.insert(r.id, Version(version.to_string()));
+        state.interruption_requests.insert(r.id, r);
     }
     let controller = read_controller(tx, path)?;
     state.entry_backoff = controller.backoff;
     state.notices = controller.notices;
     let base = Base::new(&state, job_versions, resource_versions, request_versions);
     Ok(Loaded { state, base })
+}
+
+/// The `(id, version, doc)` rows `sql` selects.
+fn versioned_rows(tx: &Transaction<'_>, path: &Path, sql: &str) -> Res<Vec<(String, i64, String)>> {
+    let mut stmt = tx.prepare(sql).map_err(|e| store_err(path, e))?;
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .and_then(|rows| rows.collect())
+        .map_err(|e| store_err(path, e))
 }
 
 fn read_controller(tx: &Transaction<'_>, path: &Path) -> Res<ControllerDocs> {
