@@ -57,13 +57,27 @@ pub enum ReprioritizeResult {
     },
 }
 
-/// What a resource lookup inside a cancel needs: which TPU records point at a job or an
-/// attempt. A store answers it from an index (SQLite columns, a Firestore query).
-pub trait OwnerIndex {
-    /// The records whose owner names `job_id` or `attempt_id`.
-    fn owners_of(&self, job_id: &Name, attempt_id: &Name) -> Vec<Resource>;
-    /// The record `id`, if any.
-    fn resource(&self, id: &Name) -> Option<Resource>;
+/// The TPU records a `--if-pending` cancel judges, read by the store in its transaction
+/// (see `previous_attempt` for which).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PreviousTpus {
+    /// The record of the TPU the previous attempt ran on, if it still exists.
+    pub of_attempt: Option<Resource>,
+    /// Every record whose owner names the job or the previous attempt.
+    pub pointing: Vec<Resource>,
+}
+
+/// What a store must read before `cancel` with `if_pending`: the previous attempt's TPU
+/// record id and that attempt's id, when the job is pending, unassigned and keeps a previous
+/// attempt (nothing to read otherwise).
+pub fn previous_attempt(job: &Job) -> Option<(Name, Name)> {
+    // A job that is not pending and unassigned is refused before any TPU is looked at.
+    if job.status != JobStatus::Pending || job.assigned_resource.is_some() {
+        return None;
+    }
+    let attempt_id = job.current_attempt?;
+    let attempt = job.attempts.iter().rev().find(|a| a.id == attempt_id)?;
+    Some((attempt.resource_id, attempt_id))
 }
 
 /// Cancels `job` (already read by the store). Plain: pending → deactivated, running →
@@ -73,13 +87,13 @@ pub trait OwnerIndex {
 pub fn cancel(
     job: Option<&mut Job>,
     if_pending: bool,
-    owners: &dyn OwnerIndex,
+    tpus: &PreviousTpus,
     now: Timestamp,
 ) -> CancelResult {
     let Some(job) = job else {
         return CancelResult::Unknown;
     };
-    if if_pending && let Err(reason) = provably_idle(job, owners) {
+    if if_pending && let Err(reason) = provably_idle(job, tpus) {
         return CancelResult::Conflict { reason };
     }
     let to = match job.status {
@@ -106,7 +120,7 @@ pub fn cancel(
     }
 }
 
-fn provably_idle(job: &Job, owners: &dyn OwnerIndex) -> Result<(), String> {
+fn provably_idle(job: &Job, tpus: &PreviousTpus) -> Result<(), String> {
     if job.status != JobStatus::Pending {
         return Err(format!("job is {}, not pending", job.status.as_str()));
     }
@@ -131,7 +145,11 @@ fn provably_idle(job: &Job, owners: &dyn OwnerIndex) -> Result<(), String> {
             "previous attempt {attempt_id} has not provably ended"
         ));
     }
-    if let Some(resource) = owners.resource(&attempt.resource_id) {
+    if let Some(resource) = tpus
+        .of_attempt
+        .as_ref()
+        .filter(|r| r.id == attempt.resource_id)
+    {
         let points_here = resource
             .owner
             .as_ref()
@@ -143,7 +161,7 @@ fn provably_idle(job: &Job, owners: &dyn OwnerIndex) -> Result<(), String> {
             ));
         }
     }
-    if let Some(resource) = owners.owners_of(&job.id, &attempt_id).first() {
+    if let Some(resource) = tpus.pointing.first() {
         return Err(format!("TPU {} still points at the job", resource.id));
     }
     Ok(())

@@ -548,20 +548,9 @@ pub fn run(
                         recent_events: recent.iter().cloned().collect(),
                     });
                 }
-            }
-            held_lease = lease::acquire(
-                held_lease.as_ref(),
-                Some("e2"),
-                "controller",
-                "e2",
-                900,
-                now,
-            )
-            .ok();
-            if let Some(link) = store.as_mut() {
-                // The same through the store: the stale controller is refused both the
-                // lease and any commit, and the running one renews its lease.
-                if chaos.is_some_and(|c| c.stale_controller > 0.0) {
+                // The same through the store: it refuses the stale controller both the
+                // lease and any commit.
+                if let Some(link) = store.as_mut() {
                     let stale = Fence {
                         owner: "stale-controller".into(),
                         epoch: "e1".into(),
@@ -571,13 +560,18 @@ pub fn run(
                         .acquire_lease("stale-controller", "e1", 900, now)
                         .map_err(|e| StoreLink::fail(e, t_ms))?
                         .is_err();
-                    let mut base = link
-                        .store
-                        .load_active()
-                        .map_err(|e| StoreLink::fail(e, t_ms))?;
+                    let mut base = match link.base.clone() {
+                        Some(base) => base,
+                        None => {
+                            link.store
+                                .load_active()
+                                .map_err(|e| StoreLink::fail(e, t_ms))?
+                                .base
+                        }
+                    };
                     let fenced = matches!(
                         link.store
-                            .commit_pass(&mut base.base, &state, &[], &stale, now)
+                            .commit_pass(&mut base, &state, &[], &stale, now)
                             .map_err(|e| StoreLink::fail(e, t_ms))?,
                         CommitOutcome::Fenced { .. }
                     );
@@ -590,6 +584,18 @@ pub fn run(
                         });
                     }
                 }
+            }
+            held_lease = lease::acquire(
+                held_lease.as_ref(),
+                Some("e2"),
+                "controller",
+                "e2",
+                900,
+                now,
+            )
+            .ok();
+            if let Some(link) = store.as_mut() {
+                // The running controller renews its lease through the store.
                 if let Err(refusal) = link
                     .store
                     .acquire_lease("controller", "e2", 900, now)

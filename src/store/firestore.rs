@@ -20,7 +20,7 @@ use super::{
     Base, CommitOutcome, ControllerDocs, CreateResult, Fence, InterruptResult, Loaded, StateStore,
     StoreError, Version, Versions,
 };
-use crate::engine::commands::{self, CancelResult, OwnerIndex, ReprioritizeResult};
+use crate::engine::commands::{self, CancelResult, ReprioritizeResult};
 use crate::engine::lease::{self, Lease, Refusal};
 use crate::engine::state::{InterruptionRequest, Job, Resource, SCHEMA_VERSION};
 use crate::engine::{Event, State, Timestamp};
@@ -232,7 +232,8 @@ impl FirestoreStore {
         self.client.batch_get(paths, tx)
     }
 
-    fn read_job(&mut self, id: &Name, tx: Option<&str>) -> Result<Option<(Job, String)>, TxError> {
+    /// The job `id` with its attempts, and its document as read (for preconditions).
+    fn read_job(&mut self, id: &Name, tx: Option<&str>) -> Result<Option<(Job, Doc)>, TxError> {
         let names = self.names();
         let path = format!("{}/{id}", names.jobs);
         let Some(doc) = self.get(std::slice::from_ref(&path), tx)?.pop().flatten() else {
@@ -248,11 +249,11 @@ impl FirestoreStore {
             PAGE,
         )?;
         let job = self.job_of(
-            doc.fields,
+            doc.fields.clone(),
             attempts.into_iter().map(|d| d.fields).collect(),
             &path,
         )?;
-        Ok(Some((job, doc.update_time)))
+        Ok(Some((job, doc)))
     }
 
     fn job_of(
@@ -433,6 +434,52 @@ impl FirestoreStore {
         self.parse(doc)
     }
 
+    /// What a `--if-pending` cancel of `job` judges (nothing is read for a plain cancel).
+    /// Read outside a transaction: a TPU starting to point at the job would have to write
+    /// the job too, which the cancel's precondition on the job catches.
+    fn previous_tpus(
+        &mut self,
+        job: Option<&Job>,
+        if_pending: bool,
+        tx: Option<&str>,
+    ) -> Result<commands::PreviousTpus, TxError> {
+        let Some((resource, attempt)) = job
+            .filter(|_| if_pending)
+            .and_then(commands::previous_attempt)
+        else {
+            return Ok(Default::default());
+        };
+        let collection = self.names().resources;
+        let path = format!("{collection}/{resource}");
+        let of_attempt = match self.get(&[path], tx)?.pop().flatten() {
+            Some(doc) => Some(self.parse(doc)?),
+            None => None,
+        };
+        let mut pointing: Vec<Resource> = Vec::new();
+        let job_id = job.map_or("", |j| j.id.as_str());
+        for (field, value) in [
+            ("owner.job_id", job_id),
+            ("owner.attempt_id", attempt.as_str()),
+        ] {
+            let query = Query {
+                collection: &collection,
+                filters: vec![Filter::new(field, "EQUAL", json!(value))],
+                ..Query::default()
+            };
+            for doc in self.client.query(&query, tx, PAGE)? {
+                let r: Resource = self.parse(doc)?;
+                if !pointing.iter().any(|o| o.id == r.id) {
+                    pointing.push(r);
+                }
+            }
+        }
+        pointing.sort_by_key(|r| r.id);
+        Ok(commands::PreviousTpus {
+            of_attempt,
+            pointing,
+        })
+    }
+
     /// Runs `f` in one read-only transaction (a consistent snapshot), rolled back after.
     fn read_only<T>(&mut self, f: impl FnOnce(&mut FirestoreStore, &str) -> Res<T>) -> Res<T> {
         let tx = self.client.begin(true, None).map_err(|e| self.error(&e))?;
@@ -576,59 +623,6 @@ fn precondition(expected: &Option<Version>) -> Precondition {
     }
 }
 
-struct Owners<'a> {
-    store: std::cell::RefCell<&'a mut FirestoreStore>,
-    tx: Option<&'a str>,
-    error: std::cell::RefCell<Option<TxError>>,
-}
-
-impl Owners<'_> {
-    fn keep<T: Default>(&self, r: Result<T, TxError>) -> T {
-        r.unwrap_or_else(|e| {
-            self.error.borrow_mut().get_or_insert(e);
-            T::default()
-        })
-    }
-}
-
-impl OwnerIndex for Owners<'_> {
-    fn owners_of(&self, job_id: &Name, attempt_id: &Name) -> Vec<Resource> {
-        let mut store = self.store.borrow_mut();
-        let collection = store.names().resources;
-        let mut out: Vec<Resource> = Vec::new();
-        for (field, value) in [("owner.job_id", job_id), ("owner.attempt_id", attempt_id)] {
-            let docs = store.client.query(
-                &Query {
-                    collection: &collection,
-                    filters: vec![Filter::new(field, "EQUAL", json!(value.as_str()))],
-                    ..Query::default()
-                },
-                self.tx,
-                PAGE,
-            );
-            let docs = self.keep(docs.map_err(TxError::from));
-            for doc in docs {
-                let r: Result<Resource, TxError> = store.parse(doc).map_err(TxError::from);
-                if let Some(r) = self.keep(r.map(Some))
-                    && !out.iter().any(|o| o.id == r.id)
-                {
-                    out.push(r);
-                }
-            }
-        }
-        out.sort_by_key(|r| r.id);
-        out
-    }
-
-    fn resource(&self, id: &Name) -> Option<Resource> {
-        let mut store = self.store.borrow_mut();
-        let path = format!("{}/{id}", store.names().resources);
-        let doc = self.keep(store.get(&[path], self.tx).map_err(TxError::from));
-        let doc = doc.into_iter().next().flatten()?;
-        self.keep(store.parse(doc).map(Some).map_err(TxError::from))
-    }
-}
-
 impl StateStore for FirestoreStore {
     fn describe(&self) -> String {
         format!("firestore:{}", self.client.database())
@@ -667,19 +661,12 @@ impl StateStore for FirestoreStore {
     fn cancel_job(&mut self, id: &Name, if_pending: bool, now: Timestamp) -> Res<CancelResult> {
         let (result, _) = self.cas(|store, tx| {
             let mut read = store.read_job(id, tx)?;
-            let owners = Owners {
-                store: std::cell::RefCell::new(store),
-                tx,
-                error: Default::default(),
-            };
-            let result = commands::cancel(read.as_mut().map(|(j, _)| j), if_pending, &owners, now);
-            if let Some(e) = owners.error.into_inner() {
-                return Err(e);
-            }
-            let store = owners.store.into_inner();
+            let tpus = store.previous_tpus(read.as_ref().map(|(j, _)| j), if_pending, tx)?;
+            let result = commands::cancel(read.as_mut().map(|(j, _)| j), if_pending, &tpus, now);
             match (&result, &read) {
-                (CancelResult::Status { changed: true, .. }, Some((job, time))) => {
-                    let writes = store.job_writes(job, Precondition::UpdateTime(time.clone()))?;
+                (CancelResult::Status { changed: true, .. }, Some((job, doc))) => {
+                    let writes =
+                        store.job_writes(job, Precondition::UpdateTime(doc.update_time.clone()))?;
                     Ok(Step::Commit(writes, result))
                 }
                 _ => Ok(Step::Done(result)),
@@ -698,11 +685,12 @@ impl StateStore for FirestoreStore {
             let mut read = store.read_job(id, tx)?;
             let (result, event) =
                 commands::reprioritize(read.as_mut().map(|(j, _)| j), priority, now);
-            let (Some(event), Some((job, time))) = (event, &read) else {
+            let (Some(event), Some((job, doc))) = (event, &read) else {
                 return Ok(Step::Done(result));
             };
             let (next, counter) = store.event_counter(tx)?;
-            let mut writes = store.job_writes(job, Precondition::UpdateTime(time.clone()))?;
+            let mut writes =
+                store.job_writes(job, Precondition::UpdateTime(doc.update_time.clone()))?;
             writes.extend(store.event_writes(&[event], next, counter));
             Ok(Step::Commit(writes, result))
         })?;
@@ -732,11 +720,10 @@ impl StateStore for FirestoreStore {
                 None => None,
             };
             let job_path = format!("{}/{job_id}", names.jobs);
-            let job_doc = store
-                .get(std::slice::from_ref(&job_path), tx)?
-                .pop()
-                .flatten();
-            let job = store.read_job(job_id, tx)?.map(|(j, _)| j);
+            let (job, job_doc) = match store.read_job(job_id, tx)? {
+                Some((job, doc)) => (Some(job), Some(doc)),
+                None => (None, None),
+            };
             if let Some(reason) = commands::unknown_target(
                 resource.as_ref(),
                 job.as_ref(),

@@ -17,7 +17,7 @@ use super::{
     Base, CommitOutcome, ControllerDocs, CreateResult, Fence, InterruptResult, Loaded, StateStore,
     StoreError, Version, Versions,
 };
-use crate::engine::commands::{self, CancelResult, OwnerIndex, ReprioritizeResult};
+use crate::engine::commands::{self, CancelResult, ReprioritizeResult};
 use crate::engine::lease::{self, Lease, Refusal};
 use crate::engine::state::{Attempt, InterruptionRequest, Job, Resource, SCHEMA_VERSION};
 use crate::engine::{Event, State, Timestamp};
@@ -116,30 +116,22 @@ impl SqliteStore {
             conn,
             path: path.to_owned(),
         };
-        store.prepare().map_err(|e| fail(e.message))?;
+        store.prepare()?;
         Ok(store)
     }
 
-    fn err(&self, e: rusqlite::Error) -> StoreError {
-        StoreError {
-            store: self.describe(),
-            message: open_error(&e),
-        }
-    }
-
     fn prepare(&mut self) -> Res<()> {
-        let e = |s: &SqliteStore, err| s.err(err);
-        self.conn
-            .busy_timeout(Duration::from_secs(30))
-            .map_err(|err| e(self, err))?;
+        let path = self.path.clone();
+        let e = |err| store_err(&path, err);
+        self.conn.busy_timeout(Duration::from_secs(30)).map_err(e)?;
         let app: i32 = self
             .conn
             .query_row("PRAGMA application_id", [], |r| r.get(0))
-            .map_err(|err| e(self, err))?;
+            .map_err(e)?;
         let version: i64 = self
             .conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(|err| e(self, err))?;
+            .map_err(e)?;
         let tables: i64 = self
             .conn
             .query_row(
@@ -147,7 +139,7 @@ impl SqliteStore {
                 [],
                 |r| r.get(0),
             )
-            .map_err(|err| e(self, err))?;
+            .map_err(e)?;
         if app != APPLICATION_ID && (tables > 0 || app != 0) {
             return Err(self.fail(
                 "is an SQLite database of another program (not a tpu-runner store): nothing was written; pass another path with --store sqlite:PATH".into(),
@@ -160,28 +152,27 @@ impl SqliteStore {
         }
         self.conn
             .pragma_update(None, "journal_mode", "WAL")
-            .map_err(|err| e(self, err))?;
+            .map_err(e)?;
         self.conn
             .pragma_update(None, "synchronous", "FULL")
-            .map_err(|err| e(self, err))?;
+            .map_err(e)?;
         if version < LATEST_SCHEMA {
             let tx = self
                 .conn
                 .transaction_with_behavior(TransactionBehavior::Exclusive)
-                .map_err(|err| store_err(&self.path, err))?;
+                .map_err(e)?;
             // Another process may have migrated meanwhile: read the version again inside.
             let current: i64 = tx
                 .query_row("PRAGMA user_version", [], |r| r.get(0))
-                .map_err(|err| store_err(&self.path, err))?;
+                .map_err(e)?;
             for (k, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
-                tx.execute_batch(sql)
-                    .map_err(|err| store_err(&self.path, err))?;
+                tx.execute_batch(sql).map_err(e)?;
                 tx.pragma_update(None, "user_version", (k + 1) as i64)
-                    .map_err(|err| store_err(&self.path, err))?;
+                    .map_err(e)?;
             }
             tx.pragma_update(None, "application_id", APPLICATION_ID)
-                .map_err(|err| store_err(&self.path, err))?;
-            tx.commit().map_err(|err| store_err(&self.path, err))?;
+                .map_err(e)?;
+            tx.commit().map_err(e)?;
         }
         Ok(())
     }
@@ -193,7 +184,8 @@ impl SqliteStore {
         }
     }
 
-    /// Runs `f` in one `BEGIN IMMEDIATE` transaction; commits when it returns `Ok(Some)`…
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction; commits when it returns `Ok((_, true))`,
+    /// rolls back otherwise.
     fn write<T>(&mut self, f: impl FnOnce(&Transaction<'_>, &Path) -> Res<(T, bool)>) -> Res<T> {
         let path = self.path.clone();
         let tx = self
@@ -428,54 +420,57 @@ struct EpochDoc {
     updated_at: Timestamp,
 }
 
-struct TxOwners<'a, 'c> {
-    tx: &'a Transaction<'c>,
-    path: &'a Path,
-    error: std::cell::RefCell<Option<StoreError>>,
-}
-
-impl TxOwners<'_, '_> {
-    fn query(&self, sql: &str, args: &[&str]) -> Vec<Resource> {
-        let result = (|| -> Res<Vec<Resource>> {
-            let mut stmt = self
-                .tx
-                .prepare_cached(sql)
-                .map_err(|e| store_err(self.path, e))?;
-            let rows = stmt
-                .query_map(rusqlite::params_from_iter(args.iter()), |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-                })
-                .map_err(|e| store_err(self.path, e))?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (id, doc) = row.map_err(|e| store_err(self.path, e))?;
-                out.push(parse(self.path, "resources", &id, &doc)?);
-            }
-            Ok(out)
-        })();
-        result.unwrap_or_else(|e| {
-            self.error.borrow_mut().get_or_insert(e);
-            Vec::new()
+/// The TPU records `sql` selects (`id, doc` rows) with `args`.
+fn resources_where(
+    tx: &Transaction<'_>,
+    path: &Path,
+    sql: &str,
+    args: &[&str],
+) -> Res<Vec<Resource>> {
+    let mut stmt = tx.prepare_cached(sql).map_err(|e| store_err(path, e))?;
+    let rows: Vec<(String, String)> = stmt
+        .query_map(rusqlite::params_from_iter(args.iter()), |r| {
+            Ok((r.get(0)?, r.get(1)?))
         })
-    }
+        .and_then(|rows| rows.collect())
+        .map_err(|e| store_err(path, e))?;
+    rows.iter()
+        .map(|(id, doc)| parse(path, "resources", id, doc))
+        .collect()
 }
 
-impl OwnerIndex for TxOwners<'_, '_> {
-    fn owners_of(&self, job_id: &Name, attempt_id: &Name) -> Vec<Resource> {
-        self.query(
-            "SELECT id, doc FROM resources WHERE owner_job = ?1 OR owner_attempt = ?2 ORDER BY id",
-            &[job_id.as_str(), attempt_id.as_str()],
-        )
-    }
+fn read_resource(tx: &Transaction<'_>, path: &Path, id: &Name) -> Res<Option<Resource>> {
+    let found = resources_where(
+        tx,
+        path,
+        "SELECT id, doc FROM resources WHERE id = ?1",
+        &[id.as_str()],
+    )?;
+    Ok(found.into_iter().next())
+}
 
-    fn resource(&self, id: &Name) -> Option<Resource> {
-        self.query(
-            "SELECT id, doc FROM resources WHERE id = ?1",
-            &[id.as_str()],
-        )
-        .into_iter()
-        .next()
-    }
+/// What a `--if-pending` cancel of `job` judges (nothing is read for a plain cancel).
+fn previous_tpus(
+    tx: &Transaction<'_>,
+    path: &Path,
+    job: Option<&Job>,
+    if_pending: bool,
+) -> Res<commands::PreviousTpus> {
+    let Some((resource, attempt)) = job
+        .filter(|_| if_pending)
+        .and_then(commands::previous_attempt)
+    else {
+        return Ok(Default::default());
+    };
+    Ok(commands::PreviousTpus {
+        of_attempt: read_resource(tx, path, &resource)?,
+        pointing: resources_where(
+            tx,
+            path,
+            "SELECT id, doc FROM resources WHERE owner_job = ?1 OR owner_attempt = ?2 ORDER BY id",
+            &[job.map_or("", |j| j.id.as_str()), attempt.as_str()],
+        )?,
+    })
 }
 
 impl StateStore for SqliteStore {
@@ -507,15 +502,8 @@ impl StateStore for SqliteStore {
     fn cancel_job(&mut self, id: &Name, if_pending: bool, now: Timestamp) -> Res<CancelResult> {
         self.write(|tx, path| {
             let mut read = read_job(tx, path, id)?;
-            let owners = TxOwners {
-                tx,
-                path,
-                error: Default::default(),
-            };
-            let result = commands::cancel(read.as_mut().map(|(j, _)| j), if_pending, &owners, now);
-            if let Some(e) = owners.error.into_inner() {
-                return Err(e);
-            }
+            let tpus = previous_tpus(tx, path, read.as_ref().map(|(j, _)| j), if_pending)?;
+            let result = commands::cancel(read.as_mut().map(|(j, _)| j), if_pending, &tpus, now);
             let changed = matches!(result, CancelResult::Status { changed: true, .. });
             if changed && let Some((job, version)) = &read {
                 write_job(tx, path, job, version + 1)?;
@@ -553,15 +541,7 @@ impl StateStore for SqliteStore {
         now: Timestamp,
     ) -> Res<InterruptResult> {
         self.write(|tx, path| {
-            let owners = TxOwners {
-                tx,
-                path,
-                error: Default::default(),
-            };
-            let resource = owners.resource(resource_id);
-            if let Some(e) = owners.error.into_inner() {
-                return Err(e);
-            }
+            let resource = read_resource(tx, path, resource_id)?;
             let job = read_job(tx, path, job_id)?.map(|(j, _)| j);
             if let Some(reason) = commands::unknown_target(
                 resource.as_ref(),
