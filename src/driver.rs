@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::backend::{BackendError, CloudBackend, Outcome};
+use crate::backend::{BackendError, CloudBackend, InFlight, Outcome};
 use crate::engine::observe::{
     ActionFailure, AttemptReport, CancelOutcome, RemoteError, ReportChanges,
 };
@@ -35,7 +35,7 @@ impl Feedback {
 /// Brings `observation` up to date for a pass: the inventory, the worker reports (kept from
 /// the previous pass and refreshed by the backend), and the results of the previous pass's
 /// actions. On error the observation is partly updated and the pass must be skipped.
-pub fn observe<B: CloudBackend>(
+pub fn observe<B: CloudBackend + ?Sized>(
     engine: &Engine,
     state: &State,
     backend: &mut B,
@@ -66,14 +66,20 @@ pub fn observe<B: CloudBackend>(
     Ok(())
 }
 
-/// The attempts whose workers may report: (attempt id, job id) of every running or
-/// cancelling job's current attempt.
-pub fn in_flight(state: &State) -> Vec<(Name, Name)> {
+/// The attempts whose workers may report: the current attempt of every running or
+/// cancelling job, with the job and its bucket, in job-id order.
+pub fn in_flight(state: &State) -> Vec<InFlight> {
     state
         .jobs
         .values()
         .filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Cancelling))
-        .filter_map(|j| Some((j.attempt()?.id, j.id)))
+        .filter_map(|j| {
+            Some(InFlight {
+                attempt: j.attempt()?.id,
+                job: j.id,
+                bucket: Name::new(j.placement.as_ref().map_or("", |p| p.bucket.as_str())),
+            })
+        })
         .collect()
 }
 
@@ -110,10 +116,14 @@ pub fn merge_feedback(
 }
 
 /// Carries out the actions of a pass and returns what the next pass must hear.
-pub fn execute<B: CloudBackend>(backend: &mut B, actions: &[Action], now: Timestamp) -> Feedback {
+pub fn execute<B: CloudBackend + ?Sized>(
+    backend: &mut B,
+    actions: &[Action],
+    now: Timestamp,
+) -> Feedback {
     let mut feedback = Feedback::default();
-    for action in actions {
-        match backend.execute(action, now) {
+    for (action, outcome) in actions.iter().zip(backend.execute(actions, now)) {
+        match outcome {
             Outcome::Done => {}
             Outcome::Refused(failure) => feedback.failures.push(ActionFailure {
                 action: action.clone(),
@@ -137,7 +147,7 @@ pub fn execute<B: CloudBackend>(backend: &mut B, actions: &[Action], now: Timest
 /// One full pass: observe, reconcile, act. `observation` is kept by the caller from pass to
 /// pass (the backend refreshes it). `Err` when the observation could not be made (the pass
 /// is skipped; nothing changed).
-pub fn pass<B: CloudBackend>(
+pub fn pass<B: CloudBackend + ?Sized>(
     engine: &Engine,
     state: &mut State,
     backend: &mut B,

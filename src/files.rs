@@ -24,6 +24,16 @@ pub enum ReadError {
     NotUtf8(usize),
 }
 
+impl ReadError {
+    /// The I/O error kind (`Other` for refusals of this module).
+    pub fn kind(&self) -> std::io::ErrorKind {
+        match self {
+            ReadError::Io(e) => e.kind(),
+            _ => std::io::ErrorKind::Other,
+        }
+    }
+}
+
 impl std::fmt::Display for ReadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -41,6 +51,12 @@ impl std::fmt::Display for ReadError {
 
 /// Reads `path` as UTF-8 text if it is a regular file of at most `limit` bytes.
 pub fn read_text(path: &Path, limit: u64) -> Result<String, ReadError> {
+    let bytes = read_bytes(path, limit)?;
+    String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8(e.utf8_error().valid_up_to()))
+}
+
+/// Reads `path` if it is a regular file of at most `limit` bytes.
+pub fn read_bytes(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
     let file = std::fs::File::open(path).map_err(ReadError::Io)?;
     let meta = file.metadata().map_err(ReadError::Io)?;
     if !meta.is_file() {
@@ -57,7 +73,7 @@ pub fn read_text(path: &Path, limit: u64) -> Result<String, ReadError> {
     if bytes.len() as u64 > limit {
         return Err(ReadError::TooLarge(limit));
     }
-    String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8(e.utf8_error().valid_up_to()))
+    Ok(bytes)
 }
 
 #[cfg(test)]

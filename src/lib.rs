@@ -6,9 +6,12 @@
 pub mod backend;
 pub mod cli;
 pub mod driver;
+pub mod emulator;
 pub mod engine;
 pub mod files;
 pub mod gcp;
+pub mod objects;
 pub mod simulate;
 pub mod spec;
 pub mod store;
+pub mod worker;

@@ -5,6 +5,9 @@
 use std::path::{Path, PathBuf};
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    if dir.is_file() {
+        return vec![dir.to_path_buf()];
+    }
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -58,6 +61,24 @@ fn the_simulated_world_has_no_wall_clock_and_no_unseeded_randomness() {
         "std::thread",
     ];
     assert_absent(&["sim/src"], &forbidden, "the simulator");
+}
+
+#[test]
+fn production_code_never_uses_the_emulator() {
+    // The emulator serves the simulated world to tests, the harness and the `emulator`
+    // command; the backends, clients, store and driver must work without it.
+    assert_absent(
+        &[
+            "src/backend",
+            "src/gcp",
+            "src/store",
+            "src/engine",
+            "src/spec",
+            "src/driver.rs",
+        ],
+        &["emulator::", "crate::emulator"],
+        "production code",
+    );
 }
 
 /// Fails on the first code line (comments excluded) under `dirs` that contains a forbidden word.

@@ -277,6 +277,39 @@ fn listings_follow_every_page_and_retry_server_errors() {
 }
 
 #[test]
+fn null_fields_read_as_their_defaults() {
+    // proto3 JSON: `null` means the default value, anywhere.
+    let (addr, _) = server(vec![
+        ok(json!({"nodes": [{
+            "name": "projects/p/locations/us-east1-d/nodes/a",
+            "state": "READY",
+            "health": null,
+            "labels": null,
+            "schedulingConfig": {"spot": null, "preemptible": true},
+            "networkEndpoints": [{"ipAddress": "10.0.0.2", "accessConfig": null}],
+            "createTime": null,
+        }], "nextPageToken": null})),
+        ok(json!({"queuedResources": [{
+            "name": "projects/p/locations/us-east1-d/queuedResources/q",
+            "createTime": null,
+            "tpu": {"nodeSpec": [{"nodeId": "a", "node": {"acceleratorType": "v6e-8", "runtimeVersion": null}}]},
+            "state": {"state": "ACTIVE", "stateInitiator": null},
+        }]})),
+    ]);
+    let c = client(&addr);
+    let nodes = c.list_nodes(&["us-east1-d".into()]).remove(0).unwrap();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!((nodes[0].health.as_str(), nodes[0].labels.len()), ("", 0));
+    assert!(nodes[0].is_spot());
+    let qrs = c
+        .list_queued_resources(&["us-east1-d".into()])
+        .remove(0)
+        .unwrap();
+    assert_eq!(qrs[0].state.state, "ACTIVE");
+    assert_eq!(qrs[0].node_spec().unwrap().node.runtime_version, "");
+}
+
+#[test]
 fn permanent_errors_are_not_retried_and_absent_nodes_are_none() {
     let (addr, seen) = server(vec![
         error(403, "PERMISSION_DENIED"),

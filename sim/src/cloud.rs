@@ -456,6 +456,10 @@ pub struct SimCloud {
     quota_at: Millis,
     /// Every change of a pool's available slices: (time, pool, slices).
     capacity_log: Vec<(Millis, usize, u32)>,
+    /// Pools stocked out by hand (`set_stockout`): no capacity until lifted.
+    stocked_out: Vec<bool>,
+    /// The pass whose calls `take_call_latency_ms` is numbering, and the calls so far.
+    pass_calls: (Millis, u32),
 }
 
 const UNLIMITED: u32 = u32::MAX;
@@ -501,6 +505,8 @@ impl SimCloud {
             ],
             quota_at: 0,
             capacity_log: Vec::new(),
+            stocked_out: vec![false; n],
+            pass_calls: (Millis::MAX, 0),
             config,
         };
         for pool in 0..n {
@@ -607,9 +613,10 @@ impl SimCloud {
     pub fn capacity_at(&self, pool: usize, millis: Millis) -> u32 {
         let p = &self.config.pools[pool];
         let secs = millis / 1000;
-        if p.outages
-            .iter()
-            .any(|(from, until)| secs >= *from && secs < *until)
+        if self.stocked_out[pool]
+            || p.outages
+                .iter()
+                .any(|(from, until)| secs >= *from && secs < *until)
         {
             return 0;
         }
@@ -1458,6 +1465,17 @@ impl SimCloud {
             .map(Node::view)
     }
 
+    /// Every node, in no particular order, without making a call (for the emulator's
+    /// workers and for checks).
+    pub fn all_nodes(&self) -> impl Iterator<Item = NodeView<'_>> + '_ {
+        self.nodes.values().map(Node::view)
+    }
+
+    /// What `get_queued_resource` would return, without making a call.
+    pub fn peek_queued_resource(&self, zone: Ustr, name: Ustr) -> Option<QrView<'_>> {
+        self.qrs.get(name).filter(|q| q.zone == zone).map(Qr::view)
+    }
+
     /// Adds a node that exists before the run (an adopted, on-demand TPU): READY, never
     /// preempted, outside every spot pool.
     pub fn add_existing_node(
@@ -1520,6 +1538,82 @@ impl SimCloud {
         }
         let objects = self.peek_queued_resources(zone, label);
         Ok(Listing::Changed { version, objects })
+    }
+
+    /// The latency of the next call of `kind` made by the pass that started at `pass_at`
+    /// (`call_latency_ms` numbering the pass's calls in order; a new `pass_at` starts again
+    /// at 0). One numbering for every caller, so a pass made in process and one made over
+    /// HTTP see the same latencies.
+    pub fn take_call_latency_ms(&mut self, kind: CallKind, pass_at: Millis) -> Millis {
+        if self.pass_calls.0 != pass_at {
+            self.pass_calls = (pass_at, 0);
+        }
+        let index = self.pass_calls.1;
+        self.pass_calls.1 += 1;
+        self.call_latency_ms(kind, pass_at, index)
+    }
+
+    // ----- faults injected by hand (the emulator's control endpoints) -------------------
+
+    /// Stocks out every pool of `zone` (`on`), or lifts it: a stocked-out pool offers no
+    /// capacity, so its Spot TPUs beyond that are preempted (with notice) and its waiting
+    /// requests wait. Returns the pools it applies to (0: no such zone).
+    pub fn set_stockout(&mut self, zone: &str, on: bool) -> usize {
+        let pools: Vec<usize> = (0..self.config.pools.len())
+            .filter(|&p| self.config.pools[p].zone == zone)
+            .collect();
+        for &pool in &pools {
+            self.stocked_out[pool] = on;
+            let available = self.capacity_at(pool, self.now);
+            if available != self.available[pool] {
+                self.capacity_log.push((self.now, pool, available));
+            }
+            self.available[pool] = available;
+            self.enforce_capacity(pool);
+            self.provision_waiting(pool);
+        }
+        self.version += 1;
+        pools.len()
+    }
+
+    /// Preempts the Spot node `name` of `zone` now (with the usual notice); false when there
+    /// is no such READY Spot node.
+    pub fn preempt_now(&mut self, zone: &str, name: &str) -> bool {
+        let key = Ustr::from(name);
+        let preemptible = self.nodes.get(key).is_some_and(|n| {
+            n.zone == zone && n.spot && n.state == NodeState::Ready && n.notice_at.is_none()
+        });
+        if preemptible {
+            *self
+                .accounting
+                .faults
+                .entry("preempted_by_hand")
+                .or_default() += 1;
+            self.preempt(key);
+            let pool = self.nodes.get(key).map_or(usize::MAX, |n| n.pool);
+            self.provision_waiting(pool);
+            self.version += 1;
+        }
+        preemptible
+    }
+
+    /// LIST every node of `zone`, whatever its labels, in name order (one call, as
+    /// `list_nodes`).
+    pub fn list_zone_nodes(
+        &mut self,
+        zone: &str,
+    ) -> Result<impl Iterator<Item = NodeView<'_>> + '_, ApiError> {
+        self.api(ApiCall::ListNodes, false)?;
+        Ok(self.nodes.in_zone(Ustr::from(zone)).map(|(_, n)| n.view()))
+    }
+
+    /// LIST every queued resource of `zone`, whatever its labels, in name order.
+    pub fn list_zone_queued_resources(
+        &mut self,
+        zone: &str,
+    ) -> Result<impl Iterator<Item = QrView<'_>> + '_, ApiError> {
+        self.api(ApiCall::ListQueuedResources, false)?;
+        Ok(self.qrs.in_zone(Ustr::from(zone)).map(|(_, q)| q.view()))
     }
 
     // ----- workers --------------------------------------------------------------------

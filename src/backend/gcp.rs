@@ -1,21 +1,27 @@
-//! The GCP side of `CloudBackend`: the TPU API's objects and refusals turned into what the
-//! engine reads, and the inventory read of a pass (one listing per zone and kind, all zones
-//! at once, adopted TPUs by exact name). Every refusal becomes a `CloudFailure` the engine
-//! plans around; nothing here panics on what the API returns. Launch, cancel and worker
-//! reports come with the worker agent (issue 20); this module must not hold state between
-//! passes beyond caches.
+//! `GcpBackend`, the `CloudBackend` over the TPU API: the API's objects and refusals turned
+//! into what the engine reads, the inventory read of a pass (one listing per zone and kind,
+//! all zones at once, adopted TPUs by exact name), a pass's creates and deletes (with the
+//! original's labels, metadata, network and service account, a `requestId` each) and its
+//! launches and cancels (through `Workers`) run at once with a bound. Every refusal becomes a
+//! `CloudFailure` the engine plans around; nothing here panics on what the API returns. It
+//! must not hold state between passes beyond caches.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{BackendError, Inventory};
-use crate::engine::InventoryScope;
+use futures_util::StreamExt;
+
+use super::workers::{Call, Workers};
+use super::{BackendError, CloudBackend, InFlight, Inventory, Outcome, Refreshed};
 use crate::engine::observe::{
-    CloudFailure, Health, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo,
+    AttemptReport, CloudFailure, Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState,
+    QrState, QueuedResourceInfo,
 };
+use crate::engine::{Action, InventoryScope, Timestamp};
 use crate::gcp::http::ApiError;
-use crate::gcp::tpu::{self, Node, QueuedResource};
-use crate::spec::{Name, TpuType};
+use crate::gcp::tpu::{self, Node, QrRequest, QueuedResource};
+use crate::spec::fleet::SshTransport;
+use crate::spec::{FleetSpec, Name, NameMap, TpuType};
 
 /// The engine's node state for the API's (unknown and hiding states read as `Repairing`:
 /// not usable, not gone, so nothing is deleted or assigned on a state this build does not
@@ -144,8 +150,10 @@ fn read_error(what: &str, e: &ApiError) -> BackendError {
 
 /// Reads the inventory `scope` names through `client` into `inventory` (replaced whole):
 /// every zone's nodes and queued resources labelled `managed-by` = the runner (one paginated
-/// listing per zone and kind, zones at once), then the adopted nodes by exact name. Objects
-/// this build cannot read are left out and returned as notes; any failed call fails the read.
+/// listing per zone and kind, zones at once), then the adopted nodes by exact name. An object
+/// equal to one the lists held keeps that one's allocation (the engine recognises unchanged
+/// objects by address, and skips what did not change). Objects this build cannot read are
+/// left out and returned as notes; any failed call fails the read.
 pub fn read_inventory(
     client: &tpu::Client,
     scope: &InventoryScope<'_>,
@@ -157,13 +165,13 @@ pub fn read_inventory(
     };
     let mut notes = Vec::new();
     let (nodes, qrs) = inventory;
-    nodes.clear();
-    qrs.clear();
+    let old_nodes = Kept::of(nodes, |n| (n.zone, n.name));
+    let old_qrs = Kept::of(qrs, |q| (q.zone, q.name));
     for (zone, listed) in zones.iter().zip(client.list_nodes(&zones)) {
         for node in listed.map_err(|e| read_error(&format!("listing nodes in {zone}"), &e))? {
             if ours(&node.labels) {
                 match node_info(&node, zone) {
-                    Ok(info) => nodes.push(Arc::new(info)),
+                    Ok(info) => nodes.push(old_nodes.reuse(info, |n| (n.zone, n.name))),
                     Err(e) => notes.push(format!("node {} in {zone} left out: {e}", node.id())),
                 }
             }
@@ -175,7 +183,7 @@ pub fn read_inventory(
         {
             if ours(qr.labels()) {
                 match qr_info(&qr, zone) {
-                    Ok(info) => qrs.push(Arc::new(info)),
+                    Ok(info) => qrs.push(old_qrs.reuse(info, |q| (q.zone, q.name))),
                     Err(e) => notes.push(format!(
                         "queued resource {} in {zone} left out: {e}",
                         qr.id()
@@ -194,7 +202,7 @@ pub fn read_inventory(
             got.map_err(|e| read_error(&format!("reading adopted TPU {name} in {zone}"), &e))?;
         if let Some(node) = got {
             match node_info(&node, zone) {
-                Ok(info) => nodes.push(Arc::new(info)),
+                Ok(info) => nodes.push(old_nodes.reuse(info, |n| (n.zone, n.name))),
                 Err(e) => notes.push(format!("adopted TPU {name} in {zone} left out: {e}")),
             }
         }
@@ -204,6 +212,257 @@ pub fn read_inventory(
     nodes.dedup_by(|a, b| a.zone == b.zone && a.name == b.name);
     qrs.sort_by(|a, b| key(&a.zone, &a.name).cmp(&key(&b.zone, &b.name)));
     Ok(notes)
+}
+
+/// The objects an inventory held, by (zone, name), to hand out again where unchanged.
+struct Kept<T>(std::collections::HashMap<(Name, Name), Arc<T>>);
+
+impl<T: PartialEq> Kept<T> {
+    /// Takes `list`'s objects (the list is left empty).
+    fn of(list: &mut Vec<Arc<T>>, key: impl Fn(&T) -> (Name, Name)) -> Kept<T> {
+        Kept(list.drain(..).map(|o| (key(&o), o)).collect())
+    }
+
+    /// The kept object equal to `info`, or `info` newly allocated.
+    fn reuse(&self, info: T, key: impl Fn(&T) -> (Name, Name)) -> Arc<T> {
+        match self.0.get(&key(&info)) {
+            Some(old) if **old == info => old.clone(),
+            _ => Arc::new(info),
+        }
+    }
+}
+
+/// What every queued resource of a fleet is created with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateSettings {
+    /// The runner (the `managed-by` label).
+    pub runner: String,
+    /// Project.
+    pub project: String,
+    /// VPC network.
+    pub network: String,
+    /// Subnetwork (in each zone's region).
+    pub subnetwork: String,
+    /// Workers get external IPs (SSH `direct`); IAP needs none.
+    pub external_ips: bool,
+    /// The workers' service account (empty: the project's default).
+    pub service_account: String,
+    /// `startup-script-url` metadata (empty: none).
+    pub startup_script_url: String,
+}
+
+impl CreateSettings {
+    /// The original's settings for `fleet` (§7): labels `managed-by` / `fleet-entry`, the
+    /// runner bucket's startup script, the `<name>-worker` service account.
+    pub fn of_fleet(fleet: &FleetSpec) -> CreateSettings {
+        let bucket = fleet.bucket.trim_start_matches("gs://");
+        CreateSettings {
+            runner: fleet.name.clone(),
+            project: fleet.project.clone(),
+            network: fleet.network.clone(),
+            subnetwork: fleet.subnetwork.clone(),
+            external_ips: fleet.ssh_transport == SshTransport::Direct,
+            service_account: format!(
+                "{}-worker@{}.iam.gserviceaccount.com",
+                fleet.name, fleet.project
+            ),
+            startup_script_url: if bucket.is_empty() {
+                String::new()
+            } else {
+                format!("gs://{bucket}/artifacts/startup.sh")
+            },
+        }
+    }
+
+    /// The create request of an engine action.
+    pub fn request(
+        &self,
+        name: &Name,
+        node_id: &Name,
+        zone: &Name,
+        tpu_type: &TpuType,
+        runtime: &str,
+        entry_id: &Name,
+    ) -> QrRequest {
+        let mut metadata = BTreeMap::new();
+        if !self.startup_script_url.is_empty() {
+            metadata.insert(
+                "startup-script-url".to_owned(),
+                self.startup_script_url.clone(),
+            );
+        }
+        QrRequest {
+            id: name.to_string(),
+            node_id: node_id.to_string(),
+            zone: zone.to_string(),
+            accelerator_type: tpu_type.to_string(),
+            runtime_version: runtime.to_owned(),
+            network: self.network.clone(),
+            subnetwork: self.subnetwork.clone(),
+            external_ips: self.external_ips,
+            service_account: self.service_account.clone(),
+            labels: BTreeMap::from([
+                (LABEL_MANAGED_BY.to_owned(), self.runner.clone()),
+                (LABEL_FLEET_ENTRY.to_owned(), entry_id.to_string()),
+            ]),
+            metadata,
+        }
+    }
+}
+
+/// The `CloudBackend` over the TPU API and a set of workers.
+pub struct GcpBackend {
+    client: tpu::Client,
+    settings: CreateSettings,
+    workers: Box<dyn Workers>,
+    /// Actions of one pass in flight at once at most (1: one after another, in order).
+    pub concurrency: usize,
+    /// What the last inventory read left out (objects this build cannot read), for the log.
+    pub notes: Vec<String>,
+    /// Workers of each TPU the last inventory read found, by (zone, name).
+    worker_counts: std::collections::HashMap<(Name, Name), u32>,
+}
+
+impl std::fmt::Debug for GcpBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GcpBackend({:?}, {})", self.client, self.settings.runner)
+    }
+}
+
+impl GcpBackend {
+    /// A backend over `client` creating with `settings`, its workers `workers`; 16 actions
+    /// in flight at most.
+    pub fn new(
+        client: tpu::Client,
+        settings: CreateSettings,
+        workers: Box<dyn Workers>,
+    ) -> GcpBackend {
+        GcpBackend {
+            client,
+            settings,
+            workers,
+            concurrency: 16,
+            notes: Vec::new(),
+            worker_counts: Default::default(),
+        }
+    }
+
+    /// HTTP requests made to the TPU API so far.
+    pub fn api_calls(&self) -> u64 {
+        self.client.calls()
+    }
+
+    fn call(&self, action: &Action) -> Call<Outcome> {
+        let api = self.client.api();
+        let request_id = uuid::Uuid::new_v4().to_string();
+        let refused = |r: Result<(), ApiError>| match r {
+            Ok(()) => Outcome::Done,
+            Err(e) => Outcome::Refused(cloud_failure(&e)),
+        };
+        match action {
+            Action::CreateQueuedResource {
+                name,
+                node_id,
+                zone,
+                tpu_type,
+                runtime,
+                entry_id,
+            } => {
+                let request = self
+                    .settings
+                    .request(name, node_id, zone, tpu_type, runtime, entry_id);
+                Box::pin(async move {
+                    refused(
+                        api.create_queued_resource(&request, &request_id)
+                            .await
+                            .map(|_| ()),
+                    )
+                })
+            }
+            Action::DeleteQueuedResource { name, zone } => {
+                let (name, zone) = (*name, *zone);
+                Box::pin(async move {
+                    refused(api.delete_queued_resource(&zone, &name, &request_id).await)
+                })
+            }
+            Action::DeleteNode { name, zone } => {
+                let (name, zone) = (*name, *zone);
+                Box::pin(async move { refused(api.delete_node(&zone, &name, &request_id).await) })
+            }
+            Action::Launch(launch) => self.workers.launch(launch),
+            Action::Cancel {
+                attempt_id,
+                tpu_name,
+                zone,
+                ..
+            } => {
+                let workers = self
+                    .worker_counts
+                    .get(&(*zone, *tpu_name))
+                    .copied()
+                    .unwrap_or(1);
+                self.workers.cancel(*attempt_id, *tpu_name, *zone, workers)
+            }
+        }
+    }
+}
+
+impl CloudBackend for GcpBackend {
+    fn inventory(
+        &mut self,
+        scope: &InventoryScope<'_>,
+        _now: Timestamp,
+        inventory: &mut Inventory,
+    ) -> Result<(), BackendError> {
+        self.notes = read_inventory(&self.client, scope, inventory)?;
+        self.worker_counts = inventory
+            .0
+            .iter()
+            .map(|n| ((n.zone, n.name), n.worker_count))
+            .collect();
+        Ok(())
+    }
+
+    fn refresh_reports(
+        &mut self,
+        in_flight: &[InFlight],
+        reports: &mut NameMap<AttemptReport>,
+        _now: Timestamp,
+    ) -> Result<Refreshed, BackendError> {
+        let mut read = self.client.block_on(self.workers.reports(in_flight))?;
+        // What changed against the map handed in: reports that differ, attempts that left,
+        // and those the workers say they touched.
+        let mut changed = Vec::new();
+        let mut fresh = NameMap::default();
+        for InFlight { attempt, .. } in in_flight {
+            let report = read.reports.remove(attempt).unwrap_or_default();
+            if reports.get(attempt) != Some(&report) {
+                changed.push(*attempt);
+            }
+            fresh.insert(*attempt, report);
+        }
+        changed.extend(reports.keys().filter(|a| !fresh.contains_key(*a)).copied());
+        for attempt in read.touched {
+            if fresh.contains_key(&attempt) && !changed.contains(&attempt) {
+                changed.push(attempt);
+            }
+        }
+        *reports = fresh;
+        Ok(Refreshed {
+            read_at: read.read_at,
+            changed: Some(changed),
+        })
+    }
+
+    fn execute(&mut self, actions: &[Action], _now: Timestamp) -> Vec<Outcome> {
+        let calls: Vec<Call<Outcome>> = actions.iter().map(|a| self.call(a)).collect();
+        let bound = self.concurrency.max(1);
+        self.client.block_on(
+            futures_util::stream::iter(calls)
+                .buffered(bound)
+                .collect::<Vec<Outcome>>(),
+        )
+    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,11 @@
 //! The boundary between the engine's decisions and a cloud: `CloudBackend` reads the
 //! inventory scope (the runner's objects per zone, adopted TPUs by name) and worker reports,
-//! and carries out one action at a time. Two implementations: the simulator (`sim`) and GCP
-//! (to come). Refusals are returned as data.
+//! and carries out a pass's actions. Two implementations: the simulator (`sim`) and GCP
+//! (`gcp`, over the TPU API). Refusals are returned as data, never as panics.
 
 pub mod gcp;
 pub mod sim;
+pub mod workers;
 
 use std::fmt;
 use std::sync::Arc;
@@ -14,6 +15,18 @@ use crate::engine::observe::{
 };
 use crate::engine::{Action, InventoryScope, Timestamp};
 use crate::spec::{Name, NameMap};
+
+/// An attempt whose workers may report: its id, its job, and the job's bucket (where the
+/// workers write their status objects).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InFlight {
+    /// Attempt id.
+    pub attempt: Name,
+    /// Job id.
+    pub job: Name,
+    /// The job's bucket (`gs://…`; empty before placement).
+    pub bucket: Name,
+}
 
 /// A failed inventory or report read: the pass is skipped and retried later.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,7 +86,7 @@ pub trait CloudBackend {
         inventory: &mut Inventory,
     ) -> Result<(), BackendError>;
     /// Brings `reports` up to date with what the workers of each attempt in `in_flight`
-    /// (attempt id, job id, in job-id order) report (launch acknowledged, status objects,
+    /// (in job-id order) report (launch acknowledged, status objects,
     /// heartbeat or `beating`; a default report when nothing is known of it), and drops every
     /// other attempt's. `reports` is the map this backend brought up to date on the previous
     /// call, kept by the driver: a backend may re-read only the attempts whose workers wrote,
@@ -82,10 +95,12 @@ pub trait CloudBackend {
     /// whose read failed part-way must read every attempt on its next call.
     fn refresh_reports(
         &mut self,
-        in_flight: &[(Name, Name)],
+        in_flight: &[InFlight],
         reports: &mut NameMap<AttemptReport>,
         now: Timestamp,
     ) -> Result<Refreshed, BackendError>;
-    /// Carries out one action.
-    fn execute(&mut self, action: &Action, now: Timestamp) -> Outcome;
+    /// Carries out the actions of a pass, one outcome per action, in order. They are
+    /// independent (the engine orders nothing within a pass), so a backend may run them at
+    /// once, with a bound; a refusal of one never stops the others.
+    fn execute(&mut self, actions: &[Action], now: Timestamp) -> Vec<Outcome>;
 }

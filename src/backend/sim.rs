@@ -9,13 +9,14 @@ use tpu_runner_sim::SimCloud;
 use tpu_runner_sim::cloud::{self as simc, ApiError, CancelResult, Listing};
 use ustr::Ustr;
 
-use super::{BackendError, CloudBackend, Inventory, Outcome, Refreshed};
+use super::{BackendError, CloudBackend, InFlight, Inventory, Outcome, Refreshed};
 use crate::engine::observe::{
     AttemptReport, CancelOutcome, CloudFailure, Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY,
     NodeInfo, NodeState, QrState, QueuedResourceInfo, RemoteError, RemoteErrorKind, WorkerState,
     WorkerStatus,
 };
 use crate::engine::{Action, InventoryScope, Timestamp};
+use crate::gcp::http;
 use crate::spec::{Name, NameMap, TpuType};
 
 /// The simulated cloud seen through the backend boundary.
@@ -29,8 +30,6 @@ pub struct SimBackend {
     pub runner: String,
     /// Whether nodes have public IPs (the fleet's `direct` transport needs them).
     pub public_ip: bool,
-    /// Calls made so far by the pass that started at `.0` (for their latencies).
-    calls: (u64, u32),
     /// The last inventory read, reused where nothing changed.
     listings: Listings,
     /// The label set of each fleet entry's objects (only looked up).
@@ -38,7 +37,7 @@ pub struct SimBackend {
     /// The size of the report map the last `refresh_reports` left (`None`: none kept, read
     /// every attempt next time), and the attempts in flight then.
     reports_kept: Option<usize>,
-    in_flight: Vec<(Name, Name)>,
+    in_flight: Vec<InFlight>,
     /// The lists the last inventory read left (`None`: none, or a read failed).
     produced: Option<Produced>,
 }
@@ -205,10 +204,10 @@ impl SimBackend {
 
     /// Every report of `in_flight` read afresh, the cache left alone (what `refresh_reports`
     /// must agree with; the chaos runs check it on every pass).
-    pub fn read_reports(&self, in_flight: &[(Name, Name)]) -> NameMap<AttemptReport> {
+    pub fn read_reports(&self, in_flight: &[InFlight]) -> NameMap<AttemptReport> {
         in_flight
             .iter()
-            .map(|(attempt, _)| (*attempt, self.read_report(attempt)))
+            .map(|f| (f.attempt, self.read_report(&f.attempt)))
             .collect()
     }
 
@@ -253,7 +252,6 @@ impl SimBackend {
             epoch,
             runner: runner.to_owned(),
             public_ip,
-            calls: (u64::MAX, 0),
             listings: Listings::default(),
             labels: NameMap::default(),
             reports_kept: None,
@@ -272,20 +270,58 @@ impl SimBackend {
     }
 }
 
-fn api_failure(e: ApiError, what: &str) -> CloudFailure {
+/// A refusal of the simulated cloud as the TPU API words it (the emulator replies with
+/// exactly this), for the object `what` (a queued resource or node id) in `zone`.
+pub fn api_refusal(e: &ApiError, zone: &str, what: &str) -> http::ApiError {
+    let (code, status, message) = match e {
+        ApiError::RateLimited => (
+            429,
+            "RESOURCE_EXHAUSTED",
+            "Quota exceeded for quota metric 'Requests' and limit 'Requests per minute' of service 'tpu.googleapis.com'".to_owned(),
+        ),
+        ApiError::Unavailable => (503, "UNAVAILABLE", "The service is currently unavailable.".to_owned()),
+        ApiError::Timeout => (504, "DEADLINE_EXCEEDED", "Deadline exceeded".to_owned()),
+        ApiError::AlreadyExists => (409, "ALREADY_EXISTS", format!("Resource '{what}' already exists")),
+        ApiError::NotFound => (404, "NOT_FOUND", format!("Resource '{what}' was not found")),
+        ApiError::NoSuchPool => (
+            429,
+            "RESOURCE_EXHAUSTED",
+            format!("There is no more capacity in the zone \"{zone}\"; it offers no such accelerator type"),
+        ),
+    };
+    http::ApiError {
+        code,
+        status: status.to_owned(),
+        message,
+    }
+}
+
+/// What the engine hears of a refusal: read from its API wording, as the GCP backend reads it.
+fn api_failure(e: ApiError, zone: &str, what: &str) -> CloudFailure {
+    super::gcp::cloud_failure(&api_refusal(&e, zone, what))
+}
+
+/// A launch that failed on the workers, worded as the simulated workers' transport words it.
+pub fn launch_error(e: &simc::RemoteError, zone: &str, tpu: &str) -> RemoteError {
     match e {
-        ApiError::RateLimited => {
-            CloudFailure::RateLimited(format!("{what}: 429 too many requests"))
-        }
-        ApiError::Unavailable => {
-            CloudFailure::Unavailable(format!("{what}: 503 backend unavailable"))
-        }
-        ApiError::Timeout => CloudFailure::Unavailable(format!("{what}: deadline exceeded")),
-        ApiError::AlreadyExists => CloudFailure::AlreadyExists(format!("{what}: already exists")),
-        ApiError::NotFound => CloudFailure::NotFound(format!("{what}: not found")),
-        ApiError::NoSuchPool => {
-            CloudFailure::Stockout(format!("{what}: no such accelerator in this zone"))
-        }
+        simc::RemoteError::NotFound => RemoteError {
+            kind: RemoteErrorKind::NotFound,
+            message: format!("NOT_FOUND: projects/sim/locations/{zone}/nodes/{tpu} was not found"),
+        },
+        simc::RemoteError::Temporary => RemoteError {
+            kind: RemoteErrorKind::Temporary,
+            message: format!("ssh: connect to host {tpu}: Connection refused"),
+        },
+    }
+}
+
+/// A cancel that could not reach the workers.
+pub fn cancel_unreachable() -> CancelOutcome {
+    CancelOutcome::Error {
+        error: RemoteError {
+            kind: RemoteErrorKind::Temporary,
+            message: "ssh: connection refused".into(),
+        },
     }
 }
 
@@ -364,7 +400,7 @@ impl CloudBackend for SimBackend {
 
     fn refresh_reports(
         &mut self,
-        in_flight: &[(Name, Name)],
+        in_flight: &[InFlight],
         reports: &mut NameMap<AttemptReport>,
         _now: Timestamp,
     ) -> Result<Refreshed, BackendError> {
@@ -381,18 +417,18 @@ impl CloudBackend for SimBackend {
                 let (left, joined) = match (last.get(i), in_flight.get(j)) {
                     (None, None) => break,
                     (Some(a), Some(b)) if a == b => (None, None),
-                    (Some(a), Some(b)) if a.1 == b.1 => (Some(a), Some(b)),
-                    (Some(a), Some(b)) if a.1 < b.1 => (Some(a), None),
+                    (Some(a), Some(b)) if a.job == b.job => (Some(a), Some(b)),
+                    (Some(a), Some(b)) if a.job < b.job => (Some(a), None),
                     (Some(a), None) => (Some(a), None),
                     (_, b) => (None, b),
                 };
-                if let Some((attempt, _)) = left {
-                    reports.remove(attempt);
-                    changed.push(*attempt);
+                if let Some(f) = left {
+                    reports.remove(&f.attempt);
+                    changed.push(f.attempt);
                 }
-                if let Some((attempt, _)) = joined {
-                    reports.insert(*attempt, self.read_report(attempt));
-                    changed.push(*attempt);
+                if let Some(f) = joined {
+                    reports.insert(f.attempt, self.read_report(&f.attempt));
+                    changed.push(f.attempt);
                 }
                 let same = left.is_none() && joined.is_none();
                 i += usize::from(same || left.is_some());
@@ -407,7 +443,11 @@ impl CloudBackend for SimBackend {
             }
         } else {
             reports.clear();
-            reports.extend(in_flight.iter().map(|(a, _)| (*a, self.read_report(a))));
+            reports.extend(
+                in_flight
+                    .iter()
+                    .map(|f| (f.attempt, self.read_report(&f.attempt))),
+            );
         }
         self.in_flight.clear();
         self.in_flight.extend_from_slice(in_flight);
@@ -418,18 +458,21 @@ impl CloudBackend for SimBackend {
         })
     }
 
-    fn execute(&mut self, action: &Action, now: Timestamp) -> Outcome {
-        // Calls are made one after another: the world moves on while each one is in flight.
+    fn execute(&mut self, actions: &[Action], now: Timestamp) -> Vec<Outcome> {
+        actions.iter().map(|a| self.execute_one(a, now)).collect()
+    }
+}
+
+impl SimBackend {
+    /// Carries out one action. Calls are made one after another (the model of a controller
+    /// with one call in flight): the world moves on while each one is in flight.
+    fn execute_one(&mut self, action: &Action, now: Timestamp) -> Outcome {
         let pass = self.millis(now);
-        if self.calls.0 != pass {
-            self.calls = (pass, 0);
-        }
         let kind = match action {
             Action::Launch(_) | Action::Cancel { .. } => tpu_runner_sim::CallKind::Remote,
             _ => tpu_runner_sim::CallKind::Mutation,
         };
-        let latency = self.cloud.call_latency_ms(kind, pass, self.calls.1);
-        self.calls.1 += 1;
+        let latency = self.cloud.take_call_latency_ms(kind, pass);
         self.cloud.advance_to(self.cloud.now() + latency);
         match action {
             Action::CreateQueuedResource {
@@ -460,19 +503,19 @@ impl CloudBackend for SimBackend {
                     labels,
                 ) {
                     Ok(()) => Outcome::Done,
-                    Err(e) => Outcome::Refused(api_failure(e, name)),
+                    Err(e) => Outcome::Refused(api_failure(e, zone, name)),
                 }
             }
             Action::DeleteQueuedResource { name, zone } => {
                 match self.cloud.delete_queued_resource(zone.ustr(), name.ustr()) {
                     Ok(()) | Err(ApiError::NotFound) => Outcome::Done,
-                    Err(e) => Outcome::Refused(api_failure(e, name)),
+                    Err(e) => Outcome::Refused(api_failure(e, zone, name)),
                 }
             }
             Action::DeleteNode { name, zone } => {
                 match self.cloud.delete_node(zone.ustr(), name.ustr()) {
                     Ok(()) | Err(ApiError::NotFound) => Outcome::Done,
-                    Err(e) => Outcome::Refused(api_failure(e, name)),
+                    Err(e) => Outcome::Refused(api_failure(e, zone, name)),
                 }
             }
             Action::Launch(l) => {
@@ -483,17 +526,7 @@ impl CloudBackend for SimBackend {
                     l.job_id.ustr(),
                 ) {
                     Ok(()) => Outcome::Done,
-                    Err(simc::RemoteError::NotFound) => Outcome::LaunchFailed(RemoteError {
-                        kind: RemoteErrorKind::NotFound,
-                        message: format!(
-                            "NOT_FOUND: projects/sim/locations/{}/nodes/{} was not found",
-                            l.zone, l.tpu_name
-                        ),
-                    }),
-                    Err(simc::RemoteError::Temporary) => Outcome::LaunchFailed(RemoteError {
-                        kind: RemoteErrorKind::Temporary,
-                        message: format!("ssh: connect to host {}: Connection refused", l.tpu_name),
-                    }),
+                    Err(e) => Outcome::LaunchFailed(launch_error(&e, &l.zone, &l.tpu_name)),
                 }
             }
             Action::Cancel {
@@ -509,12 +542,7 @@ impl CloudBackend for SimBackend {
                 Ok(CancelResult::NotRunning) => Outcome::Cancelled(CancelOutcome::NotRunning),
                 Ok(CancelResult::Mismatch) => Outcome::Cancelled(CancelOutcome::AttemptMismatch),
                 Err(simc::RemoteError::NotFound) => Outcome::Cancelled(CancelOutcome::NotRunning),
-                Err(simc::RemoteError::Temporary) => Outcome::Cancelled(CancelOutcome::Error {
-                    error: RemoteError {
-                        kind: RemoteErrorKind::Temporary,
-                        message: "ssh: connection refused".into(),
-                    },
-                }),
+                Err(simc::RemoteError::Temporary) => Outcome::Cancelled(cancel_unreachable()),
             },
         }
     }

@@ -2,12 +2,14 @@
 //! rendering and exit codes. Data goes to stdout, diagnostics to stderr. The only module
 //! allowed to print or exit.
 
+mod emulator;
 mod exit_codes;
 mod output;
 mod plan;
 mod simulate;
 mod state;
 mod validate;
+mod worker;
 
 pub(crate) use output::table;
 
@@ -151,9 +153,42 @@ enum Command {
         #[arg(long, value_name = "DIR", env = "TPU_RUNNER_TRACES")]
         traces: Option<PathBuf>,
     },
+    /// Serve a scenario's simulated cloud as a local TPU API, to point the controller, `curl`
+    /// or your own tools at (no cloud account, no bill).
+    #[command(
+        after_help = "Examples:\n  tpu-runner emulator\n  tpu-runner emulator scenarios/regional-stockout.yaml --listen 127.0.0.1:8470 --speed 60\n  tpu-runner emulator scenarios/smoke.yaml --virtual-time\n\nRoutes: the TPU API v2 (nodes, queuedResources, operations) under /v2; control under\n/emulator/v1: GET status, POST time {advanceSecs|toSecs} (virtual time only),\nPOST zones/ZONE/stockout {on}, POST projects/P/locations/Z/nodes/N/preempt.\nSee docs/emulator.md."
+    )]
+    Emulator {
+        /// Scenario whose cloud to serve (default: the built-in smoke scenario).
+        scenario: Option<PathBuf>,
+        /// Address to listen on (port 0: any free port).
+        #[arg(long, default_value = "127.0.0.1:8470", value_name = "ADDR")]
+        listen: String,
+        /// Seed of the simulated world (default: the scenario's first seed).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Virtual seconds per wall-clock second.
+        #[arg(long, default_value_t = 1.0, value_name = "X")]
+        speed: f64,
+        /// Move time only through `POST /emulator/v1/time` (for tests).
+        #[arg(long, conflicts_with = "speed")]
+        virtual_time: bool,
+        /// Back the TPUs with worker agents on this machine whose roots are under DIR (the
+        /// local transport's layout): a TPU that is preempted or deleted ends their processes,
+        /// and a deleted one's disks are emptied.
+        #[arg(long, value_name = "DIR")]
+        workers: Option<PathBuf>,
+        /// Read the scenario's `$TRACES/...` files from DIR.
+        #[arg(long, value_name = "DIR", env = "TPU_RUNNER_TRACES")]
+        traces: Option<PathBuf>,
+    },
     /// Move the controller's state in and out of a store (SQLite or Firestore).
     #[command(subcommand)]
     State(StateCommand),
+    /// The agent on a TPU VM worker (run by the controller through SSH or a local
+    /// transport; see docs/workers.md).
+    #[command(subcommand, hide = true)]
+    Worker(WorkerCommand),
     /// Print a shell completion script.
     #[command(
         after_help = "Example:\n  tpu-runner completions bash > ~/.local/share/bash-completion/completions/tpu-runner"
@@ -162,6 +197,69 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
+}
+
+/// Where a worker command works.
+#[derive(Debug, clap::Args)]
+struct WorkerOpts {
+    /// The worker's root folder (workspace, caches, the agent's records).
+    #[arg(
+        long,
+        env = "TPU_RUNNER_WORKER_ROOT",
+        default_value = "/tmp/tpu-runner"
+    )]
+    root: PathBuf,
+    /// Shared-memory folder (default: ROOT/shm; on a TPU VM /dev/shm/tpu-runner).
+    #[arg(long)]
+    shm: Option<PathBuf>,
+    /// This worker's host name.
+    #[arg(long)]
+    host: String,
+    /// Keep objects in this local folder (one folder per bucket) instead of Cloud Storage.
+    #[arg(long, env = "TPU_RUNNER_OBJECTS")]
+    objects: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum WorkerCommand {
+    /// Start an attempt on this worker (the launch spec as JSON on stdin).
+    Launch {
+        #[command(flatten)]
+        at: WorkerOpts,
+    },
+    /// Supervise an attempt (started by `launch`).
+    Supervise {
+        #[command(flatten)]
+        at: WorkerOpts,
+        /// Job id.
+        #[arg(long)]
+        job: String,
+        /// Attempt id.
+        #[arg(long)]
+        attempt: String,
+    },
+    /// Stop an attempt on this worker.
+    Cancel {
+        #[command(flatten)]
+        at: WorkerOpts,
+        /// Attempt id.
+        #[arg(long)]
+        attempt: String,
+        /// Seconds between TERM and KILL.
+        #[arg(long, default_value_t = 10)]
+        grace: u64,
+    },
+}
+
+impl WorkerOpts {
+    fn args(&self) -> worker::WorkerArgs<'_> {
+        worker::WorkerArgs {
+            root: &self.root,
+            shm: self.shm.as_deref(),
+            host: &self.host,
+            objects: self.objects.as_deref(),
+        }
+    }
 }
 
 /// Where a command finds its state store.
@@ -321,6 +419,30 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             },
             &file,
         ),
+        Command::Emulator {
+            scenario,
+            listen,
+            seed,
+            speed,
+            virtual_time,
+            workers,
+            traces,
+        } => emulator::run(emulator::EmulatorArgs {
+            scenario: scenario.as_deref(),
+            listen: &listen,
+            seed,
+            speed,
+            virtual_time,
+            workers: workers.as_deref(),
+            traces: traces.as_deref(),
+        }),
+        Command::Worker(WorkerCommand::Launch { at }) => worker::launch(&at.args()),
+        Command::Worker(WorkerCommand::Supervise { at, job, attempt }) => {
+            worker::supervise(&at.args(), &job, &attempt)
+        }
+        Command::Worker(WorkerCommand::Cancel { at, attempt, grace }) => {
+            worker::cancel(&at.args(), &attempt, grace)
+        }
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "tpu-runner", &mut out);

@@ -440,6 +440,14 @@ pub struct LaunchRequest {
     pub checkpoint_dir: String,
     /// The job's environment.
     pub env: BTreeMap<String, String>,
+    /// The content bundle in the job's bucket, named by its SHA-256
+    /// (`gs://B/bundles/<sha256>.tar.gz`, which the workers verify), or the `gs://` object the
+    /// job names; `None`: no bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<String>,
+    /// Caches the job declares (kept on the TPU between jobs that declare the same key).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caches: Vec<crate::spec::job::Cache>,
 }
 
 impl Action {

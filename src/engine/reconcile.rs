@@ -2267,9 +2267,21 @@ fn launch_request(job: &Job, resource: &Resource, attempt_id: &Name) -> Action {
         worker_count: resource.worker_count,
         command: job.spec.command.clone(),
         checkpoint_dir: format!("{bucket}/jobs/{}/checkpoints", job.id),
+        bundle: bundle_uri(&job.spec.bundle, &bucket),
         bucket,
         env: job.spec.env.clone(),
+        caches: job.spec.caches.clone(),
     }))
+}
+
+/// Where the workers fetch the job's bundle: `sha256:<hex>` (what submit records after
+/// uploading it to every candidate bucket) names `<bucket>/bundles/<hex>.tar.gz`; a `gs://`
+/// object is used as it is; anything else (a local path not yet submitted) names none.
+fn bundle_uri(bundle: &str, bucket: &str) -> Option<String> {
+    if let Some(hex) = bundle.strip_prefix("sha256:") {
+        return Some(format!("{bucket}/bundles/{hex}.tar.gz"));
+    }
+    bundle.starts_with("gs://").then(|| bundle.to_owned())
 }
 
 /// Whether refreshing record `r` from its ready `node` of `entry` would change it (the ready

@@ -76,6 +76,85 @@ pub fn connect(endpoint: &Endpoint, timeout: Duration) -> Result<Connection, Api
     Ok((rt, http, auth))
 }
 
+/// What came back from one exchange.
+#[derive(Debug)]
+pub struct Reply {
+    /// HTTP status.
+    pub code: u16,
+    /// `Retry-After`, if it said.
+    pub retry_after: Option<Duration>,
+    /// The body.
+    pub body: bytes::Bytes,
+}
+
+impl Reply {
+    /// The body as text, for error messages.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The `google.rpc.Status` (or GCS) error of a non-2xx reply; `None` for success.
+    pub fn error(&self) -> Option<ApiError> {
+        (!(200..300).contains(&self.code)).then(|| api_error(self.code, &self.text()))
+    }
+}
+
+/// The OAuth scope every client here asks for.
+pub const CLOUD_PLATFORM: &[&str] = &["https://www.googleapis.com/auth/cloud-platform"];
+
+/// Sends `request` once, with a bearer token from `auth` (none for an emulator), and reads
+/// the whole reply; a failure to get a token, connect or read is an error with no reply.
+pub async fn exchange(
+    request: reqwest::RequestBuilder,
+    auth: Option<&std::sync::Arc<dyn gcp_auth::TokenProvider>>,
+) -> Result<Reply, ApiError> {
+    let reply = send(request, auth).await?;
+    let code = reply.status().as_u16();
+    let retry_after = retry_after(
+        reply
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let body = reply
+        .bytes()
+        .await
+        .map_err(|e| transport("UNAVAILABLE", error_chain(&e)))?;
+    Ok(Reply {
+        code,
+        retry_after,
+        body,
+    })
+}
+
+/// Sends `request` once with a bearer token from `auth` (none for an emulator); the reply
+/// unread, for callers that stream it.
+pub async fn send(
+    request: reqwest::RequestBuilder,
+    auth: Option<&std::sync::Arc<dyn gcp_auth::TokenProvider>>,
+) -> Result<reqwest::Response, ApiError> {
+    let request = match auth {
+        Some(provider) => match provider.token(CLOUD_PLATFORM).await {
+            Ok(token) => request.bearer_auth(token.as_str()),
+            Err(e) => {
+                return Err(transport(
+                    "UNAUTHENTICATED",
+                    format!("cannot get an access token: {e}"),
+                ));
+            }
+        },
+        None => request,
+    };
+    request.send().await.map_err(|e| {
+        let status = if e.is_timeout() {
+            "DEADLINE_EXCEEDED"
+        } else {
+            "UNAVAILABLE"
+        };
+        transport(status, error_chain(&e))
+    })
+}
+
 /// A failed call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiError {

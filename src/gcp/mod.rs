@@ -4,4 +4,5 @@
 
 pub mod firestore;
 pub mod http;
+pub mod storage;
 pub mod tpu;

@@ -18,9 +18,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Value, json};
 
 pub use super::http::Endpoint;
-use super::http::{
-    self, ApiError, RetryPolicy, api_error, error_chain, malformed, retryable, transport,
-};
+use super::http::{self, ApiError, RetryPolicy, malformed, retryable, transport};
 
 /// `TPU_RUNNER_TPU_ENDPOINT` when set (an emulator, no credentials), else production.
 pub fn endpoint_from_env() -> Endpoint {
@@ -261,6 +259,23 @@ pub struct Status {
     pub message: String,
 }
 
+/// Reads a proto-JSON object: `null` anywhere means the field's default (proto3 JSON), so
+/// nulls are dropped before the typed read.
+fn parse<T: serde::de::DeserializeOwned>(mut v: Value) -> Result<T, serde_json::Error> {
+    fn strip(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                m.retain(|_, x| !x.is_null());
+                m.values_mut().for_each(strip);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut v);
+    serde_json::from_value(v)
+}
+
 fn last_segment(name: &str) -> &str {
     name.rsplit('/').next().unwrap_or(name)
 }
@@ -409,8 +424,6 @@ impl std::fmt::Debug for Client {
     }
 }
 
-const SCOPES: &[&str] = &["https://www.googleapis.com/auth/cloud-platform"];
-
 /// The per-call timeout.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -491,7 +504,7 @@ impl Client {
                         .call(reqwest::Method::GET, &url, None, Kind::Read)
                         .await
                     {
-                        Ok(v) => serde_json::from_value(v)
+                        Ok(v) => parse(v)
                             .map(Some)
                             .map_err(|e| malformed(&format!("node {id}: {e}"))),
                         Err(e) if e.status == "NOT_FOUND" => Ok(None),
@@ -511,19 +524,8 @@ impl Client {
         r: &QrRequest,
         request_id: &str,
     ) -> Result<Operation, ApiError> {
-        let inner = self.inner.clone();
-        let url = format!(
-            "{}?queuedResourceId={}&requestId={request_id}",
-            inner.url(&r.zone, "queuedResources"),
-            r.id
-        );
-        let body = create_body(&inner.project, r);
-        self.rt.block_on(async move {
-            let v = inner
-                .call(reqwest::Method::POST, &url, Some(body), Kind::Write)
-                .await?;
-            serde_json::from_value(v).map_err(|e| malformed(&format!("operation: {e}")))
-        })
+        self.rt
+            .block_on(self.api().create_queued_resource(r, request_id))
     }
 
     /// Deletes a queued resource and its node (`force`); absent is success.
@@ -533,34 +535,24 @@ impl Client {
         id: &str,
         request_id: &str,
     ) -> Result<(), ApiError> {
-        let url = format!(
-            "{}?force=true&requestId={request_id}",
-            self.inner.url(zone, &format!("queuedResources/{id}"))
-        );
-        self.delete(url)
+        self.rt
+            .block_on(self.api().delete_queued_resource(zone, id, request_id))
     }
 
     /// Deletes a node; absent is success.
     pub fn delete_node(&self, zone: &str, id: &str, request_id: &str) -> Result<(), ApiError> {
-        let url = format!(
-            "{}?requestId={request_id}",
-            self.inner.url(zone, &format!("nodes/{id}"))
-        );
-        self.delete(url)
+        self.rt
+            .block_on(self.api().delete_node(zone, id, request_id))
     }
 
-    fn delete(&self, url: String) -> Result<(), ApiError> {
-        let inner = self.inner.clone();
-        self.rt.block_on(async move {
-            match inner
-                .call(reqwest::Method::DELETE, &url, None, Kind::Write)
-                .await
-            {
-                Ok(_) => Ok(()),
-                Err(e) if e.status == "NOT_FOUND" => Ok(()),
-                Err(e) => Err(e),
-            }
-        })
+    /// The calls as futures, to run several at once on `block_on`.
+    pub fn api(&self) -> Api {
+        Api(self.inner.clone())
+    }
+
+    /// Runs `f` on the client's runtime (where `api()`'s futures run).
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
     }
 
     /// Reads an operation by its full name.
@@ -571,8 +563,73 @@ impl Client {
             let v = inner
                 .call(reqwest::Method::GET, &url, None, Kind::Read)
                 .await?;
-            serde_json::from_value(v).map_err(|e| malformed(&format!("operation: {e}")))
+            parse(v).map_err(|e| malformed(&format!("operation: {e}")))
         })
+    }
+}
+
+/// The client's mutations as futures (cheap to clone; they run on `Client::block_on`).
+#[derive(Clone)]
+pub struct Api(Arc<Inner>);
+
+impl Api {
+    /// Creates a Spot queued resource (see `Client::create_queued_resource`).
+    pub async fn create_queued_resource(
+        &self,
+        r: &QrRequest,
+        request_id: &str,
+    ) -> Result<Operation, ApiError> {
+        let inner = &self.0;
+        let url = format!(
+            "{}?queuedResourceId={}&requestId={request_id}",
+            inner.url(&r.zone, "queuedResources"),
+            r.id
+        );
+        let body = create_body(&inner.project, r);
+        let v = inner
+            .call(reqwest::Method::POST, &url, Some(body), Kind::Write)
+            .await?;
+        parse(v).map_err(|e| malformed(&format!("operation: {e}")))
+    }
+
+    /// Deletes a queued resource and its node; absent is success.
+    pub async fn delete_queued_resource(
+        &self,
+        zone: &str,
+        id: &str,
+        request_id: &str,
+    ) -> Result<(), ApiError> {
+        let url = format!(
+            "{}?force=true&requestId={request_id}",
+            self.0.url(zone, &format!("queuedResources/{id}"))
+        );
+        self.delete(&url).await
+    }
+
+    /// Deletes a node; absent is success.
+    pub async fn delete_node(
+        &self,
+        zone: &str,
+        id: &str,
+        request_id: &str,
+    ) -> Result<(), ApiError> {
+        let url = format!(
+            "{}?requestId={request_id}",
+            self.0.url(zone, &format!("nodes/{id}"))
+        );
+        self.delete(&url).await
+    }
+
+    async fn delete(&self, url: &str) -> Result<(), ApiError> {
+        match self
+            .0
+            .call(reqwest::Method::DELETE, url, None, Kind::Write)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.status == "NOT_FOUND" => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -603,7 +660,7 @@ impl Inner {
             if let Some(items) = page.get(collection).and_then(Value::as_array) {
                 for item in items {
                     out.push(
-                        serde_json::from_value(item.clone())
+                        parse(item.clone())
                             .map_err(|e| malformed(&format!("{collection} in {zone}: {e}")))?,
                     );
                 }
@@ -661,57 +718,26 @@ impl Inner {
     ) -> (Result<Value, ApiError>, Option<Duration>) {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let mut request = self.http.request(method, url);
-        if let Some(provider) = &self.auth {
-            match provider.token(SCOPES).await {
-                Ok(token) => request = request.bearer_auth(token.as_str()),
-                Err(e) => {
-                    return (
-                        Err(transport(
-                            "UNAUTHENTICATED",
-                            format!("cannot get an access token: {e}"),
-                        )),
-                        None,
-                    );
-                }
-            }
-        }
         if let Some(body) = body {
             request = request.json(body);
         }
-        let reply = match request.send().await {
+        let reply = match http::exchange(request, self.auth.as_ref()).await {
             Ok(reply) => reply,
-            Err(e) => {
-                let status = if e.is_timeout() {
-                    "DEADLINE_EXCEEDED"
-                } else {
-                    "UNAVAILABLE"
-                };
-                return (
-                    Err(transport(status, format!("{url}: {}", error_chain(&e)))),
-                    None,
-                );
+            Err(mut e) => {
+                e.message = format!("{url}: {}", e.message);
+                return (Err(e), None);
             }
         };
-        let code = reply.status().as_u16();
-        let after = http::retry_after(
-            reply
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok()),
-        );
-        let text = match reply.text().await {
-            Ok(text) => text,
-            Err(e) => return (Err(transport("UNAVAILABLE", error_chain(&e))), after),
-        };
-        if !(200..300).contains(&code) {
-            return (Err(api_error(code, &text)), after);
+        let after = reply.retry_after;
+        if let Some(e) = reply.error() {
+            return (Err(e), after);
         }
-        if text.trim().is_empty() {
+        if reply.body.iter().all(u8::is_ascii_whitespace) {
             return (Ok(json!({})), after);
         }
         (
-            serde_json::from_str(&text).map_err(|e| ApiError {
-                code,
+            serde_json::from_slice(&reply.body).map_err(|e| ApiError {
+                code: reply.code,
                 status: "INTERNAL".into(),
                 message: format!("unreadable reply ({e})"),
             }),

@@ -13,8 +13,10 @@ use super::checker::Invariants;
 use super::fingerprint::Fingerprint;
 use super::metrics::{BoundJob, Metrics, PlacedBoundJob, Stats, goodput_bound_with_placement};
 use super::scenario::{ChaosSpec, Scenario, WorkloadSpec, hosts_of};
+use crate::backend::CloudBackend;
 use crate::backend::sim::SimBackend;
 use crate::driver::{self, Feedback};
+use crate::emulator::{Clock, Shared, World, lock};
 use crate::engine::state::{BucketRegion, Job, JobStatus};
 use crate::engine::{Engine, Event, Observation, PassOutput, State, Timestamp, lease, policy};
 use crate::spec::fleet::SshTransport;
@@ -83,6 +85,52 @@ pub struct Hooks<'h> {
     /// created in it as they arrive, every pass loads the active state from it and commits
     /// its changes fenced by the lease, and a crashed controller knows only what it holds.
     pub store: Option<&'h mut dyn StateStore>,
+    /// Reach the simulated cloud through this backend instead of in process: called once
+    /// with the world (to serve it, e.g. through the TPU API emulator on virtual time); the
+    /// backend it returns makes every inventory read, report read and action of the run.
+    pub wire: Option<&'h mut Wire<'h>>,
+}
+
+/// Builds the backend a run reaches its world through (see `Hooks::wire`).
+pub type Wire<'w> = dyn FnMut(&Shared) -> Box<dyn CloudBackend> + 'w;
+
+/// The simulated world of `scenario` with `seed` (and `chaos`'s faults) at time 0, seen
+/// through the simulator's backend: its capacity pools, and the fleet's adopted TPUs already
+/// there (their chips are returned: they are allocated before the run starts).
+pub fn world_of(scenario: &Scenario, seed: u64, chaos: Option<&ChaosSpec>) -> (SimBackend, u64) {
+    let mut cloud = SimCloud::new(cloud_config(scenario, seed, chaos));
+    let mut adopted_chips = 0u64;
+    for entry in &scenario.fleet.tpus {
+        if let EntryKind::Adopted { existing } = &entry.kind {
+            cloud.add_existing_node(
+                &entry.zone,
+                existing,
+                &entry.tpu_type.to_string(),
+                entry.tpu_type.chips(),
+                hosts_of(&entry.tpu_type),
+            );
+            adopted_chips += u64::from(entry.tpu_type.chips());
+        }
+    }
+    let sim = SimBackend::new(
+        cloud,
+        EPOCH,
+        &scenario.fleet.name,
+        scenario.fleet.ssh_transport == SshTransport::Direct,
+    );
+    (sim, adopted_chips)
+}
+
+/// Runs `f` with the run's backend: the wired one, or the world's own.
+fn with_backend<T>(
+    world: &Shared,
+    wire: &mut Option<Box<dyn CloudBackend>>,
+    f: impl FnOnce(&mut dyn CloudBackend) -> T,
+) -> T {
+    match wire {
+        Some(backend) => f(backend.as_mut()),
+        None => f(&mut lock(world).sim),
+    }
 }
 
 /// The controller's link to its store in a run: loads and commits, with the lease.
@@ -380,6 +428,7 @@ pub fn run(
         mut checker,
         mut mutator,
         store,
+        wire,
     } = hooks;
     let mut store = store.map(|store| StoreLink { store, base: None });
     let fence = Fence {
@@ -395,7 +444,6 @@ pub fn run(
     let policy = policy::by_name(policy_name).unwrap_or_else(|| Box::new(policy::Classic));
     let engine = Engine::new(scenario.fleet.clone(), scenario.engine, policy);
     let chaos = options.chaos;
-    let mut cloud = SimCloud::new(cloud_config(scenario, seed, chaos.as_ref()));
     let mut chaos_rng = SimRng::new(seed, "chaos");
     let mut invariants = (chaos.is_some() || options.check_invariants).then(|| {
         Invariants::new(
@@ -409,25 +457,9 @@ pub fn run(
     let mut previous_observation: Option<Observation> = None;
     // Kept from pass to pass: the backend refreshes the worker reports in place.
     let mut observation = Observation::default();
-    let mut adopted_chips = 0u64;
-    for entry in &scenario.fleet.tpus {
-        if let EntryKind::Adopted { existing } = &entry.kind {
-            cloud.add_existing_node(
-                &entry.zone,
-                existing,
-                &entry.tpu_type.to_string(),
-                entry.tpu_type.chips(),
-                hosts_of(&entry.tpu_type),
-            );
-            adopted_chips += u64::from(entry.tpu_type.chips());
-        }
-    }
-    let mut backend = SimBackend::new(
-        cloud,
-        EPOCH,
-        &scenario.fleet.name,
-        scenario.fleet.ssh_transport == SshTransport::Direct,
-    );
+    let (sim, adopted_chips) = world_of(scenario, seed, chaos.as_ref());
+    let world = World::new(sim, &scenario.fleet.project, Clock::Virtual).shared();
+    let mut wired = wire.map(|w| w(&world));
     let all_arrivals = arrivals(scenario, seed);
     let listed = all_arrivals.len();
     let arrivals: Vec<(JobArrival, &[gcp::TpuType])> = all_arrivals
@@ -466,14 +498,15 @@ pub fn run(
     let mut t_ms = 0u64;
     let mut next_sample_ms = 0u64;
     loop {
-        backend.cloud.advance_to(t_ms);
+        lock(&world).sim.cloud.advance_to(t_ms);
         let now = EPOCH.plus_millis(t_ms as i64);
         let mut arrived = false;
         while next_arrival < arrivals.len()
             && (arrivals[next_arrival].0.at_secs * 1000.0) as u64 <= t_ms
         {
             let (arrival, types) = &arrivals[next_arrival];
-            backend
+            lock(&world)
+                .sim
                 .cloud
                 .register_job(&arrival.id, arrival.behaviour.clone());
             let job = job_of(scenario, arrival, types);
@@ -502,7 +535,7 @@ pub fn run(
         let must_run = options.never_skip
             || acted
             || changed
-            || backend.cloud.version() != last_version
+            || lock(&world).sim.cloud.version() != last_version
             || arrived
             || !feedback.is_empty()
             || wake_due
@@ -512,7 +545,11 @@ pub fn run(
         changed = false;
         // Every pass reads the inventory (skipped ones too: they would have read and found
         // nothing to do); its actions go out once the reads are back.
-        let read_done_ms = t_ms + backend.cloud.call_latency_ms(CallKind::Read, t_ms, 0);
+        let read_done_ms = t_ms
+            + lock(&world)
+                .sim
+                .cloud
+                .call_latency_ms(CallKind::Read, t_ms, 0);
         if must_run {
             idle_scope = None;
         } else {
@@ -521,10 +558,15 @@ pub fn run(
                 let scope = engine.inventory_scope(&state);
                 (scope.zones.len(), scope.adopted.len())
             });
-            if backend.cloud.idle_inventory_reads(zones, adopted).is_err() {
+            if lock(&world)
+                .sim
+                .cloud
+                .idle_inventory_reads(zones, adopted)
+                .is_err()
+            {
                 metrics.failed_passes += 1;
             }
-            backend.cloud.advance_to(read_done_ms);
+            lock(&world).sim.cloud.advance_to(read_done_ms);
         }
         if must_run {
             let faults_on = chaos.is_some_and(|c| t_ms < c.stop_secs * 1000);
@@ -614,17 +656,13 @@ pub fn run(
                 chaos.and_then(|c| fault(&mut chaos_rng, c.crash).then(|| chaos_rng.index(3)));
             // What this pass sees is the cloud at its start: changes while its reads and
             // calls are in flight are for the next pass to see (as a skipped pass would).
-            let seen_version = backend.cloud.version();
-            match driver::observe(
-                &engine,
-                &state,
-                &mut backend,
-                &feedback,
-                now,
-                &mut observation,
-            ) {
+            let seen_version = lock(&world).sim.cloud.version();
+            let observed = with_backend(&world, &mut wired, |backend| {
+                driver::observe(&engine, &state, backend, &feedback, now, &mut observation)
+            });
+            match observed {
                 Err(_) => {
-                    backend.cloud.advance_to(read_done_ms);
+                    lock(&world).sim.cloud.advance_to(read_done_ms);
                     metrics.failed_passes += 1;
                     next_wake = Some(now);
                 }
@@ -632,9 +670,11 @@ pub fn run(
                     // Under checks, what the backend keeps from pass to pass must be what
                     // reading everything afresh gives.
                     if invariants.is_some() {
-                        let (nodes, qrs) = backend.read_inventory(&engine.inventory_scope(&state));
+                        let w = lock(&world);
+                        let (nodes, qrs) = w.sim.read_inventory(&engine.inventory_scope(&state));
                         let in_flight = driver::in_flight(&state);
-                        let mut reports = backend.read_reports(&in_flight);
+                        let mut reports = w.sim.read_reports(&in_flight);
+                        drop(w);
                         driver::merge_feedback(&mut reports, &mut Vec::new(), &feedback);
                         let differs =
                             if nodes != observation.nodes || qrs != observation.queued_resources {
@@ -684,7 +724,7 @@ pub fn run(
                             recent_events: recent.iter().cloned().collect(),
                         });
                     }
-                    backend.cloud.advance_to(read_done_ms);
+                    lock(&world).sim.cloud.advance_to(read_done_ms);
                     if let Some(m) = mutator.as_deref_mut() {
                         m(&mut state, &mut out.actions, now);
                     }
@@ -701,7 +741,11 @@ pub fn run(
                         link.commit(&state, &out.events, &fence, now, t_ms)?;
                     }
                     match crash {
-                        None => feedback = driver::execute(&mut backend, &out.actions, now),
+                        None => {
+                            feedback = with_backend(&world, &mut wired, |backend| {
+                                driver::execute(backend, &out.actions, now)
+                            });
+                        }
                         Some(point) => {
                             // The restarted controller remembers nothing but the store.
                             *harness_faults
@@ -727,7 +771,9 @@ pub fn run(
                                 1 => {}
                                 _ => {
                                     let k = chaos_rng.index(out.actions.len() + 1);
-                                    let _ = driver::execute(&mut backend, &out.actions[..k], now);
+                                    with_backend(&world, &mut wired, |backend| {
+                                        driver::execute(backend, &out.actions[..k], now)
+                                    });
                                 }
                             }
                             next_wake = Some(now);
@@ -760,11 +806,12 @@ pub fn run(
             last_version = seen_version;
         }
         if invariants.is_some() || checker.is_some() {
+            let w = lock(&world);
             let view = StepView {
                 now,
                 state: &state,
                 output: output.as_ref(),
-                cloud: &backend.cloud,
+                cloud: &w.sim.cloud,
                 engine: &engine,
                 submitted: &submitted,
             };
@@ -788,23 +835,23 @@ pub fn run(
             recent.push_back(e);
         }
         if t_ms >= next_sample_ms {
-            series.push(sample(&backend, &state, scenario, &ceilings, t_ms));
+            series.push(sample(&lock(&world).sim, &state, scenario, &ceilings, t_ms));
             next_sample_ms = (t_ms / sample_every_ms + 1) * sample_every_ms;
         }
         let all_arrived = next_arrival >= arrivals.len();
         let quiet = all_arrived
             && state.jobs.is_empty()
             && next_wake.is_none()
-            && backend.cloud.allocated_chips() <= adopted_chips
-            && backend.cloud.live_nodes().is_empty();
+            && lock(&world).sim.cloud.allocated_chips() <= adopted_chips
+            && lock(&world).sim.cloud.live_nodes().is_empty();
         if t_ms >= horizon_ms || quiet {
             break;
         }
         // The controller sleeps one interval after its pass (reads and calls took time).
-        t_ms = (backend.cloud.now().max(t_ms) + tick_ms).min(horizon_ms);
+        t_ms = (lock(&world).sim.cloud.now().max(t_ms) + tick_ms).min(horizon_ms);
     }
 
-    let acc = backend.cloud.accounting();
+    let acc = lock(&world).sim.cloud.accounting();
     let hours = |chip_s: f64| chip_s / 3600.0;
     metrics.allocated_chip_hours = hours(acc.allocated_chip_secs);
     metrics.busy_chip_hours = hours(acc.busy_chip_secs);
@@ -903,7 +950,7 @@ pub fn run(
         })
         .collect();
     let slot_s = (t_ms / 1000).div_ceil(BOUND_SLOTS_MAX).max(600);
-    let capacity = capacity_by_resource(scenario, &backend.cloud, &ceilings, t_ms, slot_s);
+    let capacity = capacity_by_resource(scenario, &lock(&world).sim.cloud, &ceilings, t_ms, slot_s);
     let bound_chip_s = goodput_bound_with_placement(&bound_jobs, &sets, &capacity, slot_s as f64);
     metrics.bound_goodput_chip_hours = hours(bound_chip_s);
     metrics.efficiency = ratio(metrics.goodput_chip_hours, metrics.bound_goodput_chip_hours);

@@ -104,7 +104,7 @@ impl<'de> Deserialize<'de> for TpuRequest {
 }
 
 /// A cache directory kept on the TPU under `key`, linked into the job directory at `path`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Cache {
     /// Cache name on the TPU.
     pub key: String,

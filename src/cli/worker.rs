@@ -1,0 +1,138 @@
+//! `tpu-runner worker …`: the agent's commands on a TPU VM worker (run by the controller
+//! through a transport, not by people): `launch` reads a launch spec as JSON on stdin and
+//! prints one acknowledgement line; `supervise` is the detached supervisor `launch` starts;
+//! `cancel` stops an attempt and prints one acknowledgement line.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{ExitStatus, Failure, print_stdout};
+use crate::objects::{self, LocalDir, ObjectStore};
+use crate::worker::agent::{self, Root};
+use crate::worker::{LaunchSpec, attempt_prefix};
+
+/// Where a worker command works.
+pub struct WorkerArgs<'a> {
+    /// The worker's root folder.
+    pub root: &'a Path,
+    /// Shared-memory folder (default: `ROOT/shm`).
+    pub shm: Option<&'a Path>,
+    /// This worker's host name.
+    pub host: &'a str,
+    /// A local object folder instead of the environment's store.
+    pub objects: Option<&'a Path>,
+}
+
+impl WorkerArgs<'_> {
+    fn root(&self) -> Root {
+        let mut root = Root::new(self.root);
+        if let Some(shm) = self.shm {
+            root.shm = shm.to_path_buf();
+        }
+        root
+    }
+
+    fn store(&self) -> Result<Box<dyn ObjectStore>, Failure> {
+        match self.objects {
+            Some(dir) => Ok(Box::new(LocalDir::new(dir))),
+            None => objects::from_env().map_err(|e| setup(format!("object store: {e}"))),
+        }
+    }
+}
+
+/// Exit 2 with a message: the agent could not do its part (set-up), as the original.
+fn setup(message: String) -> Failure {
+    Failure {
+        message: format!("error: {message}\n"),
+        status: ExitStatus::Usage,
+    }
+}
+
+/// `worker launch`.
+pub fn launch(args: &WorkerArgs<'_>) -> Result<ExitStatus, Failure> {
+    let mut input = Vec::new();
+    std::io::stdin()
+        .take(16 << 20)
+        .read_to_end(&mut input)
+        .map_err(|e| setup(format!("reading the launch spec: {e}")))?;
+    let spec: LaunchSpec = serde_json::from_slice(&input)
+        .map_err(|e| setup(format!("the launch spec is not valid: {e}")))?;
+    let store = args.store()?;
+    let exe: PathBuf =
+        std::env::current_exe().map_err(|e| setup(format!("cannot find this program: {e}")))?;
+    let ack = agent::launch(
+        &args.root(),
+        args.host,
+        &spec,
+        store.as_ref(),
+        &exe,
+        args.objects,
+    )
+    .map_err(setup)?;
+    print_stdout(&format!(
+        "{} {} {}\n",
+        ack.word(),
+        args.host,
+        spec.request.attempt_id
+    ));
+    Ok(ExitStatus::Ok)
+}
+
+/// `worker supervise` (started detached by `launch`).
+pub fn supervise(args: &WorkerArgs<'_>, job: &str, attempt: &str) -> Result<ExitStatus, Failure> {
+    let store = args.store()?;
+    match agent::supervise(&args.root(), args.host, job, attempt, store.as_ref()) {
+        Ok(_) => Ok(ExitStatus::Ok),
+        Err(e) => {
+            // Whatever went wrong, the controller must hear of it: a set-up failure.
+            let root = args.root();
+            let dirs = root.dirs(job, attempt);
+            if let Ok(bytes) = crate::files::read_bytes(&dirs.attempt.join("spec.json"), 16 << 20)
+                && let Ok(spec) = serde_json::from_slice::<LaunchSpec>(&bytes)
+            {
+                let r = &spec.request;
+                let status = crate::worker::StatusObject {
+                    host: args.host.to_owned(),
+                    attempt_id: attempt.to_owned(),
+                    state: "failed_setup".into(),
+                    command_exit_code: None,
+                    infrastructure_failure: None,
+                    setup_error: Some(e.clone()),
+                    artifact_upload_error: None,
+                    started_at: None,
+                    finished_at: jiff::Timestamp::now().to_string(),
+                };
+                let uri = format!(
+                    "{}status/{}.json",
+                    attempt_prefix(&r.bucket, &r.job_id, &r.attempt_id),
+                    args.host
+                );
+                let _ = store.put(
+                    &uri,
+                    &serde_json::to_vec(&status).unwrap_or_default(),
+                    false,
+                );
+            }
+            Err(setup(e))
+        }
+    }
+}
+
+/// `worker cancel`.
+pub fn cancel(
+    args: &WorkerArgs<'_>,
+    attempt: &str,
+    grace_secs: u64,
+) -> Result<ExitStatus, Failure> {
+    let store = args.store()?;
+    let ack = agent::cancel(
+        &args.root(),
+        args.host,
+        attempt,
+        Duration::from_secs(grace_secs),
+        store.as_ref(),
+    );
+    print_stdout(&format!("{} {} {attempt}\n", ack.word(), args.host));
+    Ok(ExitStatus::Ok)
+}

@@ -1,0 +1,414 @@
+//! The TPU API emulator: the `sim` crate's cloud served over HTTP in the TPU API v2 shapes the
+//! GCP backend uses (nodes and queued resources listed with pages, read, created with a
+//! `requestId` that makes a retry idempotent, deleted; operations), with the scenario's
+//! capacity, provisioning latency, Spot preemption with notice, multi-host slices, API faults
+//! and quotas. Time is virtual (advanced by a control call, or by the simulator harness that
+//! shares the world) or the wall clock scaled by a speed. Control endpoints inject faults
+//! (preempt this node, stock out this zone); simulated-worker endpoints launch, cancel and
+//! report attempts on the simulated workers. For tests and for trying the controller without
+//! a cloud account: production code must never use it.
+
+pub mod routes;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tpu_runner_sim::{CallKind, JobBehaviour};
+
+use crate::backend::sim::SimBackend;
+
+/// How the emulated world's time moves.
+#[derive(Clone, Copy, Debug)]
+pub enum Clock {
+    /// Only when told (`POST /emulator/v1/time`, or the harness sharing the world). Calls
+    /// that take time in the model move it on as they are made, as in the simulator.
+    Virtual,
+    /// The wall clock since `started`, times `speed`, from virtual `from_ms`; replies are
+    /// delayed by the modelled call latency (divided by `speed`).
+    Wall {
+        /// When the clock started.
+        started: Instant,
+        /// Virtual milliseconds at `started`.
+        from_ms: u64,
+        /// Virtual seconds per wall second.
+        speed: f64,
+    },
+}
+
+/// What a create asked for that the simulated cloud does not keep.
+#[derive(Clone, Debug)]
+pub(crate) struct Created {
+    pub runtime_version: String,
+    pub external_ips: bool,
+    pub create_time: String,
+}
+
+/// The emulated world: the simulated cloud and what the API adds around it.
+#[derive(Debug)]
+pub struct World {
+    /// The simulated cloud (behind the backend the simulator itself uses, so a harness
+    /// sharing the world reads it exactly as an in-process run would).
+    pub sim: SimBackend,
+    /// The only project the emulator answers for.
+    pub project: String,
+    clock: Clock,
+    /// When the pass whose calls are being made started (its first read).
+    pass_at: u64,
+    next_operation: u64,
+    /// Finished operations by name (the most recent `KEPT` only).
+    operations: HashMap<String, serde_json::Value>,
+    operation_order: VecDeque<String>,
+    /// `requestId` → the operation its first call produced.
+    requests: HashMap<String, String>,
+    /// Page tokens → the rest of a listing.
+    pages: HashMap<String, Vec<serde_json::Value>>,
+    page_order: VecDeque<String>,
+    next_page: u64,
+    /// Per node id: what its create asked for.
+    pub(crate) created: HashMap<String, Created>,
+    /// How a job the emulator was never told about behaves on the simulated workers.
+    pub default_job: JobBehaviour,
+    /// Where this machine's worker agents keep their roots (`BASE/ZONE/TPU/w-I`, as the
+    /// local transport lays them out), when the emulator's TPUs are backed by real agents.
+    pub workers: Option<PathBuf>,
+    /// The TPUs alive at the last look (zone, name) → incarnation, to end their workers'
+    /// processes when they go, and every TPU that existed then, to empty their disks.
+    live: HashMap<(String, String), u64>,
+    present: HashMap<(String, String), u64>,
+}
+
+/// Operations and page tokens kept (older ones are forgotten: 404 / 400).
+const KEPT: usize = 10_000;
+
+/// The world shared by the server and, in tests, the simulator harness.
+pub type Shared = Arc<Mutex<World>>;
+
+/// Locks the world (a handler that panicked leaves it usable: every handler's changes are
+/// the simulated cloud's own, each complete).
+pub fn lock(shared: &Shared) -> MutexGuard<'_, World> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl World {
+    /// The world of `sim`, answering for `project`, on `clock`.
+    pub fn new(sim: SimBackend, project: &str, clock: Clock) -> World {
+        World {
+            sim,
+            project: project.to_owned(),
+            clock,
+            pass_at: 0,
+            next_operation: 0,
+            operations: HashMap::new(),
+            operation_order: VecDeque::new(),
+            requests: HashMap::new(),
+            pages: HashMap::new(),
+            page_order: VecDeque::new(),
+            next_page: 0,
+            created: HashMap::new(),
+            workers: None,
+            live: HashMap::new(),
+            present: HashMap::new(),
+            default_job: JobBehaviour {
+                work_secs: 600.0,
+                checkpoint_secs: 0.0,
+                app_failure: 0.0,
+                infra_failure: 0.0,
+                setup_failure: 0.0,
+                cache_key: None,
+                checkpoint_on_notice: false,
+            },
+        }
+    }
+
+    /// Shares the world.
+    pub fn shared(self) -> Shared {
+        Arc::new(Mutex::new(self))
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// Brings the simulated cloud to the wall clock (nothing on a virtual clock).
+    pub fn tick(&mut self) {
+        if let Clock::Wall {
+            started,
+            from_ms,
+            speed,
+        } = self.clock
+        {
+            let at = from_ms + (started.elapsed().as_secs_f64() * speed * 1000.0) as u64;
+            self.sim.cloud.advance_to(at);
+        }
+    }
+
+    /// Ends the worker processes of every TPU that stopped being alive since the last look
+    /// (preempted, deleted, vanished), as on a real TPU, and empties the disks of those that
+    /// are gone, so the next TPU of that name starts clean. Nothing without `workers`.
+    pub fn reap_workers(&mut self) {
+        let Some(base) = self.workers.clone() else {
+            return;
+        };
+        let mut now_live = HashMap::new();
+        let mut present = HashMap::new();
+        for n in self.sim.cloud.all_nodes() {
+            let key = (n.zone.to_string(), n.name.to_string());
+            present.insert(key.clone(), n.serial);
+            let up = matches!(
+                n.state,
+                tpu_runner_sim::cloud::NodeState::Creating
+                    | tpu_runner_sim::cloud::NodeState::Ready
+            );
+            if up {
+                now_live.insert(key, n.serial);
+            }
+        }
+        let tpu_dir = |key: &(String, String)| base.join(&key.0).join(&key.1);
+        for (key, serial) in &self.live {
+            if now_live.get(key) != Some(serial) {
+                for worker in std::fs::read_dir(tpu_dir(key))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    crate::worker::agent::stop_all(&crate::worker::agent::Root::new(worker.path()));
+                }
+            }
+        }
+        for (key, serial) in &self.present {
+            if present.get(key) != Some(serial) {
+                let _ = std::fs::remove_dir_all(tpu_dir(key));
+            }
+        }
+        self.live = now_live;
+        self.present = present;
+    }
+
+    /// Virtual milliseconds now.
+    pub fn now_ms(&self) -> u64 {
+        self.sim.cloud.now()
+    }
+
+    /// A read call: it starts the pass whose later calls are numbered for their latencies,
+    /// and on the wall clock its reply waits for the read latency.
+    pub(crate) fn read_call(&mut self) -> Duration {
+        self.pass_at = self.now_ms();
+        match self.clock {
+            Clock::Virtual => Duration::ZERO,
+            Clock::Wall { speed, .. } => {
+                let ms = self
+                    .sim
+                    .cloud
+                    .call_latency_ms(CallKind::Read, self.pass_at, 0);
+                scaled(ms, speed)
+            }
+        }
+    }
+
+    /// A mutation or a worker call: on a virtual clock the world moves on by its latency
+    /// before it takes effect (as in the simulator); on the wall clock its reply waits.
+    pub(crate) fn timed_call(&mut self, kind: CallKind) -> Duration {
+        let ms = self.sim.cloud.take_call_latency_ms(kind, self.pass_at);
+        match self.clock {
+            Clock::Virtual => {
+                let at = self.now_ms() + ms;
+                self.sim.cloud.advance_to(at);
+                Duration::ZERO
+            }
+            Clock::Wall { speed, .. } => scaled(ms, speed),
+        }
+    }
+
+    /// Records a finished operation and returns it.
+    pub(crate) fn operation(
+        &mut self,
+        zone: &str,
+        verb: &str,
+        request_id: Option<&str>,
+        response: serde_json::Value,
+    ) -> serde_json::Value {
+        self.next_operation += 1;
+        let name = format!(
+            "projects/{}/locations/{zone}/operations/operation-{}",
+            self.project, self.next_operation
+        );
+        let op = serde_json::json!({
+            "name": name,
+            "metadata": {
+                "@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata",
+                "createTime": self.timestamp(self.now_ms()),
+                "endTime": self.timestamp(self.now_ms()),
+                "verb": verb,
+                "apiVersion": "v2",
+            },
+            "done": true,
+            "response": response,
+        });
+        if let Some(id) = request_id.filter(|id| !id.is_empty()) {
+            self.requests.insert(id.to_owned(), name.clone());
+        }
+        keep(
+            &mut self.operations,
+            &mut self.operation_order,
+            name,
+            op.clone(),
+        );
+        op
+    }
+
+    /// The operation a call with `request_id` already produced.
+    pub(crate) fn replayed(&self, request_id: Option<&str>) -> Option<serde_json::Value> {
+        let name = self.requests.get(request_id?)?;
+        self.operations.get(name).cloned()
+    }
+
+    /// An operation by name.
+    pub(crate) fn find_operation(&self, name: &str) -> Option<serde_json::Value> {
+        self.operations.get(name).cloned()
+    }
+
+    /// One page of `items` (the rest kept under the returned token).
+    pub(crate) fn page(
+        &mut self,
+        mut items: Vec<serde_json::Value>,
+        size: usize,
+    ) -> (Vec<serde_json::Value>, Option<String>) {
+        if items.len() <= size {
+            return (items, None);
+        }
+        let rest = items.split_off(size);
+        self.next_page += 1;
+        let token = format!("page-{}", self.next_page);
+        keep(&mut self.pages, &mut self.page_order, token.clone(), rest);
+        (items, Some(token))
+    }
+
+    /// The rest of a listing a page token names (it can be used once).
+    pub(crate) fn take_page(&mut self, token: &str) -> Option<Vec<serde_json::Value>> {
+        self.pages.remove(token)
+    }
+
+    /// RFC 3339 of virtual `ms`.
+    pub(crate) fn timestamp(&self, ms: u64) -> String {
+        self.sim.epoch.plus_millis(ms as i64).to_string()
+    }
+
+    /// Every zone the scenario has capacity in.
+    pub fn zones(&self) -> Vec<String> {
+        let mut zones: Vec<String> = self
+            .sim
+            .cloud
+            .config()
+            .pools
+            .iter()
+            .map(|p| p.zone.clone())
+            .collect();
+        zones.sort();
+        zones.dedup();
+        zones
+    }
+}
+
+fn scaled(ms: u64, speed: f64) -> Duration {
+    Duration::from_secs_f64(ms as f64 / 1000.0 / speed.max(1e-9)).min(Duration::from_secs(60))
+}
+
+fn keep<V>(map: &mut HashMap<String, V>, order: &mut VecDeque<String>, key: String, value: V) {
+    order.push_back(key.clone());
+    map.insert(key, value);
+    while order.len() > KEPT {
+        if let Some(old) = order.pop_front() {
+            map.remove(&old);
+        }
+    }
+}
+
+/// A running emulator: its address; stopped when dropped.
+#[derive(Debug)]
+pub struct Running {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Serves until the process ends.
+    pub fn wait(mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Starts serving `shared` on `listen` (`127.0.0.1:0` picks a free port) in a thread of its
+/// own; returns once it listens.
+pub fn start(shared: Shared, listen: &str) -> std::io::Result<Running> {
+    let std_listener = std::net::TcpListener::bind(listen)?;
+    std_listener.set_nonblocking(true)?;
+    let addr = std_listener.local_addr()?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let thread = std::thread::Builder::new()
+        .name("tpu-emulator".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(std_listener) {
+                    Ok(l) => l,
+                    Err(_) => return,
+                };
+                // On a wall clock the world moves without requests: look every second.
+                let ticker = shared.clone();
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        let mut w = lock(&ticker);
+                        if matches!(w.clock(), Clock::Wall { .. }) {
+                            w.tick();
+                            w.reap_workers();
+                        }
+                    }
+                });
+                let app = routes::router(shared);
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(async {
+                        let _ = rx.await;
+                    })
+                    .await;
+            });
+        })?;
+    Ok(Running {
+        addr,
+        shutdown: Some(tx),
+        thread: Some(thread),
+    })
+}
+
+/// The environment a shell needs to point tpu-runner (and `curl`) at the emulator.
+pub fn environment(running: &Running) -> BTreeMap<&'static str, String> {
+    BTreeMap::from([("TPU_RUNNER_TPU_ENDPOINT", running.url())])
+}

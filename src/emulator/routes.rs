@@ -1,0 +1,816 @@
+//! The emulator's HTTP surface: the TPU API v2 routes the GCP backend calls (in the REST
+//! reference's shapes, errors as `google.rpc.Status` JSON), the control routes (time, faults,
+//! status) and the simulated workers' routes (launch, cancel, reports). Each handler takes the
+//! world's lock for one step of the model and never holds it across an await.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tpu_runner_sim::CallKind;
+use tpu_runner_sim::cloud::{self as simc, ApiError, CancelResult, RemoteError};
+use ustr::Ustr;
+
+use super::{Clock, Created, Shared, World, lock};
+use crate::backend::InFlight;
+use crate::backend::sim::api_refusal;
+use crate::spec::Name;
+
+/// A refusal in the API's error shape.
+#[derive(Debug)]
+pub struct Fail {
+    code: StatusCode,
+    status: &'static str,
+    message: String,
+}
+
+impl Fail {
+    fn new(code: StatusCode, status: &'static str, message: impl Into<String>) -> Fail {
+        Fail {
+            code,
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn not_found(what: &str) -> Fail {
+        Fail::new(
+            StatusCode::NOT_FOUND,
+            "NOT_FOUND",
+            format!("Resource '{what}' was not found"),
+        )
+    }
+
+    fn invalid(message: impl Into<String>) -> Fail {
+        Fail::new(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", message)
+    }
+}
+
+impl IntoResponse for Fail {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {
+            "code": self.code.as_u16(),
+            "message": self.message,
+            "status": self.status,
+        }});
+        (self.code, Json(body)).into_response()
+    }
+}
+
+/// The simulated cloud's refusal as the API words it (the wording the simulator's backend
+/// reads too, so both report the same failure).
+fn api_fail(e: &ApiError, zone: &str, what: &str) -> Fail {
+    let e = api_refusal(e, zone, what);
+    Fail {
+        code: StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        status: match e.status.as_str() {
+            "RESOURCE_EXHAUSTED" => "RESOURCE_EXHAUSTED",
+            "UNAVAILABLE" => "UNAVAILABLE",
+            "DEADLINE_EXCEEDED" => "DEADLINE_EXCEEDED",
+            "ALREADY_EXISTS" => "ALREADY_EXISTS",
+            "NOT_FOUND" => "NOT_FOUND",
+            _ => "INTERNAL",
+        },
+        message: e.message,
+    }
+}
+
+type Reply = Result<Json<Value>, Fail>;
+
+/// Sends `value` after `wait` (the modelled latency on a wall clock).
+async fn after(wait: Duration, reply: Reply) -> Reply {
+    if !wait.is_zero() {
+        tokio::time::sleep(wait).await;
+    }
+    reply
+}
+
+/// The router over `shared`.
+pub fn router(shared: Shared) -> Router {
+    let tpu = "/v2/projects/{project}/locations/{zone}";
+    let ctl = "/emulator/v1";
+    Router::new()
+        .route(&format!("{tpu}/nodes"), get(list_nodes))
+        .route(
+            &format!("{tpu}/nodes/{{node}}"),
+            get(get_node).delete(delete_node),
+        )
+        .route(
+            &format!("{tpu}/queuedResources"),
+            get(list_qrs).post(create_qr),
+        )
+        .route(
+            &format!("{tpu}/queuedResources/{{qr}}"),
+            get(get_qr).delete(delete_qr),
+        )
+        .route(&format!("{tpu}/operations/{{op}}"), get(get_operation))
+        .route(&format!("{ctl}/status"), get(status))
+        .route(&format!("{ctl}/time"), post(advance))
+        .route(&format!("{ctl}/zones/{{zone}}/stockout"), post(stockout))
+        .route(
+            &format!("{ctl}/projects/{{project}}/locations/{{zone}}/nodes/{{node}}/preempt"),
+            post(preempt),
+        )
+        .route(
+            &format!("{ctl}/projects/{{project}}/locations/{{zone}}/nodes/{{node}}/launch"),
+            post(launch),
+        )
+        .route(
+            &format!("{ctl}/projects/{{project}}/locations/{{zone}}/nodes/{{node}}/cancel"),
+            post(cancel),
+        )
+        .route(&format!("{ctl}/reports"), post(reports))
+        .fallback(|| async {
+            Fail::new(
+                StatusCode::NOT_FOUND,
+                "NOT_FOUND",
+                "the TPU API emulator does not serve this path",
+            )
+        })
+        .with_state(shared)
+}
+
+/// The world for a call on `project`, brought to the wall clock.
+fn world<'a>(shared: &'a Shared, project: &str) -> Result<std::sync::MutexGuard<'a, World>, Fail> {
+    let mut w = lock(shared);
+    if project != w.project {
+        return Err(Fail::new(
+            StatusCode::FORBIDDEN,
+            "PERMISSION_DENIED",
+            format!(
+                "Permission denied on resource project {project} (the emulator serves project {})",
+                w.project
+            ),
+        ));
+    }
+    w.tick();
+    w.reap_workers();
+    Ok(w)
+}
+
+// ----- JSON of the simulated cloud's objects -------------------------------------------
+
+fn node_json(w: &World, n: &simc::NodeView<'_>) -> Value {
+    let project = &w.project;
+    let created = w.created.get(n.name.as_str());
+    let external = created.map_or(w.sim.public_ip, |c| c.external_ips);
+    let endpoints: Vec<Value> = (0..n.hosts.max(1))
+        .map(|_| {
+            let mut e = json!({"ipAddress": "127.0.0.1", "port": 22});
+            if external {
+                e["accessConfig"] = json!({"externalIp": "127.0.0.1"});
+            }
+            e
+        })
+        .collect();
+    let state = match n.state {
+        simc::NodeState::Creating => "CREATING",
+        simc::NodeState::Ready => "READY",
+        simc::NodeState::Preempted => "PREEMPTED",
+        simc::NodeState::Deleting => "DELETING",
+    };
+    let mut node = json!({
+        "name": format!("projects/{project}/locations/{}/nodes/{}", n.zone, n.name),
+        "acceleratorType": n.accelerator,
+        "state": state,
+        "labels": **n.labels,
+        "networkEndpoints": endpoints,
+        "apiVersion": "V2",
+        "id": (n.serial as i64).to_string(),
+    });
+    if n.state == simc::NodeState::Ready {
+        node["health"] = json!("HEALTHY");
+    }
+    if n.spot {
+        node["schedulingConfig"] = json!({"spot": true});
+    }
+    if let Some(qr) = n.queued_resource {
+        node["queuedResource"] = json!(format!(
+            "projects/{project}/locations/{}/queuedResources/{qr}",
+            n.zone
+        ));
+    }
+    if let Some(c) = created {
+        node["runtimeVersion"] = json!(c.runtime_version);
+        node["createTime"] = json!(c.create_time);
+    }
+    node
+}
+
+fn qr_json(w: &World, q: &simc::QrView<'_>) -> Value {
+    let project = &w.project;
+    let state = match q.state {
+        simc::QrState::WaitingForResources => "WAITING_FOR_RESOURCES",
+        simc::QrState::Provisioning => "PROVISIONING",
+        simc::QrState::Active => "ACTIVE",
+        simc::QrState::Failed => "FAILED",
+        simc::QrState::Suspending => "SUSPENDING",
+        simc::QrState::Suspended => "SUSPENDED",
+        simc::QrState::Deleting => "DELETING",
+    };
+    let created = w.created.get(q.node_id.as_str());
+    let mut state = json!({"state": state});
+    if q.state == simc::QrState::Failed {
+        state["failedData"] = json!({"error": {"code": 8, "message": "The queued resource failed to be provisioned."}});
+    }
+    let mut qr = json!({
+        "name": format!("projects/{project}/locations/{}/queuedResources/{}", q.zone, q.name),
+        "tpu": {"nodeSpec": [{
+            "parent": format!("projects/{project}/locations/{}", q.zone),
+            "nodeId": q.node_id.as_str(),
+            "node": {
+                "acceleratorType": q.accelerator,
+                "labels": **q.labels,
+            },
+        }]},
+        "spot": {},
+        "state": state,
+    });
+    if let Some(c) = created {
+        qr["createTime"] = json!(c.create_time);
+        qr["tpu"]["nodeSpec"][0]["node"]["runtimeVersion"] = json!(c.runtime_version);
+    }
+    qr
+}
+
+// ----- TPU API v2 -------------------------------------------------------------------------
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct ListQuery {
+    page_size: Option<usize>,
+    page_token: Option<String>,
+}
+
+/// One page of a listing: the first page is the call (it counts, uses quota and may fail);
+/// later pages are served from what it listed.
+fn list_page(
+    w: &mut World,
+    q: &ListQuery,
+    key: &str,
+    list: impl FnOnce(&mut World) -> Result<Vec<Value>, Fail>,
+) -> Result<Value, Fail> {
+    let size = q.page_size.filter(|&s| s > 0).unwrap_or(1000).min(1000);
+    let items = match q.page_token.as_deref().filter(|t| !t.is_empty()) {
+        Some(token) => w
+            .take_page(token)
+            .ok_or_else(|| Fail::invalid(format!("invalid page token {token:?}")))?,
+        None => list(w)?,
+    };
+    let (page, next) = w.page(items, size);
+    let mut reply = json!({ key: page });
+    if let Some(next) = next {
+        reply["nextPageToken"] = json!(next);
+    }
+    Ok(reply)
+}
+
+async fn list_nodes(
+    State(shared): State<Shared>,
+    Path((project, zone)): Path<(String, String)>,
+    Query(q): Query<ListQuery>,
+) -> Reply {
+    let (wait, reply) = {
+        let mut w = world(&shared, &project)?;
+        let wait = w.read_call();
+        let reply = list_page(&mut w, &q, "nodes", |w| {
+            let views: Vec<_> = w
+                .sim
+                .cloud
+                .list_zone_nodes(&zone)
+                .map_err(|e| api_fail(&e, &zone, &zone))?
+                .map(|n| (n.name, n.zone))
+                .collect();
+            Ok(views
+                .into_iter()
+                .filter_map(|(name, zone)| {
+                    let n = w.sim.cloud.peek_node(zone, name)?;
+                    Some(node_json(w, &n))
+                })
+                .collect())
+        });
+        (wait, reply)
+    };
+    after(wait, reply.map(Json)).await
+}
+
+async fn list_qrs(
+    State(shared): State<Shared>,
+    Path((project, zone)): Path<(String, String)>,
+    Query(q): Query<ListQuery>,
+) -> Reply {
+    let (wait, reply) = {
+        let mut w = world(&shared, &project)?;
+        let wait = w.read_call();
+        let reply = list_page(&mut w, &q, "queuedResources", |w| {
+            let names: Vec<(Ustr, Ustr)> = w
+                .sim
+                .cloud
+                .list_zone_queued_resources(&zone)
+                .map_err(|e| api_fail(&e, &zone, &zone))?
+                .map(|q| (q.zone, q.name))
+                .collect();
+            Ok(names
+                .into_iter()
+                .filter_map(|(zone, name)| {
+                    let q = w.sim.cloud.peek_queued_resource(zone, name)?;
+                    Some(qr_json(w, &q))
+                })
+                .collect())
+        });
+        (wait, reply)
+    };
+    after(wait, reply.map(Json)).await
+}
+
+async fn get_node(
+    State(shared): State<Shared>,
+    Path((project, zone, node)): Path<(String, String, String)>,
+) -> Reply {
+    let (wait, reply) = {
+        let mut w = world(&shared, &project)?;
+        let wait = w.read_call();
+        let found = w
+            .sim
+            .cloud
+            .get_node(Ustr::from(&zone), Ustr::from(&node))
+            .map(|n| n.map(|n| (n.zone, n.name)));
+        let reply = match found {
+            Err(e) => Err(api_fail(&e, &zone, &node)),
+            Ok(None) => Err(Fail::not_found(&format!(
+                "projects/{project}/locations/{zone}/nodes/{node}"
+            ))),
+            Ok(Some((z, n))) => {
+                let view = w.sim.cloud.peek_node(z, n).expect("just read");
+                Ok(Json(node_json(&w, &view)))
+            }
+        };
+        (wait, reply)
+    };
+    after(wait, reply).await
+}
+
+async fn get_qr(
+    State(shared): State<Shared>,
+    Path((project, zone, qr)): Path<(String, String, String)>,
+) -> Reply {
+    let (wait, reply) = {
+        let mut w = world(&shared, &project)?;
+        let wait = w.read_call();
+        let found = w
+            .sim
+            .cloud
+            .get_queued_resource(Ustr::from(&zone), Ustr::from(&qr))
+            .map(|q| q.is_some());
+        let reply = match found {
+            Err(e) => Err(api_fail(&e, &zone, &qr)),
+            Ok(false) => Err(Fail::not_found(&format!(
+                "projects/{project}/locations/{zone}/queuedResources/{qr}"
+            ))),
+            Ok(true) => {
+                let view = w
+                    .sim
+                    .cloud
+                    .peek_queued_resource(Ustr::from(&zone), Ustr::from(&qr))
+                    .expect("just read");
+                Ok(Json(qr_json(&w, &view)))
+            }
+        };
+        (wait, reply)
+    };
+    after(wait, reply).await
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct MutationQuery {
+    queued_resource_id: Option<String>,
+    request_id: Option<String>,
+    force: Option<bool>,
+}
+
+/// What a create body asks for (the emulator serves Spot requests for one node).
+struct CreateBody {
+    node_id: String,
+    accelerator: String,
+    runtime_version: String,
+    external_ips: bool,
+    labels: BTreeMap<String, String>,
+}
+
+fn create_body(body: &Value, zone: &str) -> Result<CreateBody, Fail> {
+    let specs = body
+        .pointer("/tpu/nodeSpec")
+        .and_then(Value::as_array)
+        .ok_or_else(|| Fail::invalid("tpu.nodeSpec is required"))?;
+    let [spec] = specs.as_slice() else {
+        return Err(Fail::invalid(
+            "the emulator serves queued resources of exactly one node spec",
+        ));
+    };
+    if body.get("spot").is_none() {
+        return Err(Fail::invalid(
+            "the emulator models Spot capacity only: set `spot: {}`",
+        ));
+    }
+    let text = |v: &Value, p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_owned);
+    let parent = text(spec, "/parent").unwrap_or_default();
+    if !parent.ends_with(&format!("/locations/{zone}")) {
+        return Err(Fail::invalid(format!(
+            "nodeSpec.parent {parent:?} is not this zone ({zone})"
+        )));
+    }
+    let node_id =
+        text(spec, "/nodeId").ok_or_else(|| Fail::invalid("nodeSpec.nodeId is required"))?;
+    let accelerator = text(spec, "/node/acceleratorType")
+        .ok_or_else(|| Fail::invalid("node.acceleratorType is required"))?;
+    let labels = spec
+        .pointer("/node/labels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(CreateBody {
+        node_id,
+        accelerator,
+        runtime_version: text(spec, "/node/runtimeVersion").unwrap_or_default(),
+        external_ips: spec
+            .pointer("/node/networkConfig/enableExternalIps")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        labels,
+    })
+}
+
+async fn create_qr(
+    State(shared): State<Shared>,
+    Path((project, zone)): Path<(String, String)>,
+    Query(q): Query<MutationQuery>,
+    body: Option<Json<Value>>,
+) -> Reply {
+    let (wait, reply) = {
+        let mut w = world(&shared, &project)?;
+        // The call takes its time before it takes effect (as in the simulator).
+        let wait = w.timed_call(CallKind::Mutation);
+        let reply = (|| {
+            let id = q
+                .queued_resource_id
+                .clone()
+                .filter(|id| !id.is_empty())
+                .ok_or_else(|| Fail::invalid("queuedResourceId is required"))?;
+            let Json(body) = body.ok_or_else(|| Fail::invalid("a JSON body is required"))?;
+            let create = create_body(&body, &zone)?;
+            if let Some(op) = w.replayed(q.request_id.as_deref()) {
+                return Ok(op);
+            }
+            let result = w.sim.cloud.create_queued_resource(
+                Ustr::from(&zone),
+                Ustr::from(&id),
+                Ustr::from(&create.node_id),
+                &create.accelerator,
+                Arc::new(create.labels),
+            );
+            let took_effect = matches!(result, Ok(()) | Err(ApiError::Timeout))
+                && w.sim
+                    .cloud
+                    .peek_queued_resource(Ustr::from(&zone), Ustr::from(&id))
+                    .is_some();
+            if took_effect {
+                let create_time = w.timestamp(w.now_ms());
+                w.created.insert(
+                    create.node_id.clone(),
+                    Created {
+                        runtime_version: create.runtime_version,
+                        external_ips: create.external_ips,
+                        create_time,
+                    },
+                );
+                let view = w
+                    .sim
+                    .cloud
+                    .peek_queued_resource(Ustr::from(&zone), Ustr::from(&id))
+                    .expect("created");
+                let mut response = qr_json(&w, &view);
+                response["@type"] = json!("type.googleapis.com/google.cloud.tpu.v2.QueuedResource");
+                let op = w.operation(&zone, "create", q.request_id.as_deref(), response);
+                // A lost reply: done, but the caller hears nothing (a retry with the same
+                // requestId gets the operation).
+                result.map(|()| op).map_err(|e| api_fail(&e, &zone, &id))
+            } else {
+                Err(api_fail(
+                    &result.err().unwrap_or(ApiError::Unavailable),
+                    &zone,
+                    &id,
+                ))
+            }
+        })();
+        (wait, reply.map(Json))
+    };
+    after(wait, reply).await
+}
+
+async fn delete_qr(
+    State(shared): State<Shared>,
+    Path((project, zone, qr)): Path<(String, String, String)>,
+    Query(q): Query<MutationQuery>,
+) -> Reply {
+    let (wait, reply) = {
+        let mut w = world(&shared, &project)?;
+        let wait = w.timed_call(CallKind::Mutation);
+        let reply = (|| {
+            if let Some(op) = w.replayed(q.request_id.as_deref()) {
+                return Ok(op);
+            }
+            let (z, name) = (Ustr::from(&zone), Ustr::from(&qr));
+            let live_node = w.sim.cloud.peek_queued_resource(z, name).is_some_and(|v| {
+                matches!(v.state, simc::QrState::Active | simc::QrState::Provisioning)
+            });
+            if live_node && q.force != Some(true) {
+                return Err(Fail::new(
+                    StatusCode::BAD_REQUEST,
+                    "FAILED_PRECONDITION",
+                    format!("queued resource {qr} has a node: delete it with force=true"),
+                ));
+            }
+            let result = w.sim.cloud.delete_queued_resource(z, name);
+            let full = &qr;
+            match result {
+                Ok(()) => Ok(w.operation(&zone, "delete", q.request_id.as_deref(), json!({}))),
+                Err(ApiError::Timeout) => {
+                    w.operation(&zone, "delete", q.request_id.as_deref(), json!({}));
+                    Err(api_fail(&ApiError::Timeout, &zone, full))
+                }
+                Err(e) => Err(api_fail(&e, &zone, full)),
+            }
+        })();
+        (wait, reply.map(Json))
+    };
+    after(wait, reply).await
+}
+
+async fn delete_node(
+    State(shared): State<Shared>,
+    Path((project, zone, node)): Path<(String, String, String)>,
+    Query(q): Query<MutationQuery>,
+) -> Reply {
+    let (wait, reply) = {
+        let mut w = world(&shared, &project)?;
+        let wait = w.timed_call(CallKind::Mutation);
+        let reply = (|| {
+            if let Some(op) = w.replayed(q.request_id.as_deref()) {
+                return Ok(op);
+            }
+            let result = w
+                .sim
+                .cloud
+                .delete_node(Ustr::from(&zone), Ustr::from(&node));
+            let full = &node;
+            match result {
+                Ok(()) => Ok(w.operation(&zone, "delete", q.request_id.as_deref(), json!({}))),
+                Err(ApiError::Timeout) => {
+                    w.operation(&zone, "delete", q.request_id.as_deref(), json!({}));
+                    Err(api_fail(&ApiError::Timeout, &zone, full))
+                }
+                Err(e) => Err(api_fail(&e, &zone, full)),
+            }
+        })();
+        (wait, reply.map(Json))
+    };
+    after(wait, reply).await
+}
+
+async fn get_operation(
+    State(shared): State<Shared>,
+    Path((project, zone, op)): Path<(String, String, String)>,
+) -> Reply {
+    let w = world(&shared, &project)?;
+    let name = format!("projects/{project}/locations/{zone}/operations/{op}");
+    w.find_operation(&name)
+        .map(Json)
+        .ok_or_else(|| Fail::not_found(&name))
+}
+
+// ----- control ------------------------------------------------------------------------------
+
+async fn status(State(shared): State<Shared>) -> Json<Value> {
+    let mut w = lock(&shared);
+    w.tick();
+    let (clock, speed) = match w.clock() {
+        Clock::Virtual => ("virtual", None),
+        Clock::Wall { speed, .. } => ("wall", Some(speed)),
+    };
+    let acc = w.sim.cloud.accounting();
+    Json(json!({
+        "project": w.project,
+        "clock": clock,
+        "speed": speed,
+        "now": w.timestamp(w.now_ms()),
+        "virtualSeconds": w.now_ms() as f64 / 1000.0,
+        "zones": w.zones(),
+        "liveNodes": w.sim.cloud.live_nodes().len(),
+        "allocatedChips": w.sim.cloud.allocated_chips(),
+        "apiCalls": acc.api_calls,
+        "apiErrors": acc.api_errors,
+        "preemptions": acc.preemptions,
+    }))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct Advance {
+    advance_secs: Option<f64>,
+    to_secs: Option<f64>,
+}
+
+async fn advance(State(shared): State<Shared>, Json(a): Json<Advance>) -> Reply {
+    let mut w = lock(&shared);
+    if !matches!(w.clock(), Clock::Virtual) {
+        return Err(Fail::new(
+            StatusCode::BAD_REQUEST,
+            "FAILED_PRECONDITION",
+            "time only moves by hand on a virtual clock (start the emulator with --virtual-time)",
+        ));
+    }
+    let now = w.now_ms();
+    let to = match (a.advance_secs, a.to_secs) {
+        (Some(d), None) if d.is_finite() && d >= 0.0 => now + (d * 1000.0) as u64,
+        (None, Some(t)) if t.is_finite() && t * 1000.0 >= now as f64 => (t * 1000.0) as u64,
+        _ => {
+            return Err(Fail::invalid(
+                "give one of advanceSecs (≥ 0) or toSecs (not before now)",
+            ));
+        }
+    };
+    w.sim.cloud.advance_to(to);
+    w.reap_workers();
+    Ok(Json(json!({"virtualSeconds": w.now_ms() as f64 / 1000.0})))
+}
+
+#[derive(Debug, Deserialize)]
+struct Stockout {
+    on: bool,
+}
+
+async fn stockout(
+    State(shared): State<Shared>,
+    Path(zone): Path<String>,
+    Json(s): Json<Stockout>,
+) -> Reply {
+    let mut w = lock(&shared);
+    w.tick();
+    let pools = w.sim.cloud.set_stockout(&zone, s.on);
+    w.reap_workers();
+    match pools {
+        0 => Err(Fail::not_found(&format!("zone {zone} (no capacity pool)"))),
+        pools => Ok(Json(
+            json!({"zone": zone, "stockedOut": s.on, "pools": pools}),
+        )),
+    }
+}
+
+async fn preempt(
+    State(shared): State<Shared>,
+    Path((project, zone, node)): Path<(String, String, String)>,
+) -> Reply {
+    let mut w = world(&shared, &project)?;
+    let preempted = w.sim.cloud.preempt_now(&zone, &node);
+    w.reap_workers();
+    if preempted {
+        Ok(Json(json!({"preempted": node})))
+    } else {
+        Err(Fail::new(
+            StatusCode::BAD_REQUEST,
+            "FAILED_PRECONDITION",
+            format!("{zone}/{node} is not a READY Spot node without a preemption notice"),
+        ))
+    }
+}
+
+// ----- simulated workers --------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LaunchBody {
+    attempt_id: String,
+    job_id: String,
+}
+
+fn remote_fail(e: &RemoteError, zone: &str, node: &str) -> Fail {
+    match e {
+        RemoteError::NotFound => Fail::not_found(&format!("nodes/{node} in {zone}")),
+        RemoteError::Temporary => Fail::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UNAVAILABLE",
+            format!("ssh: connect to host {node}: Connection refused"),
+        ),
+    }
+}
+
+async fn launch(
+    State(shared): State<Shared>,
+    Path((project, zone, node)): Path<(String, String, String)>,
+    Json(l): Json<LaunchBody>,
+) -> Reply {
+    let (wait, reply) = {
+        let mut w = world(&shared, &project)?;
+        let wait = w.timed_call(CallKind::Remote);
+        let behaviour = w.default_job.clone();
+        w.sim.cloud.register_job(&l.job_id, behaviour);
+        let reply = w
+            .sim
+            .cloud
+            .launch(
+                Ustr::from(&zone),
+                Ustr::from(&node),
+                Ustr::from(&l.attempt_id),
+                Ustr::from(&l.job_id),
+            )
+            .map(|()| Json(json!({"launched": l.attempt_id})))
+            .map_err(|e| remote_fail(&e, &zone, &node));
+        (wait, reply)
+    };
+    after(wait, reply).await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CancelBody {
+    attempt_id: String,
+}
+
+async fn cancel(
+    State(shared): State<Shared>,
+    Path((project, zone, node)): Path<(String, String, String)>,
+    Json(c): Json<CancelBody>,
+) -> Reply {
+    let (wait, reply) = {
+        let mut w = world(&shared, &project)?;
+        let wait = w.timed_call(CallKind::Remote);
+        let reply = w
+            .sim
+            .cloud
+            .cancel(
+                Ustr::from(&zone),
+                Ustr::from(&node),
+                Ustr::from(&c.attempt_id),
+            )
+            .map(|r| {
+                Json(json!({"result": match r {
+                    CancelResult::Sent => "sent",
+                    CancelResult::NotRunning => "notRunning",
+                    CancelResult::Mismatch => "mismatch",
+                }}))
+            })
+            .map_err(|e| remote_fail(&e, &zone, &node));
+        (wait, reply)
+    };
+    after(wait, reply).await
+}
+
+#[derive(Debug, Deserialize)]
+struct ReportsBody {
+    attempts: Vec<String>,
+}
+
+async fn reports(State(shared): State<Shared>, Json(r): Json<ReportsBody>) -> Reply {
+    let (wait, reply) = {
+        let mut w = lock(&shared);
+        w.tick();
+        // Reading the workers' status objects is a read of the pass.
+        let wait = w.read_call();
+        let in_flight: Vec<InFlight> = r
+            .attempts
+            .iter()
+            .map(|a| InFlight {
+                attempt: Name::new(a),
+                job: Name::new(""),
+                bucket: Name::new(""),
+            })
+            .collect();
+        let reports = w.sim.read_reports(&in_flight);
+        let read_at = w.timestamp(w.now_ms());
+        let touched: Vec<String> = w
+            .sim
+            .cloud
+            .take_report_changes()
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        (
+            wait,
+            json!({"readAt": read_at, "reports": reports, "touched": touched}),
+        )
+    };
+    after(wait, Ok(Json(reply))).await
+}

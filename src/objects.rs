@@ -1,0 +1,279 @@
+//! The object-store boundary the workers and the controller share for status objects,
+//! heartbeats, logs and bundles (`gs://BUCKET/NAME` addresses): `Gcs` (the Cloud Storage JSON
+//! API, an emulator through `STORAGE_EMULATOR_HOST`) and `LocalDir` (a folder per bucket, for
+//! the local stack and tests). Writes are whole objects, atomic; a create-only write never
+//! replaces one. Knows nothing of jobs.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::gcp::http::RetryPolicy;
+use crate::gcp::storage::{self, Storage};
+
+/// An object in a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// Name inside the bucket.
+    pub name: String,
+    /// Changes on every write.
+    pub generation: String,
+    /// Last write, RFC 3339.
+    pub updated: String,
+}
+
+/// A failed object-store call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectError {
+    /// What failed.
+    pub message: String,
+    /// A create-only write found the object there.
+    pub exists: bool,
+}
+
+impl std::fmt::Display for ObjectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ObjectError {}
+
+fn fail(message: String) -> ObjectError {
+    ObjectError {
+        message,
+        exists: false,
+    }
+}
+
+/// Splits `gs://BUCKET/NAME`.
+pub fn split(uri: &str) -> Result<(&str, &str), ObjectError> {
+    uri.strip_prefix("gs://")
+        .and_then(|rest| rest.split_once('/'))
+        .filter(|(bucket, name)| !bucket.is_empty() && !name.is_empty())
+        .ok_or_else(|| fail(format!("`{uri}` is not a gs://BUCKET/OBJECT address")))
+}
+
+/// Where objects live.
+pub trait ObjectStore: Send + Sync {
+    /// The object's bytes (`None`: absent); refused above `limit` bytes.
+    fn get(&self, uri: &str, limit: u64) -> Result<Option<Vec<u8>>, ObjectError>;
+    /// Copies the object to `path` (at most `limit` bytes); false when absent.
+    fn download(&self, uri: &str, path: &Path, limit: u64) -> Result<bool, ObjectError>;
+    /// Writes the object; `create_only`: fails with `exists` if it is there.
+    fn put(&self, uri: &str, data: &[u8], create_only: bool) -> Result<(), ObjectError>;
+    /// Objects whose address starts with `prefix` (`gs://BUCKET/PREFIX`), in name order.
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>, ObjectError>;
+    /// Deletes the object; absent is success.
+    fn delete(&self, uri: &str) -> Result<(), ObjectError>;
+}
+
+/// The object store the environment names: `TPU_RUNNER_OBJECTS=DIR` (a local folder per
+/// bucket) or Cloud Storage (`STORAGE_EMULATOR_HOST` for an emulator).
+pub fn from_env() -> Result<Box<dyn ObjectStore>, ObjectError> {
+    match std::env::var("TPU_RUNNER_OBJECTS") {
+        Ok(dir) if !dir.trim().is_empty() => Ok(Box::new(LocalDir::new(dir.trim()))),
+        _ => Ok(Box::new(Gcs::new(storage::endpoint_from_env())?)),
+    }
+}
+
+/// Cloud Storage.
+#[derive(Debug)]
+pub struct Gcs(Storage);
+
+impl Gcs {
+    /// The store at `endpoint`.
+    pub fn new(endpoint: crate::gcp::http::Endpoint) -> Result<Gcs, ObjectError> {
+        Storage::new(endpoint, RetryPolicy::default())
+            .map(Gcs)
+            .map_err(|e| fail(format!("Cloud Storage: {e}")))
+    }
+
+    /// The client.
+    pub fn client(&self) -> &Storage {
+        &self.0
+    }
+}
+
+impl ObjectStore for Gcs {
+    fn get(&self, uri: &str, limit: u64) -> Result<Option<Vec<u8>>, ObjectError> {
+        let (bucket, name) = split(uri)?;
+        self.0
+            .get(bucket, name, limit)
+            .map_err(|e| fail(format!("reading {uri}: {e}")))
+    }
+
+    fn download(&self, uri: &str, path: &Path, limit: u64) -> Result<bool, ObjectError> {
+        let (bucket, name) = split(uri)?;
+        self.0
+            .download(bucket, name, path, limit)
+            .map_err(|e| fail(format!("downloading {uri}: {e}")))
+    }
+
+    fn put(&self, uri: &str, data: &[u8], create_only: bool) -> Result<(), ObjectError> {
+        let (bucket, name) = split(uri)?;
+        let kind = if name.ends_with(".json") {
+            "application/json"
+        } else {
+            "application/octet-stream"
+        };
+        self.0
+            .put(bucket, name, data, kind, create_only)
+            .map(|_| ())
+            .map_err(|e| ObjectError {
+                exists: e.code == 412,
+                message: format!("writing {uri}: {e}"),
+            })
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>, ObjectError> {
+        let (bucket, name) = prefix
+            .strip_prefix("gs://")
+            .and_then(|rest| rest.split_once('/'))
+            .ok_or_else(|| fail(format!("`{prefix}` is not a gs://BUCKET/PREFIX address")))?;
+        let listed = self
+            .0
+            .list(bucket, name)
+            .map_err(|e| fail(format!("listing {prefix}: {e}")))?;
+        Ok(listed
+            .into_iter()
+            .map(|o| Listed {
+                name: o.name,
+                generation: o.generation,
+                updated: o.updated,
+            })
+            .collect())
+    }
+
+    fn delete(&self, uri: &str) -> Result<(), ObjectError> {
+        let (bucket, name) = split(uri)?;
+        self.0
+            .delete(bucket, name)
+            .map_err(|e| fail(format!("deleting {uri}: {e}")))
+    }
+}
+
+/// A folder per bucket under a root: `gs://B/N` is `ROOT/B/N`.
+#[derive(Clone, Debug)]
+pub struct LocalDir {
+    root: PathBuf,
+}
+
+impl LocalDir {
+    /// The store under `root`.
+    pub fn new(root: impl Into<PathBuf>) -> LocalDir {
+        LocalDir { root: root.into() }
+    }
+
+    fn path(&self, uri: &str) -> Result<PathBuf, ObjectError> {
+        let (bucket, name) = split(uri)?;
+        if name
+            .split('/')
+            .any(|part| part.is_empty() || part == "." || part == "..")
+            || bucket.contains(['/', '\\'])
+            || bucket == ".."
+        {
+            return Err(fail(format!("`{uri}` does not name an object")));
+        }
+        Ok(self.root.join(bucket).join(name))
+    }
+}
+
+fn io(uri: &str, e: std::io::Error) -> ObjectError {
+    fail(format!("{uri}: {e}"))
+}
+
+impl ObjectStore for LocalDir {
+    fn get(&self, uri: &str, limit: u64) -> Result<Option<Vec<u8>>, ObjectError> {
+        let path = self.path(uri)?;
+        match crate::files::read_bytes(&path, limit) {
+            Ok(data) => Ok(Some(data)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(fail(format!("{uri}: {e}"))),
+        }
+    }
+
+    fn download(&self, uri: &str, path: &Path, limit: u64) -> Result<bool, ObjectError> {
+        match self.get(uri, limit)? {
+            None => Ok(false),
+            Some(data) => {
+                std::fs::write(path, data).map_err(|e| io(uri, e))?;
+                Ok(true)
+            }
+        }
+    }
+
+    fn put(&self, uri: &str, data: &[u8], create_only: bool) -> Result<(), ObjectError> {
+        let path = self.path(uri)?;
+        let dir = path.parent().expect("an object has a folder");
+        std::fs::create_dir_all(dir).map_err(|e| io(uri, e))?;
+        let mut temp = tempfile::NamedTempFile::new_in(dir).map_err(|e| io(uri, e))?;
+        temp.write_all(data).map_err(|e| io(uri, e))?;
+        temp.as_file().sync_all().map_err(|e| io(uri, e))?;
+        if create_only {
+            temp.persist_noclobber(&path).map_err(|e| ObjectError {
+                exists: e.error.kind() == std::io::ErrorKind::AlreadyExists,
+                message: format!("{uri}: {}", e.error),
+            })?;
+        } else {
+            temp.persist(&path).map_err(|e| io(uri, e.error))?;
+        }
+        Ok(())
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>, ObjectError> {
+        let (bucket, name_prefix) = prefix
+            .strip_prefix("gs://")
+            .and_then(|rest| rest.split_once('/'))
+            .ok_or_else(|| fail(format!("`{prefix}` is not a gs://BUCKET/PREFIX address")))?;
+        let base = self.root.join(bucket);
+        // Walk only the folder the prefix is in.
+        let folder = match name_prefix.rfind('/') {
+            Some(i) => base.join(&name_prefix[..i]),
+            None => base.clone(),
+        };
+        let mut out = Vec::new();
+        let mut stack = vec![folder];
+        while let Some(dir) = stack.pop() {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io(prefix, e)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| io(prefix, e))?;
+                let meta = entry.metadata().map_err(|e| io(prefix, e))?;
+                let path = entry.path();
+                if meta.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let Ok(rel) = path.strip_prefix(&base) else {
+                    continue;
+                };
+                let name = rel.to_string_lossy().replace('\\', "/");
+                if !name.starts_with(name_prefix) || name.contains(".tmp") {
+                    continue;
+                }
+                let modified = meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| jiff::Timestamp::try_from(t).ok())
+                    .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+                out.push(Listed {
+                    name,
+                    generation: modified.as_nanosecond().to_string(),
+                    updated: modified.to_string(),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    fn delete(&self, uri: &str) -> Result<(), ObjectError> {
+        match std::fs::remove_file(self.path(uri)?) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(uri, e)),
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,627 @@
+//! The worker agent's duties on one worker (`original-behaviour.md` §5.3–5.6, with its
+//! faults fixed): launch an attempt idempotently (already running and already complete are
+//! answers), in a wiped workspace, with the bundle's checksum verified and the declared
+//! caches kept only when ready, under a free-disk floor; supervise it (a heartbeat object
+//! while it runs, the command in its own process group with exactly the job's environment,
+//! its output shipped, a status object with an explicit infrastructure-failure field); and
+//! stop it on cancel (TERM the group, KILL after the grace). Everything an attempt leaves is
+//! under the worker's root. It decides nothing about jobs.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+use super::{CancelAck, LaunchAck, LaunchSpec, StatusObject, attempt_prefix, bundle, command_env};
+use crate::objects::ObjectStore;
+
+/// The folders of one attempt on a worker.
+#[derive(Clone, Debug)]
+pub struct Dirs {
+    /// `JOB_DIR`: the job's workspace (the bundle, the command's working directory).
+    pub job: PathBuf,
+    /// `JOB_SHM_DIR`.
+    pub shm: PathBuf,
+    /// `CACHE_ROOT`.
+    pub cache_root: PathBuf,
+    /// `ATTEMPT_DIR`: the agent's own files of this attempt (spec, logs, status), outside
+    /// the workspace so the command cannot clobber them by accident.
+    pub attempt: PathBuf,
+}
+
+/// A worker's root: everything the agent keeps is below it.
+#[derive(Clone, Debug)]
+pub struct Root {
+    /// The root folder.
+    pub dir: PathBuf,
+    /// Shared memory folder (production: `/dev/shm/tpu-runner`).
+    pub shm: PathBuf,
+}
+
+impl Root {
+    /// The root `dir`, its shared memory in `dir/shm`.
+    pub fn new(dir: impl Into<PathBuf>) -> Root {
+        let dir = dir.into();
+        Root {
+            shm: dir.join("shm"),
+            dir,
+        }
+    }
+
+    fn work(&self) -> PathBuf {
+        self.dir.join("work")
+    }
+
+    fn cache(&self) -> PathBuf {
+        self.dir.join("cache")
+    }
+
+    fn process(&self) -> PathBuf {
+        self.dir.join("process")
+    }
+
+    /// The folders of `attempt` of `job`.
+    pub fn dirs(&self, job: &str, attempt: &str) -> Dirs {
+        Dirs {
+            job: self.work().join(job),
+            shm: self.shm.join(job),
+            cache_root: self.cache(),
+            attempt: self.dir.join("attempts").join(attempt),
+        }
+    }
+
+    fn current(&self) -> PathBuf {
+        self.process().join("current.json")
+    }
+}
+
+/// What runs on this worker now (`process/current.json`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Current {
+    /// The attempt.
+    pub attempt_id: String,
+    /// Its job.
+    pub job_id: String,
+    /// The supervisor's process id (its own process group).
+    pub supervisor: i32,
+    /// The command's process group, once it started.
+    pub command_group: Option<i32>,
+}
+
+fn read_current(root: &Root) -> Option<Current> {
+    let bytes = crate::files::read_bytes(&root.current(), 1 << 20).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut temp = tempfile::NamedTempFile::new_in(dir)?;
+    temp.write_all(data)?;
+    temp.as_file().sync_all()?;
+    temp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+fn write_current(root: &Root, current: &Current) -> std::io::Result<()> {
+    write_atomic(
+        &root.current(),
+        &serde_json::to_vec(current).expect("serialisable"),
+    )
+}
+
+/// `(pid, process group, state)` of every process, from `/proc` (Linux).
+fn processes() -> Vec<(i32, i32, char)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // `pid (comm) state ppid pgrp …`: comm may hold spaces and parentheses.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let mut fields = rest.split_whitespace();
+            let state = fields.next()?.chars().next()?;
+            let _ppid = fields.next()?;
+            let pgrp: i32 = fields.next()?.parse().ok()?;
+            Some((pid, pgrp, state))
+        })
+        .collect()
+}
+
+/// Whether a process still runs (a zombie, dead but not yet reaped, does not).
+fn alive(pid: i32) -> bool {
+    pid > 0
+        && nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok()
+        && processes()
+            .iter()
+            .any(|&(p, _, state)| p == pid && state != 'Z')
+}
+
+/// Whether any process of group `pgid` still runs.
+fn group_alive(pgid: i32) -> bool {
+    pgid > 0
+        && killpg(Pid::from_raw(pgid), None).is_ok()
+        && processes()
+            .iter()
+            .any(|&(_, g, state)| g == pgid && state != 'Z')
+}
+
+/// TERMs process group `pgid`, waits up to `grace` for it to end, then KILLs it.
+fn stop_group(pgid: i32, grace: Duration) {
+    if !group_alive(pgid) {
+        return;
+    }
+    let _ = killpg(Pid::from_raw(pgid), Signal::SIGTERM);
+    let until = Instant::now() + grace;
+    while group_alive(pgid) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if group_alive(pgid) {
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+}
+
+/// Takes the worker's launch lock (held until dropped).
+fn lock(root: &Root) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+    std::fs::create_dir_all(root.process()).map_err(|e| format!("{}: {e}", root.dir.display()))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(root.process().join("launch.lock"))
+        .map_err(|e| format!("launch lock: {e}"))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| format!("launch lock: {e}"))
+}
+
+fn now() -> String {
+    jiff::Timestamp::now().to_string()
+}
+
+/// Empties a folder (creating it if absent).
+fn wipe(dir: &Path) -> std::io::Result<()> {
+    if dir.exists() {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.is_dir() && !path.is_symlink() {
+                std::fs::remove_dir_all(&path)?;
+            } else {
+                std::fs::remove_file(&path)?;
+            }
+        }
+    }
+    std::fs::create_dir_all(dir)
+}
+
+/// Free bytes on the file system holding `dir`.
+fn free_bytes(dir: &Path) -> u64 {
+    nix::sys::statvfs::statvfs(dir)
+        .map(|s| s.blocks_available() * s.fragment_size())
+        .unwrap_or(0)
+}
+
+/// Keeps the declared caches that are ready, deletes every other, evicts the least
+/// recently used while the disk is below `floor`, and links each declared cache into the
+/// job directory. The error names what could not be done.
+fn prepare_caches(spec: &LaunchSpec, dirs: &Dirs, floor: u64) -> Result<Vec<String>, String> {
+    let declared: Vec<&crate::spec::job::Cache> = spec.request.caches.iter().collect();
+    std::fs::create_dir_all(&dirs.cache_root).map_err(|e| format!("cache root: {e}"))?;
+    let mut notes = Vec::new();
+    let mut kept: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+    for entry in std::fs::read_dir(&dirs.cache_root).map_err(|e| format!("cache root: {e}"))? {
+        let entry = entry.map_err(|e| format!("cache root: {e}"))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        let ready = path.join(".ready").is_file() && !path.join(".ready").is_symlink();
+        if declared.iter().any(|c| c.key == name) && ready && path.is_dir() {
+            let used = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::UNIX_EPOCH);
+            kept.push((used, path));
+        } else {
+            remove_any(&path).map_err(|e| format!("cache {name}: {e}"))?;
+            notes.push(format!(
+                "cache {name} removed (not declared, or never made ready)"
+            ));
+        }
+    }
+    kept.sort();
+    for (_, path) in &kept {
+        if free_bytes(&dirs.cache_root) >= floor {
+            break;
+        }
+        remove_any(path).map_err(|e| format!("cache {}: {e}", path.display()))?;
+        notes.push(format!(
+            "cache {} evicted: the disk is below its floor of {floor} free bytes",
+            path.file_name().unwrap_or_default().to_string_lossy()
+        ));
+    }
+    let free = free_bytes(&dirs.cache_root);
+    if free < floor {
+        return Err(format!(
+            "the disk has {free} bytes free, below the floor of {floor} even with every cache evicted"
+        ));
+    }
+    for cache in declared {
+        if cache.key.contains(['/', '\\']) || cache.key.starts_with('.') {
+            return Err(format!("cache key `{}` is not a plain name", cache.key));
+        }
+        let target = dirs.cache_root.join(&cache.key);
+        std::fs::create_dir_all(&target).map_err(|e| format!("cache {}: {e}", cache.key))?;
+        let rel = Path::new(&cache.path);
+        if rel.is_absolute()
+            || rel
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(format!(
+                "cache path `{}` is not inside the job directory",
+                cache.path
+            ));
+        }
+        let link = dirs.job.join(rel);
+        if let Some(parent) = link.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("cache {}: {e}", cache.key))?;
+        }
+        let _ = remove_any(&link);
+        std::os::unix::fs::symlink(&target, &link)
+            .map_err(|e| format!("cache {}: {e}", cache.key))?;
+        // Touch: this cache was used now.
+        let _ = filetime_now(&target);
+    }
+    Ok(notes)
+}
+
+fn filetime_now(path: &Path) -> std::io::Result<()> {
+    let file = std::fs::File::open(path)?;
+    file.set_modified(std::time::SystemTime::now())
+}
+
+fn remove_any(path: &Path) -> std::io::Result<()> {
+    if path.is_dir() && !path.is_symlink() {
+        std::fs::remove_dir_all(path)
+    } else {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// The status object's address for `host`.
+fn status_uri(spec: &LaunchSpec, host: &str) -> String {
+    let r = &spec.request;
+    format!(
+        "{}status/{host}.json",
+        attempt_prefix(&r.bucket, &r.job_id, &r.attempt_id)
+    )
+}
+
+/// Uploads `status` (kept locally first), retrying for up to `patience`.
+fn publish_status(
+    objects: &dyn ObjectStore,
+    spec: &LaunchSpec,
+    dirs: &Dirs,
+    status: &StatusObject,
+    patience: Duration,
+) -> Result<(), String> {
+    let data = serde_json::to_vec_pretty(status).expect("serialisable");
+    write_atomic(&dirs.attempt.join("status.json"), &data).map_err(|e| e.to_string())?;
+    let uri = status_uri(spec, &status.host);
+    let until = Instant::now() + patience;
+    loop {
+        match objects.put(&uri, &data, false) {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() >= until => return Err(e.to_string()),
+            Err(_) => std::thread::sleep(Duration::from_secs(2)),
+        }
+    }
+}
+
+fn setup_failure(spec: &LaunchSpec, host: &str, error: String) -> StatusObject {
+    StatusObject {
+        host: host.to_owned(),
+        attempt_id: spec.request.attempt_id.to_string(),
+        state: "failed_setup".into(),
+        command_exit_code: None,
+        infrastructure_failure: None,
+        setup_error: Some(error),
+        artifact_upload_error: None,
+        started_at: None,
+        finished_at: now(),
+    }
+}
+
+/// Launches `spec` on this worker (`host`, under `root`); `agent` is the program to start
+/// the supervisor with (this binary). Idempotent per attempt.
+pub fn launch(
+    root: &Root,
+    host: &str,
+    spec: &LaunchSpec,
+    objects: &dyn ObjectStore,
+    agent: &Path,
+    objects_arg: Option<&Path>,
+) -> Result<LaunchAck, String> {
+    let r = &spec.request;
+    let attempt = r.attempt_id.as_str();
+    let job = r.job_id.as_str();
+    for (what, id) in [("job id", job), ("attempt id", attempt)] {
+        if id.is_empty()
+            || id.len() > 128
+            || !id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(format!("the {what} {id:?} is not [A-Za-z0-9_-]{{1,128}}"));
+        }
+    }
+    let _lock = lock(root)?;
+    let dirs = root.dirs(job, attempt);
+    // Already finished here: publish the status again.
+    if let Ok(bytes) = crate::files::read_bytes(&dirs.attempt.join("status.json"), 1 << 20)
+        && let Ok(status) = serde_json::from_slice::<StatusObject>(&bytes)
+    {
+        publish_status(objects, spec, &dirs, &status, Duration::from_secs(60))?;
+        return Ok(LaunchAck::AlreadyComplete);
+    }
+    if let Some(current) = read_current(root) {
+        if current.attempt_id == attempt && alive(current.supervisor) {
+            return Ok(LaunchAck::AlreadyRunning);
+        }
+        // Whatever else runs here stops first.
+        if let Some(group) = current.command_group {
+            stop_group(group, Duration::from_secs(spec.grace_secs.max(1)));
+        }
+        if alive(current.supervisor) {
+            stop_group(
+                current.supervisor,
+                Duration::from_secs(spec.grace_secs.max(1)),
+            );
+        }
+        let _ = std::fs::remove_file(root.current());
+    }
+    // A clean workspace and shared memory; the attempt's own folder (earlier attempts'
+    // folders go: their statuses were published, and a disk must not fill over weeks).
+    wipe(&root.work()).map_err(|e| format!("cannot wipe the workspace: {e}"))?;
+    if let Ok(entries) = std::fs::read_dir(root.dir.join("attempts")) {
+        for entry in entries.flatten() {
+            if entry.file_name() != attempt {
+                let _ = remove_any(&entry.path());
+            }
+        }
+    }
+    wipe(&root.shm).map_err(|e| format!("cannot wipe shared memory: {e}"))?;
+    for dir in [&dirs.job, &dirs.shm, &dirs.attempt] {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let spec_path = dirs.attempt.join("spec.json");
+    write_atomic(&spec_path, &serde_json::to_vec(spec).expect("serialisable"))
+        .map_err(|e| format!("{}: {e}", spec_path.display()))?;
+    let mut preflight = Vec::new();
+    let prepared = (|| {
+        if let Some(uri) = &r.bundle {
+            bundle::fetch_and_unpack(objects, uri, &dirs.attempt.join("bundle.tar.gz"), &dirs.job)?;
+            if bundle::sha256_of_uri(uri).is_none() {
+                preflight.push(format!(
+                    "bundle {uri} is not named by its digest: not verified"
+                ));
+            }
+        }
+        preflight.extend(prepare_caches(spec, &dirs, spec.min_free_bytes)?);
+        Ok::<(), String>(())
+    })();
+    let _ = std::fs::write(dirs.attempt.join("preflight.log"), preflight.join("\n"));
+    if let Err(error) = prepared {
+        let status = setup_failure(spec, host, error);
+        publish_status(objects, spec, &dirs, &status, Duration::from_secs(60))?;
+        return Ok(LaunchAck::Launched);
+    }
+    // The supervisor runs detached in a process group of its own.
+    let log = std::fs::File::create(dirs.attempt.join("supervisor.log"))
+        .map_err(|e| format!("supervisor log: {e}"))?;
+    let mut command = Command::new(agent);
+    command
+        .args(["worker", "supervise", "--root"])
+        .arg(&root.dir)
+        .arg("--shm")
+        .arg(&root.shm)
+        .args(["--host", host, "--attempt", attempt, "--job", job]);
+    if let Some(dir) = objects_arg {
+        command.arg("--objects").arg(dir);
+    }
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("cannot start the supervisor: {e}"))?;
+    write_current(
+        root,
+        &Current {
+            attempt_id: attempt.to_owned(),
+            job_id: job.to_owned(),
+            supervisor: child.id() as i32,
+            command_group: None,
+        },
+    )
+    .map_err(|e| format!("cannot record the attempt: {e}"))?;
+    Ok(LaunchAck::Launched)
+}
+
+/// The infrastructure failure a command's output shows, if any.
+fn infrastructure_failure(log: &Path) -> Option<String> {
+    let text = crate::files::read_bytes(log, 1 << 30).ok()?;
+    let marker = b"SLICE_FAILURE_CHIP_DRIVER_ERROR";
+    text.windows(marker.len())
+        .any(|w| w == marker)
+        .then(|| "slice_failure_chip_driver_error".to_owned())
+}
+
+/// Supervises attempt `attempt` of `job` (started by `launch`): heartbeats, the command, its
+/// log and its status object. Returns the command's exit code.
+pub fn supervise(
+    root: &Root,
+    host: &str,
+    job: &str,
+    attempt: &str,
+    objects: &dyn ObjectStore,
+) -> Result<i32, String> {
+    let dirs = root.dirs(job, attempt);
+    let spec: LaunchSpec = serde_json::from_slice(
+        &crate::files::read_bytes(&dirs.attempt.join("spec.json"), 16 << 20)
+            .map_err(|e| format!("spec: {e}"))?,
+    )
+    .map_err(|e| format!("spec: {e}"))?;
+    let r = &spec.request;
+    let prefix = attempt_prefix(&r.bucket, job, attempt);
+    let heartbeat_uri = format!("{prefix}heartbeat/{host}.json");
+    let beat = |objects: &dyn ObjectStore| {
+        let body = serde_json::json!({"host": host, "attempt_id": attempt, "at": now()});
+        objects.put(&heartbeat_uri, body.to_string().as_bytes(), false)
+    };
+    beat(objects).map_err(|e| format!("first heartbeat: {e}"))?;
+    let log_path = dirs.attempt.join("command.log");
+    let log = std::fs::File::create(&log_path).map_err(|e| format!("command log: {e}"))?;
+    // `launch` records this supervisor under its lock: wait for it, so the command's group
+    // is recorded where a cancel looks.
+    let launch_lock = lock(root)?;
+    let started_at = now();
+    let mut child = Command::new("bash")
+        .arg("-lc")
+        .arg(&r.command)
+        .current_dir(&dirs.job)
+        .envs(command_env(&spec, host, &dirs))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("cannot start the command: {e}"))?;
+    let group = child.id() as i32;
+    if let Some(mut current) = read_current(root).filter(|c| c.attempt_id == attempt) {
+        current.command_group = Some(group);
+        let _ = write_current(root, &current);
+    }
+    drop(launch_lock);
+    // Heartbeats while the command runs.
+    let interval = Duration::from_secs(spec.heartbeat_secs.max(1));
+    let mut next = Instant::now() + interval;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => return Err(format!("waiting for the command: {e}")),
+        }
+        if Instant::now() >= next {
+            let _ = beat(objects);
+            next = Instant::now() + interval;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    let code = status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    // Nothing of the command outlives it.
+    stop_group(group, Duration::from_secs(1));
+    let log_uri = format!("{prefix}logs/{host}.log");
+    let upload = crate::files::read_bytes(&log_path, 5 << 30)
+        .map_err(|e| e.to_string())
+        .and_then(|data| {
+            objects
+                .put(&log_uri, &data, false)
+                .map_err(|e| e.to_string())
+        });
+    let infrastructure = (code != 0)
+        .then(|| infrastructure_failure(&log_path))
+        .flatten();
+    let state = match (&upload, code) {
+        (Err(_), _) => "failed_artifacts",
+        (Ok(()), 0) => "succeeded",
+        _ => "failed",
+    };
+    let status = StatusObject {
+        host: host.to_owned(),
+        attempt_id: attempt.to_owned(),
+        state: state.into(),
+        command_exit_code: Some(code),
+        infrastructure_failure: infrastructure,
+        setup_error: None,
+        artifact_upload_error: upload.err(),
+        started_at: Some(started_at),
+        finished_at: now(),
+    };
+    publish_status(objects, &spec, &dirs, &status, Duration::from_secs(3600))?;
+    if read_current(root).is_some_and(|c| c.attempt_id == attempt) {
+        let _ = std::fs::remove_file(root.current());
+    }
+    Ok(code)
+}
+
+/// Stops whatever runs on this worker (what deleting its TPU does): the command's group
+/// and the supervisor's, at once.
+pub fn stop_all(root: &Root) {
+    if let Some(current) = read_current(root) {
+        for group in current
+            .command_group
+            .into_iter()
+            .chain([current.supervisor])
+        {
+            stop_group(group, Duration::ZERO);
+        }
+    }
+}
+
+/// Stops `attempt` on this worker. Stopped before its command started, the attempt gets its
+/// status here (the supervisor that would have written it is gone).
+pub fn cancel(
+    root: &Root,
+    host: &str,
+    attempt: &str,
+    grace: Duration,
+    objects: &dyn ObjectStore,
+) -> CancelAck {
+    // Under the launch lock: a supervisor records its command's group under it, so a cancel
+    // never sees a command started but not yet recorded.
+    let _lock = lock(root);
+    let Some(current) = read_current(root) else {
+        return CancelAck::NotRunning;
+    };
+    if current.attempt_id != attempt {
+        return CancelAck::Mismatch;
+    }
+    let running = current.command_group.is_some_and(group_alive) || alive(current.supervisor);
+    if !running {
+        return CancelAck::NotRunning;
+    }
+    match current.command_group {
+        Some(group) => stop_group(group, grace),
+        // Still setting up: stop the supervisor itself, and say so in its place.
+        None => {
+            stop_group(current.supervisor, grace);
+            let dirs = root.dirs(&current.job_id, attempt);
+            if !dirs.attempt.join("status.json").exists()
+                && let Ok(bytes) =
+                    crate::files::read_bytes(&dirs.attempt.join("spec.json"), 16 << 20)
+                && let Ok(spec) = serde_json::from_slice::<LaunchSpec>(&bytes)
+            {
+                let mut status =
+                    setup_failure(&spec, host, "cancelled before the command started".into());
+                status.state = "failed".into();
+                let _ = publish_status(objects, &spec, &dirs, &status, Duration::from_secs(60));
+            }
+            let _ = std::fs::remove_file(root.current());
+        }
+    }
+    CancelAck::Sent
+}

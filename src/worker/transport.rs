@@ -1,0 +1,348 @@
+//! How the controller reaches the agent on a worker: run `tpu-runner worker VERB …` there
+//! with a JSON document on stdin and read its acknowledgement lines. `Local` runs the agent
+//! as a process on this machine, one root folder per worker (the local stack, the
+//! emulator's TPUs, tests); `Ssh` runs it over SSH with host keys pinned. Every argument is a fixed word or a path the transport chose; no
+//! job data is ever part of a command line. Errors say whether trying again may help.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One worker of a TPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// Zone.
+    pub zone: String,
+    /// TPU name.
+    pub tpu: String,
+    /// Worker index.
+    pub worker: u32,
+}
+
+impl Target {
+    /// The worker's host name, as the TPU API names workers (`<tpu>-w-<i>`).
+    pub fn host(&self) -> String {
+        format!("{}-w-{}", self.tpu, self.worker)
+    }
+}
+
+/// A call that did not complete.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransportError {
+    /// Trying again later may help (unreachable, timed out); otherwise it will not.
+    pub temporary: bool,
+    /// What happened.
+    pub message: String,
+}
+
+/// A way to run the agent on a worker.
+pub trait Transport: Send + Sync {
+    /// Runs `tpu-runner worker <args…>` on `target` with `stdin`; its stdout. A non-zero
+    /// exit is an error carrying its stderr.
+    fn run(
+        &self,
+        target: &Target,
+        args: &[&str],
+        stdin: &[u8],
+        timeout: Duration,
+    ) -> Result<String, TransportError>;
+}
+
+/// Runs `command` with `stdin`, killing it after `timeout` (a temporary failure of `what`).
+fn run_to_end(
+    command: &mut Command,
+    stdin: &[u8],
+    timeout: Duration,
+    what: &str,
+) -> Result<std::process::Output, TransportError> {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| TransportError {
+            temporary: false,
+            message: format!("{what}: cannot start {:?}: {e}", command.get_program()),
+        })?;
+    if let Some(mut pipe) = child.stdin.take() {
+        let _ = pipe.write_all(stdin);
+    }
+    let until = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() >= until => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(TransportError {
+                    temporary: true,
+                    message: format!("{what}: timed out after {timeout:?}"),
+                });
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => {
+                return Err(TransportError {
+                    temporary: true,
+                    message: format!("{what}: {e}"),
+                });
+            }
+        }
+    }
+    child.wait_with_output().map_err(|e| TransportError {
+        temporary: true,
+        message: format!("{what}: {e}"),
+    })
+}
+
+/// The agent as a process on this machine: worker `i` of TPU `t` in zone `z` has its root at
+/// `BASE/z/t/w-i`, and the objects live in a local folder (or the environment's store). Like
+/// the runner user of a fresh TPU VM, the worker has a home of its own (`ROOT/home`): the
+/// command's login shell reads that home's profile, never the profile of whoever runs this.
+#[derive(Clone, Debug)]
+pub struct Local {
+    /// Where worker roots are.
+    pub base: PathBuf,
+    /// The `tpu-runner` binary.
+    pub agent: PathBuf,
+    /// A local object folder (`--objects`), if not the environment's store.
+    pub objects: Option<PathBuf>,
+}
+
+impl Local {
+    /// The root folder of `target`.
+    pub fn root(&self, target: &Target) -> PathBuf {
+        self.base
+            .join(&target.zone)
+            .join(&target.tpu)
+            .join(format!("w-{}", target.worker))
+    }
+}
+
+impl Transport for Local {
+    fn run(
+        &self,
+        target: &Target,
+        args: &[&str],
+        stdin: &[u8],
+        timeout: Duration,
+    ) -> Result<String, TransportError> {
+        let root = self.root(target);
+        let home = root.join("home");
+        std::fs::create_dir_all(&home).map_err(|e| TransportError {
+            temporary: false,
+            message: format!("{}: cannot make the worker's home: {e}", target.host()),
+        })?;
+        let mut command = Command::new(&self.agent);
+        command
+            .env("HOME", &home)
+            .arg("worker")
+            .args(args)
+            .arg("--root")
+            .arg(&root)
+            .arg("--host")
+            .arg(target.host());
+        if let Some(dir) = &self.objects {
+            command.arg("--objects").arg(dir);
+        }
+        let out = run_to_end(&mut command, stdin, timeout, &target.host())?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() {
+            Ok(stdout)
+        } else {
+            Err(TransportError {
+                temporary: false,
+                message: format!(
+                    "{}: the agent failed ({}): {}",
+                    target.host(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            })
+        }
+    }
+}
+
+/// The agent over SSH (the `ssh` binary: OpenSSH's own host-key checking, connection reuse
+/// and key handling, nothing hand-made): the target's address, the controller's key, and
+/// host keys pinned per worker — never trusted on first use. The remote command is fixed
+/// words and checked names; the launch spec goes over stdin.
+#[derive(Debug)]
+pub struct Ssh {
+    /// Remote user.
+    pub user: String,
+    /// The controller's private key (a 0600 file).
+    pub identity: PathBuf,
+    /// The agent's path on the workers.
+    pub remote_agent: String,
+    /// Where the worker's address is: `(host, port)` by target host name.
+    pub addresses: std::sync::Mutex<std::collections::BTreeMap<String, (String, u16)>>,
+    /// Pinned host keys (`ssh-ed25519 AAAA…`) by target host name.
+    pinned: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
+    /// The transport's private folder (known_hosts, connection sockets).
+    dir: tempfile::TempDir,
+}
+
+/// A word safe to pass as it is to a remote shell: letters, digits, `-`, `_`, `.`, `/`.
+fn plain(word: &str) -> bool {
+    !word.is_empty()
+        && word.len() <= 253
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/'))
+}
+
+impl Ssh {
+    /// A transport as `user` with the key at `identity`, running `remote_agent`.
+    pub fn new(user: &str, identity: PathBuf, remote_agent: &str) -> std::io::Result<Ssh> {
+        Ok(Ssh {
+            user: user.to_owned(),
+            identity,
+            remote_agent: remote_agent.to_owned(),
+            addresses: Default::default(),
+            pinned: Default::default(),
+            dir: tempfile::Builder::new()
+                .prefix("tpu-runner-ssh")
+                .tempdir()?,
+        })
+    }
+
+    /// Where `target` is reached.
+    pub fn set_address(&self, target: &Target, host: &str, port: u16) {
+        self.addresses
+            .lock()
+            .expect("not poisoned")
+            .insert(target.host(), (host.to_owned(), port));
+    }
+
+    /// Pins `target`'s host key (`ssh-ed25519 AAAA…`, as its guest attributes publish it).
+    pub fn pin(&self, target: &Target, key: &str) {
+        self.pinned
+            .lock()
+            .expect("not poisoned")
+            .insert(target.host(), key.trim().to_owned());
+    }
+
+    /// The known_hosts file holding exactly the pinned key of `alias`.
+    fn known_hosts(&self, alias: &str) -> Result<PathBuf, TransportError> {
+        let key = self
+            .pinned
+            .lock()
+            .expect("not poisoned")
+            .get(alias)
+            .cloned()
+            .ok_or_else(|| TransportError {
+                temporary: true,
+                message: format!("{alias}: no pinned host key yet (never trusted on first use)"),
+            })?;
+        let path = self.dir.path().join(format!("known_hosts-{alias}"));
+        std::fs::write(&path, format!("{alias} {key}\n")).map_err(|e| TransportError {
+            temporary: false,
+            message: format!("known_hosts: {e}"),
+        })?;
+        Ok(path)
+    }
+}
+
+/// Whether an SSH failure may pass (§5.2's temporary texts; never a refusal of access or a
+/// host key that does not match).
+fn ssh_temporary(stderr: &str) -> bool {
+    let text = stderr.to_ascii_lowercase();
+    if text.contains("permission denied")
+        || text.contains("not authorized")
+        || text.contains("host key verification failed")
+        || text.contains("remote host identification has changed")
+    {
+        return false;
+    }
+    [
+        "connection timed out",
+        "connection reset",
+        "connection refused",
+        "ssh: connect",
+        "could not resolve",
+        "temporary failure",
+        "unavailable",
+        "timed out",
+        "connection closed",
+    ]
+    .iter()
+    .any(|t| text.contains(t))
+}
+
+impl Transport for Ssh {
+    fn run(
+        &self,
+        target: &Target,
+        args: &[&str],
+        stdin: &[u8],
+        timeout: Duration,
+    ) -> Result<String, TransportError> {
+        let alias = target.host();
+        let refuse = |message: String| TransportError {
+            temporary: false,
+            message,
+        };
+        if !plain(&alias) || !args.iter().all(|a| plain(a)) || !plain(&self.remote_agent) {
+            return Err(refuse(format!(
+                "{alias}: refusing a remote command that is not plain words"
+            )));
+        }
+        let (host, port) = self
+            .addresses
+            .lock()
+            .expect("not poisoned")
+            .get(&alias)
+            .cloned()
+            .ok_or_else(|| refuse(format!("{alias}: no address known")))?;
+        let known_hosts = self.known_hosts(&alias)?;
+        let remote = std::iter::once(self.remote_agent.as_str())
+            .chain(["worker"])
+            .chain(args.iter().copied())
+            .chain(["--host", alias.as_str()])
+            .collect::<Vec<_>>()
+            .join(" ");
+        let control = self.dir.path().join("cm-%C");
+        let mut command = Command::new("ssh");
+        command
+            .arg("-p")
+            .arg(port.to_string())
+            .arg("-i")
+            .arg(&self.identity)
+            .args(["-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes"])
+            .args(["-o", "ConnectTimeout=15", "-o", "StrictHostKeyChecking=yes"])
+            .arg("-o")
+            .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
+            .args(["-o", "GlobalKnownHostsFile=/dev/null"])
+            .args([
+                "-o",
+                "HostKeyAlgorithms=ssh-ed25519",
+                "-o",
+                "UpdateHostKeys=no",
+            ])
+            .args(["-o", "CheckHostIP=no", "-o", "LogLevel=ERROR"])
+            .arg("-o")
+            .arg(format!("HostKeyAlias={alias}"))
+            .args(["-o", "ControlMaster=auto", "-o", "ControlPersist=60"])
+            .arg("-o")
+            .arg(format!("ControlPath={}", control.display()))
+            .arg(format!("{}@{host}", self.user))
+            .arg(remote)
+            .process_group(0);
+        let out = run_to_end(&mut command, stdin, timeout, &alias)?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        match out.status.code() {
+            Some(0) => Ok(stdout),
+            Some(255) => Err(TransportError {
+                temporary: ssh_temporary(&stderr),
+                message: format!("{alias}: ssh: {stderr}"),
+            }),
+            _ => Err(refuse(format!(
+                "{alias}: the agent failed ({}): {stderr}",
+                out.status
+            ))),
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! The object-store conformance suite, run against every implementation: `LocalDir` always,
+//! and `Gcs` over the Cloud Storage JSON API against a real GCS emulator (fake-gcs-server)
+//! when `STORAGE_EMULATOR_HOST` is set (`.ci/run` starts one; with
+//! `TPU_RUNNER_REQUIRE_EMULATORS=1` its absence fails). Then the worker agent end to end with
+//! its status, heartbeat and log objects in the emulator.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tpu_runner::backend::workers::{AgentWorkers, Workers};
+use tpu_runner::backend::{InFlight, Outcome};
+use tpu_runner::engine::observe::{LaunchRequest, WorkerState};
+use tpu_runner::gcp::http::Endpoint;
+use tpu_runner::objects::{Gcs, LocalDir, ObjectStore};
+use tpu_runner::spec::{Name, TpuType};
+use tpu_runner::worker::transport::Local;
+
+/// The GCS emulator's endpoint, if one runs.
+fn emulator() -> Option<Endpoint> {
+    match std::env::var("STORAGE_EMULATOR_HOST") {
+        Ok(host) if !host.trim().is_empty() => Some(Endpoint::emulator(host.trim())),
+        _ => {
+            assert!(
+                std::env::var("TPU_RUNNER_REQUIRE_EMULATORS").as_deref() != Ok("1"),
+                "STORAGE_EMULATOR_HOST is not set: start fake-gcs-server (.ci/run does)"
+            );
+            eprintln!(
+                "GCS emulator cases skipped: set STORAGE_EMULATOR_HOST (README, Development)"
+            );
+            None
+        }
+    }
+}
+
+/// A fresh bucket on the emulator.
+fn gcs_bucket(endpoint: &Endpoint, name: &str) -> Gcs {
+    let gcs = Gcs::new(endpoint.clone()).expect("client");
+    gcs.client()
+        .create_bucket("test-project", name)
+        .expect("bucket");
+    gcs
+}
+
+/// A store under test: its kind, the store, its bucket, and the folder it lives in (kept).
+type UnderTest = (
+    &'static str,
+    Box<dyn ObjectStore>,
+    String,
+    Option<tempfile::TempDir>,
+);
+
+/// Every store to test, each with its bucket (a fresh one per test).
+fn stores(test: &str) -> Vec<UnderTest> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut out: Vec<UnderTest> = vec![(
+        "local",
+        Box::new(LocalDir::new(dir.path())),
+        format!("gs://{test}"),
+        Some(dir),
+    )];
+    if let Some(endpoint) = emulator() {
+        let bucket = format!("{test}-{}", std::process::id());
+        out.push((
+            "gcs",
+            Box::new(gcs_bucket(&endpoint, &bucket)),
+            format!("gs://{bucket}"),
+            None,
+        ));
+    }
+    out
+}
+
+#[test]
+fn objects_are_written_read_listed_and_deleted_alike() {
+    for (kind, store, bucket, _keep) in stores("conformance") {
+        let uri = |name: &str| format!("{bucket}/{name}");
+        // Absent things.
+        assert_eq!(
+            store.get(&uri("nope.json"), 1 << 20).unwrap(),
+            None,
+            "{kind}"
+        );
+        store.delete(&uri("nope.json")).unwrap();
+        assert!(store.list(&uri("jobs/")).unwrap().is_empty(), "{kind}");
+        // Round trips, names with spaces and non-ASCII.
+        let names = [
+            "jobs/j/attempts/a/status/w-0.json",
+            "jobs/j/attempts/a/logs/w 1 ✓.log",
+            "jobs/k/x",
+        ];
+        for (i, name) in names.iter().enumerate() {
+            store
+                .put(&uri(name), format!("body {i}").as_bytes(), false)
+                .unwrap();
+        }
+        assert_eq!(
+            store.get(&uri(names[1]), 1 << 20).unwrap().as_deref(),
+            Some(&b"body 1"[..]),
+            "{kind}"
+        );
+        // Overwrite, then create-only refuses.
+        store.put(&uri(names[0]), b"again", false).unwrap();
+        let refused = store.put(&uri(names[0]), b"never", true).unwrap_err();
+        assert!(refused.exists, "{kind}: {refused}");
+        assert_eq!(
+            store.get(&uri(names[0]), 1 << 20).unwrap().as_deref(),
+            Some(&b"again"[..])
+        );
+        store.put(&uri("jobs/j/new"), b"first", true).unwrap();
+        // Listing by prefix, in name order, with generations that change on a write.
+        let listed = store.list(&uri("jobs/j/")).unwrap();
+        let listed_names: Vec<&str> = listed.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(
+            listed_names,
+            [
+                "jobs/j/attempts/a/logs/w 1 ✓.log",
+                "jobs/j/attempts/a/status/w-0.json",
+                "jobs/j/new"
+            ],
+            "{kind}"
+        );
+        assert!(listed.iter().all(|o| !o.updated.is_empty()));
+        // Bounded reads.
+        assert!(
+            store.get(&uri(names[1]), 3).is_err(),
+            "{kind}: a limit is a limit"
+        );
+        let dest = tempfile::NamedTempFile::new().unwrap();
+        assert!(
+            store
+                .download(&uri(names[2]), dest.path(), 1 << 20)
+                .unwrap()
+        );
+        assert_eq!(std::fs::read(dest.path()).unwrap(), b"body 2");
+        assert!(!store.download(&uri("gone"), dest.path(), 1 << 20).unwrap());
+        store.delete(&uri(names[2])).unwrap();
+        assert_eq!(store.get(&uri(names[2]), 1 << 20).unwrap(), None, "{kind}");
+        // Malformed addresses are errors, not panics.
+        assert!(store.get("gs://", 10).is_err());
+        assert!(store.get("s3://b/x", 10).is_err());
+    }
+}
+
+#[test]
+fn listings_follow_every_page() {
+    let Some(endpoint) = emulator() else { return };
+    let bucket = format!("pages-{}", std::process::id());
+    let gcs = gcs_bucket(&endpoint, &bucket);
+    for i in 0..1_050 {
+        gcs.put(&format!("gs://{bucket}/p/{i:05}"), b"x", false)
+            .unwrap();
+    }
+    let listed = gcs.list(&format!("gs://{bucket}/p/")).unwrap();
+    assert_eq!(listed.len(), 1_050, "two pages of 1,000 at most");
+    assert_eq!(listed[1_049].name, "p/01049");
+}
+
+#[test]
+fn the_agent_reports_through_cloud_storage() {
+    let Some(endpoint) = emulator() else { return };
+    let bucket = format!("agent-{}", std::process::id());
+    let gcs = Arc::new(gcs_bucket(&endpoint, &bucket));
+    let dir = tempfile::tempdir().unwrap();
+    // The agents find the emulator as the controller does: STORAGE_EMULATOR_HOST.
+    let transport = Local {
+        base: dir.path().join("workers"),
+        agent: PathBuf::from(env!("CARGO_BIN_EXE_tpu-runner")),
+        objects: None,
+    };
+    let mut workers = AgentWorkers::new(Arc::new(transport), gcs.clone(), "proj");
+    workers.min_free_bytes = 0;
+    workers.heartbeat_secs = 1;
+    let r = LaunchRequest {
+        attempt_id: Name::new("a-gcs"),
+        job_id: Name::new("job-gcs"),
+        resource_id: Name::new("tpu-gcs"),
+        tpu_name: Name::new("tpu-gcs"),
+        zone: Name::new("us-east1-d"),
+        tpu_type: TpuType::parse("v6e-16").unwrap(),
+        worker_count: 4,
+        command: "echo \"hello from $TPU_WORKER_HOST\"".into(),
+        bucket: format!("gs://{bucket}"),
+        checkpoint_dir: format!("gs://{bucket}/jobs/job-gcs/checkpoints"),
+        env: BTreeMap::new(),
+        bundle: None,
+        caches: Vec::new(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    assert_eq!(rt.block_on(workers.launch(&r)), Outcome::Done);
+    let f = InFlight {
+        attempt: r.attempt_id,
+        job: r.job_id,
+        bucket: Name::new(&r.bucket),
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    let report = loop {
+        let read = rt.block_on(workers.reports(&[f])).unwrap();
+        let report = read.reports[&r.attempt_id].clone();
+        if report.statuses.len() == 4 {
+            break report;
+        }
+        assert!(Instant::now() < until, "still {report:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        report
+            .statuses
+            .iter()
+            .all(|s| s.state == WorkerState::Succeeded),
+        "{report:?}"
+    );
+    let log = gcs
+        .get(
+            &format!("gs://{bucket}/jobs/job-gcs/attempts/a-gcs/logs/tpu-gcs-w-3.log"),
+            1 << 20,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(log, b"hello from tpu-gcs-w-3\n");
+}

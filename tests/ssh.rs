@@ -1,0 +1,290 @@
+//! The worker agent over SSH to real OpenSSH servers on 127.0.0.1: one `sshd` per simulated
+//! worker (its own port, host key and root folder, given to the agent through `SetEnv`),
+//! the controller's own key, host keys pinned per worker. A 4-worker attempt succeeds and
+//! is cancelled over SSH; a changed host key is refused, never trusted.
+//!
+//! Needs Debian's `openssh-server` (`/usr/sbin/sshd`; `.ci/run` installs it). Without it the
+//! tests say so and pass, unless `TPU_RUNNER_REQUIRE_EMULATORS=1` (as in CI) makes that a
+//! failure.
+
+#[path = "support/sshd.rs"]
+mod sshd;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tpu_runner::backend::workers::{AgentWorkers, Workers};
+use tpu_runner::backend::{InFlight, Outcome};
+use tpu_runner::engine::aggregate::{Graces, Verdict, aggregate};
+use tpu_runner::engine::observe::{
+    AttemptReport, CancelOutcome, LaunchRequest, RemoteErrorKind, WorkerState,
+};
+use tpu_runner::objects::LocalDir;
+use tpu_runner::spec::{Name, TpuType};
+use tpu_runner::worker::transport::{Ssh, Target};
+
+const BUCKET: &str = "gs://job-bucket";
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    servers: Vec<Server>,
+    ssh: Arc<Ssh>,
+    workers: AgentWorkers,
+    rt: tokio::runtime::Runtime,
+}
+
+const TPU: &str = "tpu-ssh";
+
+use sshd::{Server, keygen, sshd_available, start_sshd};
+
+fn rig(count: u32) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let (ssh, client_public) = sshd::controller(dir.path(), env!("CARGO_BIN_EXE_tpu-runner"));
+    let objects = dir.path().join("objects");
+    let mut servers = Vec::new();
+    for i in 0..count {
+        let root = dir.path().join(format!("roots/w-{i}"));
+        let server = start_sshd(
+            &dir.path().join(format!("sshd-{i}")),
+            &client_public,
+            &[
+                ("TPU_RUNNER_WORKER_ROOT", root.display().to_string()),
+                ("TPU_RUNNER_OBJECTS", objects.display().to_string()),
+            ],
+        );
+        let target = Target {
+            zone: "us-east1-d".into(),
+            tpu: TPU.into(),
+            worker: i,
+        };
+        ssh.set_address(&target, "127.0.0.1", server.port);
+        ssh.pin(&target, &server.host_key);
+        servers.push(server);
+    }
+    let mut workers = AgentWorkers::new(ssh.clone(), Arc::new(LocalDir::new(&objects)), "proj");
+    workers.min_free_bytes = 0;
+    workers.heartbeat_secs = 1;
+    workers.timeout = Duration::from_secs(60);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    Rig {
+        _dir: dir,
+        servers,
+        ssh,
+        workers,
+        rt,
+    }
+}
+
+impl Drop for Rig {
+    /// Whatever a failed test left running ends with it.
+    fn drop(&mut self) {
+        for i in 0..self.servers.len() {
+            let root = self._dir.path().join(format!("roots/w-{i}"));
+            tpu_runner::worker::agent::stop_all(&tpu_runner::worker::agent::Root::new(root));
+        }
+    }
+}
+
+fn request(attempt: &str, workers: u32, command: &str) -> LaunchRequest {
+    LaunchRequest {
+        attempt_id: Name::new(attempt),
+        job_id: Name::new("job-ssh"),
+        resource_id: Name::new(TPU),
+        tpu_name: Name::new(TPU),
+        zone: Name::new("us-east1-d"),
+        tpu_type: TpuType::parse("v6e-16").unwrap(),
+        worker_count: workers,
+        command: command.into(),
+        bucket: BUCKET.into(),
+        checkpoint_dir: format!("{BUCKET}/jobs/job-ssh/checkpoints"),
+        env: BTreeMap::from([("GREETING".to_owned(), "it's \"here\" $(nope)".to_owned())]),
+        bundle: None,
+        caches: Vec::new(),
+    }
+}
+
+impl Rig {
+    fn report(&self, r: &LaunchRequest) -> AttemptReport {
+        let f = InFlight {
+            attempt: r.attempt_id,
+            job: r.job_id,
+            bucket: Name::new(BUCKET),
+        };
+        let read = self.rt.block_on(self.workers.reports(&[f])).unwrap();
+        read.reports.get(&r.attempt_id).cloned().unwrap_or_default()
+    }
+
+    fn wait(&self, r: &LaunchRequest, n: usize) -> AttemptReport {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let report = self.report(r);
+            if report.statuses.len() >= n {
+                return report;
+            }
+            assert!(Instant::now() < until, "still {report:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn a_four_worker_attempt_runs_and_is_cancelled_over_ssh() {
+    if !sshd_available() {
+        return;
+    }
+    let rig = rig(4);
+    let started = Instant::now();
+    let r = request(
+        "a-ssh-ok",
+        4,
+        "test \"$GREETING\" = \"it's \\\"here\\\" \\$(nope)\" && echo ok",
+    );
+    assert_eq!(rig.rt.block_on(rig.workers.launch(&r)), Outcome::Done);
+    eprintln!(
+        "launch on 4 workers over loopback SSH: {:?}",
+        started.elapsed()
+    );
+    let report = rig.wait(&r, 4);
+    assert!(
+        report
+            .statuses
+            .iter()
+            .all(|s| s.state == WorkerState::Succeeded),
+        "{report:?}"
+    );
+    let now = report.statuses[0].finished_at.unwrap();
+    let graces = Graces {
+        partial_failure_secs: 60,
+        partial_success_secs: 600,
+    };
+    assert_eq!(
+        aggregate(&report.statuses, 4, now, graces),
+        Verdict::Succeeded
+    );
+
+    let r = request("a-ssh-cancel", 4, "sleep 600");
+    assert_eq!(rig.rt.block_on(rig.workers.launch(&r)), Outcome::Done);
+    let until = Instant::now() + Duration::from_secs(30);
+    while !rig.report(&r).launched {
+        assert!(Instant::now() < until);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cancelled = rig
+        .rt
+        .block_on(rig.workers.cancel(r.attempt_id, r.tpu_name, r.zone, 4));
+    assert_eq!(cancelled, Outcome::Cancelled(CancelOutcome::Sent));
+    let report = rig.wait(&r, 4);
+    assert!(
+        report
+            .statuses
+            .iter()
+            .all(|s| s.command_exit_code == Some(143)),
+        "{report:?}"
+    );
+}
+
+#[test]
+fn a_changed_host_key_is_refused() {
+    if !sshd_available() {
+        return;
+    }
+    let rig = rig(2);
+    // Worker 1's pinned key is not the one its server presents (a new VM under the same name,
+    // or someone in the middle).
+    let other = tempfile::tempdir().unwrap();
+    let wrong = keygen(&other.path().join("other"));
+    rig.ssh.pin(
+        &Target {
+            zone: "us-east1-d".into(),
+            tpu: TPU.into(),
+            worker: 1,
+        },
+        &wrong,
+    );
+    let r = request("a-ssh-key", 2, "true");
+    match rig.rt.block_on(rig.workers.launch(&r)) {
+        Outcome::LaunchFailed(e) => {
+            assert_eq!(e.kind, RemoteErrorKind::Hard, "{}", e.message);
+            assert!(
+                e.message.contains("Host key verification failed"),
+                "{}",
+                e.message
+            );
+        }
+        other => panic!("refused expected, got {other:?}"),
+    }
+    let _ = &rig.servers;
+}
+
+#[test]
+fn keys_never_reach_messages_logs_or_objects() {
+    if !sshd_available() {
+        return;
+    }
+    let rig = rig(2);
+    let private = std::fs::read_to_string(rig._dir.path().join("controller_ed25519")).unwrap();
+    // The key's body, without its armour lines.
+    let body: String = private
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect();
+    assert!(body.len() > 40);
+    let r = request("a-ssh-secret", 2, "echo done");
+    assert_eq!(rig.rt.block_on(rig.workers.launch(&r)), Outcome::Done);
+    rig.wait(&r, 2);
+    // A refused call's message neither.
+    rig.ssh.pin(
+        &Target {
+            zone: "us-east1-d".into(),
+            tpu: TPU.into(),
+            worker: 0,
+        },
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl",
+    );
+    let refused = format!(
+        "{:?}",
+        rig.rt
+            .block_on(rig.workers.launch(&request("a-ssh-secret-2", 2, "true")))
+    );
+    let mut seen = vec![refused, format!("{:?}", rig.ssh)];
+    // Everything the agents and servers wrote: worker roots, objects, sshd logs.
+    let mut stack = vec![
+        rig._dir.path().join("roots"),
+        rig._dir.path().join("objects"),
+    ];
+    for i in 0..2 {
+        seen.push(
+            std::fs::read_to_string(rig._dir.path().join(format!("sshd-{i}/sshd.log")))
+                .unwrap_or_default(),
+        );
+    }
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(text) = std::fs::read_to_string(&path) {
+                seen.push(format!("{}: {text}", path.display()));
+            }
+        }
+    }
+    assert!(seen.len() > 10, "the agents wrote their files");
+    // The key's own bytes: past the header every OpenSSH key shares.
+    let body = &body[64..];
+    for text in &seen {
+        for chunk in body
+            .as_bytes()
+            .chunks(24)
+            .map(|c| String::from_utf8_lossy(c).into_owned())
+        {
+            assert!(
+                !text.contains(&chunk),
+                "a piece of the private key leaked: {chunk}"
+            );
+        }
+    }
+}
