@@ -173,6 +173,20 @@ fn a_four_worker_attempt_runs_and_is_cancelled_over_ssh() {
         assert!(Instant::now() < until);
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Mid-run: every worker's command has started and its group is recorded (a cancel before
+    // that is a set-up failure, not an exit).
+    while (0..4).any(|i| {
+        let current = std::fs::read_to_string(
+            rig._dir
+                .path()
+                .join(format!("roots/w-{i}/process/current.json")),
+        )
+        .unwrap_or_default();
+        !current.contains("\"command_group\":") || current.contains("\"command_group\":null")
+    }) {
+        assert!(Instant::now() < until, "the commands did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let cancelled = rig
         .rt
         .block_on(rig.workers.cancel(r.attempt_id, r.tpu_name, r.zone, 4));

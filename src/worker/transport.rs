@@ -245,6 +245,31 @@ impl Ssh {
     }
 }
 
+impl Drop for Ssh {
+    /// Ends the connection masters this transport opened (`ControlPersist` would keep each
+    /// for a minute after its folder is gone).
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir(self.dir.path()) else {
+            return;
+        };
+        for socket in entries.flatten().map(|e| e.path()) {
+            if socket
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("cm-"))
+            {
+                let _ = Command::new("ssh")
+                    .arg("-o")
+                    .arg(format!("ControlPath={}", socket.display()))
+                    .args(["-O", "exit", "controlled"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
+}
+
 /// Whether an SSH failure may pass (§5.2's temporary texts; never a refusal of access or a
 /// host key that does not match).
 fn ssh_temporary(stderr: &str) -> bool {
