@@ -78,7 +78,9 @@ fn reports(c: &mut Criterion) {
     if let Ok(host) = std::env::var("STORAGE_EMULATOR_HOST") {
         let gcs = Gcs::new(Endpoint::emulator(&host)).unwrap();
         let bucket = format!("bench-{}", std::process::id());
-        gcs.client().create_bucket("bench", &bucket).unwrap();
+        gcs.client()
+            .create_bucket("bench", &bucket, "US-EAST1")
+            .unwrap();
         stores.push(("gcs-emulator", Arc::new(gcs), format!("gs://{bucket}")));
     }
     for (kind, store, bucket) in stores {

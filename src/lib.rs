@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod controller;
 pub mod driver;
 pub mod emulator;
 pub mod engine;
@@ -14,4 +15,5 @@ pub mod objects;
 pub mod simulate;
 pub mod spec;
 pub mod store;
+pub mod submit;
 pub mod worker;

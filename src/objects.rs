@@ -65,6 +65,15 @@ pub trait ObjectStore: Send + Sync {
     fn list(&self, prefix: &str) -> Result<Vec<Listed>, ObjectError>;
     /// Deletes the object; absent is success.
     fn delete(&self, uri: &str) -> Result<(), ObjectError>;
+    /// Where bucket `gs://B` lives, lower case as GCP names regions (`us-east1`; `us` or
+    /// `nam4` for a multi- or dual-region); an error names a missing bucket.
+    fn location(&self, bucket: &str) -> Result<String, ObjectError>;
+}
+
+/// The bucket name of `gs://B` (or `B`).
+fn bucket_name(bucket: &str) -> &str {
+    let b = bucket.strip_prefix("gs://").unwrap_or(bucket);
+    b.trim_end_matches('/')
 }
 
 /// The object store the environment names: `TPU_RUNNER_OBJECTS=DIR` (a local folder per
@@ -150,6 +159,15 @@ impl ObjectStore for Gcs {
             .delete(bucket, name)
             .map_err(|e| fail(format!("deleting {uri}: {e}")))
     }
+
+    fn location(&self, bucket: &str) -> Result<String, ObjectError> {
+        let name = bucket_name(bucket);
+        match self.0.bucket_location(name) {
+            Ok(Some(location)) => Ok(location.to_ascii_lowercase()),
+            Ok(None) => Err(fail(format!("the bucket gs://{name} does not exist"))),
+            Err(e) => Err(fail(format!("gs://{name}: {e}"))),
+        }
+    }
 }
 
 /// A folder per bucket under a root: `gs://B/N` is `ROOT/B/N`.
@@ -162,6 +180,21 @@ impl LocalDir {
     /// The store under `root`.
     pub fn new(root: impl Into<PathBuf>) -> LocalDir {
         LocalDir { root: root.into() }
+    }
+
+    /// Creates bucket `gs://B` in `location` (its folder, and `B.location` beside it); one
+    /// that exists keeps its location.
+    pub fn create_bucket(&self, bucket: &str, location: &str) -> Result<(), ObjectError> {
+        let name = bucket_name(bucket);
+        if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
+            return Err(fail(format!("`{bucket}` is not a bucket name")));
+        }
+        std::fs::create_dir_all(self.root.join(name)).map_err(|e| io(bucket, e))?;
+        let path = self.root.join(format!("{name}.location"));
+        if !path.exists() {
+            std::fs::write(&path, format!("{location}\n")).map_err(|e| io(bucket, e))?;
+        }
+        Ok(())
     }
 
     fn path(&self, uri: &str) -> Result<PathBuf, ObjectError> {
@@ -274,6 +307,18 @@ impl ObjectStore for LocalDir {
         match std::fs::remove_file(self.path(uri)?) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(uri, e)),
             _ => Ok(()),
+        }
+    }
+
+    fn location(&self, bucket: &str) -> Result<String, ObjectError> {
+        let name = bucket_name(bucket);
+        let path = self.root.join(format!("{name}.location"));
+        match crate::files::read_text(&path, 256) {
+            Ok(text) => Ok(text.trim().to_ascii_lowercase()),
+            Err(_) => Err(fail(format!(
+                "the bucket gs://{name} does not exist in the local object store {} (create it with its region: `tpu-runner local up` makes one per region of the fleet)",
+                self.root.display()
+            ))),
         }
     }
 }

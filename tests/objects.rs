@@ -38,7 +38,7 @@ fn emulator() -> Option<Endpoint> {
 fn gcs_bucket(endpoint: &Endpoint, name: &str) -> Gcs {
     let gcs = Gcs::new(endpoint.clone()).expect("client");
     gcs.client()
-        .create_bucket("test-project", name)
+        .create_bucket("test-project", name, "US-EAST1")
         .expect("bucket");
     gcs
 }
@@ -54,12 +54,10 @@ type UnderTest = (
 /// Every store to test, each with its bucket (a fresh one per test).
 fn stores(test: &str) -> Vec<UnderTest> {
     let dir = tempfile::tempdir().unwrap();
-    let mut out: Vec<UnderTest> = vec![(
-        "local",
-        Box::new(LocalDir::new(dir.path())),
-        format!("gs://{test}"),
-        Some(dir),
-    )];
+    let local = LocalDir::new(dir.path());
+    local.create_bucket(test, "US-EAST1").unwrap();
+    let mut out: Vec<UnderTest> =
+        vec![("local", Box::new(local), format!("gs://{test}"), Some(dir))];
     if let Some(endpoint) = emulator() {
         let bucket = format!("{test}-{}", std::process::id());
         out.push((
@@ -76,6 +74,13 @@ fn stores(test: &str) -> Vec<UnderTest> {
 fn objects_are_written_read_listed_and_deleted_alike() {
     for (kind, store, bucket, _keep) in stores("conformance") {
         let uri = |name: &str| format!("{bucket}/{name}");
+        // The bucket's region, as GCP names regions; a missing bucket is named.
+        assert_eq!(store.location(&bucket).unwrap(), "us-east1", "{kind}");
+        let missing = store.location("gs://no-such-bucket-here").unwrap_err();
+        assert!(
+            missing.message.contains("gs://no-such-bucket-here"),
+            "{kind}: {missing}"
+        );
         // Absent things.
         assert_eq!(
             store.get(&uri("nope.json"), 1 << 20).unwrap(),

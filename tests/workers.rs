@@ -99,7 +99,9 @@ impl Rig {
                     std::process::id(),
                     BUCKETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                 );
-                gcs.client().create_bucket("proj", &name).unwrap();
+                gcs.client()
+                    .create_bucket("proj", &name, "US-EAST1")
+                    .unwrap();
                 let (ssh, client_public) =
                     sshd::controller(dir.path(), env!("CARGO_BIN_EXE_tpu-runner"));
                 let side = SshSide {

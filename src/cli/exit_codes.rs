@@ -16,4 +16,6 @@ pub enum ExitStatus {
     Violation = 4,
     /// The state store failed: unreachable, damaged, refused (the message says what to do).
     Store = 5,
+    /// Interrupted by Ctrl-C (`watch`).
+    Interrupted = 130,
 }

@@ -2,11 +2,14 @@
 //! rendering and exit codes. Data goes to stdout, diagnostics to stderr. The only module
 //! allowed to print or exit.
 
+mod controller;
 mod emulator;
 mod exit_codes;
+mod jobs;
 mod output;
 mod plan;
 mod simulate;
+mod stack;
 mod state;
 mod validate;
 mod worker;
@@ -182,6 +185,128 @@ enum Command {
         #[arg(long, value_name = "DIR", env = "TPU_RUNNER_TRACES")]
         traces: Option<PathBuf>,
     },
+    /// Submit the jobs of a manifest: bundles uploaded to every candidate region's bucket,
+    /// every job queued at once (or none).
+    #[command(
+        after_help = "Examples:\n  tpu-runner submit examples/hello/job.yaml\n  tpu-runner submit job.yaml --job-id train-a --job-id train-b --json\n\nExit codes: 0 submitted; 1 the manifest is invalid; 2 a job id is taken (nothing\nwas submitted); 3 a bucket, bundle or upload failed; 5 the store failed."
+    )]
+    Submit {
+        /// The job manifest.
+        #[arg(default_value = "job.yaml")]
+        manifest: PathBuf,
+        /// Submit only these jobs (exact ids, in manifest order).
+        #[arg(long = "job-id", value_name = "ID")]
+        job_ids: Vec<String>,
+        /// One JSON line per job instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        stack: stack::StackOpts,
+    },
+    /// Show the active jobs and TPUs.
+    #[command(
+        after_help = "Examples:\n  tpu-runner status\n  tpu-runner status --json | jq '.jobs[] | {id, status}'\n\nExit codes: 0; 5 the store failed."
+    )]
+    Status {
+        /// The state as one JSON document instead of tables.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        stack: stack::StackOpts,
+    },
+    /// Cancel jobs: a pending job is deactivated at once, a running one once its workers
+    /// stopped.
+    #[command(
+        after_help = "Examples:\n  tpu-runner cancel hello\n  tpu-runner cancel a b --if-pending --json\n\nExit codes: 0 cancelled (or already ended); 1 a job is unknown; 2 --if-pending and a\njob is not provably idle; 5 the store failed."
+    )]
+    Cancel {
+        /// Job ids.
+        #[arg(required = true, value_name = "JOB")]
+        jobs: Vec<String>,
+        /// Only cancel jobs that are pending and provably not running anywhere.
+        #[arg(long)]
+        if_pending: bool,
+        /// One JSON line per job.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        stack: stack::StackOpts,
+    },
+    /// Change a pending job's priority.
+    #[command(
+        after_help = "Example:\n  tpu-runner set-priority train-a high\n\nExit codes: 0 changed or unchanged; 1 unknown job; 2 the job is no longer pending."
+    )]
+    SetPriority {
+        /// Job id.
+        job: String,
+        /// low, normal or high.
+        #[arg(value_parser = ["low", "normal", "high"])]
+        priority: String,
+        /// A JSON line.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        stack: stack::StackOpts,
+    },
+    /// Follow a job: its states and its workers' new output lines, until it ends.
+    #[command(
+        after_help = "Examples:\n  tpu-runner watch hello\n  tpu-runner watch hello --json\n\nExit codes: 0 the job succeeded; 1 it failed, was cancelled, or is unknown; 130 Ctrl-C."
+    )]
+    Watch {
+        /// Job id.
+        job: String,
+        /// Seconds between looks.
+        #[arg(long, default_value_t = 2.0, value_name = "SECS")]
+        interval: f64,
+        /// JSON lines (`state`, `log`, `artifacts` events).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        stack: stack::StackOpts,
+    },
+    /// Print a job's attempts and their workers' output.
+    #[command(
+        after_help = "Example:\n  tpu-runner logs hello\n\nExit codes: 0; 1 unknown job; 5 the store failed."
+    )]
+    Logs {
+        /// Job id.
+        job: String,
+        #[command(flatten)]
+        stack: stack::StackOpts,
+    },
+    /// Run the controller: hold the lease, and every interval observe the cloud, decide,
+    /// commit, act. Events go to stdout as JSON lines.
+    #[command(
+        after_help = "Examples:\n  tpu-runner controller --exit-when-idle\n  tpu-runner emulator --workers /tmp/w &  tpu-runner controller --tpu-endpoint http://127.0.0.1:8470 --local-workers /tmp/w\n\nExit codes: 0 stopped, idle or another controller holds the lease; 2 bad flags or no\nworkers; 5 the store failed or the lease was lost."
+    )]
+    Controller {
+        #[command(flatten)]
+        stack: stack::StackOpts,
+        /// Run jobs on local worker agents under DIR (an emulator started with --workers DIR).
+        #[arg(long, value_name = "DIR")]
+        local_workers: Option<PathBuf>,
+        /// Seconds between passes.
+        #[arg(long, default_value_t = 30.0, value_name = "SECS")]
+        interval: f64,
+        /// Seconds the lease lasts unless renewed (every pass renews it).
+        #[arg(long, default_value_t = 900, value_name = "SECS")]
+        lease_ttl: i64,
+        /// Stop when no job is active and nothing of ours is left in the cloud.
+        #[arg(long)]
+        exit_when_idle: bool,
+        /// Lease owner (default: CLOUD_RUN_EXECUTION, else a fresh local id).
+        #[arg(long)]
+        owner: Option<String>,
+        /// This deployment's epoch (a newer one fences this controller).
+        #[arg(long, env = "TPU_RUNNER_CONTROLLER_EPOCH", default_value = "local")]
+        epoch: String,
+        /// Decision policy.
+        #[arg(long, default_value = "classic")]
+        policy: String,
+    },
+    /// The whole stack on this machine: no cloud account, no bill.
+    #[command(subcommand)]
+    Local(LocalCommand),
     /// Move the controller's state in and out of a store (SQLite or Firestore).
     #[command(subcommand)]
     State(StateCommand),
@@ -196,6 +321,30 @@ enum Command {
     Completions {
         /// The shell.
         shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum LocalCommand {
+    /// Start the local stack in the foreground: the TPU API emulator (its TPUs backed by
+    /// worker agents on this machine), a local object store with a bucket per region, the
+    /// SQLite store and the controller. Commands run from the same folder use it.
+    #[command(
+        after_help = "Example (two terminals, from a clone):\n  tpu-runner local up\n  tpu-runner submit examples/hello/job.yaml && tpu-runner watch hello\n\nExit codes: 0 stopped with Ctrl-C; 3 cannot write the stack's folder or listen."
+    )]
+    Up {
+        /// The stack's folder (store, objects, worker roots).
+        #[arg(long, default_value = ".tpu-runner/local", value_name = "DIR")]
+        dir: PathBuf,
+        /// Virtual seconds per wall second for the emulated cloud (provisioning, deletes).
+        #[arg(long, default_value_t = 20.0, value_name = "X")]
+        speed: f64,
+        /// Where the emulator listens (port 0: any free port).
+        #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
+        listen: String,
+        /// Seconds between controller passes.
+        #[arg(long, default_value_t = 2.0, value_name = "SECS")]
+        interval: f64,
     },
 }
 
@@ -435,6 +584,80 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             virtual_time,
             workers: workers.as_deref(),
             traces: traces.as_deref(),
+        }),
+        Command::Submit {
+            manifest,
+            job_ids,
+            json,
+            stack,
+        } => jobs::submit(&stack, &manifest, &job_ids, json),
+        Command::Status { json, stack } => jobs::status(&stack, json),
+        Command::Cancel {
+            jobs: ids,
+            if_pending,
+            json,
+            stack,
+        } => jobs::cancel(&stack, &ids, if_pending, json),
+        Command::SetPriority {
+            job,
+            priority,
+            json,
+            stack,
+        } => jobs::set_priority(
+            &stack,
+            &job,
+            crate::spec::Priority::parse(&priority).expect("clap checked it"),
+            json,
+        ),
+        Command::Watch {
+            job,
+            interval,
+            json,
+            stack,
+        } => {
+            if !(interval.is_finite() && interval > 0.0) {
+                return Err(Failure {
+                    message: "error: --interval must be a positive number of seconds\n".into(),
+                    status: ExitStatus::Usage,
+                });
+            }
+            jobs::watch(
+                &stack,
+                &job,
+                std::time::Duration::from_secs_f64(interval),
+                json,
+            )
+        }
+        Command::Logs { job, stack } => jobs::logs(&stack, &job),
+        Command::Controller {
+            stack,
+            local_workers,
+            interval,
+            lease_ttl,
+            exit_when_idle,
+            owner,
+            epoch,
+            policy,
+        } => controller::controller(&controller::ControllerArgs {
+            stack: &stack,
+            local_workers: local_workers.as_deref(),
+            interval,
+            lease_ttl,
+            exit_when_idle,
+            owner: owner.as_deref(),
+            epoch: &epoch,
+            policy: &policy,
+        }),
+        Command::Local(LocalCommand::Up {
+            dir,
+            speed,
+            listen,
+            interval,
+        }) => controller::local_up(&controller::LocalUpArgs {
+            dir: &dir,
+            speed,
+            listen: &listen,
+            interval,
         }),
         Command::Worker(WorkerCommand::Launch { at }) => worker::launch(&at.args()),
         Command::Worker(WorkerCommand::Supervise { at, job, attempt }) => {

@@ -422,7 +422,8 @@ impl AttemptStatus {
         !matches!(self, AttemptStatus::Launching | AttemptStatus::Running)
     }
 
-    fn as_str(self) -> &'static str {
+    /// Lowercase name.
+    pub fn as_str(self) -> &'static str {
         match self {
             AttemptStatus::Launching => "launching",
             AttemptStatus::Running => "running",
@@ -589,7 +590,8 @@ pub enum ResourceStatus {
 }
 
 impl ResourceStatus {
-    fn as_str(self) -> &'static str {
+    /// Lowercase name.
+    pub fn as_str(self) -> &'static str {
         match self {
             ResourceStatus::Provisioning => "provisioning",
             ResourceStatus::Idle => "idle",

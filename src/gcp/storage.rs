@@ -296,14 +296,42 @@ impl Storage {
         }
     }
 
-    /// Creates a bucket (for tests and the local stack on an emulator).
-    pub fn create_bucket(&self, project: &str, bucket: &str) -> Result<(), ApiError> {
+    /// The bucket's location as Cloud Storage words it (`US-EAST1`, `US`, `NAM4` …); `None`
+    /// if there is no such bucket.
+    pub fn bucket_location(&self, bucket: &str) -> Result<Option<String>, ApiError> {
+        let url = format!(
+            "{}/storage/v1/b/{}?fields=location",
+            self.endpoint.base,
+            encode(bucket)
+        );
+        let reply = self.call(&|h| h.get(&url))?;
+        if reply.code == 404 {
+            return Ok(None);
+        }
+        if let Some(e) = reply.error() {
+            return Err(e);
+        }
+        let v: serde_json::Value = serde_json::from_slice(&reply.body)
+            .map_err(|_| malformed("a bucket's metadata that is not JSON"))?;
+        Ok(v.get("location")
+            .and_then(|l| l.as_str())
+            .map(str::to_owned))
+    }
+
+    /// Creates a bucket in `location` (for tests and the local stack on an emulator); one
+    /// that exists is left as it is.
+    pub fn create_bucket(
+        &self,
+        project: &str,
+        bucket: &str,
+        location: &str,
+    ) -> Result<(), ApiError> {
         let url = format!(
             "{}/storage/v1/b?project={}",
             self.endpoint.base,
             encode(project)
         );
-        let body = json!({ "name": bucket });
+        let body = json!({ "name": bucket, "location": location });
         let reply = self.call(&|h| h.post(&url).json(&body))?;
         match reply.error() {
             Some(e) if reply.code != 409 => Err(e),

@@ -458,6 +458,12 @@ pub fn launch(
     Ok(LaunchAck::Launched)
 }
 
+/// How often a running command's output is shipped while it is at most `LIVE_LOG_SMALL`
+/// bytes (larger logs go with the heartbeats; logs above `LIVE_LOG_LIMIT` only at the end).
+const LIVE_LOG_EVERY: Duration = Duration::from_secs(2);
+const LIVE_LOG_SMALL: u64 = 8 << 20;
+const LIVE_LOG_LIMIT: u64 = 256 << 20;
+
 /// The infrastructure failure a command's output shows, if any.
 fn infrastructure_failure(log: &Path) -> Option<String> {
     let text = crate::files::read_bytes(log, 1 << 30).ok()?;
@@ -513,9 +519,13 @@ pub fn supervise(
         let _ = write_current(root, &current);
     }
     drop(launch_lock);
-    // Heartbeats while the command runs.
+    // Heartbeats while the command runs, and its output so far for `watch` and `logs`:
+    // every couple of seconds while it is small, then with the heartbeats.
     let interval = Duration::from_secs(spec.heartbeat_secs.max(1));
+    let log_uri = format!("{prefix}logs/{host}.log");
     let mut next = Instant::now() + interval;
+    let mut next_log = Instant::now() + LIVE_LOG_EVERY;
+    let mut shipped = 0u64;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
@@ -526,6 +536,21 @@ pub fn supervise(
             let _ = beat(objects);
             next = Instant::now() + interval;
         }
+        if Instant::now() >= next_log {
+            let size = std::fs::metadata(&log_path).map_or(0, |m| m.len());
+            if size != shipped
+                && let Ok(data) = crate::files::read_bytes(&log_path, LIVE_LOG_LIMIT)
+                && objects.put(&log_uri, &data, false).is_ok()
+            {
+                shipped = size;
+            }
+            next_log = Instant::now()
+                + if size <= LIVE_LOG_SMALL {
+                    LIVE_LOG_EVERY
+                } else {
+                    interval
+                };
+        }
         std::thread::sleep(Duration::from_millis(100));
     };
     use std::os::unix::process::ExitStatusExt;
@@ -534,7 +559,6 @@ pub fn supervise(
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     // Nothing of the command outlives it.
     stop_group(group, Duration::from_secs(1));
-    let log_uri = format!("{prefix}logs/{host}.log");
     let upload = crate::files::read_bytes(&log_path, 5 << 30)
         .map_err(|e| e.to_string())
         .and_then(|data| {

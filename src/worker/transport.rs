@@ -144,7 +144,11 @@ impl Transport for Local {
             .arg("--host")
             .arg(target.host());
         if let Some(dir) = &self.objects {
-            command.arg("--objects").arg(dir);
+            // The worker's object store is its environment's: the command sees it too.
+            command
+                .arg("--objects")
+                .arg(dir)
+                .env("TPU_RUNNER_OBJECTS", dir);
         }
         let out = run_to_end(&mut command, stdin, timeout, &target.host())?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -1,0 +1,344 @@
+//! `controller` (the production loop on the configured store, TPU API and workers) and
+//! `local up` (the whole stack on this machine: the TPU API emulator, a local object store,
+//! the SQLite store, worker agents as local processes, and the controller). Wiring only:
+//! the loop is `crate::controller`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::exit_codes::ExitStatus;
+use super::stack::{STACK_FILE, Stack, StackFile, StackOpts};
+use super::{Failure, print_stdout};
+use crate::backend::CloudBackend;
+use crate::backend::gcp::{CreateSettings, GcpBackend};
+use crate::backend::workers::AgentWorkers;
+use crate::controller::{Controller, Exit, Pass, Settings, wall_clock};
+use crate::engine::{Engine, EngineConfig};
+use crate::gcp::http::RetryPolicy;
+use crate::gcp::tpu::{Client, Quotas};
+use crate::objects::{LocalDir, ObjectStore};
+use crate::worker::transport::Local;
+
+/// How the controller runs (the flags beside the stack's).
+pub(crate) struct ControllerArgs<'a> {
+    /// Where everything is.
+    pub stack: &'a StackOpts,
+    /// Worker roots of local workers (an emulator started with `--workers DIR`).
+    pub local_workers: Option<&'a Path>,
+    /// Seconds between passes.
+    pub interval: f64,
+    /// Lease time-to-live, seconds.
+    pub lease_ttl: i64,
+    /// Stop when idle.
+    pub exit_when_idle: bool,
+    /// Lease owner.
+    pub owner: Option<&'a str>,
+    /// Deployment epoch.
+    pub epoch: &'a str,
+    /// Policy name.
+    pub policy: &'a str,
+}
+
+fn fail(status: ExitStatus, message: String) -> Failure {
+    Failure { message, status }
+}
+
+/// The backend the stack names: the TPU API (or its emulator) and the workers.
+fn backend(stack: &Stack, local_workers: Option<&Path>) -> Result<Box<dyn CloudBackend>, Failure> {
+    let fleet = &stack.fleet;
+    let client = Client::new(
+        stack.endpoint(),
+        &fleet.project,
+        Quotas::default(),
+        RetryPolicy::default(),
+    )
+    .map_err(|e| fail(ExitStatus::Io, format!("error: the TPU API: {e}\n")))?;
+    let Some(base) = local_workers
+        .map(Path::to_path_buf)
+        .or(stack.workers.clone())
+    else {
+        return Err(fail(
+            ExitStatus::Usage,
+            "error: no workers to run jobs on: the SSH transport to TPU VMs is not wired into the controller yet (its host keys come from the nodes' guest attributes, still to be read)\n  = hint: run the local stack (`tpu-runner local up`), or pass --local-workers DIR with an emulator started with `--workers DIR`\n".into(),
+        ));
+    };
+    let objects: Arc<dyn ObjectStore> = Arc::from(stack.objects()?);
+    let agent = std::env::current_exe().map_err(|e| {
+        fail(
+            ExitStatus::Io,
+            format!("error: cannot find this binary: {e}\n"),
+        )
+    })?;
+    let transport = Local {
+        base,
+        agent,
+        objects: stack.objects.clone(),
+    };
+    let mut workers = AgentWorkers::new(Arc::new(transport), objects, &fleet.project);
+    // Local workers share this machine's disk: keep only a small floor.
+    workers.min_free_bytes = 256 << 20;
+    workers.heartbeat_secs = 10;
+    Ok(Box::new(GcpBackend::new(
+        client,
+        CreateSettings::of_fleet(fleet),
+        Box::new(workers),
+    )))
+}
+
+fn owner(given: Option<&str>) -> String {
+    given
+        .map(str::to_owned)
+        .or_else(|| std::env::var("CLOUD_RUN_EXECUTION").ok())
+        .unwrap_or_else(|| {
+            format!(
+                "local-{}-{}",
+                std::process::id(),
+                uuid::Uuid::new_v4().simple()
+            )
+        })
+}
+
+/// Prints each pass's events as JSON lines (and cloud errors and conflicts as events too).
+fn print_pass(pass: &Pass) {
+    let mut text = String::new();
+    match pass {
+        Pass::Done { events, .. } => {
+            for e in events {
+                text.push_str(&serde_json::to_string(e).expect("serialisable"));
+                text.push('\n');
+            }
+        }
+        Pass::CloudError(e) => {
+            text.push_str(&format!(
+                "{}\n",
+                json!({"at": wall_clock(), "kind": "controller_gcp_error", "detail": e.message})
+            ));
+        }
+        Pass::Conflict(records) => {
+            text.push_str(&format!(
+                "{}\n",
+                json!({"at": wall_clock(), "kind": "controller_pass_conflict", "detail": records.join(", ")})
+            ));
+        }
+    }
+    print_stdout(&text);
+}
+
+fn stop_flag() -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(signal, Arc::clone(&stop));
+    }
+    stop
+}
+
+fn run_controller(
+    stack: &Stack,
+    args: &ControllerArgs<'_>,
+    stop: &AtomicBool,
+) -> Result<ExitStatus, Failure> {
+    if !(args.interval.is_finite() && args.interval > 0.0) || args.lease_ttl < 5 {
+        return Err(fail(
+            ExitStatus::Usage,
+            "error: --interval must be a positive number of seconds and --lease-ttl at least 5\n"
+                .into(),
+        ));
+    }
+    let policy = crate::engine::policy::by_name(args.policy).ok_or_else(|| {
+        fail(
+            ExitStatus::Usage,
+            format!(
+                "error: unknown policy `{}` (classic, frugal)\n",
+                args.policy
+            ),
+        )
+    })?;
+    let engine = Engine::new(stack.fleet.clone(), EngineConfig::default(), policy);
+    let store = stack.open_store(true)?;
+    let backend = backend(stack, args.local_workers)?;
+    let settings = Settings {
+        owner: owner(args.owner),
+        epoch: args.epoch.to_owned(),
+        lease_ttl_secs: args.lease_ttl,
+        interval: Duration::from_secs_f64(args.interval),
+        exit_when_idle: args.exit_when_idle,
+    };
+    let who = settings.owner.clone();
+    let mut controller = Controller::new(engine, store, backend, settings);
+    let exit = controller
+        .run(&mut wall_clock, stop, &mut print_pass)
+        .map_err(|e| fail(ExitStatus::Store, format!("error: {e}\n")))?;
+    let status = match exit {
+        Exit::Idle => json!({"status": "idle", "owner": who}),
+        Exit::Stopped => json!({"status": "stopped", "owner": who}),
+        Exit::LeaseHeld { owner } => {
+            json!({"status": "skipped", "reason": "lease_held", "owner": owner})
+        }
+    };
+    print_stdout(&format!("{status}\n"));
+    Ok(ExitStatus::Ok)
+}
+
+/// `controller`.
+pub(crate) fn controller(args: &ControllerArgs<'_>) -> Result<ExitStatus, Failure> {
+    let stack = Stack::resolve(args.stack)?;
+    run_controller(&stack, args, &stop_flag())
+}
+
+/// What `local up` is given.
+pub(crate) struct LocalUpArgs<'a> {
+    /// The stack's folder.
+    pub dir: &'a Path,
+    /// Virtual seconds per wall second.
+    pub speed: f64,
+    /// Where the emulator listens.
+    pub listen: &'a str,
+    /// Seconds between controller passes.
+    pub interval: f64,
+}
+
+/// The stack's cloud and fleet (`examples/local/`), built in so the binary needs no clone.
+const LOCAL_CLOUD: &str = include_str!("../../examples/local/cloud.yaml");
+const LOCAL_FLEET: &str = include_str!("../../examples/local/deployment.yaml");
+
+/// `local up`: the stack, in the foreground, until Ctrl-C.
+pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
+    use crate::emulator::{self, Clock, World};
+    use crate::simulate::{harness, scenario};
+    let io = |what: &str, e: &dyn std::fmt::Display| {
+        fail(ExitStatus::Io, format!("error: {what}: {e}\n"))
+    };
+    if !(args.speed.is_finite() && args.speed > 0.0) {
+        return Err(fail(
+            ExitStatus::Usage,
+            "error: --speed must be a positive number\n".into(),
+        ));
+    }
+    let dir = args.dir;
+    std::fs::create_dir_all(dir).map_err(|e| io(&dir.display().to_string(), &e))?;
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| io(&dir.display().to_string(), &e))?;
+    // The built-in cloud and its fleet, written into the stack's folder.
+    let fleet_path = dir.join("deployment.yaml");
+    let cloud_path = dir.join("cloud.yaml");
+    std::fs::write(&fleet_path, LOCAL_FLEET).map_err(|e| io("writing the fleet", &e))?;
+    std::fs::write(&cloud_path, LOCAL_CLOUD).map_err(|e| io("writing the cloud", &e))?;
+    let scenario =
+        scenario::load(&cloud_path).map_err(|e| fail(ExitStatus::Invalid, format!("{e}\n")))?;
+    let fleet = &scenario.fleet;
+    let objects_dir = dir.join("objects");
+    let workers_dir = dir.join("workers");
+    let objects = LocalDir::new(&objects_dir);
+    let mut buckets = Vec::new();
+    let regions: std::collections::BTreeSet<&str> = fleet.tpus.iter().map(|e| e.region()).collect();
+    for region in regions {
+        let bucket = format!("gs://{}-{region}", fleet.name);
+        objects
+            .create_bucket(&bucket, region)
+            .map_err(|e| io("creating a bucket", &e))?;
+        buckets.push(bucket);
+    }
+    // The emulator, on the wall clock × speed, its TPUs backed by local workers.
+    let (sim, _) = harness::world_of(
+        &scenario,
+        scenario.seeds.first().copied().unwrap_or(1),
+        None,
+    );
+    let mut world = World::new(
+        sim,
+        &fleet.project,
+        Clock::Wall {
+            started: Instant::now(),
+            from_ms: 0,
+            speed: args.speed,
+        },
+    );
+    world.workers = Some(workers_dir.clone());
+    let shared = world.shared();
+    let running = emulator::start(Arc::clone(&shared), args.listen)
+        .map_err(|e| io(&format!("cannot listen on {}", args.listen), &e))?;
+    let store = format!("sqlite:{}", dir.join("state.db").display());
+    let file = StackFile {
+        fleet: fleet_path.clone(),
+        store: store.clone(),
+        tpu_endpoint: running.url(),
+        objects: objects_dir.clone(),
+        workers: workers_dir.clone(),
+    };
+    let stack_file = Path::new(STACK_FILE);
+    if let Some(parent) = stack_file.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| io(STACK_FILE, &e))?;
+    }
+    std::fs::write(
+        stack_file,
+        serde_json::to_string_pretty(&file).expect("serialisable"),
+    )
+    .map_err(|e| io(STACK_FILE, &e))?;
+    eprint!(
+        "local stack up in {}:\n  TPU API emulator  {} (wall clock × {})\n  store             {store}\n  objects           {} (buckets {})\n  workers           {}\n  fleet             {}\n\nIn another terminal, from this folder:\n  tpu-runner submit examples/hello/job.yaml\n  tpu-runner watch hello\n  tpu-runner status\n\nThe controller's events follow as JSON lines. Stop with Ctrl-C.\n\n",
+        dir.display(),
+        running.url(),
+        args.speed,
+        objects_dir.display(),
+        buckets.join(", "),
+        workers_dir.display(),
+        fleet_path.display(),
+    );
+    let stack = Stack {
+        fleet_path,
+        fleet: fleet.clone(),
+        store: Some(store),
+        tpu_endpoint: Some(running.url()),
+        objects: Some(objects_dir),
+        workers: Some(workers_dir.clone()),
+    };
+    let stop = stop_flag();
+    let opts = StackOpts::default();
+    let result = run_controller(
+        &stack,
+        &ControllerArgs {
+            stack: &opts,
+            local_workers: None,
+            interval: args.interval,
+            lease_ttl: 30,
+            exit_when_idle: false,
+            owner: None,
+            epoch: "local",
+            policy: "classic",
+        },
+        &stop,
+    );
+    // The emulator's TPUs go with it: so do their workers' processes.
+    stop_local_workers(&workers_dir);
+    let _ = std::fs::remove_file(stack_file);
+    drop(running);
+    stop.store(true, Ordering::SeqCst);
+    result
+}
+
+/// Ends every worker process under `base` (`base/ZONE/TPU/w-I`).
+fn stop_local_workers(base: &Path) {
+    let Ok(zones) = std::fs::read_dir(base) else {
+        return;
+    };
+    for zone in zones.flatten() {
+        for tpu in std::fs::read_dir(zone.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for worker in std::fs::read_dir(tpu.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                crate::worker::agent::stop_all(&crate::worker::agent::Root::new(worker.path()));
+            }
+        }
+    }
+}

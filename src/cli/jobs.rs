@@ -1,0 +1,500 @@
+//! The job commands of a user's day (§6): `submit`, `status`, `cancel`, `set-priority`,
+//! `watch` and `logs`. Each reads its configuration through `stack`, works through the
+//! store, the object store and `submit`, and prints human text by default or JSON lines
+//! (`--json`). No decision is made here: the store applies the engine's rules.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::exit_codes::ExitStatus;
+use super::stack::{Stack, StackOpts};
+use super::state::store_failure;
+use super::{Failure, print_stdout, table};
+use crate::controller::wall_clock;
+use crate::engine::commands::{CancelResult, ReprioritizeResult};
+use crate::engine::state::{Job, JobStatus};
+use crate::spec::{Name, Priority};
+use crate::submit::{self, SubmitError};
+
+fn line(value: serde_json::Value) {
+    print_stdout(&format!("{value}\n"));
+}
+
+/// `submit`.
+pub(crate) fn submit(
+    opts: &StackOpts,
+    manifest: &Path,
+    ids: &[String],
+    json: bool,
+) -> Result<ExitStatus, Failure> {
+    let stack = Stack::resolve(opts)?;
+    let jobs = submit::read_jobs(manifest, &stack.fleet, ids).map_err(fail_submit)?;
+    let objects = stack.objects()?;
+    let mut store = stack.open_store(true)?;
+    let base = manifest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut progress = |uri: &str, bytes: usize| {
+        if !json {
+            eprintln!("  uploading {uri} ({})", human_bytes(bytes));
+        }
+    };
+    let submitted = submit::submit(
+        jobs,
+        base,
+        &stack.fleet,
+        objects.as_ref(),
+        store.as_mut(),
+        wall_clock(),
+        &mut progress,
+    )
+    .map_err(fail_submit)?;
+    for s in &submitted {
+        if json {
+            let mut v = serde_json::to_value(s).expect("serialisable");
+            v["event"] = json!("submitted");
+            line(v);
+        } else {
+            print_stdout(&format!(
+                "submitted {} (priority {}, may run in {})\n",
+                s.job_id,
+                priority_word(s.priority),
+                s.regions.join(", ")
+            ));
+        }
+    }
+    if !json {
+        let controller = if stack.workers.is_some() {
+            "the local stack's controller picks them up within seconds"
+        } else {
+            "start the controller (`tpu-runner controller`) if none runs"
+        };
+        print_stdout(&format!(
+            "{} job(s) queued in {}; {controller}. Follow one with `tpu-runner watch {}`.\n",
+            submitted.len(),
+            store.describe(),
+            submitted.first().map_or("JOB", |s| s.job_id.as_str())
+        ));
+    }
+    Ok(ExitStatus::Ok)
+}
+
+fn fail_submit(e: SubmitError) -> Failure {
+    match e {
+        SubmitError::Invalid(text) => Failure {
+            message: text,
+            status: ExitStatus::Invalid,
+        },
+        SubmitError::Objects(text) => Failure {
+            message: text,
+            status: ExitStatus::Io,
+        },
+        SubmitError::Exist(_) => Failure {
+            message: format!(
+                "error: {e}\n  = hint: nothing was submitted; pick new ids with --job-id or in the manifest\n"
+            ),
+            status: ExitStatus::Usage,
+        },
+        SubmitError::Store(e) => store_failure(&e),
+    }
+}
+
+fn human_bytes(n: usize) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / f64::from(1u32 << 30)),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / f64::from(1u32 << 20)),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
+}
+
+fn priority_word(p: Priority) -> &'static str {
+    match p {
+        Priority::Low => "low",
+        Priority::Normal => "normal",
+        Priority::High => "high",
+    }
+}
+
+/// Where a job is or was: resource, zone and attempt words for tables and events.
+fn whereabouts(job: &Job) -> (String, String, String) {
+    match job.attempt() {
+        Some(a) => (
+            a.tpu_name.to_string(),
+            a.zone.to_string(),
+            format!("{} ({})", a.id, a.status.as_str()),
+        ),
+        None => ("-".into(), "-".into(), "-".into()),
+    }
+}
+
+/// `status`: the active jobs and TPU records.
+pub(crate) fn status(opts: &StackOpts, json: bool) -> Result<ExitStatus, Failure> {
+    let stack = Stack::resolve(opts)?;
+    let mut store = stack.open_store(false)?;
+    let loaded = store.load_active().map_err(|e| store_failure(&e))?;
+    let state = loaded.state;
+    if json {
+        let jobs: Vec<_> = state.jobs.values().collect();
+        let resources: Vec<_> = state.resources.values().collect();
+        line(json!({
+            "schema_version": 2,
+            "generated_at": wall_clock(),
+            "fleet": {"name": stack.fleet.name, "project": stack.fleet.project},
+            "store": store.describe(),
+            "jobs": jobs,
+            "resources": resources,
+        }));
+        return Ok(ExitStatus::Ok);
+    }
+    let now = wall_clock();
+    let rows: Vec<Vec<String>> = state
+        .jobs
+        .values()
+        .map(|j| {
+            let (tpu, zone, attempt) = whereabouts(j);
+            vec![
+                j.id.to_string(),
+                j.status.as_str().into(),
+                priority_word(j.spec.priority).into(),
+                j.placement
+                    .as_ref()
+                    .map_or("-".into(), |p| p.region.clone()),
+                tpu,
+                zone,
+                attempt,
+                format!("{}", j.attempts.len()),
+                age(now, j.submitted_at),
+            ]
+        })
+        .collect();
+    let mut text = format!("{} ({}):\n", stack.fleet.name, store.describe());
+    if rows.is_empty() {
+        text.push_str("  no active jobs\n");
+    } else {
+        text.push_str(&table(
+            &[
+                "JOB", "STATUS", "PRIORITY", "REGION", "TPU", "ZONE", "ATTEMPT", "ATTEMPTS", "AGE",
+            ],
+            &rows,
+        ));
+    }
+    let tpus: Vec<Vec<String>> = state
+        .resources
+        .values()
+        .map(|r| {
+            vec![
+                r.tpu_name.to_string(),
+                r.zone.to_string(),
+                r.tpu_type.to_string(),
+                r.status.as_str().into(),
+                r.owner
+                    .as_ref()
+                    .map_or("-".into(), |o| o.job_id.to_string()),
+            ]
+        })
+        .collect();
+    if !tpus.is_empty() {
+        text.push('\n');
+        text.push_str(&table(&["TPU", "ZONE", "TYPE", "STATUS", "JOB"], &tpus));
+    }
+    print_stdout(&text);
+    Ok(ExitStatus::Ok)
+}
+
+fn age(now: crate::engine::Timestamp, then: crate::engine::Timestamp) -> String {
+    let secs = now.secs_since(then).max(0.0) as u64;
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+/// `cancel`: each job's result; exit 0, 1 when a job is unknown, 2 on a conflict.
+pub(crate) fn cancel(
+    opts: &StackOpts,
+    ids: &[String],
+    if_pending: bool,
+    json: bool,
+) -> Result<ExitStatus, Failure> {
+    let stack = Stack::resolve(opts)?;
+    let mut store = stack.open_store(false)?;
+    let mut exit = ExitStatus::Ok;
+    for id in ids {
+        let result = store
+            .cancel_job(&Name::new(id), if_pending, wall_clock())
+            .map_err(|e| store_failure(&e))?;
+        let (value, text) = match &result {
+            CancelResult::Unknown => {
+                exit = ExitStatus::Invalid;
+                (
+                    json!({"job_id": id, "status": "unknown"}),
+                    format!("{id}: no such job\n"),
+                )
+            }
+            CancelResult::Conflict { reason } => {
+                if exit == ExitStatus::Ok {
+                    exit = ExitStatus::Usage;
+                }
+                (
+                    json!({"job_id": id, "status": "conflict", "reason": reason}),
+                    format!("{id}: not cancelled: {reason}\n"),
+                )
+            }
+            CancelResult::Status { status, changed } => (
+                json!({"job_id": id, "status": status.as_str()}),
+                match (status, changed) {
+                    (JobStatus::Cancelling, true) => format!(
+                        "{id}: cancelling (the controller stops its workers, then it is deactivated)\n"
+                    ),
+                    (JobStatus::Deactivated, true) => format!("{id}: deactivated\n"),
+                    (s, _) => format!("{id}: already {}\n", s.as_str()),
+                },
+            ),
+        };
+        if json {
+            line(value);
+        } else {
+            print_stdout(&text);
+        }
+    }
+    Ok(exit)
+}
+
+/// `set-priority`: exit 0, 1 when unknown, 2 when the job is no longer pending.
+pub(crate) fn set_priority(
+    opts: &StackOpts,
+    id: &str,
+    priority: Priority,
+    json: bool,
+) -> Result<ExitStatus, Failure> {
+    let stack = Stack::resolve(opts)?;
+    let mut store = stack.open_store(false)?;
+    let result = store
+        .reprioritize(&Name::new(id), priority, wall_clock())
+        .map_err(|e| store_failure(&e))?;
+    let word = priority_word(priority);
+    let (value, text, exit) = match result {
+        ReprioritizeResult::Unknown => (
+            json!({"job_id": id, "status": "unknown"}),
+            format!("{id}: no such job\n"),
+            ExitStatus::Invalid,
+        ),
+        ReprioritizeResult::Conflict { status } => (
+            json!({"job_id": id, "status": "conflict", "job_status": status.as_str()}),
+            format!(
+                "{id}: is {}: only a pending job's priority can change\n",
+                status.as_str()
+            ),
+            ExitStatus::Usage,
+        ),
+        ReprioritizeResult::Unchanged => (
+            json!({"job_id": id, "status": "unchanged", "priority": word}),
+            format!("{id}: already {word}\n"),
+            ExitStatus::Ok,
+        ),
+        ReprioritizeResult::Reprioritized { old, .. } => (
+            json!({"job_id": id, "status": "reprioritized", "priority": word}),
+            format!("{id}: priority {} → {word}\n", priority_word(old)),
+            ExitStatus::Ok,
+        ),
+    };
+    if json {
+        line(value);
+    } else {
+        print_stdout(&text);
+    }
+    Ok(exit)
+}
+
+/// The log objects of `job`'s attempts that exist, by attempt: (attempt, host, address).
+fn log_objects(
+    objects: &dyn crate::objects::ObjectStore,
+    job: &Job,
+) -> Vec<(String, String, String)> {
+    let Some(bucket) = job.placement.as_ref().map(|p| p.bucket.clone()) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for a in &job.attempts {
+        let prefix = crate::worker::attempt_prefix(&bucket, job.id.as_str(), a.id.as_str());
+        let Ok(listed) = objects.list(&format!("{prefix}logs/")) else {
+            continue;
+        };
+        for o in listed {
+            let host = o
+                .name
+                .rsplit('/')
+                .next()
+                .and_then(|f| f.strip_suffix(".log"))
+                .unwrap_or("")
+                .to_owned();
+            let (b, _) = crate::objects::split(&prefix).unwrap_or(("", ""));
+            found.push((a.id.to_string(), host, format!("gs://{b}/{}", o.name)));
+        }
+    }
+    found
+}
+
+/// `logs`: each attempt's result and its workers' output.
+pub(crate) fn logs(opts: &StackOpts, id: &str) -> Result<ExitStatus, Failure> {
+    let stack = Stack::resolve(opts)?;
+    let mut store = stack.open_store(false)?;
+    let objects = stack.objects()?;
+    let Some(job) = store.job(&Name::new(id)).map_err(|e| store_failure(&e))? else {
+        return Err(Failure {
+            message: format!("error: {id}: no such job\n"),
+            status: ExitStatus::Invalid,
+        });
+    };
+    let mut text = String::new();
+    for a in &job.attempts {
+        text.push_str(&format!("[{}] status={}", a.id, a.status.as_str()));
+        if let Some(code) = a.exit_code {
+            text.push_str(&format!(" exit_code={code}"));
+        }
+        if !a.error_summary.is_empty() {
+            text.push_str(&format!(" error={}", a.error_summary));
+        }
+        text.push('\n');
+    }
+    let found = log_objects(objects.as_ref(), &job);
+    for (attempt, host, uri) in &found {
+        text.push_str(&format!("\n[{attempt} log {host}] {uri}\n"));
+        match objects.get(uri, 64 << 20) {
+            Ok(Some(data)) => text.push_str(&String::from_utf8_lossy(&data)),
+            Ok(None) => {}
+            Err(e) => eprintln!("log retrieval failed: {e}"),
+        }
+    }
+    print_stdout(&text);
+    if found.is_empty() {
+        eprintln!(
+            "{id}: no output yet ({})",
+            if job.attempts.is_empty() {
+                "it has not started"
+            } else {
+                "its workers have not shipped any"
+            }
+        );
+    }
+    Ok(ExitStatus::Ok)
+}
+
+/// `watch`: state changes and new output lines until the job ends; exit 0 when it
+/// succeeded, 1 otherwise, 130 on Ctrl-C.
+pub(crate) fn watch(
+    opts: &StackOpts,
+    id: &str,
+    interval: Duration,
+    json: bool,
+) -> Result<ExitStatus, Failure> {
+    let stack = Stack::resolve(opts)?;
+    let mut store = stack.open_store(false)?;
+    let objects = stack.objects()?;
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(signal, Arc::clone(&interrupted));
+    }
+    let mut last_state = String::new();
+    let mut shown: std::collections::BTreeMap<String, usize> = Default::default();
+    loop {
+        let Some(job) = store.job(&Name::new(id)).map_err(|e| store_failure(&e))? else {
+            if json {
+                eprintln!(
+                    "{}",
+                    json!({"event": "error", "error": "unknown job", "job_id": id})
+                );
+            } else {
+                eprintln!("error: {id}: no such job");
+            }
+            return Ok(ExitStatus::Invalid);
+        };
+        let (tpu, zone, attempt) = whereabouts(&job);
+        let state = format!("{} {tpu} {zone} {attempt}", job.status.as_str());
+        if state != last_state {
+            if json {
+                line(json!({
+                    "event": "state",
+                    "job_id": id,
+                    "status": job.status.as_str(),
+                    "attempt_id": job.attempt().map(|a| a.id.to_string()),
+                    "tpu_name": job.attempt().map(|a| a.tpu_name.to_string()),
+                    "zone": job.attempt().map(|a| a.zone.to_string()),
+                    "attempt_status": job.attempt().map(|a| a.status.as_str()),
+                    "region": job.placement.as_ref().map(|p| p.region.clone()),
+                    "checked_at": wall_clock(),
+                }));
+            } else {
+                print_stdout(&format!(
+                    "{id}: {}{}\n",
+                    job.status.as_str(),
+                    job.attempt()
+                        .map(|a| format!(
+                            " — attempt {} {} on {} ({})",
+                            a.id,
+                            a.status.as_str(),
+                            a.tpu_name,
+                            a.zone
+                        ))
+                        .unwrap_or_default()
+                ));
+            }
+            last_state = state;
+        }
+        // New output lines of every worker.
+        for (attempt, host, uri) in log_objects(objects.as_ref(), &job) {
+            let Ok(Some(data)) = objects.get(&uri, 64 << 20) else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&data);
+            let seen = shown.entry(uri.clone()).or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            // Only whole lines: a line still being written waits for its end.
+            let complete = if text.ends_with('\n') {
+                lines.len()
+            } else {
+                lines.len().saturating_sub(1)
+            };
+            for l in lines.iter().take(complete).skip(*seen) {
+                if json {
+                    line(
+                        json!({"event": "log", "job_id": id, "attempt_id": attempt, "worker": host, "line": l}),
+                    );
+                } else {
+                    print_stdout(&format!("[{host}] {l}\n"));
+                }
+            }
+            *seen = (*seen).max(complete);
+        }
+        if job.status.is_terminal() {
+            if let Some(p) = &job.placement {
+                let uri = format!("{}/jobs/{id}", p.bucket);
+                if json {
+                    line(json!({"event": "artifacts", "job_id": id, "uri": uri}));
+                } else {
+                    print_stdout(&format!("{id}: artifacts in {uri}\n"));
+                }
+            }
+            return Ok(if job.status == JobStatus::Succeeded {
+                ExitStatus::Ok
+            } else {
+                ExitStatus::Invalid
+            });
+        }
+        let until = std::time::Instant::now() + interval;
+        while std::time::Instant::now() < until {
+            if interrupted.load(Ordering::SeqCst) {
+                return Ok(ExitStatus::Interrupted);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

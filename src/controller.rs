@@ -1,0 +1,272 @@
+//! The production controller loop (§3.1): hold the lease, and every interval load the active
+//! state from the store, observe the cloud, run the engine, commit what the pass changed,
+//! then carry out its actions. The same driver steps the simulator runs; this module adds
+//! only the lease, the store round trip, the pacing and when to stop. It decides nothing
+//! the engine decides, and it never acts before the pass that asked is committed.
+//!
+//! Crash safety comes from that order: a pass is persisted (one fenced, conditional
+//! transaction) before any of its actions goes out, and every action is idempotent by name
+//! (queued resources and nodes by their generated names, launches by attempt id), so a
+//! controller killed anywhere restarts from the store and asks again.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::backend::{BackendError, CloudBackend};
+use crate::driver::{self, Feedback};
+use crate::engine::lease::Refusal;
+use crate::engine::{Engine, Event, Observation, State, Timestamp};
+use crate::store::{Base, CommitOutcome, Fence, StateStore, StoreError};
+
+/// How a controller runs.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Lease owner (unique per process: the Cloud Run execution, the host, or `local-<uuid>`).
+    pub owner: String,
+    /// The deployment epoch this controller belongs to.
+    pub epoch: String,
+    /// Lease time-to-live; renewed every pass.
+    pub lease_ttl_secs: i64,
+    /// Time between passes.
+    pub interval: Duration,
+    /// Stop when nothing is left to do (no active job, nothing of ours in the cloud).
+    pub exit_when_idle: bool,
+}
+
+/// Why the controller stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// Nothing left to do (`exit_when_idle`).
+    Idle,
+    /// Another controller holds the lease (at start, or after an idle release).
+    LeaseHeld {
+        /// Its owner.
+        owner: String,
+    },
+    /// Asked to stop (SIGTERM, Ctrl-C): the lease was released.
+    Stopped,
+}
+
+/// A failure that ends the controller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ControllerError {
+    /// The store failed.
+    Store(StoreError),
+    /// The lease was lost or the epoch moved on: a newer controller acts now.
+    Fenced(String),
+}
+
+impl std::fmt::Display for ControllerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ControllerError::Store(e) => write!(f, "{e}"),
+            ControllerError::Fenced(why) => write!(f, "the controller lost its lease: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for ControllerError {}
+
+impl From<StoreError> for ControllerError {
+    fn from(e: StoreError) -> Self {
+        ControllerError::Store(e)
+    }
+}
+
+/// What one pass did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Pass {
+    /// Committed, then acted.
+    Done {
+        /// The pass's events (committed with it).
+        events: Vec<Event>,
+        /// Actions carried out.
+        actions: usize,
+        /// Something is left to do: an active job, or something of ours in the cloud.
+        busy: bool,
+    },
+    /// The cloud could not be read: nothing was decided (the pass is retried next interval).
+    CloudError(BackendError),
+    /// A command wrote a record this pass changed: nothing was written or done; the next
+    /// pass starts from the store again.
+    Conflict(Vec<String>),
+}
+
+/// One controller: its engine, store and backend, and what it keeps between passes (the
+/// state as last loaded, with the engine's caches; the observation; action results for the
+/// next pass). All of it but the store's content may be lost at any time.
+pub struct Controller {
+    engine: Engine,
+    store: Box<dyn StateStore>,
+    backend: Box<dyn CloudBackend>,
+    settings: Settings,
+    state: State,
+    base: Option<Base>,
+    observation: Observation,
+    feedback: Feedback,
+}
+
+impl Controller {
+    /// A controller over `store` and `backend`.
+    pub fn new(
+        engine: Engine,
+        store: Box<dyn StateStore>,
+        backend: Box<dyn CloudBackend>,
+        settings: Settings,
+    ) -> Controller {
+        Controller {
+            engine,
+            store,
+            backend,
+            settings,
+            state: State::new(),
+            base: None,
+            observation: Observation::default(),
+            feedback: Feedback::default(),
+        }
+    }
+
+    fn fence(&self) -> Fence {
+        Fence {
+            owner: self.settings.owner.clone(),
+            epoch: self.settings.epoch.clone(),
+        }
+    }
+
+    /// Acquires or renews the lease: `Err(owner)` when another live controller holds it.
+    pub fn acquire(&mut self, now: Timestamp) -> Result<Result<(), String>, ControllerError> {
+        let s = &self.settings;
+        match self
+            .store
+            .acquire_lease(&s.owner, &s.epoch, s.lease_ttl_secs, now)?
+        {
+            Ok(_) => Ok(Ok(())),
+            Err(Refusal::Held { owner, .. }) => Ok(Err(owner)),
+            Err(Refusal::StaleEpoch { current }) => Err(ControllerError::Fenced(format!(
+                "the deployment's epoch is {current}, this controller's {}",
+                s.epoch
+            ))),
+        }
+    }
+
+    /// Releases the lease (if still ours).
+    pub fn release(&mut self) -> Result<(), ControllerError> {
+        Ok(self.store.release_lease(&self.settings.owner)?)
+    }
+
+    /// One pass at `now`, the lease held: renew, load, observe, reconcile, commit, act.
+    pub fn pass(&mut self, now: Timestamp) -> Result<Pass, ControllerError> {
+        if let Err(owner) = self.acquire(now)? {
+            return Err(ControllerError::Fenced(format!("{owner} holds it now")));
+        }
+        let loaded = self.store.load_active()?;
+        self.base = Some(crate::store::changes::sync(&mut self.state, loaded));
+        if let Err(e) = driver::observe(
+            &self.engine,
+            &self.state,
+            self.backend.as_mut(),
+            &self.feedback,
+            now,
+            &mut self.observation,
+        ) {
+            return Ok(Pass::CloudError(e));
+        }
+        let out = self
+            .engine
+            .reconcile(&mut self.state, &self.observation, now);
+        let fence = self.fence();
+        let base = self.base.as_mut().expect("loaded above");
+        match self
+            .store
+            .commit_pass(base, &self.state, &out.events, &fence, now)?
+        {
+            CommitOutcome::Committed => {}
+            CommitOutcome::Conflict { records } => {
+                // The state in memory is ahead of the store: the next load brings it back.
+                self.base = None;
+                return Ok(Pass::Conflict(records));
+            }
+            CommitOutcome::Fenced { reason } => return Err(ControllerError::Fenced(reason)),
+        }
+        // Persisted: now the actions may go out.
+        self.feedback = driver::execute(self.backend.as_mut(), &out.actions, now);
+        Ok(Pass::Done {
+            busy: self.busy(),
+            actions: out.actions.len(),
+            events: out.events,
+        })
+    }
+
+    /// Something is left to do: an active job, or a node or queued resource of ours.
+    fn busy(&self) -> bool {
+        let runner = self.engine.index().runner();
+        let ours = |labels: &crate::engine::observe::Labels| {
+            labels.get("managed-by").is_some_and(|v| v == runner)
+        };
+        !self.state.jobs.is_empty()
+            || self.observation.nodes.iter().any(|n| ours(&n.labels))
+            || self
+                .observation
+                .queued_resources
+                .iter()
+                .any(|q| ours(&q.labels))
+    }
+
+    /// Runs passes every interval until stopped, idle (`exit_when_idle`) or fenced. `clock`
+    /// gives the time of each pass; `on_pass` hears every pass (for the event log).
+    pub fn run(
+        &mut self,
+        clock: &mut dyn FnMut() -> Timestamp,
+        stop: &AtomicBool,
+        on_pass: &mut dyn FnMut(&Pass),
+    ) -> Result<Exit, ControllerError> {
+        if let Err(owner) = self.acquire(clock())? {
+            return Ok(Exit::LeaseHeld { owner });
+        }
+        loop {
+            if stop.load(Ordering::SeqCst) {
+                self.release()?;
+                return Ok(Exit::Stopped);
+            }
+            let pass = self.pass(clock())?;
+            on_pass(&pass);
+            match pass {
+                // A conflict is redone at once, from the store.
+                Pass::Conflict(_) => continue,
+                Pass::Done { busy: false, .. } if self.settings.exit_when_idle => {
+                    // Hand the lease back, then look once more: a job submitted meanwhile
+                    // is ours again unless another controller took over.
+                    self.release()?;
+                    if self.store.load_active()?.state.jobs.is_empty() {
+                        return Ok(Exit::Idle);
+                    }
+                    if let Err(owner) = self.acquire(clock())? {
+                        return Ok(Exit::LeaseHeld { owner });
+                    }
+                }
+                _ => {}
+            }
+            sleep_unless_stopped(self.settings.interval, stop);
+        }
+    }
+}
+
+/// Sleeps `interval`, waking early when `stop` is set.
+fn sleep_unless_stopped(interval: Duration, stop: &AtomicBool) {
+    let until = std::time::Instant::now() + interval;
+    while !stop.load(Ordering::SeqCst) {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
+}
+
+/// The wall clock as the engine's time.
+pub fn wall_clock() -> Timestamp {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    Timestamp(ms)
+}
