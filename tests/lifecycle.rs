@@ -1,0 +1,455 @@
+//! The whole life of jobs on one machine, every part real and on loopback: the TPU API
+//! emulator as its own process (its TPUs backed by worker agents on this machine), a local
+//! object store, the SQLite store, controllers as processes — SIGKILLed mid-run and
+//! restarted — and the commands a user types. 20 jobs across two regions: one is preempted
+//! mid-run and resumes from its checkpoint in the same region, one pending and one running
+//! job are cancelled, one fails; every job must end in its right state, no attempt may run
+//! twice, and when the queue drains nothing may be left running or billed.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tpu-runner");
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/lifecycle")
+        .join(name)
+}
+
+struct Rig {
+    dir: tempfile::TempDir,
+    emulator: Child,
+    url: String,
+    controllers: Vec<Child>,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let objects = tpu_runner::objects::LocalDir::new(dir.path().join("objects"));
+        objects
+            .create_bucket("gs://e2e-us-east1", "US-EAST1")
+            .unwrap();
+        objects
+            .create_bucket("gs://e2e-us-central1", "US-CENTRAL1")
+            .unwrap();
+        std::fs::create_dir_all(dir.path().join("marks")).unwrap();
+        let mut emulator = Command::new(BIN)
+            .args([
+                "emulator",
+                "--listen",
+                "127.0.0.1:0",
+                "--speed",
+                "10",
+                "--workers",
+            ])
+            .arg(dir.path().join("workers"))
+            .arg(fixture("cloud.yaml"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(emulator.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        let url = first
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("the emulator said: {first}"))
+            .trim_end_matches(':')
+            .to_owned();
+        Rig {
+            dir,
+            emulator,
+            url,
+            controllers: Vec::new(),
+        }
+    }
+
+    /// A command with the rig's configuration in the environment, as a user exports it.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .current_dir(self.dir.path())
+            .env("TPU_RUNNER_DEPLOYMENT", fixture("deployment.yaml"))
+            .env(
+                "TPU_RUNNER_STORE",
+                format!("sqlite:{}", self.dir.path().join("state.db").display()),
+            )
+            .env("TPU_RUNNER_TPU_ENDPOINT", &self.url)
+            .env("TPU_RUNNER_OBJECTS", self.dir.path().join("objects"));
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> (i32, String) {
+        let out = self.command(args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.code().unwrap_or(-1), text)
+    }
+
+    fn start_controller(&mut self) {
+        let n = self.controllers.len();
+        let events =
+            std::fs::File::create(self.dir.path().join(format!("events-{n}.jsonl"))).unwrap();
+        let child = self
+            .command(&[
+                "controller",
+                "--local-workers",
+                &self.dir.path().join("workers").display().to_string(),
+                "--interval",
+                "0.3",
+                "--lease-ttl",
+                "5",
+                "--exit-when-idle",
+            ])
+            .stdout(events)
+            .spawn()
+            .unwrap();
+        self.controllers.push(child);
+    }
+
+    /// SIGKILLs the running controller, then starts another once its lease lapsed.
+    fn kill_and_restart_controller(&mut self) {
+        let last = self.controllers.last_mut().unwrap();
+        last.kill().unwrap();
+        last.wait().unwrap();
+        std::thread::sleep(Duration::from_secs(6));
+        self.start_controller();
+    }
+
+    fn jobs(&self) -> BTreeMap<String, Value> {
+        let (code, text) = self.run(&["status", "--json"]);
+        assert_eq!(code, 0, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        v["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| (j["id"].as_str().unwrap().to_owned(), j.clone()))
+            .collect()
+    }
+
+    fn job(&self, id: &str) -> Value {
+        let out = self.command(&["state", "export"]).output().unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        for table in ["jobs", "finished"] {
+            if let Some(j) = v[table]
+                .as_array()
+                .and_then(|a| a.iter().find(|j| j["id"] == id))
+            {
+                return j.clone();
+            }
+            if let Some(j) = v[table].as_object().and_then(|m| m.get(id)) {
+                return j.clone();
+            }
+        }
+        panic!("no job {id} in the store");
+    }
+
+    fn wait_for(&self, what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+        let until = Instant::now() + Duration::from_secs(secs);
+        while !done() {
+            assert!(Instant::now() < until, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn curl(&self, method: &str, path: &str) -> Value {
+        let out = Command::new("curl")
+            .args(["-sf", "-X", method, "-H", "content-type: application/json"])
+            .args(if method == "POST" {
+                vec!["-d", "{}"]
+            } else {
+                vec![]
+            })
+            .arg(format!("{}{path}", self.url))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{method} {path}: {out:?}");
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        for c in &mut self.controllers {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = self.emulator.kill();
+        let _ = self.emulator.wait();
+        stop_workers(&self.dir.path().join("workers"));
+    }
+}
+
+fn stop_workers(base: &Path) {
+    for zone in std::fs::read_dir(base).into_iter().flatten().flatten() {
+        for tpu in std::fs::read_dir(zone.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for w in std::fs::read_dir(tpu.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                tpu_runner::worker::agent::stop_all(&tpu_runner::worker::agent::Root::new(
+                    w.path(),
+                ));
+            }
+        }
+    }
+}
+
+/// Processes whose environment names one of `jobs`' attempts (`JOB_ID=…`).
+fn processes_of_jobs(dir: &Path) -> Vec<String> {
+    let needle = format!("MARKS={}", dir.join("marks").display());
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if entry.file_name().to_string_lossy().parse::<u32>().is_err() {
+            continue;
+        }
+        if let Ok(mut f) = std::fs::File::open(entry.path().join("environ")) {
+            let mut env = Vec::new();
+            let _ = f.read_to_end(&mut env);
+            if env.split(|&b| b == 0).any(|v| v == needle.as_bytes()) {
+                let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+                found.push(String::from_utf8_lossy(&cmd).replace('\0', " "));
+            }
+        }
+    }
+    found
+}
+
+fn manifest(marks: &Path) -> String {
+    let mark = "echo \"$ATTEMPT_ID\" >> \"$MARKS/$JOB_ID\"";
+    let mut jobs = String::from("jobs:\n");
+    let mut job = |id: &str, buckets: &str, command: &str, priority: &str| {
+        jobs.push_str(&format!(
+            "  - id: {id}\n    tpu: v6e-8\n    bundle: bundle\n    priority: {priority}\n    buckets: [{buckets}]\n    env: {{MARKS: \"{}\"}}\n    command: '{mark}; {command}'\n",
+            marks.display()
+        ));
+    };
+    let east = "gs://e2e-us-east1";
+    let central = "gs://e2e-us-central1";
+    let both = "gs://e2e-us-east1, gs://e2e-us-central1";
+    for i in 1..=16 {
+        let buckets = match i {
+            1..=6 => east,
+            7..=12 => central,
+            _ => both,
+        };
+        job(&format!("j{i:02}"), buckets, "sleep 1; echo done", "normal");
+    }
+    job("resume", both, "bash count.sh", "high");
+    job("pending-cancel", both, "echo never", "low");
+    job("running-cancel", both, "sleep 600", "high");
+    job("fails", east, "echo failing; exit 3", "normal");
+    jobs
+}
+
+const COUNT: &str = r#"set -euo pipefail
+dir="$TPU_RUNNER_OBJECTS/${CHECKPOINT_GCS_DIR#gs://}"
+mkdir -p "$dir"
+step=$(cat "$dir/step" 2>/dev/null || echo 0)
+echo "starting at step $step in $TPU_ZONE"
+while [ "$step" -lt 30 ]; do
+  sleep 0.5
+  step=$((step + 1))
+  echo "$step" > "$dir/step.tmp" && mv "$dir/step.tmp" "$dir/step"
+  echo "step $step"
+done
+"#;
+
+#[test]
+fn twenty_jobs_survive_a_preemption_cancels_and_two_controller_kills() {
+    let mut rig = Rig::new();
+    let dir = rig.dir.path().to_path_buf();
+    std::fs::create_dir_all(dir.join("bundle")).unwrap();
+    std::fs::write(dir.join("bundle/count.sh"), COUNT).unwrap();
+    std::fs::write(dir.join("job.yaml"), manifest(&dir.join("marks"))).unwrap();
+
+    let (code, out) = rig.run(&["submit", "job.yaml", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.lines().count(), 20, "{out}");
+    // A second submission of the same ids creates nothing.
+    let (code, _) = rig.run(&["submit", "job.yaml", "--job-id", "j01"]);
+    assert_eq!(code, 2);
+    // Cancelled before any controller saw it: deactivated at once.
+    let (code, out) = rig.run(&["cancel", "pending-cancel", "--json"]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, r#"{"job_id":"pending-cancel","status":"deactivated"}"#)
+    );
+    let (code, _) = rig.run(&["cancel", "no-such-job"]);
+    assert_eq!(code, 1);
+
+    rig.start_controller();
+    // The checkpointing job runs and saves a few steps; then its TPU is preempted.
+    let mut resumed_from = None;
+    rig.wait_for("the resume job to run a few steps", 120, || {
+        let j = rig.job("resume");
+        let step =
+            std::fs::read_to_string(dir.join("objects/e2e-us-east1/jobs/resume/checkpoints/step"))
+                .or_else(|_| {
+                    std::fs::read_to_string(
+                        dir.join("objects/e2e-us-central1/jobs/resume/checkpoints/step"),
+                    )
+                })
+                .unwrap_or_default();
+        let running = j["status"] == "running";
+        if running && step.trim().parse::<u32>().unwrap_or(0) >= 4 {
+            resumed_from = Some(j.clone());
+            true
+        } else {
+            false
+        }
+    });
+    let first = resumed_from.unwrap();
+    let attempt = first["attempts"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    let (zone, node) = (
+        attempt["zone"].as_str().unwrap().to_owned(),
+        attempt["tpu_name"].as_str().unwrap().to_owned(),
+    );
+    let region = first["placement"]["region"].as_str().unwrap().to_owned();
+    rig.curl(
+        "POST",
+        &format!("/emulator/v1/projects/e2e-project/locations/{zone}/nodes/{node}/preempt"),
+    );
+    // The first controller dies mid-run.
+    std::thread::sleep(Duration::from_millis(1300));
+    rig.kill_and_restart_controller();
+
+    // The long job runs; cancel it.
+    rig.wait_for("running-cancel to run", 120, || {
+        rig.job("running-cancel")["status"] == "running"
+            && std::fs::read_to_string(dir.join("marks/running-cancel")).is_ok()
+    });
+    let (code, out) = rig.run(&["cancel", "running-cancel"]);
+    assert_eq!(code, 0, "{out}");
+    // The second controller dies too.
+    std::thread::sleep(Duration::from_millis(700));
+    rig.kill_and_restart_controller();
+
+    // The third drains the queue and stops when nothing is left.
+    let last = rig.controllers.last_mut().unwrap();
+    let until = Instant::now() + Duration::from_secs(240);
+    let status = loop {
+        if let Some(s) = last.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < until,
+            "the controller did not drain the queue"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(status.success());
+    let events =
+        std::fs::read_to_string(dir.join(format!("events-{}.jsonl", rig.controllers.len() - 1)))
+            .unwrap();
+    assert!(
+        events.trim_end().ends_with(r#""status":"idle"}"#),
+        "{events}"
+    );
+
+    // Every job in its right terminal state.
+    assert!(
+        rig.jobs().is_empty(),
+        "active jobs left: {:?}",
+        rig.jobs().keys()
+    );
+    let mut ran: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 1..=16 {
+        let id = format!("j{i:02}");
+        let j = rig.job(&id);
+        assert_eq!(j["status"], "succeeded", "{id}: {j}");
+        let attempts = j["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 1, "{id} ran once: {j}");
+        let want = match i {
+            1..=6 => "us-east1",
+            7..=12 => "us-central1",
+            _ => j["placement"]["region"].as_str().unwrap(),
+        };
+        assert_eq!(j["placement"]["region"], want, "{id}");
+    }
+    let fails = rig.job("fails");
+    assert_eq!(fails["status"], "failed", "{fails}");
+    assert_eq!(rig.job("pending-cancel")["status"], "deactivated");
+    assert!(
+        rig.job("pending-cancel")["attempts"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(rig.job("running-cancel")["status"], "deactivated");
+    // The preempted job went back to pending in its region and resumed from its checkpoint.
+    let resume = rig.job("resume");
+    assert_eq!(resume["status"], "succeeded", "{resume}");
+    let attempts = resume["attempts"].as_array().unwrap();
+    assert!(attempts.len() >= 2, "{resume}");
+    assert_eq!(resume["placement"]["region"], region.as_str());
+    for a in attempts {
+        let z = a["zone"].as_str().unwrap();
+        assert!(z.starts_with(&region), "an attempt left {region}: {a}");
+    }
+    let (_, logs) = rig.run(&["logs", "resume"]);
+    let starts: Vec<u32> = logs
+        .lines()
+        .filter_map(|l| l.strip_prefix("starting at step "))
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        starts.first() == Some(&0) && starts.iter().skip(1).all(|&s| s >= 4),
+        "resumed from its checkpoint: {starts:?}\n{logs}"
+    );
+    eprintln!(
+        "resume: {} attempts in {region}, started at steps {starts:?}; {} controllers",
+        attempts.len(),
+        rig.controllers.len()
+    );
+    // No attempt ran twice: each attempt id appears once in its job's marks.
+    for entry in std::fs::read_dir(dir.join("marks")).unwrap().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap();
+        for attempt in text.lines() {
+            *ran.entry(attempt.to_owned()).or_default() += 1;
+        }
+    }
+    let twice: Vec<_> = ran.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "attempts that ran twice: {twice:?}");
+    assert!(!ran.keys().any(|a| a.is_empty()));
+    // Nothing left running or billed.
+    assert!(
+        processes_of_jobs(&dir).is_empty(),
+        "left running: {:?}",
+        processes_of_jobs(&dir)
+    );
+    let status = rig.curl("GET", "/emulator/v1/status");
+    assert_eq!(status["liveNodes"], 0, "{status}");
+    assert_eq!(status["allocatedChips"], 0, "{status}");
+    for zone in ["us-east1-d", "us-central1-b"] {
+        let qrs = rig.curl(
+            "GET",
+            &format!("/v2/projects/e2e-project/locations/{zone}/queuedResources"),
+        );
+        assert!(
+            qrs["queuedResources"]
+                .as_array()
+                .is_none_or(|a| a.is_empty()),
+            "{zone}: {qrs}"
+        );
+    }
+}
