@@ -66,19 +66,51 @@ fn usage_errors_exit_2_and_help_has_examples() {
         tpu_runner(&["no-such-command"], dir.path()).status.code(),
         Some(2)
     );
+    // Every command a user types has an example (and the job commands their exit codes).
     for command in [
         "init",
         "validate-fleet",
         "validate-jobs",
         "plan",
+        "simulate",
+        "emulator",
+        "state export",
+        "state import",
+        "submit",
+        "status",
+        "cancel",
+        "set-priority",
+        "interrupt-spot",
+        "watch",
+        "logs",
+        "controller",
+        "local up",
         "completions",
     ] {
-        let out = tpu_runner(&[command, "--help"], dir.path());
-        assert!(out.status.success());
-        assert!(
-            String::from_utf8_lossy(&out.stdout).contains("Example:"),
-            "{command} --help has no example"
-        );
+        let mut args: Vec<&str> = command.split(' ').collect();
+        args.push("--help");
+        let out = tpu_runner(&args, dir.path());
+        assert!(out.status.success(), "{command}");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("Example"), "{command} --help has no example");
+        if ![
+            "init",
+            "validate-fleet",
+            "validate-jobs",
+            "plan",
+            "simulate",
+            "emulator",
+            "state export",
+            "state import",
+            "completions",
+        ]
+        .contains(&command)
+        {
+            assert!(
+                help.contains("Exit codes:"),
+                "{command} --help has no exit codes"
+            );
+        }
     }
     let version = tpu_runner(&["--version"], dir.path());
     assert_eq!(
@@ -87,6 +119,30 @@ fn usage_errors_exit_2_and_help_has_examples() {
     );
     let completions = tpu_runner(&["completions", "bash"], dir.path());
     assert!(String::from_utf8_lossy(&completions.stdout).contains("validate-fleet"));
+}
+
+/// The shipped examples validate against the local stack's fleet.
+#[test]
+fn examples_validate_against_the_local_fleet() {
+    let root = root();
+    for job in ["examples/hello/job.yaml", "examples/resume/job.yaml"] {
+        let out = tpu_runner(
+            &[
+                "validate-jobs",
+                job,
+                "--fleet",
+                "examples/local/deployment.yaml",
+            ],
+            &root,
+        );
+        assert!(
+            out.status.success(),
+            "{job}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = tpu_runner(&["validate-fleet", "examples/local/deployment.yaml"], &root);
+    assert!(out.status.success());
 }
 
 /// Every ```yaml block of the README is a fleet (has `tpus:`), a job manifest (`jobs:`) or a

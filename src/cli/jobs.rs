@@ -498,3 +498,58 @@ pub(crate) fn watch(
         }
     }
 }
+
+/// `interrupt-spot`: asks the controller to stop a managed Spot TPU running an attempt, as a
+/// preemption would (the job goes back to pending, pinned to its region). Exit 0 filed, 1
+/// refused (unknown target, not a managed Spot TPU running that attempt, already asked).
+pub(crate) fn interrupt_spot(
+    opts: &StackOpts,
+    resource: &str,
+    job: &str,
+    attempt: &str,
+    json: bool,
+) -> Result<ExitStatus, Failure> {
+    use crate::spec::fleet::EntryKind;
+    use crate::spec::gcp::ProvisioningModel;
+    use crate::store::InterruptResult;
+    let stack = Stack::resolve(opts)?;
+    let mut store = stack.open_store(false)?;
+    let fleet = stack.fleet.clone();
+    let eligible = move |entry: &Name| {
+        fleet.entry(entry.as_str()).is_some_and(|e| {
+            matches!(e.kind, EntryKind::Managed { .. })
+                && e.provisioning_model == ProvisioningModel::Spot
+        })
+    };
+    let result = store
+        .create_interruption_request(
+            &Name::new(resource),
+            &Name::new(job),
+            &Name::new(attempt),
+            &eligible,
+            wall_clock(),
+        )
+        .map_err(|e| store_failure(&e))?;
+    let refused = |why: String| {
+        eprintln!("error: not filed: {why}");
+        Ok(ExitStatus::Invalid)
+    };
+    match result {
+        InterruptResult::Requested(r) => {
+            if json {
+                line(
+                    json!({"request_id": r.id.as_str(), "resource_id": resource, "job_id": job, "attempt_id": attempt, "status": "requested"}),
+                );
+            } else {
+                print_stdout(&format!(
+                    "requested {}: the controller stops {resource} and requeues {job}\n",
+                    r.id
+                ));
+            }
+            Ok(ExitStatus::Ok)
+        }
+        InterruptResult::UnknownTarget(what) => refused(format!("no such {what}")),
+        InterruptResult::Exists(id) => refused(format!("request {id} exists already")),
+        InterruptResult::Rejected(why) => refused(why),
+    }
+}

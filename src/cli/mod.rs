@@ -248,6 +248,26 @@ enum Command {
         #[command(flatten)]
         stack: stack::StackOpts,
     },
+    /// Ask the controller to interrupt a managed Spot TPU running an attempt, as a Spot
+    /// preemption would (for testing checkpoint and resume).
+    #[command(
+        after_help = "Example:\n  tpu-runner interrupt-spot local-stack-east-1-0a1b2c3d --job-id resume --attempt-id attempt-1234abcd\n\nExit codes: 0 filed; 1 refused (the message says why); 5 the store failed."
+    )]
+    InterruptSpot {
+        /// The TPU record (`tpu-runner status` lists them).
+        resource: String,
+        /// The job it runs.
+        #[arg(long)]
+        job_id: String,
+        /// The attempt it runs.
+        #[arg(long)]
+        attempt_id: String,
+        /// A JSON line.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        stack: stack::StackOpts,
+    },
     /// Follow a job: its states and its workers' new output lines, until it ends.
     #[command(
         after_help = "Examples:\n  tpu-runner watch hello\n  tpu-runner watch hello --json\n\nExit codes: 0 the job succeeded; 1 it failed, was cancelled, or is unknown; 130 Ctrl-C."
@@ -628,6 +648,13 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
                 json,
             )
         }
+        Command::InterruptSpot {
+            resource,
+            job_id,
+            attempt_id,
+            json,
+            stack,
+        } => jobs::interrupt_spot(&stack, &resource, &job_id, &attempt_id, json),
         Command::Logs { job, stack } => jobs::logs(&stack, &job),
         Command::Controller {
             stack,
