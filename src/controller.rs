@@ -31,6 +31,9 @@ pub struct Settings {
     pub interval: Duration,
     /// Stop when nothing is left to do (no active job, nothing of ours in the cloud).
     pub exit_when_idle: bool,
+    /// When another controller holds the lease at start, wait for it (a restarted local
+    /// stack waits out its killed predecessor's lease) instead of exiting.
+    pub wait_for_lease: bool,
 }
 
 /// Why the controller stopped.
@@ -220,8 +223,17 @@ impl Controller {
         stop: &AtomicBool,
         on_pass: &mut dyn FnMut(&Pass),
     ) -> Result<Exit, ControllerError> {
-        if let Err(owner) = self.acquire(clock())? {
-            return Ok(Exit::LeaseHeld { owner });
+        loop {
+            match self.acquire(clock())? {
+                Ok(()) => break,
+                Err(owner) if !self.settings.wait_for_lease => {
+                    return Ok(Exit::LeaseHeld { owner });
+                }
+                Err(_) => sleep_unless_stopped(self.settings.interval, stop),
+            }
+            if stop.load(Ordering::SeqCst) {
+                return Ok(Exit::Stopped);
+            }
         }
         loop {
             if stop.load(Ordering::SeqCst) {

@@ -27,10 +27,39 @@ struct Rig {
     emulator: Child,
     url: String,
     controllers: Vec<Child>,
+    /// The state store's URL.
+    store: String,
+}
+
+/// The stores to run the lifecycle on: SQLite, and Firestore through Google's emulator when
+/// it runs (`.ci/run` starts it; with `TPU_RUNNER_REQUIRE_EMULATORS=1` it must).
+fn firestore() -> Option<String> {
+    match std::env::var("FIRESTORE_EMULATOR_HOST") {
+        Ok(host) if !host.is_empty() => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos();
+            Some(format!(
+                "firestore:lifecycle-{}-{nanos}",
+                std::process::id()
+            ))
+        }
+        _ => {
+            assert!(
+                std::env::var("TPU_RUNNER_REQUIRE_EMULATORS").as_deref() != Ok("1"),
+                "FIRESTORE_EMULATOR_HOST is not set but TPU_RUNNER_REQUIRE_EMULATORS=1"
+            );
+            eprintln!(
+                "the Firestore emulator is not running: the lifecycle on Firestore is skipped (start it as .ci/run does)"
+            );
+            None
+        }
+    }
 }
 
 impl Rig {
-    fn new() -> Rig {
+    fn new(store: Option<String>) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let objects = tpu_runner::objects::LocalDir::new(dir.path().join("objects"));
         objects
@@ -65,11 +94,14 @@ impl Rig {
             .unwrap_or_else(|| panic!("the emulator said: {first}"))
             .trim_end_matches(':')
             .to_owned();
+        let store =
+            store.unwrap_or_else(|| format!("sqlite:{}", dir.path().join("state.db").display()));
         Rig {
             dir,
             emulator,
             url,
             controllers: Vec::new(),
+            store,
         }
     }
 
@@ -79,10 +111,7 @@ impl Rig {
         c.args(args)
             .current_dir(self.dir.path())
             .env("TPU_RUNNER_DEPLOYMENT", fixture("deployment.yaml"))
-            .env(
-                "TPU_RUNNER_STORE",
-                format!("sqlite:{}", self.dir.path().join("state.db").display()),
-            )
+            .env("TPU_RUNNER_STORE", &self.store)
             .env("TPU_RUNNER_TPU_ENDPOINT", &self.url)
             .env("TPU_RUNNER_OBJECTS", self.dir.path().join("objects"));
         c
@@ -108,6 +137,7 @@ impl Rig {
                 "--lease-ttl",
                 "5",
                 "--exit-when-idle",
+                "--wait-for-lease",
             ])
             .stdout(events)
             .spawn()
@@ -115,12 +145,12 @@ impl Rig {
         self.controllers.push(child);
     }
 
-    /// SIGKILLs the running controller, then starts another once its lease lapsed.
+    /// SIGKILLs the running controller and starts another at once (it waits for the dead
+    /// one's lease to lapse).
     fn kill_and_restart_controller(&mut self) {
         let last = self.controllers.last_mut().unwrap();
         last.kill().unwrap();
         last.wait().unwrap();
-        std::thread::sleep(Duration::from_secs(6));
         self.start_controller();
     }
 
@@ -270,8 +300,19 @@ done
 "#;
 
 #[test]
-fn twenty_jobs_survive_a_preemption_cancels_and_two_controller_kills() {
-    let mut rig = Rig::new();
+fn twenty_jobs_survive_a_preemption_cancels_and_two_controller_kills_on_sqlite() {
+    lifecycle(None);
+}
+
+#[test]
+fn twenty_jobs_survive_a_preemption_cancels_and_two_controller_kills_on_firestore() {
+    if let Some(store) = firestore() {
+        lifecycle(Some(store));
+    }
+}
+
+fn lifecycle(store: Option<String>) {
+    let mut rig = Rig::new(store);
     let dir = rig.dir.path().to_path_buf();
     std::fs::create_dir_all(dir.join("bundle")).unwrap();
     std::fs::write(dir.join("bundle/count.sh"), COUNT).unwrap();
@@ -417,7 +458,8 @@ fn twenty_jobs_survive_a_preemption_cancels_and_two_controller_kills() {
         "resumed from its checkpoint: {starts:?}\n{logs}"
     );
     eprintln!(
-        "resume: {} attempts in {region}, started at steps {starts:?}; {} controllers",
+        "{}: resume: {} attempts in {region}, started at steps {starts:?}; {} controllers",
+        rig.store,
         attempts.len(),
         rig.controllers.len()
     );

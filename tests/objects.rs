@@ -76,7 +76,11 @@ fn objects_are_written_read_listed_and_deleted_alike() {
         let uri = |name: &str| format!("{bucket}/{name}");
         // The bucket's region, as GCP names regions; a missing bucket is named. (fake-gcs-server
         // ignores a new bucket's location and reports its own `-location`, US-CENTRAL1.)
-        let made_in = if kind == "gcs" { "us-central1" } else { "us-east1" };
+        let made_in = if kind == "gcs" {
+            "us-central1"
+        } else {
+            "us-east1"
+        };
         assert_eq!(store.location(&bucket).unwrap(), made_in, "{kind}");
         let missing = store.location("gs://no-such-bucket-here").unwrap_err();
         assert!(

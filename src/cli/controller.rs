@@ -35,6 +35,8 @@ pub(crate) struct ControllerArgs<'a> {
     pub lease_ttl: i64,
     /// Stop when idle.
     pub exit_when_idle: bool,
+    /// Wait for a lease another controller holds.
+    pub wait_for_lease: bool,
     /// Lease owner.
     pub owner: Option<&'a str>,
     /// Deployment epoch.
@@ -166,6 +168,7 @@ fn run_controller(
         lease_ttl_secs: args.lease_ttl,
         interval: Duration::from_secs_f64(args.interval),
         exit_when_idle: args.exit_when_idle,
+        wait_for_lease: args.wait_for_lease,
     };
     let who = settings.owner.clone();
     let mut controller = Controller::new(engine, store, backend, settings);
@@ -307,6 +310,7 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
             interval: args.interval,
             lease_ttl: 30,
             exit_when_idle: false,
+            wait_for_lease: true,
             owner: None,
             epoch: "local",
             policy: "classic",

@@ -314,6 +314,9 @@ enum Command {
         /// Stop when no job is active and nothing of ours is left in the cloud.
         #[arg(long)]
         exit_when_idle: bool,
+        /// When another controller holds the lease, wait for it instead of exiting.
+        #[arg(long)]
+        wait_for_lease: bool,
         /// Lease owner (default: CLOUD_RUN_EXECUTION, else a fresh local id).
         #[arg(long)]
         owner: Option<String>,
@@ -662,6 +665,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             interval,
             lease_ttl,
             exit_when_idle,
+            wait_for_lease,
             owner,
             epoch,
             policy,
@@ -671,6 +675,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             interval,
             lease_ttl,
             exit_when_idle,
+            wait_for_lease,
             owner: owner.as_deref(),
             epoch: &epoch,
             policy: &policy,
