@@ -333,6 +333,12 @@ fn lifecycle(store: Option<String>) {
     let (code, _) = rig.run(&["cancel", "no-such-job"]);
     assert_eq!(code, 1);
 
+    // `plan` on the live store: what the first pass would do, without any cloud call.
+    let (code, out) = rig.run(&["plan", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let plan: Value = serde_json::from_str(&out).unwrap();
+    assert!(!plan["actions"].as_array().unwrap().is_empty(), "{plan}");
+
     rig.start_controller();
     // The checkpointing job runs and saves a few steps; then its TPU is preempted.
     let mut resumed_from = None;
@@ -447,6 +453,16 @@ fn lifecycle(store: Option<String>) {
         let z = a["zone"].as_str().unwrap();
         assert!(z.starts_with(&region), "an attempt left {region}: {a}");
     }
+    let (code, json_logs) = rig.run(&["logs", "resume", "--json"]);
+    assert_eq!(code, 0);
+    let records: Vec<Value> = json_logs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        records.iter().filter(|r| r["event"] == "attempt").count(),
+        attempts.len()
+    );
     let (_, logs) = rig.run(&["logs", "resume"]);
     let starts: Vec<u32> = logs
         .lines()

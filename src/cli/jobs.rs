@@ -343,8 +343,9 @@ fn log_objects(
     found
 }
 
-/// `logs`: each attempt's result and its workers' output.
-pub(crate) fn logs(opts: &StackOpts, id: &str) -> Result<ExitStatus, Failure> {
+/// `logs`: each attempt's result and its workers' output (`--json`: one line per attempt
+/// and per log).
+pub(crate) fn logs(opts: &StackOpts, id: &str, json: bool) -> Result<ExitStatus, Failure> {
     let stack = Stack::resolve(opts)?;
     let mut store = stack.open_store(false)?;
     let objects = stack.objects()?;
@@ -356,6 +357,13 @@ pub(crate) fn logs(opts: &StackOpts, id: &str) -> Result<ExitStatus, Failure> {
     };
     let mut text = String::new();
     for a in &job.attempts {
+        if json {
+            text.push_str(&format!(
+                "{}\n",
+                json!({"event": "attempt", "job_id": id, "attempt_id": a.id.as_str(), "status": a.status.as_str(), "exit_code": a.exit_code, "error": a.error_summary, "tpu_name": a.tpu_name.as_str(), "zone": a.zone.as_str()})
+            ));
+            continue;
+        }
         text.push_str(&format!("[{}] status={}", a.id, a.status.as_str()));
         if let Some(code) = a.exit_code {
             text.push_str(&format!(" exit_code={code}"));
@@ -366,12 +374,24 @@ pub(crate) fn logs(opts: &StackOpts, id: &str) -> Result<ExitStatus, Failure> {
         text.push('\n');
     }
     let found = log_objects(objects.as_ref(), &job);
+    let mut failed = false;
     for (attempt, host, uri) in &found {
-        text.push_str(&format!("\n[{attempt} log {host}] {uri}\n"));
-        match objects.get(uri, 64 << 20) {
-            Ok(Some(data)) => text.push_str(&String::from_utf8_lossy(&data)),
-            Ok(None) => {}
-            Err(e) => eprintln!("log retrieval failed: {e}"),
+        let data = match objects.get(uri, 64 << 20) {
+            Ok(data) => data.unwrap_or_default(),
+            Err(e) => {
+                eprintln!("log retrieval failed: {e}");
+                failed = true;
+                continue;
+            }
+        };
+        let log = String::from_utf8_lossy(&data);
+        if json {
+            text.push_str(&format!(
+                "{}\n",
+                json!({"event": "log", "job_id": id, "attempt_id": attempt, "worker": host, "uri": uri, "text": log})
+            ));
+        } else {
+            text.push_str(&format!("\n[{attempt} log {host}] {uri}\n{log}"));
         }
     }
     print_stdout(&text);
@@ -385,7 +405,11 @@ pub(crate) fn logs(opts: &StackOpts, id: &str) -> Result<ExitStatus, Failure> {
             }
         );
     }
-    Ok(ExitStatus::Ok)
+    Ok(if failed {
+        ExitStatus::Invalid
+    } else {
+        ExitStatus::Ok
+    })
 }
 
 /// `watch`: state changes and new output lines until the job ends; exit 0 when it

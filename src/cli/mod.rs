@@ -84,12 +84,21 @@ enum Command {
         after_help = "Example:\n  tpu-runner plan --fleet docs/plan-example/deployment.yaml --state docs/plan-example/state.json --now 2026-01-01T12:00:00Z"
     )]
     Plan {
-        /// The fleet.
-        #[arg(long, default_value = "deployment.yaml")]
-        fleet: PathBuf,
-        /// A state snapshot (JSON, docs/state-schema.md).
+        /// The fleet (default: the local stack's, else `deployment.yaml`).
+        #[arg(long, env = "TPU_RUNNER_DEPLOYMENT")]
+        fleet: Option<PathBuf>,
+        /// A state snapshot (JSON, docs/state-schema.md); default: the live state of the
+        /// store (`--store`, as the job commands find it).
         #[arg(long)]
-        state: PathBuf,
+        state: Option<PathBuf>,
+        /// The state store to plan on when no --state is given.
+        #[arg(
+            long,
+            env = "TPU_RUNNER_STORE",
+            value_name = "URL",
+            conflicts_with = "state"
+        )]
+        store: Option<String>,
         /// An observation of the cloud (JSON); default: the cloud as the state believes it.
         #[arg(long)]
         observation: Option<PathBuf>,
@@ -286,11 +295,14 @@ enum Command {
     },
     /// Print a job's attempts and their workers' output.
     #[command(
-        after_help = "Example:\n  tpu-runner logs hello\n\nExit codes: 0; 1 unknown job; 5 the store failed."
+        after_help = "Examples:\n  tpu-runner logs hello\n  tpu-runner logs hello --json | jq -r 'select(.event == \"log\") | .text'\n\nExit codes: 0; 1 unknown job or a log that could not be read; 5 the store failed."
     )]
     Logs {
         /// Job id.
         job: String,
+        /// One JSON line per attempt and per worker log.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         stack: stack::StackOpts,
     },
@@ -529,14 +541,16 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
         Command::Plan {
             fleet,
             state,
+            store,
             observation,
             now,
             policy,
             json,
             write_state,
         } => plan::run(plan::PlanArgs {
-            fleet: &fleet,
-            state: &state,
+            fleet: fleet.as_deref(),
+            state: state.as_deref(),
+            store: store.as_deref(),
             observation: observation.as_deref(),
             now: now.as_deref(),
             policy: &policy,
@@ -658,7 +672,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             json,
             stack,
         } => jobs::interrupt_spot(&stack, &resource, &job_id, &attempt_id, json),
-        Command::Logs { job, stack } => jobs::logs(&stack, &job),
+        Command::Logs { job, json, stack } => jobs::logs(&stack, &job, json),
         Command::Controller {
             stack,
             local_workers,

@@ -22,8 +22,9 @@ use crate::spec::names;
 
 /// Options of `plan`.
 pub(crate) struct PlanArgs<'a> {
-    pub fleet: &'a Path,
-    pub state: &'a Path,
+    pub fleet: Option<&'a Path>,
+    pub state: Option<&'a Path>,
+    pub store: Option<&'a str>,
     pub observation: Option<&'a Path>,
     pub now: Option<&'a str>,
     pub policy: &'a str,
@@ -138,8 +139,26 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
 }
 
 pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
-    let fleet = load_fleet(args.fleet)?;
-    let mut state = load_state(args.state)?;
+    let (fleet, mut state) = match args.state {
+        Some(path) => (
+            load_fleet(args.fleet.unwrap_or(Path::new("deployment.yaml")))?,
+            load_state(path)?,
+        ),
+        // The live state: what the store holds now, read as a controller pass reads it.
+        None => {
+            let stack = super::stack::Stack::resolve(&super::stack::StackOpts {
+                fleet: args.fleet.map(Path::to_path_buf),
+                store: args.store.map(str::to_owned),
+                ..Default::default()
+            })?;
+            let mut store = stack.open_store(false)?;
+            let state = store
+                .load_active()
+                .map_err(|e| super::state::store_failure(&e))?
+                .state;
+            (stack.fleet, state)
+        }
+    };
     let Some(policy) = policy::by_name(args.policy) else {
         return Err(Failure {
             message: format!(
