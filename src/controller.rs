@@ -4,6 +4,9 @@
 //! only the lease, the store round trip, the pacing and when to stop. It decides nothing
 //! the engine decides, and it never acts before the pass that asked is committed.
 //!
+//! Structured logs (`tracing`): one record per pass (time taken, actions, events, whether
+//! work is left) and per stop; never a job's environment or a key.
+//!
 //! Crash safety comes from that order: a pass is persisted (one fenced, conditional
 //! transaction) before any of its actions goes out, and every action is idempotent by name
 //! (queued resources and nodes by their generated names, launches by attempt id), so a
@@ -238,9 +241,34 @@ impl Controller {
         loop {
             if stop.load(Ordering::SeqCst) {
                 self.release()?;
+                tracing::info!("stopped: lease released");
                 return Ok(Exit::Stopped);
             }
+            let started = std::time::Instant::now();
             let pass = self.pass(clock())?;
+            let ms = started.elapsed().as_millis() as u64;
+            match &pass {
+                Pass::Done {
+                    events,
+                    actions,
+                    busy,
+                } => tracing::info!(
+                    ms,
+                    actions,
+                    events = events.len(),
+                    busy,
+                    jobs = self.state.jobs.len(),
+                    "pass"
+                ),
+                Pass::CloudError(e) => {
+                    tracing::warn!(ms, error = %e.message, "pass skipped: the cloud could not be read")
+                }
+                Pass::Conflict(records) => tracing::info!(
+                    ms,
+                    records = records.len(),
+                    "pass redone: a command wrote a record it changed"
+                ),
+            }
             on_pass(&pass);
             match pass {
                 // A conflict is redone at once, from the store.
@@ -249,6 +277,7 @@ impl Controller {
                     // Hand the lease back, then look once more: a job submitted meanwhile
                     // is ours again unless another controller took over.
                     self.release()?;
+                    tracing::info!("idle: lease released");
                     if self.store.load_active()?.state.jobs.is_empty() {
                         return Ok(Exit::Idle);
                     }

@@ -37,6 +37,8 @@ pub(crate) struct ControllerArgs<'a> {
     pub exit_when_idle: bool,
     /// Wait for a lease another controller holds.
     pub wait_for_lease: bool,
+    /// Logs as JSON lines.
+    pub log_json: bool,
     /// Lease owner.
     pub owner: Option<&'a str>,
     /// Deployment epoch.
@@ -186,8 +188,23 @@ fn run_controller(
     Ok(ExitStatus::Ok)
 }
 
+/// Sends the controller's logs to stderr: JSON lines (one object per record, as Cloud
+/// Logging reads them) with `json`, else text.
+fn init_logs(json: bool) {
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .with_target(false);
+    let _ = if json {
+        builder.json().flatten_event(true).try_init()
+    } else {
+        builder.with_ansi(false).try_init()
+    };
+}
+
 /// `controller`.
 pub(crate) fn controller(args: &ControllerArgs<'_>) -> Result<ExitStatus, Failure> {
+    init_logs(args.log_json);
     let stack = Stack::resolve(args.stack)?;
     run_controller(&stack, args, &stop_flag())
 }
@@ -311,6 +328,7 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
             lease_ttl: 30,
             exit_when_idle: false,
             wait_for_lease: true,
+            log_json: false,
             owner: None,
             epoch: "local",
             policy: "classic",

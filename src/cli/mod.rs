@@ -329,6 +329,10 @@ enum Command {
         /// When another controller holds the lease, wait for it instead of exiting.
         #[arg(long)]
         wait_for_lease: bool,
+        /// Logs (stderr) as JSON lines, as Cloud Logging reads them (default when run as a
+        /// Cloud Run job).
+        #[arg(long, env = "CLOUD_RUN_JOB", value_parser = clap::builder::FalseyValueParser::new())]
+        log_json: bool,
         /// Lease owner (default: CLOUD_RUN_EXECUTION, else a fresh local id).
         #[arg(long)]
         owner: Option<String>,
@@ -680,6 +684,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             lease_ttl,
             exit_when_idle,
             wait_for_lease,
+            log_json,
             owner,
             epoch,
             policy,
@@ -690,6 +695,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             lease_ttl,
             exit_when_idle,
             wait_for_lease,
+            log_json,
             owner: owner.as_deref(),
             epoch: &epoch,
             policy: &policy,
