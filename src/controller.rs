@@ -245,7 +245,16 @@ impl Controller {
                 return Ok(Exit::Stopped);
             }
             let started = std::time::Instant::now();
-            let pass = self.pass(clock())?;
+            let pass = match self.pass(clock()) {
+                Ok(pass) => pass,
+                Err(e) => {
+                    // Fenced by a newer deployment: hand its controller the lease at once.
+                    if matches!(e, ControllerError::Fenced(_)) {
+                        let _ = self.release();
+                    }
+                    return Err(e);
+                }
+            };
             let ms = started.elapsed().as_millis() as u64;
             match &pass {
                 Pass::Done {

@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod cli;
 pub mod controller;
+pub mod deploy;
 pub mod driver;
 pub mod emulator;
 pub mod engine;

@@ -3,6 +3,7 @@
 //! allowed to print or exit.
 
 mod controller;
+mod deploy;
 mod emulator;
 mod exit_codes;
 mod jobs;
@@ -342,6 +343,29 @@ enum Command {
         /// Decision policy.
         #[arg(long, default_value = "classic")]
         policy: String,
+    },
+    /// Set up the fleet's project: services, runner bucket, Firestore, service accounts with
+    /// least-privilege grants, the SSH key secret, artifacts, the controller image and its
+    /// Cloud Run job, a new epoch. Idempotent; --dry-run prints every call in order.
+    #[command(
+        after_help = "Examples:\n  tpu-runner deploy deployment.yaml --dry-run --job-bucket gs://my-lab-us-east1\n  tpu-runner deploy deployment.yaml --job-bucket gs://my-lab-us-east1\n\nNot yet run against GCP by its authors: it is tested against recorded REST fixtures\n(tests/deploy.rs). Read --dry-run first.\n\nExit codes: 0 deployed (or planned); 1 the fleet is invalid; 2 bad flags; 3 a call\nwas refused (the step is named; run it again once fixed); 5 the store failed."
+    )]
+    Deploy {
+        /// The fleet file.
+        #[arg(default_value = "deployment.yaml")]
+        fleet: PathBuf,
+        /// Print every call in order, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// A bucket your jobs use (repeat): workers may write there, the controller read.
+        #[arg(long = "job-bucket", value_name = "gs://BUCKET")]
+        job_buckets: Vec<String>,
+        /// With --dry-run: the plan as JSON.
+        #[arg(long)]
+        json: bool,
+        /// The new deployment epoch (default: a fresh random one).
+        #[arg(long)]
+        epoch: Option<String>,
     },
     /// The whole stack on this machine: no cloud account, no bill.
     #[command(subcommand)]
@@ -699,6 +723,19 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             owner: owner.as_deref(),
             epoch: &epoch,
             policy: &policy,
+        }),
+        Command::Deploy {
+            fleet,
+            dry_run,
+            job_buckets,
+            json,
+            epoch,
+        } => deploy::run(&deploy::DeployArgs {
+            fleet: &fleet,
+            dry_run,
+            job_buckets: &job_buckets,
+            json,
+            epoch: epoch.as_deref(),
         }),
         Command::Local(LocalCommand::Up {
             dir,

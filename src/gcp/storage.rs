@@ -58,7 +58,7 @@ impl std::fmt::Debug for Storage {
 const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Percent-encodes an object name for a URL path segment.
-fn encode(name: &str) -> String {
+pub fn encode(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     for b in name.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
