@@ -80,9 +80,14 @@ pub(crate) fn run(args: &DeployArgs<'_>) -> Result<ExitStatus, Failure> {
         .map_err(|e| fail(ExitStatus::Io, format!("error: {e}\n")))?;
     let agent = std::env::current_exe()
         .and_then(std::fs::read)
-        .map_err(|e| fail(ExitStatus::Io, format!("error: cannot read this binary: {e}\n")))?;
-    let deployment = std::fs::read(args.fleet)
-        .map_err(|e| Failure::io("read", args.fleet, &e, None))?;
+        .map_err(|e| {
+            fail(
+                ExitStatus::Io,
+                format!("error: cannot read this binary: {e}\n"),
+            )
+        })?;
+    let deployment =
+        std::fs::read(args.fleet).map_err(|e| Failure::io("read", args.fleet, &e, None))?;
     let mut materials = deploy::apply::Materials {
         agent,
         deployment,
@@ -108,7 +113,15 @@ pub(crate) fn run(args: &DeployArgs<'_>) -> Result<ExitStatus, Failure> {
         crate::controller::wall_clock(),
         &mut |line| print_stdout(&format!("{line}\n")),
     )
-    .map_err(|e| fail(ExitStatus::Io, format!("error: {e}\n  = hint: deploy is idempotent: fix the cause and run it again\n")))?;
-    print_stdout(&format!("deployed {} (epoch {})\n", fleet.name, inputs.epoch));
+    .map_err(|e| {
+        fail(
+            ExitStatus::Io,
+            format!("error: {e}\n  = hint: deploy is idempotent: fix the cause and run it again\n"),
+        )
+    })?;
+    print_stdout(&format!(
+        "deployed {} (epoch {})\n",
+        fleet.name, inputs.epoch
+    ));
     Ok(ExitStatus::Ok)
 }

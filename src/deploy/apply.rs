@@ -93,7 +93,12 @@ fn refused(what: &str, method: &str, url: &str, code: u16, body: &[u8]) -> Strin
 }
 
 /// Sends `r` (its JSON body), following a long-running operation it returns to its end.
-fn send(http: &mut dyn Http, what: &str, r: &Request, body: Option<&Value>) -> Result<Value, String> {
+fn send(
+    http: &mut dyn Http,
+    what: &str,
+    r: &Request,
+    body: Option<&Value>,
+) -> Result<Value, String> {
     let bytes = body.or(r.body.as_ref()).map(json_body);
     let (code, reply) = http.send(
         r.method,
@@ -131,7 +136,9 @@ fn follow(http: &mut dyn Http, what: &str, url: &str, mut reply: Value) -> Resul
         }
         reply = parse(&body);
     }
-    Err(format!("{what}: the operation did not finish within a minute"))
+    Err(format!(
+        "{what}: the operation did not finish within a minute"
+    ))
 }
 
 /// Adds the missing `bindings` to `policy`; true when it changed.
@@ -201,7 +208,9 @@ pub fn apply(
                     404 => {
                         let body = if create.url.ends_with(":addVersion") {
                             let key = (materials.keygen)()?;
-                            Some(json!({"payload": {"data": base64::engine::general_purpose::STANDARD.encode(key)}}))
+                            Some(
+                                json!({"payload": {"data": base64::engine::general_purpose::STANDARD.encode(key)}}),
+                            )
                         } else {
                             None
                         };
@@ -274,11 +283,14 @@ pub fn apply(
                 let data: Vec<u8> = match source.as_str() {
                     "agent" => materials.agent.clone(),
                     "agent-sha256" => format!("{sha}  tpu-runner\n").into_bytes(),
+                    "image-context" => image_context(&materials.agent)?,
                     _ => materials.deployment.clone(),
                 };
                 let (bucket, name) = crate::objects::split(uri).map_err(|e| e.to_string())?;
                 let encoded = crate::gcp::storage::encode(name);
-                let meta = format!("https://storage.googleapis.com/storage/v1/b/{bucket}/o/{encoded}?fields=crc32c,size");
+                let meta = format!(
+                    "https://storage.googleapis.com/storage/v1/b/{bucket}/o/{encoded}?fields=crc32c,size"
+                );
                 let (code, body) = http.send("GET", &meta, None)?;
                 let crc = crate::gcp::storage::crc32c_b64(&data);
                 let same = code == 200 && {
@@ -295,7 +307,8 @@ pub fn apply(
                 let url = format!(
                     "https://storage.googleapis.com/upload/storage/v1/b/{bucket}/o?uploadType=media&name={encoded}"
                 );
-                let (code, body) = http.send("POST", &url, Some((&data, "application/octet-stream")))?;
+                let (code, body) =
+                    http.send("POST", &url, Some((&data, "application/octet-stream")))?;
                 if !(200..300).contains(&code) {
                     return Err(refused(what, "POST", &url, code, &body));
                 }
@@ -304,4 +317,31 @@ pub fn apply(
         }
     }
     Ok(())
+}
+
+/// The controller image's build context: a Dockerfile (Debian slim with OpenSSH's client,
+/// which the SSH transport runs) and the binary. Deterministic (fixed metadata), so an
+/// unchanged binary is not uploaded again.
+fn image_context(agent: &[u8]) -> Result<Vec<u8>, String> {
+    const DOCKERFILE: &str = "FROM debian:12-slim\nRUN apt-get update && apt-get install -y --no-install-recommends openssh-client ca-certificates && rm -rf /var/lib/apt/lists/*\nCOPY tpu-runner /usr/local/bin/tpu-runner\nUSER nobody\nENTRYPOINT [\"/usr/local/bin/tpu-runner\"]\n";
+    let gz = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(Vec::new(), flate2::Compression::new(6));
+    let mut tar = tar::Builder::new(gz);
+    for (name, data, mode) in [
+        ("Dockerfile", DOCKERFILE.as_bytes(), 0o644),
+        ("tpu-runner", agent, 0o755),
+    ] {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(mode);
+        header.set_mtime(0);
+        header.set_uid(0);
+        header.set_gid(0);
+        tar.append_data(&mut header, name, data)
+            .map_err(|e| e.to_string())?;
+    }
+    tar.into_inner()
+        .and_then(|gz| gz.finish())
+        .map_err(|e| e.to_string())
 }

@@ -163,7 +163,10 @@ pub const CONTROLLER_TPU_PERMISSIONS: [&str; 10] = [
 const IAP_RANGE: &str = "35.235.240.0/20";
 
 fn account(fleet: &FleetSpec, who: &str) -> String {
-    format!("{}-{who}@{}.iam.gserviceaccount.com", fleet.name, fleet.project)
+    format!(
+        "{}-{who}@{}.iam.gserviceaccount.com",
+        fleet.name, fleet.project
+    )
 }
 
 fn bucket_name(uri: &str) -> &str {
@@ -180,6 +183,13 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
     let p = &fleet.project;
     let region = &fleet.controller_region;
     let bucket = bucket_name(&fleet.bucket).to_owned();
+    // A runner bucket whose name ends in a region (the derived `<project>-<name>-us-central2`,
+    // as the original created it) is made there; any other in the controller's region.
+    let parts: Vec<&str> = bucket.split('-').collect();
+    let bucket_region = (parts.len() >= 2)
+        .then(|| parts[parts.len() - 2..].join("-"))
+        .filter(|r| crate::spec::gcp::check_region(r).is_ok())
+        .unwrap_or_else(|| region.clone());
     let controller = account(fleet, "controller");
     let worker = account(fleet, "worker");
     let sa = |email: &str| format!("serviceAccount:{email}");
@@ -198,7 +208,7 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
         ),
     }];
     steps.push(Step::Ensure {
-        what: format!("runner bucket gs://{bucket} in {region}"),
+        what: format!("runner bucket gs://{bucket} in {bucket_region}"),
         check: Request::get(format!(
             "https://storage.googleapis.com/storage/v1/b/{bucket}?fields=name"
         )),
@@ -206,9 +216,7 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
             format!("https://storage.googleapis.com/storage/v1/b?project={p}"),
             json!({
                 "name": bucket,
-                // The original always used us-central2; the controller's region keeps its
-                // reads in one region.
-                "location": region.to_uppercase(),
+                "location": bucket_region.to_uppercase(),
                 "iamConfiguration": {
                     "uniformBucketLevelAccess": {"enabled": true},
                     "publicAccessPrevention": "enforced"
@@ -237,12 +245,17 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
         });
     }
     steps.push(Step::Ensure {
-        what: format!("Firestore database (default) in {}", fleet.firestore_location),
+        what: format!(
+            "Firestore database (default) in {}",
+            fleet.firestore_location
+        ),
         check: Request::get(format!(
             "https://firestore.googleapis.com/v1/projects/{p}/databases/(default)"
         )),
         create: Request::post(
-            format!("https://firestore.googleapis.com/v1/projects/{p}/databases?databaseId=(default)"),
+            format!(
+                "https://firestore.googleapis.com/v1/projects/{p}/databases?databaseId=(default)"
+            ),
             json!({"locationId": fleet.firestore_location, "type": "FIRESTORE_NATIVE"}),
         ),
     });
@@ -320,7 +333,9 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
         }],
     });
     steps.push(Step::Grant {
-        what: format!("runner bucket gs://{bucket}: both accounts read (agent, startup script, fleet)"),
+        what: format!(
+            "runner bucket gs://{bucket}: both accounts read (agent, startup script, fleet)"
+        ),
         resource: format!("https://storage.googleapis.com/storage/v1/b/{bucket}"),
         storage: true,
         bindings: vec![
@@ -409,6 +424,11 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
         what: "the fleet the controller reads".into(),
         uri: format!("gs://{bucket}/specs/deployment.yaml"),
         source: "deployment".into(),
+    });
+    steps.push(Step::Upload {
+        what: "the controller image's build context (a Dockerfile and this binary)".into(),
+        uri: format!("gs://{bucket}/artifacts/controller-image.tar.gz"),
+        source: "image-context".into(),
     });
     steps.push(Step::Ensure {
         what: format!("Artifact Registry repository {repo} in {region}"),
