@@ -302,3 +302,141 @@ fn keys_never_reach_messages_logs_or_objects() {
         }
     }
 }
+
+/// Production's way to a worker: the TPU API says where each worker is (`networkEndpoints`)
+/// and which host key it has (`hostkeys` guest attributes); the key is pinned before the
+/// first connection. Here the emulator serves both for a real sshd; an sshd that does not
+/// hold the published key is refused, and once the API publishes a new key (a node
+/// re-created under the same name) it is used.
+#[test]
+fn host_keys_come_from_the_tpu_api_never_from_the_worker() {
+    use tpu_runner::backend::ssh::TpuSsh;
+    use tpu_runner::emulator::{self, Clock, World, lock};
+    use tpu_runner::gcp::http::{Endpoint, RetryPolicy};
+    use tpu_runner::gcp::tpu::{Client, Quotas};
+    if !sshd_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let objects = dir.path().join("objects");
+    let root = dir.path().join("roots/w-0");
+    // The emulator with one READY single-host TPU.
+    let s = tpu_runner::simulate::scenario::load(
+        &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/smoke.yaml"),
+    )
+    .unwrap();
+    let (sim, _) = tpu_runner::simulate::harness::world_of(&s, 1, None);
+    let world = World::new(sim, &s.fleet.project, Clock::Virtual).shared();
+    {
+        let mut w = lock(&world);
+        let labels = Arc::new(BTreeMap::from([(
+            "managed-by".to_owned(),
+            "smoke".to_owned(),
+        )]));
+        w.sim
+            .cloud
+            .create_queued_resource(
+                ustr::Ustr::from("us-east1-d"),
+                ustr::Ustr::from("tpu-ssh-qr"),
+                ustr::Ustr::from(TPU),
+                "v6e-8",
+                labels,
+            )
+            .unwrap();
+        w.sim.cloud.advance_to(3_600_000);
+    }
+    let running = emulator::start(world.clone(), "127.0.0.1:0").unwrap();
+    let register = |port: u16, host_key: &str| {
+        let out = std::process::Command::new("curl")
+            .args([
+                "-sf",
+                "-X",
+                "POST",
+                "-H",
+                "content-type: application/json",
+                "-d",
+            ])
+            .arg(
+                serde_json::json!({"ipAddress": "127.0.0.1", "port": port, "hostKey": host_key})
+                    .to_string(),
+            )
+            .arg(format!(
+                "{}/emulator/v1/projects/{}/locations/us-east1-d/nodes/{TPU}/workers/0",
+                running.url(),
+                s.fleet.project
+            ))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    let (ssh, client_public) = sshd::controller(dir.path(), env!("CARGO_BIN_EXE_tpu-runner"));
+    let env = [
+        ("TPU_RUNNER_WORKER_ROOT", root.display().to_string()),
+        ("TPU_RUNNER_OBJECTS", objects.display().to_string()),
+    ];
+    let server = start_sshd(&dir.path().join("sshd-a"), &client_public, &env);
+    register(server.port, &server.host_key);
+    let workers_over = |ssh: Arc<tpu_runner::worker::transport::Ssh>| {
+        let client = Client::new(
+            Endpoint::emulator(&running.url()),
+            &s.fleet.project,
+            Quotas::default(),
+            RetryPolicy::default(),
+        )
+        .unwrap();
+        let mut w = AgentWorkers::new(
+            Arc::new(TpuSsh::new(ssh, client, false, true)),
+            Arc::new(LocalDir::new(&objects)),
+            "proj",
+        );
+        w.min_free_bytes = 0;
+        w.heartbeat_secs = 1;
+        w
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let run = |workers: &AgentWorkers, attempt: &str| {
+        let mut r = request(attempt, 1, "echo found through the API");
+        r.tpu_type = TpuType::parse("v6e-8").unwrap();
+        let outcome = rt.block_on(workers.launch(&r));
+        (outcome, r)
+    };
+    let workers = workers_over(ssh.clone());
+    let (outcome, r) = run(&workers, "a-api-1");
+    assert_eq!(outcome, Outcome::Done);
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let f = InFlight {
+            attempt: r.attempt_id,
+            job: r.job_id,
+            bucket: Name::new(BUCKET),
+        };
+        let read = rt.block_on(workers.reports(&[f])).unwrap();
+        let report = read.reports.get(&r.attempt_id).cloned().unwrap_or_default();
+        if let Some(status) = report.statuses.first() {
+            assert_eq!(status.command_exit_code, Some(0), "{report:?}");
+            break;
+        }
+        assert!(Instant::now() < until, "no status: {report:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Another sshd (its own host key) takes the worker's address, but the API still
+    // publishes the first key: refused, never trusted.
+    let impostor = start_sshd(&dir.path().join("sshd-b"), &client_public, &env);
+    register(impostor.port, &server.host_key);
+    let workers = workers_over(ssh.clone());
+    match run(&workers, "a-api-2").0 {
+        Outcome::LaunchFailed(e) => {
+            assert!(e.message.to_ascii_lowercase().contains("host key"), "{e:?}")
+        }
+        other => panic!("an unpublished host key was accepted: {other:?}"),
+    }
+    // The API publishes the new key (the node was re-created): it is pinned and used.
+    register(impostor.port, &impostor.host_key);
+    let workers = workers_over(ssh);
+    assert_eq!(run(&workers, "a-api-3").0, Outcome::Done);
+    tpu_runner::worker::agent::stop_all(&tpu_runner::worker::agent::Root::new(root));
+}

@@ -5,6 +5,7 @@
 
 pub mod gcp;
 pub mod sim;
+pub mod ssh;
 pub mod workers;
 
 use std::fmt;

@@ -39,6 +39,8 @@ pub(crate) struct ControllerArgs<'a> {
     pub wait_for_lease: bool,
     /// Logs as JSON lines.
     pub log_json: bool,
+    /// How TPU VMs are reached.
+    pub ssh: SshArgs<'a>,
     /// Lease owner.
     pub owner: Option<&'a str>,
     /// Deployment epoch.
@@ -52,7 +54,11 @@ fn fail(status: ExitStatus, message: String) -> Failure {
 }
 
 /// The backend the stack names: the TPU API (or its emulator) and the workers.
-fn backend(stack: &Stack, local_workers: Option<&Path>) -> Result<Box<dyn CloudBackend>, Failure> {
+fn backend(
+    stack: &Stack,
+    local_workers: Option<&Path>,
+    ssh: &SshArgs<'_>,
+) -> Result<Box<dyn CloudBackend>, Failure> {
     let fleet = &stack.fleet;
     let client = Client::new(
         stack.endpoint(),
@@ -61,16 +67,19 @@ fn backend(stack: &Stack, local_workers: Option<&Path>) -> Result<Box<dyn CloudB
         RetryPolicy::default(),
     )
     .map_err(|e| fail(ExitStatus::Io, format!("error: the TPU API: {e}\n")))?;
+    let objects: Arc<dyn ObjectStore> = Arc::from(stack.objects()?);
     let Some(base) = local_workers
         .map(Path::to_path_buf)
         .or(stack.workers.clone())
     else {
-        return Err(fail(
-            ExitStatus::Usage,
-            "error: no workers to run jobs on: the SSH transport to TPU VMs is not wired into the controller yet (its host keys come from the nodes' guest attributes, still to be read)\n  = hint: run the local stack (`tpu-runner local up`), or pass --local-workers DIR with an emulator started with `--workers DIR`\n".into(),
-        ));
+        // TPU VMs over SSH: addresses and host keys from the TPU API.
+        let workers = ssh_workers(stack, ssh, objects)?;
+        return Ok(Box::new(GcpBackend::new(
+            client,
+            CreateSettings::of_fleet(fleet),
+            Box::new(workers),
+        )));
     };
-    let objects: Arc<dyn ObjectStore> = Arc::from(stack.objects()?);
     let agent = std::env::current_exe().map_err(|e| {
         fail(
             ExitStatus::Io,
@@ -91,6 +100,96 @@ fn backend(stack: &Stack, local_workers: Option<&Path>) -> Result<Box<dyn CloudB
         CreateSettings::of_fleet(fleet),
         Box::new(workers),
     )))
+}
+
+/// How the controller reaches TPU VMs.
+pub(crate) struct SshArgs<'a> {
+    /// The private key file, if given.
+    pub key_file: Option<&'a Path>,
+    /// The remote user.
+    pub user: &'a str,
+    /// The agent's path on the workers.
+    pub remote_agent: &'a str,
+}
+
+/// The agent on TPU VMs over SSH, each worker found and its host key pinned through the TPU
+/// API. The key comes from `--ssh-key`, else `TPU_RUNNER_SSH_PRIVATE_KEY` (the secret's
+/// content, as the Cloud Run job gets it), written to a private file.
+fn ssh_workers(
+    stack: &Stack,
+    args: &SshArgs<'_>,
+    objects: Arc<dyn ObjectStore>,
+) -> Result<AgentWorkers, Failure> {
+    let fleet = &stack.fleet;
+    if fleet.ssh_transport == crate::spec::fleet::SshTransport::Iap {
+        return Err(fail(
+            ExitStatus::Usage,
+            "error: ssh_transport: iap is not supported by this controller yet (its tunnel goes through gcloud)\n  = hint: use ssh_transport: direct, or run the local stack\n".into(),
+        ));
+    }
+    let key = match args.key_file {
+        Some(path) => path.to_path_buf(),
+        None => {
+            let text = std::env::var("TPU_RUNNER_SSH_PRIVATE_KEY").map_err(|_| {
+                fail(
+                    ExitStatus::Usage,
+                    "error: no SSH key to reach the TPU VMs: pass --ssh-key FILE or set TPU_RUNNER_SSH_PRIVATE_KEY (deploy puts it in the Cloud Run job)\n  = hint: to run jobs on this machine instead, run `tpu-runner local up`\n".into(),
+                )
+            })?;
+            private_key_file(&text)?
+        }
+    };
+    let client = Client::new(
+        stack.endpoint(),
+        &fleet.project,
+        Quotas::default(),
+        RetryPolicy::default(),
+    )
+    .map_err(|e| fail(ExitStatus::Io, format!("error: the TPU API: {e}\n")))?;
+    let emulator = stack.endpoint().emulator;
+    let ssh = crate::worker::transport::Ssh::new(args.user, key, args.remote_agent)
+        .map_err(|e| fail(ExitStatus::Io, format!("error: the SSH transport: {e}\n")))?;
+    let transport = crate::backend::ssh::TpuSsh::new(
+        Arc::new(ssh),
+        client,
+        fleet.ssh_transport == crate::spec::fleet::SshTransport::Direct,
+        emulator,
+    );
+    Ok(AgentWorkers::new(
+        Arc::new(transport),
+        objects,
+        &fleet.project,
+    ))
+}
+
+/// Writes a private key to a 0600 file in a 0700 folder that lives as long as the process.
+fn private_key_file(text: &str) -> Result<std::path::PathBuf, Failure> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let io = |e: std::io::Error| {
+        fail(
+            ExitStatus::Io,
+            format!("error: cannot keep the SSH key: {e}\n"),
+        )
+    };
+    let dir = std::env::temp_dir().join(format!("tpu-runner-key-{}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(io)?;
+    let path = dir.join("id_ed25519");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io)?;
+    file.write_all(text.trim_end().as_bytes())
+        .and_then(|()| file.write_all(b"\n"))
+        .map_err(io)?;
+    Ok(path)
 }
 
 fn owner(given: Option<&str>) -> String {
@@ -163,7 +262,7 @@ fn run_controller(
     })?;
     let engine = Engine::new(stack.fleet.clone(), EngineConfig::default(), policy);
     let store = stack.open_store(true)?;
-    let backend = backend(stack, args.local_workers)?;
+    let backend = backend(stack, args.local_workers, &args.ssh)?;
     let settings = Settings {
         owner: owner(args.owner),
         epoch: args.epoch.to_owned(),
@@ -329,6 +428,11 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
             exit_when_idle: false,
             wait_for_lease: true,
             log_json: false,
+            ssh: SshArgs {
+                key_file: None,
+                user: "tpurunner",
+                remote_agent: "/usr/local/bin/tpu-runner",
+            },
             owner: None,
             epoch: "local",
             policy: "classic",

@@ -330,6 +330,15 @@ enum Command {
         /// When another controller holds the lease, wait for it instead of exiting.
         #[arg(long)]
         wait_for_lease: bool,
+        /// The SSH private key for TPU VMs (default: TPU_RUNNER_SSH_PRIVATE_KEY's content).
+        #[arg(long, value_name = "FILE")]
+        ssh_key: Option<PathBuf>,
+        /// The user on TPU VMs.
+        #[arg(long, env = "TPU_RUNNER_SSH_USER", default_value = "tpurunner")]
+        ssh_user: String,
+        /// Where the startup script installs the agent on TPU VMs.
+        #[arg(long, default_value = "/usr/local/bin/tpu-runner", value_name = "PATH")]
+        remote_agent: String,
         /// Logs (stderr) as JSON lines, as Cloud Logging reads them (default when run as a
         /// Cloud Run job).
         #[arg(long, env = "CLOUD_RUN_JOB", value_parser = clap::builder::FalseyValueParser::new())]
@@ -708,6 +717,9 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             lease_ttl,
             exit_when_idle,
             wait_for_lease,
+            ssh_key,
+            ssh_user,
+            remote_agent,
             log_json,
             owner,
             epoch,
@@ -720,6 +732,11 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             exit_when_idle,
             wait_for_lease,
             log_json,
+            ssh: controller::SshArgs {
+                key_file: ssh_key.as_deref(),
+                user: &ssh_user,
+                remote_agent: &remote_agent,
+            },
             owner: owner.as_deref(),
             epoch: &epoch,
             policy: &policy,

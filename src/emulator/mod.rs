@@ -78,6 +78,22 @@ pub struct World {
     /// processes when they go, and every TPU that existed then, to empty their disks.
     live: HashMap<(String, String), u64>,
     present: HashMap<(String, String), u64>,
+    /// Workers reachable over SSH, registered through the control route: by (zone, node,
+    /// worker), the address the node's `networkEndpoints` give and the host key its guest
+    /// attributes publish.
+    pub ssh_workers: HashMap<(String, String, u32), SshWorker>,
+}
+
+/// A worker reachable over SSH (a real sshd on this machine, registered by a test).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SshWorker {
+    /// Its address.
+    pub ip_address: String,
+    /// Its SSH port (the emulator puts it in the endpoint's `port`).
+    pub port: u16,
+    /// `ssh-ed25519 AAAA…` as published in the `hostkeys` guest attributes.
+    pub host_key: String,
 }
 
 /// Operations and page tokens kept (older ones are forgotten: 404 / 400).
@@ -113,6 +129,7 @@ impl World {
             workers: None,
             live: HashMap::new(),
             present: HashMap::new(),
+            ssh_workers: HashMap::new(),
             default_job: JobBehaviour {
                 work_secs: 600.0,
                 checkpoint_secs: 0.0,

@@ -101,7 +101,7 @@ pub fn router(shared: Shared) -> Router {
         .route(&format!("{tpu}/nodes"), get(list_nodes))
         .route(
             &format!("{tpu}/nodes/{{node}}"),
-            get(get_node).delete(delete_node),
+            get(get_node).delete(delete_node).post(node_method),
         )
         .route(
             &format!("{tpu}/queuedResources"),
@@ -128,6 +128,12 @@ pub fn router(shared: Shared) -> Router {
             post(cancel),
         )
         .route(&format!("{ctl}/reports"), post(reports))
+        .route(
+            &format!(
+                "{ctl}/projects/{{project}}/locations/{{zone}}/nodes/{{node}}/workers/{{worker}}"
+            ),
+            post(register_ssh_worker),
+        )
         .fallback(|| async {
             Fail::new(
                 StatusCode::NOT_FOUND,
@@ -163,8 +169,12 @@ fn node_json(w: &World, n: &simc::NodeView<'_>) -> Value {
     let created = w.created.get(n.name.as_str());
     let external = created.map_or(w.sim.public_ip, |c| c.external_ips);
     let endpoints: Vec<Value> = (0..n.hosts.max(1))
-        .map(|_| {
-            let mut e = json!({"ipAddress": "127.0.0.1", "port": 22});
+        .map(|i| {
+            let ssh = w
+                .ssh_workers
+                .get(&(n.zone.to_string(), n.name.to_string(), i));
+            let (ip, port) = ssh.map_or(("127.0.0.1", 22), |s| (s.ip_address.as_str(), s.port));
+            let mut e = json!({"ipAddress": ip, "port": port});
             if external {
                 e["accessConfig"] = json!({"externalIp": "127.0.0.1"});
             }
@@ -677,6 +687,63 @@ async fn stockout(
             json!({"zone": zone, "stockedOut": s.on, "pools": pools}),
         )),
     }
+}
+
+/// `POST …/nodes/N:getGuestAttributes`: the `hostkeys` each registered worker publishes.
+async fn node_method(
+    State(shared): State<Shared>,
+    Path((project, zone, node)): Path<(String, String, String)>,
+) -> Reply {
+    let Some(name) = node.strip_suffix(":getGuestAttributes") else {
+        return Err(Fail::new(
+            StatusCode::NOT_FOUND,
+            "NOT_FOUND",
+            format!("the TPU API emulator does not serve POST nodes/{node}"),
+        ));
+    };
+    let (wait, reply) = {
+        let mut w = world(&shared, &project)?;
+        let wait = w.read_call();
+        let found = w
+            .sim
+            .cloud
+            .get_node(Ustr::from(&zone), Ustr::from(name))
+            .map(|n| n.map(|n| n.hosts));
+        let reply = match found {
+            Err(e) => Err(api_fail(&e, &zone, name)),
+            Ok(None) => Err(Fail::not_found(&format!(
+                "projects/{project}/locations/{zone}/nodes/{name}"
+            ))),
+            Ok(Some(hosts)) => {
+                let attributes: Vec<Value> = (0..hosts.max(1))
+                    .filter_map(|i| {
+                        let ssh = w.ssh_workers.get(&(zone.clone(), name.to_owned(), i))?;
+                        let (kind, key) = ssh.host_key.trim().split_once(' ')?;
+                        Some(json!({
+                            "queryPath": "hostkeys/",
+                            "queryValue": {"items": [{"namespace": "hostkeys", "key": kind, "value": key}]},
+                            "workerId": i.to_string(),
+                        }))
+                    })
+                    .collect();
+                Ok(Json(json!({"guestAttributes": attributes})))
+            }
+        };
+        (wait, reply)
+    };
+    after(wait, reply).await
+}
+
+/// `POST /emulator/v1/…/nodes/N/workers/I {ipAddress, port, hostKey}`: worker I of node N is
+/// the sshd at that address with that host key (its endpoint and guest attributes say so).
+async fn register_ssh_worker(
+    State(shared): State<Shared>,
+    Path((project, zone, node, worker)): Path<(String, String, String, u32)>,
+    Json(ssh): Json<crate::emulator::SshWorker>,
+) -> Reply {
+    let mut w = world(&shared, &project)?;
+    w.ssh_workers.insert((zone, node.clone(), worker), ssh);
+    Ok(Json(json!({"registered": node, "worker": worker})))
 }
 
 async fn preempt(

@@ -555,6 +555,42 @@ impl Client {
         self.rt.block_on(f)
     }
 
+    /// A node's guest attributes under `query_path` (`hostkeys/`: each worker's SSH host
+    /// keys, published by the TPU VM's guest agent), as (worker id, namespace, key, value).
+    pub fn guest_attributes(
+        &self,
+        zone: &str,
+        node: &str,
+        query_path: &str,
+    ) -> Result<Vec<GuestAttribute>, ApiError> {
+        let inner = self.inner.clone();
+        let url = inner.url(zone, &format!("nodes/{node}:getGuestAttributes"));
+        let body = serde_json::json!({ "queryPath": query_path });
+        self.rt.block_on(async move {
+            let v = inner
+                .call(reqwest::Method::POST, &url, Some(body), Kind::Read)
+                .await?;
+            let mut out = Vec::new();
+            for a in v["guestAttributes"].as_array().into_iter().flatten() {
+                let worker = match &a["workerId"] {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    _ => "0".to_owned(),
+                };
+                for item in a["queryValue"]["items"].as_array().into_iter().flatten() {
+                    let text = |k: &str| item[k].as_str().unwrap_or_default().to_owned();
+                    out.push(GuestAttribute {
+                        worker_id: worker.clone(),
+                        namespace: text("namespace"),
+                        key: text("key"),
+                        value: text("value"),
+                    });
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// Reads an operation by its full name.
     pub fn operation(&self, name: &str) -> Result<Operation, ApiError> {
         let inner = self.inner.clone();
@@ -566,6 +602,19 @@ impl Client {
             parse(v).map_err(|e| malformed(&format!("operation: {e}")))
         })
     }
+}
+
+/// One guest attribute of one worker (`getGuestAttributes`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuestAttribute {
+    /// The worker (`"0"`, `"1"` …).
+    pub worker_id: String,
+    /// `hostkeys` for SSH host keys.
+    pub namespace: String,
+    /// The key type (`ssh-ed25519`).
+    pub key: String,
+    /// The base64 key.
+    pub value: String,
 }
 
 /// The client's mutations as futures (cheap to clone; they run on `Client::block_on`).
