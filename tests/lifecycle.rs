@@ -511,3 +511,67 @@ fn lifecycle(store: Option<String>) {
         );
     }
 }
+
+/// On GCP, `submit` starts the fleet's Cloud Run controller job (here a loopback server
+/// answers as Cloud Run's `jobs:run` does) and says so; the jobs stay queued if it cannot.
+#[test]
+fn submit_starts_the_cloud_run_controller() {
+    use std::io::Write;
+    let rig = Rig::new(None);
+    let dir = rig.dir.path();
+    std::fs::create_dir_all(dir.join("bundle")).unwrap();
+    std::fs::write(
+        dir.join("job.yaml"),
+        "jobs:\n  - {id: one, tpu: v6e-8, bundle: bundle, buckets: [gs://e2e-us-east1], command: 'true'}\n  - {id: two, tpu: v6e-8, bundle: bundle, buckets: [gs://e2e-us-east1], command: 'true'}\n",
+    )
+    .unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut request_line = String::new();
+        reader.read_line(&mut request_line).unwrap();
+        let body = r#"{"name": "projects/e2e-project/locations/us-central1/operations/op-1", "metadata": {"@type": "type.googleapis.com/google.cloud.run.v2.Execution"}}"#;
+        write!(
+            stream,
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        request_line
+    });
+    let out = rig
+        .command(&["submit", "job.yaml", "--job-id", "one", "--json"])
+        .env(
+            "TPU_RUNNER_RUN_ENDPOINT",
+            format!("http://127.0.0.1:{port}"),
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        server.join().unwrap().trim(),
+        "POST /v2/projects/e2e-project/locations/us-central1/jobs/e2e-controller:run HTTP/1.1"
+    );
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["event"], "controller_triggered", "{text}");
+    assert_eq!(
+        last["operation"],
+        "projects/e2e-project/locations/us-central1/operations/op-1"
+    );
+    // Nobody answers: the job is queued all the same, and the exit code says the trigger failed.
+    let out = rig
+        .command(&["submit", "job.yaml", "--job-id", "two"])
+        .env("TPU_RUNNER_RUN_ENDPOINT", "http://127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the jobs are queued"));
+    assert_eq!(rig.jobs()["two"]["status"], "pending");
+}

@@ -68,20 +68,82 @@ pub(crate) fn submit(
             ));
         }
     }
-    if !json {
-        let controller = if stack.workers.is_some() {
-            "the local stack's controller picks them up within seconds"
-        } else {
-            "start the controller (`tpu-runner controller`) if none runs"
+    // The controller: the local stack's runs already; on GCP the Cloud Run job is started
+    // (an execution that finds another holding the lease exits at once); against an
+    // emulator there is no Cloud Run unless TPU_RUNNER_RUN_ENDPOINT names one.
+    let run_endpoint = std::env::var("TPU_RUNNER_RUN_ENDPOINT")
+        .ok()
+        .filter(|u| !u.trim().is_empty());
+    let on_gcp = stack.workers.is_none() && !stack.endpoint().emulator;
+    let triggered = if run_endpoint.is_some() || on_gcp {
+        Some(trigger_controller(&stack.fleet, run_endpoint.as_deref())?)
+    } else {
+        None
+    };
+    let ids: Vec<&str> = submitted.iter().map(|s| s.job_id.as_str()).collect();
+    if json {
+        if let Some(operation) = &triggered {
+            line(
+                json!({"event": "controller_triggered", "controller": format!("{}-controller", stack.fleet.name), "region": stack.fleet.controller_region, "operation": operation, "job_ids": ids}),
+            );
+        }
+    } else {
+        let controller = match (&triggered, stack.workers.is_some()) {
+            (Some(_), _) => format!(
+                "the controller ({}-controller, Cloud Run) was started",
+                stack.fleet.name
+            ),
+            (None, true) => "the local stack's controller picks them up within seconds".into(),
+            (None, false) => "start the controller (`tpu-runner controller`) if none runs".into(),
         };
         print_stdout(&format!(
             "{} job(s) queued in {}; {controller}. Follow one with `tpu-runner watch {}`.\n",
             submitted.len(),
             store.describe(),
-            submitted.first().map_or("JOB", |s| s.job_id.as_str())
+            ids.first().unwrap_or(&"JOB")
         ));
     }
     Ok(ExitStatus::Ok)
+}
+
+/// Runs the fleet's Cloud Run controller job (`jobs/<name>-controller:run`); its operation's
+/// name. A failure leaves the jobs queued and says so (exit 2, as the original).
+fn trigger_controller(
+    fleet: &crate::spec::FleetSpec,
+    endpoint: Option<&str>,
+) -> Result<String, Failure> {
+    use crate::deploy::apply::Http;
+    let base = endpoint
+        .unwrap_or("https://run.googleapis.com")
+        .trim_end_matches('/');
+    let url = format!(
+        "{base}/v2/projects/{}/locations/{}/jobs/{}-controller:run",
+        fleet.project, fleet.controller_region, fleet.name
+    );
+    let fail = |why: String| Failure {
+        message: format!(
+            "error: the jobs are queued, but the controller could not be started: {why}\n  = hint: run `tpu-runner controller`, or deploy the fleet (`tpu-runner deploy`)\n"
+        ),
+        status: ExitStatus::Usage,
+    };
+    let mut http: Box<dyn Http> = match endpoint {
+        Some(_) => Box::new(crate::deploy::apply::Plain::new().map_err(fail)?),
+        None => Box::new(crate::deploy::apply::Google::connect().map_err(fail)?),
+    };
+    let (code, body) = http
+        .send("POST", &url, Some((b"{}", "application/json")))
+        .map_err(fail)?;
+    if !(200..300).contains(&code) {
+        return Err(fail(format!(
+            "POST {url} → {code}: {}",
+            String::from_utf8_lossy(&body)
+                .chars()
+                .take(300)
+                .collect::<String>()
+        )));
+    }
+    let reply: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    Ok(reply["name"].as_str().unwrap_or_default().to_owned())
 }
 
 fn fail_submit(e: SubmitError) -> Failure {

@@ -44,6 +44,30 @@ impl Google {
     }
 }
 
+/// Plain HTTP without credentials (emulators, tests).
+pub struct Plain(Google);
+
+impl Plain {
+    /// A client.
+    pub fn new() -> Result<Plain, String> {
+        let endpoint = crate::gcp::http::Endpoint::emulator("http://127.0.0.1");
+        let (rt, http, auth) = crate::gcp::http::connect(&endpoint, Duration::from_secs(60))
+            .map_err(|e| e.to_string())?;
+        Ok(Plain(Google { rt, http, auth }))
+    }
+}
+
+impl Http for Plain {
+    fn send(
+        &mut self,
+        method: &str,
+        url: &str,
+        body: Option<(&[u8], &str)>,
+    ) -> Result<(u16, Vec<u8>), String> {
+        self.0.send(method, url, body)
+    }
+}
+
 impl Http for Google {
     fn send(
         &mut self,
