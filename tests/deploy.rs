@@ -212,8 +212,12 @@ fn deploy(fake: &mut Fake, store: &mut dyn StateStore) -> Vec<String> {
         keygen: Box::new(move || {
             keys += 1;
             assert_eq!(keys, 1, "one key per deploy at most");
-            Ok(KEY.to_vec())
+            Ok((
+                KEY.to_vec(),
+                b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAITEST tpurunner\n".to_vec(),
+            ))
         }),
+        public_key: None,
     };
     let mut lines = Vec::new();
     apply(
@@ -323,7 +327,8 @@ fn a_refusal_names_its_step_and_stops() {
     let mut materials = Materials {
         agent: Vec::new(),
         deployment: Vec::new(),
-        keygen: Box::new(|| Ok(KEY.to_vec())),
+        keygen: Box::new(|| Ok((KEY.to_vec(), Vec::new()))),
+        public_key: None,
     };
     let mut http = Refusing(0);
     let e = apply(

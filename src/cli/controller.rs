@@ -102,6 +102,9 @@ fn backend(
     )))
 }
 
+/// Where the startup script's `worker prepare` leaves its readiness marker on TPU VMs.
+pub(crate) const READY_DIR: &str = "/var/lib/tpu-runner";
+
 /// How the controller reaches TPU VMs.
 pub(crate) struct SshArgs<'a> {
     /// The private key file, if given.
@@ -147,8 +150,10 @@ fn ssh_workers(
     )
     .map_err(|e| fail(ExitStatus::Io, format!("error: the TPU API: {e}\n")))?;
     let emulator = stack.endpoint().emulator;
-    let ssh = crate::worker::transport::Ssh::new(args.user, key, args.remote_agent)
+    let mut ssh = crate::worker::transport::Ssh::new(args.user, key, args.remote_agent)
         .map_err(|e| fail(ExitStatus::Io, format!("error: the SSH transport: {e}\n")))?;
+    // A worker launches only once its startup script prepared it for this boot.
+    ssh.extra_args = vec!["--require-ready".into(), READY_DIR.into()];
     let transport = crate::backend::ssh::TpuSsh::new(
         Arc::new(ssh),
         client,

@@ -26,8 +26,9 @@ fn fail(status: ExitStatus, message: String) -> Failure {
     Failure { message, status }
 }
 
-/// Makes an ed25519 key with OpenSSH's `ssh-keygen` (no passphrase, comment `tpurunner`).
-fn keygen() -> Result<Vec<u8>, String> {
+/// Makes an ed25519 key pair with OpenSSH's `ssh-keygen` (no passphrase, comment
+/// `tpurunner`): (private, public).
+fn keygen() -> Result<(Vec<u8>, Vec<u8>), String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let path = dir.path().join("key");
     let out = std::process::Command::new("ssh-keygen")
@@ -41,7 +42,9 @@ fn keygen() -> Result<Vec<u8>, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    std::fs::read(&path).map_err(|e| e.to_string())
+    let private = std::fs::read(&path).map_err(|e| e.to_string())?;
+    let public = std::fs::read(path.with_extension("pub")).map_err(|e| e.to_string())?;
+    Ok((private, public))
 }
 
 pub(crate) fn run(args: &DeployArgs<'_>) -> Result<ExitStatus, Failure> {
@@ -92,6 +95,7 @@ pub(crate) fn run(args: &DeployArgs<'_>) -> Result<ExitStatus, Failure> {
         agent,
         deployment,
         keygen: Box::new(keygen),
+        public_key: None,
     };
     let mut store = crate::store::open(
         &crate::store::StoreUrl::Firestore {

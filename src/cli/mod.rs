@@ -439,6 +439,9 @@ struct WorkerOpts {
     /// Keep objects in this local folder (one folder per bucket) instead of Cloud Storage.
     #[arg(long, env = "TPU_RUNNER_OBJECTS")]
     objects: Option<PathBuf>,
+    /// Launch only when `worker prepare` marked this boot ready in DIR (TPU VMs).
+    #[arg(long, value_name = "DIR")]
+    require_ready: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -458,6 +461,25 @@ enum WorkerCommand {
         /// Attempt id.
         #[arg(long)]
         attempt: String,
+    },
+    /// Prepare this TPU VM worker at boot (root; run by the startup script): the runner
+    /// user, its authorized key, lingering, the agent's folders, the readiness marker.
+    Prepare {
+        /// The runner user.
+        #[arg(long, default_value = "tpurunner")]
+        user: String,
+        /// A file holding the controller's public key (`ssh-ed25519 …`).
+        #[arg(long, value_name = "FILE")]
+        authorized_key_file: PathBuf,
+        /// The agent's root folder.
+        #[arg(long, default_value = "/tmp/tpu-runner")]
+        root: PathBuf,
+        /// Shared-memory folder.
+        #[arg(long, default_value = "/dev/shm/tpu-runner")]
+        shm: PathBuf,
+        /// Where the readiness marker goes.
+        #[arg(long, default_value = "/var/lib/tpu-runner", value_name = "DIR")]
+        state_dir: PathBuf,
     },
     /// Stop an attempt on this worker.
     Cancel {
@@ -479,6 +501,7 @@ impl WorkerOpts {
             shm: self.shm.as_deref(),
             host: &self.host,
             objects: self.objects.as_deref(),
+            require_ready: self.require_ready.as_deref(),
         }
     }
 }
@@ -766,6 +789,13 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             interval,
         }),
         Command::Worker(WorkerCommand::Launch { at }) => worker::launch(&at.args()),
+        Command::Worker(WorkerCommand::Prepare {
+            user,
+            authorized_key_file,
+            root,
+            shm,
+            state_dir,
+        }) => worker::prepare(&user, &authorized_key_file, &root, &shm, &state_dir),
         Command::Worker(WorkerCommand::Supervise { at, job, attempt }) => {
             worker::supervise(&at.args(), &job, &attempt)
         }

@@ -22,6 +22,8 @@ pub struct WorkerArgs<'a> {
     pub host: &'a str,
     /// A local object folder instead of the environment's store.
     pub objects: Option<&'a Path>,
+    /// Launch only when this boot was prepared (the marker's folder).
+    pub require_ready: Option<&'a Path>,
 }
 
 impl WorkerArgs<'_> {
@@ -51,6 +53,14 @@ fn setup(message: String) -> Failure {
 
 /// `worker launch`.
 pub fn launch(args: &WorkerArgs<'_>) -> Result<ExitStatus, Failure> {
+    if let Some(dir) = args.require_ready
+        && !crate::worker::prepare::ready(dir)
+    {
+        return Err(setup(format!(
+            "this TPU VM is not prepared for this boot yet (no readiness marker in {}): its startup script has not finished",
+            dir.display()
+        )));
+    }
     let mut input = Vec::new();
     std::io::stdin()
         .take(16 << 20)
@@ -134,5 +144,27 @@ pub fn cancel(
         store.as_ref(),
     );
     print_stdout(&format!("{} {} {attempt}\n", ack.word(), args.host));
+    Ok(ExitStatus::Ok)
+}
+
+/// `worker prepare` (root, at boot).
+pub fn prepare(
+    user: &str,
+    key_file: &Path,
+    root: &Path,
+    shm: &Path,
+    state_dir: &Path,
+) -> Result<ExitStatus, Failure> {
+    let key = crate::files::read_text(key_file, 16 << 10)
+        .map_err(|e| setup(format!("{}: {e}", key_file.display())))?;
+    crate::worker::prepare::prepare(&crate::worker::prepare::Prepare {
+        user: user.to_owned(),
+        authorized_key: key,
+        root: root.to_path_buf(),
+        shm: shm.to_path_buf(),
+        state_dir: state_dir.to_path_buf(),
+    })
+    .map_err(|e| setup(format!("prepare: {e}")))?;
+    print_stdout(&format!("TPU_RUNNER_PREPARED {user}\n"));
     Ok(ExitStatus::Ok)
 }

@@ -96,8 +96,11 @@ pub struct Materials {
     pub agent: Vec<u8>,
     /// The fleet file's bytes.
     pub deployment: Vec<u8>,
-    /// Makes the controller's SSH private key (only called when the secret has no version).
-    pub keygen: Box<dyn FnMut() -> Result<Vec<u8>, String>>,
+    /// Makes the controller's SSH key pair, (private, public) (only called when the secret
+    /// has no version).
+    pub keygen: Box<dyn FnMut() -> Result<(Vec<u8>, Vec<u8>), String>>,
+    /// The public key made by this deploy, for `artifacts/ssh-key.pub` (filled by `apply`).
+    pub public_key: Option<Vec<u8>>,
 }
 
 fn json_body(v: &Value) -> Vec<u8> {
@@ -231,7 +234,8 @@ pub fn apply(
                     200..=299 => log(format!("ok      {what} (exists)")),
                     404 => {
                         let body = if create.url.ends_with(":addVersion") {
-                            let key = (materials.keygen)()?;
+                            let (key, public) = (materials.keygen)()?;
+                            materials.public_key = Some(public);
                             Some(
                                 json!({"payload": {"data": base64::engine::general_purpose::STANDARD.encode(key)}}),
                             )
@@ -308,6 +312,15 @@ pub fn apply(
                     "agent" => materials.agent.clone(),
                     "agent-sha256" => format!("{sha}  tpu-runner\n").into_bytes(),
                     "image-context" => image_context(&materials.agent)?,
+                    "startup" => {
+                        let (bucket, _) = crate::objects::split(uri).map_err(|e| e.to_string())?;
+                        super::startup::render(bucket, &sha)?.into_bytes()
+                    }
+                    "ssh-public-key" => match &materials.public_key {
+                        Some(key) => key.clone(),
+                        // Kept from the deploy that made the key.
+                        None => continue,
+                    },
                     _ => materials.deployment.clone(),
                 };
                 let (bucket, name) = crate::objects::split(uri).map_err(|e| e.to_string())?;

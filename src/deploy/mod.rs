@@ -22,6 +22,7 @@
 //!   workers will lack access rather than granting the whole project.
 
 pub mod apply;
+pub mod startup;
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -388,6 +389,12 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
             json!({"payload": {"data": "<generated ed25519 private key, base64>"}}),
         ),
     });
+    steps.push(Step::Upload {
+        what: "the controller's public key (workers authorize it), when this deploy made the key"
+            .into(),
+        uri: format!("gs://{bucket}/artifacts/ssh-key.pub"),
+        source: "ssh-public-key".into(),
+    });
     steps.push(Step::Grant {
         what: format!("secret {secret}: the controller reads it"),
         resource: format!("{secrets}/{secret}"),
@@ -419,6 +426,11 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
         what: "the agent's SHA-256".into(),
         uri: format!("gs://{bucket}/artifacts/tpu-runner.sha256"),
         source: "agent-sha256".into(),
+    });
+    steps.push(Step::Upload {
+        what: "the startup script TPUs run at boot (it checks the agent's SHA-256)".into(),
+        uri: format!("gs://{bucket}/artifacts/startup.sh"),
+        source: "startup".into(),
     });
     steps.push(Step::Upload {
         what: "the fleet the controller reads".into(),

@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod bundle;
+pub mod prepare;
 pub mod transport;
 
 use std::collections::BTreeMap;

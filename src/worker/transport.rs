@@ -186,6 +186,8 @@ pub struct Ssh {
     pinned: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
     /// The transport's private folder (known_hosts, connection sockets).
     dir: tempfile::TempDir,
+    /// Words added to every agent call (plain words only), e.g. `--require-ready DIR`.
+    pub extra_args: Vec<String>,
 }
 
 /// A word safe to pass as it is to a remote shell: letters, digits, `-`, `_`, `.`, `/`.
@@ -209,6 +211,7 @@ impl Ssh {
             dir: tempfile::Builder::new()
                 .prefix("tpu-runner-ssh")
                 .tempdir()?,
+            extra_args: Vec::new(),
         })
     }
 
@@ -313,7 +316,11 @@ impl Transport for Ssh {
             temporary: false,
             message,
         };
-        if !plain(&alias) || !args.iter().all(|a| plain(a)) || !plain(&self.remote_agent) {
+        if !plain(&alias)
+            || !args.iter().all(|a| plain(a))
+            || !self.extra_args.iter().all(|a| plain(a))
+            || !plain(&self.remote_agent)
+        {
             return Err(refuse(format!(
                 "{alias}: refusing a remote command that is not plain words"
             )));
@@ -329,6 +336,7 @@ impl Transport for Ssh {
         let remote = std::iter::once(self.remote_agent.as_str())
             .chain(["worker"])
             .chain(args.iter().copied())
+            .chain(self.extra_args.iter().map(String::as_str))
             .chain(["--host", alias.as_str()])
             .collect::<Vec<_>>()
             .join(" ");
