@@ -85,6 +85,7 @@ fn usage_errors_exit_2_and_help_has_examples() {
         "logs",
         "controller",
         "local up",
+        "deploy",
         "completions",
     ] {
         let mut args: Vec<&str> = command.split(' ').collect();
