@@ -215,27 +215,7 @@ impl Drop for Rig {
         }
         let _ = self.emulator.kill();
         let _ = self.emulator.wait();
-        stop_workers(&self.dir.path().join("workers"));
-    }
-}
-
-fn stop_workers(base: &Path) {
-    for zone in std::fs::read_dir(base).into_iter().flatten().flatten() {
-        for tpu in std::fs::read_dir(zone.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            for w in std::fs::read_dir(tpu.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                tpu_runner::worker::agent::stop_all(&tpu_runner::worker::agent::Root::new(
-                    w.path(),
-                ));
-            }
-        }
+        tpu_runner::worker::transport::Local::stop_all(&self.dir.path().join("workers"));
     }
 }
 

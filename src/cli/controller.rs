@@ -53,6 +53,17 @@ fn fail(status: ExitStatus, message: String) -> Failure {
     Failure { message, status }
 }
 
+/// A TPU API client for the stack's endpoint and project.
+fn tpu_client(stack: &Stack) -> Result<Client, Failure> {
+    Client::new(
+        stack.endpoint(),
+        &stack.fleet.project,
+        Quotas::default(),
+        RetryPolicy::default(),
+    )
+    .map_err(|e| fail(ExitStatus::Io, format!("error: the TPU API: {e}\n")))
+}
+
 /// The backend the stack names: the TPU API (or its emulator) and the workers.
 fn backend(
     stack: &Stack,
@@ -60,13 +71,7 @@ fn backend(
     ssh: &SshArgs<'_>,
 ) -> Result<Box<dyn CloudBackend>, Failure> {
     let fleet = &stack.fleet;
-    let client = Client::new(
-        stack.endpoint(),
-        &fleet.project,
-        Quotas::default(),
-        RetryPolicy::default(),
-    )
-    .map_err(|e| fail(ExitStatus::Io, format!("error: the TPU API: {e}\n")))?;
+    let client = tpu_client(stack)?;
     let objects: Arc<dyn ObjectStore> = Arc::from(stack.objects()?);
     let Some(base) = local_workers
         .map(Path::to_path_buf)
@@ -142,13 +147,7 @@ fn ssh_workers(
             private_key_file(&text)?
         }
     };
-    let client = Client::new(
-        stack.endpoint(),
-        &fleet.project,
-        Quotas::default(),
-        RetryPolicy::default(),
-    )
-    .map_err(|e| fail(ExitStatus::Io, format!("error: the TPU API: {e}\n")))?;
+    let client = tpu_client(stack)?;
     let emulator = stack.endpoint().emulator;
     let mut ssh = crate::worker::transport::Ssh::new(args.user, key, args.remote_agent)
         .map_err(|e| fail(ExitStatus::Io, format!("error: the SSH transport: {e}\n")))?;
@@ -445,31 +444,9 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
         &stop,
     );
     // The emulator's TPUs go with it: so do their workers' processes.
-    stop_local_workers(&workers_dir);
+    Local::stop_all(&workers_dir);
     let _ = std::fs::remove_file(stack_file);
     drop(running);
     stop.store(true, Ordering::SeqCst);
     result
-}
-
-/// Ends every worker process under `base` (`base/ZONE/TPU/w-I`).
-fn stop_local_workers(base: &Path) {
-    let Ok(zones) = std::fs::read_dir(base) else {
-        return;
-    };
-    for zone in zones.flatten() {
-        for tpu in std::fs::read_dir(zone.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            for worker in std::fs::read_dir(tpu.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                crate::worker::agent::stop_all(&crate::worker::agent::Root::new(worker.path()));
-            }
-        }
-    }
 }

@@ -34,10 +34,13 @@ pub struct Google {
 impl Google {
     /// Connects (credentials are looked up now, so a missing one fails here).
     pub fn connect() -> Result<Google, String> {
-        let endpoint = crate::gcp::http::Endpoint {
+        Google::to(crate::gcp::http::Endpoint {
             base: String::new(),
             emulator: false,
-        };
+        })
+    }
+
+    fn to(endpoint: crate::gcp::http::Endpoint) -> Result<Google, String> {
         let (rt, http, auth) = crate::gcp::http::connect(&endpoint, Duration::from_secs(120))
             .map_err(|e| e.to_string())?;
         Ok(Google { rt, http, auth })
@@ -50,10 +53,7 @@ pub struct Plain(Google);
 impl Plain {
     /// A client.
     pub fn new() -> Result<Plain, String> {
-        let endpoint = crate::gcp::http::Endpoint::emulator("http://127.0.0.1");
-        let (rt, http, auth) = crate::gcp::http::connect(&endpoint, Duration::from_secs(60))
-            .map_err(|e| e.to_string())?;
-        Ok(Plain(Google { rt, http, auth }))
+        Google::to(crate::gcp::http::Endpoint::emulator("http://127.0.0.1")).map(Plain)
     }
 }
 

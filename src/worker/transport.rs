@@ -111,6 +111,26 @@ pub struct Local {
 }
 
 impl Local {
+    /// Ends every agent process under `base` (`base/ZONE/TPU/w-I`), as the TPUs going away
+    /// would.
+    pub fn stop_all(base: &std::path::Path) {
+        let folders = |dir: &std::path::Path| -> Vec<PathBuf> {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .collect()
+        };
+        for zone in folders(base) {
+            for tpu in folders(&zone) {
+                for worker in folders(&tpu) {
+                    super::agent::stop_all(&super::agent::Root::new(worker));
+                }
+            }
+        }
+    }
+
     /// The root folder of `target`.
     pub fn root(&self, target: &Target) -> PathBuf {
         self.base
