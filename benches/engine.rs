@@ -93,5 +93,35 @@ fn steady_pass(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, planning_pass, steady_pass);
+/// What `plan` computes on a snapshot: one pass, then why each still-pending job waits, at
+/// 4k, 20k and 100k pending jobs (one idle TPU per ten jobs). Linear: what depends on a
+/// job's requirement is worked out once per class, and every list a reason names is bounded.
+fn plan_explain(c: &mut Criterion) {
+    use tpu_runner::engine::explain::explain;
+    let epoch = Timestamp::from_secs(1_767_225_600);
+    let mut group = c.benchmark_group("plan_explain");
+    group.sample_size(10);
+    for (n_jobs, n_entries) in [(4_000usize, 100usize), (20_000, 200), (100_000, 500)] {
+        let n_idle = n_jobs / 10;
+        let count = (n_idle / n_entries + 1) as u32;
+        let fleet = synthetic::fleet(n_entries, count);
+        let (state, obs) = synthetic::planning_instance(&fleet, n_jobs, n_idle, epoch);
+        let engine = Engine::new(fleet, EngineConfig::default(), Box::new(Classic));
+        let now = epoch.plus_secs(100_000);
+        group.bench_function(BenchmarkId::new("jobs", n_jobs), |b| {
+            b.iter_batched(
+                || state.clone(),
+                |mut s| {
+                    let out = engine.reconcile_from_scratch(&mut s, &obs, now);
+                    let waiting = explain(engine.index(), &s, &obs, &out, now);
+                    (waiting, s)
+                },
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, planning_pass, steady_pass, plan_explain);
 criterion_main!(benches);
