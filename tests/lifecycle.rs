@@ -158,7 +158,7 @@ impl Rig {
         let (code, text) = self.run(&["status", "--json"]);
         assert_eq!(code, 0, "{text}");
         let v: Value = serde_json::from_str(&text).unwrap();
-        v["jobs"]
+        v["jobs"]["items"]
             .as_array()
             .unwrap()
             .iter()

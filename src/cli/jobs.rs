@@ -204,13 +204,39 @@ pub(crate) fn status(opts: &StackOpts, json: bool) -> Result<ExitStatus, Failure
     if json {
         let jobs: Vec<_> = state.jobs.values().collect();
         let resources: Vec<_> = state.resources.values().collect();
+        let requests: Vec<_> = state.interruption_requests.values().collect();
+        let mut job_counts = std::collections::BTreeMap::<&str, usize>::new();
+        for j in &jobs {
+            *job_counts.entry(j.status.as_str()).or_default() += 1;
+        }
+        let mut tpu_counts = std::collections::BTreeMap::<&str, usize>::new();
+        for r in &resources {
+            *tpu_counts.entry(r.status.as_str()).or_default() += 1;
+        }
+        let entries: Vec<_> = stack
+            .fleet
+            .tpus
+            .iter()
+            .map(|e| {
+                json!({
+                    "id": e.id.as_str(),
+                    "type": e.tpu_type.to_string(),
+                    "zone": e.zone.as_str(),
+                    "adopted": e.is_adopted(),
+                    "ceiling_count": e.ceiling(),
+                    "keep_warm_count": e.keep_warm_count,
+                    "records": resources.iter().filter(|r| r.entry_id == e.id).count(),
+                })
+            })
+            .collect();
         line(json!({
-            "schema_version": 2,
+            "schema_version": crate::engine::state::SCHEMA_VERSION,
             "generated_at": wall_clock(),
-            "fleet": {"name": stack.fleet.name, "project": stack.fleet.project},
+            "fleet": {"name": stack.fleet.name, "project": stack.fleet.project, "idle_timeout_seconds": stack.fleet.idle_timeout_seconds, "entries": entries},
             "store": store.describe(),
-            "jobs": jobs,
-            "resources": resources,
+            "jobs": {"counts": job_counts, "items": jobs},
+            "resources": {"counts": tpu_counts, "items": resources},
+            "interruption_requests": requests,
         }));
         return Ok(ExitStatus::Ok);
     }

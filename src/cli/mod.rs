@@ -215,7 +215,7 @@ enum Command {
     },
     /// Show the active jobs and TPUs.
     #[command(
-        after_help = "Examples:\n  tpu-runner status\n  tpu-runner status --json | jq '.jobs[] | {id, status}'\n\nExit codes: 0; 5 the store failed."
+        after_help = "Examples:\n  tpu-runner status\n  tpu-runner status --json | jq '.jobs.items[] | {id, status}'\n\nExit codes: 0; 5 the store failed."
     )]
     Status {
         /// The state as one JSON document instead of tables.
