@@ -228,6 +228,36 @@ fn plan_on_the_documented_example() {
     );
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("Cargo.toml:1:"));
+    // Every waiting job's reasons come as codes too.
+    assert!(
+        report["waiting"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|w| w["codes"].as_array().unwrap().len() == w["reasons"].as_array().unwrap().len())
+    );
+    // --write-state never replaces a file, its own input least of all.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("state.json");
+    std::fs::copy(root.join("docs/plan-example/state.json"), &input).unwrap();
+    let before = std::fs::read(&input).unwrap();
+    let mut over = args.to_vec();
+    let input_text = input.display().to_string();
+    over[4] = &input_text;
+    over.extend(["--write-state", &input_text]);
+    let refused = tpu_runner(&over, root);
+    assert_eq!(refused.status.code(), Some(3));
+    assert!(
+        refused.stdout.is_empty(),
+        "nothing planned before the check"
+    );
+    assert_eq!(std::fs::read(&input).unwrap(), before);
+    let after = dir.path().join("after.json");
+    let after_text = after.display().to_string();
+    over.truncate(over.len() - 2);
+    over.extend(["--write-state", &after_text]);
+    assert!(tpu_runner(&over, root).status.success());
+    assert!(after.exists());
 }
 
 /// A damaged state (ownership that does not point both ways) is reported and repaired, never

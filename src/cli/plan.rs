@@ -139,6 +139,10 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
 }
 
 pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
+    // No flag may destroy a file: the state written goes to a new file, checked first.
+    if let Some(path) = args.write_state {
+        super::check_output(path, false)?;
+    }
     let (fleet, mut state) = match args.state {
         Some(path) => (
             load_fleet(args.fleet.unwrap_or(Path::new("deployment.yaml")))?,
@@ -193,7 +197,7 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
     let waiting = explain(engine.index(), &state, &observation, &out, now);
     if let Some(path) = args.write_state {
         let text = serde_json::to_string_pretty(&state).expect("state serialises") + "\n";
-        std::fs::write(path, text).map_err(|e| Failure::io("write", path, &e, None))?;
+        super::write_output(path, &text, false)?;
     }
     if args.json {
         let report = PlanReport {
