@@ -370,6 +370,19 @@ fn simulate_exit_codes() {
         code(&["simulate", "../notice.yaml", "--horizon-hours", "nan"]),
         Some(2)
     );
+    // Nothing runs twice under another name, and an empty policy list is no list.
+    assert_eq!(
+        code(&["simulate", "../notice.yaml", "../notice.yaml"]),
+        Some(2)
+    );
+    assert_eq!(
+        code(&["simulate", "../notice.yaml", "--policy", "classic,classic"]),
+        Some(2)
+    );
+    assert_eq!(
+        code(&["simulate", "../notice.yaml", "--policy", ""]),
+        Some(2)
+    );
     // A scenario whose data is missing is left out; the others run and are shown.
     let out = tpu_runner(
         &["simulate", "missing-trace.yaml", "../notice.yaml"],

@@ -105,6 +105,19 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
             status: ExitStatus::Usage,
         });
     }
+    // The same scenario twice would run its seeds twice and report them as more seeds.
+    for (i, f) in args.files.iter().enumerate() {
+        let key = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+        if args.files[..i].iter().any(|g| key(g) == key(f)) {
+            return Err(Failure {
+                message: format!(
+                    "error: `{}` is given twice: each scenario runs once per seed and policy\n",
+                    f.display()
+                ),
+                status: ExitStatus::Usage,
+            });
+        }
+    }
     if let Some(h) = args.horizon_hours
         && !(h.is_finite() && h > 0.0 && h <= 24.0 * 366.0)
     {
@@ -169,6 +182,25 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
                 .map(|s| s.trim().to_owned())
                 .filter(|s| !s.is_empty())
                 .collect();
+            if names.is_empty() {
+                return Err(Failure {
+                    message: format!(
+                        "error: --policy names no policy\n  = hint: known policies: {}\n",
+                        policy::NAMES.join(", ")
+                    ),
+                    status: ExitStatus::Usage,
+                });
+            }
+            if let Some((_, twice)) = names
+                .iter()
+                .enumerate()
+                .find(|(i, n)| names[..*i].contains(n))
+            {
+                return Err(Failure {
+                    message: format!("error: --policy names `{twice}` twice\n"),
+                    status: ExitStatus::Usage,
+                });
+            }
             if let Some(bad) = names.iter().find(|n| policy::by_name(n).is_none()) {
                 return Err(Failure {
                     message: format!(
