@@ -68,7 +68,7 @@ impl TpuSsh {
         }
         let node = self
             .client
-            .get_nodes(&[key.clone()])
+            .get_nodes(std::slice::from_ref(&key))
             .pop()
             .expect("one answer per node asked")
             .map_err(|e| Self::fail(true, target, format!("reading its node: {e}")))?

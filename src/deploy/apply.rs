@@ -90,6 +90,9 @@ impl Http for Google {
     }
 }
 
+/// An SSH key pair: (private, public), OpenSSH formats.
+pub type KeyPair = (Vec<u8>, Vec<u8>);
+
 /// What the plan's uploads and the secret need, made by the caller.
 pub struct Materials {
     /// The agent binary.
@@ -98,7 +101,7 @@ pub struct Materials {
     pub deployment: Vec<u8>,
     /// Makes the controller's SSH key pair, (private, public) (only called when the secret
     /// has no version).
-    pub keygen: Box<dyn FnMut() -> Result<(Vec<u8>, Vec<u8>), String>>,
+    pub keygen: Box<dyn FnMut() -> Result<KeyPair, String>>,
     /// The public key made by this deploy, for `artifacts/ssh-key.pub` (filled by `apply`).
     pub public_key: Option<Vec<u8>>,
 }

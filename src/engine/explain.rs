@@ -240,6 +240,15 @@ pub fn explain(
             usable_adopted.insert(r.tpu_name.as_str());
         }
     }
+    let facts = Facts {
+        index,
+        state,
+        requests,
+        assigned_now,
+        busy_per_entry,
+        usable_adopted,
+        now,
+    };
     // What depends only on the requirement, once per class.
     let mut by_class: HashMap<String, Vec<Reason>> = HashMap::new();
     let mut result = Vec::new();
@@ -249,18 +258,9 @@ pub fn explain(
         .filter(|j| j.status == JobStatus::Pending)
     {
         let req = Requirement::of(job);
-        let class = by_class.entry(format!("{req:?}")).or_insert_with(|| {
-            class_reasons(
-                index,
-                state,
-                &req,
-                &requests,
-                &assigned_now,
-                &busy_per_entry,
-                &usable_adopted,
-                now,
-            )
-        });
+        let class = by_class
+            .entry(format!("{req:?}"))
+            .or_insert_with(|| class_reasons(&facts, &req));
         let mut codes = Vec::new();
         if let Some(t) = job.not_before.filter(|t| *t > now) {
             codes.push(Reason::BackingOff {
@@ -278,18 +278,33 @@ pub fn explain(
     result
 }
 
-/// The reasons every job with requirement `req` shares.
-#[allow(clippy::too_many_arguments)]
-fn class_reasons(
-    index: &FleetIndex,
-    state: &State,
-    req: &Requirement<'_>,
-    requests: &BTreeMap<&str, u32>,
-    assigned_now: &std::collections::HashSet<(&str, &str)>,
-    busy_per_entry: &HashMap<&str, u32>,
-    usable_adopted: &std::collections::HashSet<&str>,
+/// What every class's reasons read, gathered once per pass.
+struct Facts<'a> {
+    index: &'a FleetIndex,
+    state: &'a State,
+    /// Live requests per entry.
+    requests: BTreeMap<&'a str, u32>,
+    /// (job, resource) assigned by this pass.
+    assigned_now: std::collections::HashSet<(&'a str, &'a str)>,
+    /// Busy TPU records per entry.
+    busy_per_entry: HashMap<&'a str, u32>,
+    /// Adopted TPUs that are idle or busy.
+    usable_adopted: std::collections::HashSet<&'a str>,
     now: Timestamp,
-) -> Vec<Reason> {
+}
+
+/// The reasons every job with requirement `req` shares.
+fn class_reasons(facts: &Facts<'_>, req: &Requirement<'_>) -> Vec<Reason> {
+    let Facts {
+        index,
+        state,
+        requests,
+        assigned_now,
+        busy_per_entry,
+        usable_adopted,
+        now,
+    } = facts;
+    let (index, state, now) = (*index, *state, *now);
     let mut reasons = Vec::new();
     let entries: Vec<usize> = (0..index.fleet.tpus.len())
         .filter(|&e| req.accepts_entry(index, e))
