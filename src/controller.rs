@@ -107,7 +107,6 @@ pub struct Controller {
     backend: Box<dyn CloudBackend>,
     settings: Settings,
     state: State,
-    base: Option<Base>,
     observation: Observation,
     feedback: Feedback,
 }
@@ -126,7 +125,6 @@ impl Controller {
             backend,
             settings,
             state: State::new(),
-            base: None,
             observation: Observation::default(),
             feedback: Feedback::default(),
         }
@@ -166,7 +164,7 @@ impl Controller {
             return Err(ControllerError::Fenced(format!("{owner} holds it now")));
         }
         let loaded = self.store.load_active()?;
-        self.base = Some(crate::store::changes::sync(&mut self.state, loaded));
+        let mut base: Base = crate::store::changes::sync(&mut self.state, loaded);
         if let Err(e) = driver::observe(
             &self.engine,
             &self.state,
@@ -181,15 +179,13 @@ impl Controller {
             .engine
             .reconcile(&mut self.state, &self.observation, now);
         let fence = self.fence();
-        let base = self.base.as_mut().expect("loaded above");
         match self
             .store
-            .commit_pass(base, &self.state, &out.events, &fence, now)?
+            .commit_pass(&mut base, &self.state, &out.events, &fence, now)?
         {
             CommitOutcome::Committed => {}
             CommitOutcome::Conflict { records } => {
                 // The state in memory is ahead of the store: the next load brings it back.
-                self.base = None;
                 return Ok(Pass::Conflict(records));
             }
             CommitOutcome::Fenced { reason } => return Err(ControllerError::Fenced(reason)),

@@ -235,14 +235,6 @@ fn print_pass(pass: &Pass) {
     print_stdout(&text);
 }
 
-fn stop_flag() -> Arc<AtomicBool> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        let _ = signal_hook::flag::register(signal, Arc::clone(&stop));
-    }
-    stop
-}
-
 fn run_controller(
     stack: &Stack,
     args: &ControllerArgs<'_>,
@@ -309,7 +301,7 @@ fn init_logs(json: bool) {
 pub(crate) fn controller(args: &ControllerArgs<'_>) -> Result<ExitStatus, Failure> {
     init_logs(args.log_json);
     let stack = Stack::resolve(args.stack)?;
-    run_controller(&stack, args, &stop_flag())
+    run_controller(&stack, args, &super::interrupt_flag())
 }
 
 /// What `local up` is given.
@@ -420,7 +412,7 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
         objects: Some(objects_dir),
         workers: Some(workers_dir.clone()),
     };
-    let stop = stop_flag();
+    let stop = super::interrupt_flag();
     let opts = StackOpts::default();
     let result = run_controller(
         &stack,

@@ -4,8 +4,7 @@
 //! (`--json`). No decision is made here: the store applies the engine's rules.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::json;
@@ -127,7 +126,7 @@ fn trigger_controller(
         status: ExitStatus::Usage,
     };
     let mut http: Box<dyn Http> = match endpoint {
-        Some(_) => Box::new(crate::deploy::apply::Plain::new().map_err(fail)?),
+        Some(_) => Box::new(crate::deploy::apply::Google::without_credentials().map_err(fail)?),
         None => Box::new(crate::deploy::apply::Google::connect().map_err(fail)?),
     };
     let (code, body) = http
@@ -416,6 +415,7 @@ fn log_objects(
         let Ok(listed) = objects.list(&format!("{prefix}logs/")) else {
             continue;
         };
+        let (b, _) = crate::objects::split(&prefix).unwrap_or(("", ""));
         for o in listed {
             let host = o
                 .name
@@ -424,7 +424,6 @@ fn log_objects(
                 .and_then(|f| f.strip_suffix(".log"))
                 .unwrap_or("")
                 .to_owned();
-            let (b, _) = crate::objects::split(&prefix).unwrap_or(("", ""));
             found.push((a.id.to_string(), host, format!("gs://{b}/{}", o.name)));
         }
     }
@@ -511,10 +510,7 @@ pub(crate) fn watch(
     let stack = Stack::resolve(opts)?;
     let mut store = stack.open_store(false)?;
     let objects = stack.objects()?;
-    let interrupted = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        let _ = signal_hook::flag::register(signal, Arc::clone(&interrupted));
-    }
+    let interrupted = super::interrupt_flag();
     let mut last_state = String::new();
     let mut shown: std::collections::BTreeMap<String, usize> = Default::default();
     loop {

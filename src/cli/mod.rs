@@ -911,6 +911,16 @@ pub(crate) fn read_text(path: &Path, limit: u64, hint: Option<&str>) -> Result<S
     })
 }
 
+/// A flag set by SIGINT or SIGTERM (Ctrl-C, a stop request), for commands that run until
+/// asked to stop.
+pub(crate) fn interrupt_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(signal, std::sync::Arc::clone(&flag));
+    }
+    flag
+}
+
 /// Writes to stdout, treating a closed pipe as success.
 pub(crate) fn print_stdout(text: &str) {
     let mut out = std::io::stdout().lock();

@@ -40,31 +40,15 @@ impl Google {
         })
     }
 
+    /// The same client without credentials (emulators, tests).
+    pub fn without_credentials() -> Result<Google, String> {
+        Google::to(crate::gcp::http::Endpoint::emulator("http://127.0.0.1"))
+    }
+
     fn to(endpoint: crate::gcp::http::Endpoint) -> Result<Google, String> {
         let (rt, http, auth) = crate::gcp::http::connect(&endpoint, Duration::from_secs(120))
             .map_err(|e| e.to_string())?;
         Ok(Google { rt, http, auth })
-    }
-}
-
-/// Plain HTTP without credentials (emulators, tests).
-pub struct Plain(Google);
-
-impl Plain {
-    /// A client.
-    pub fn new() -> Result<Plain, String> {
-        Google::to(crate::gcp::http::Endpoint::emulator("http://127.0.0.1")).map(Plain)
-    }
-}
-
-impl Http for Plain {
-    fn send(
-        &mut self,
-        method: &str,
-        url: &str,
-        body: Option<(&[u8], &str)>,
-    ) -> Result<(u16, Vec<u8>), String> {
-        self.0.send(method, url, body)
     }
 }
 
@@ -225,6 +209,10 @@ pub fn apply(
     now: crate::engine::Timestamp,
     log: &mut dyn FnMut(String),
 ) -> Result<(), String> {
+    let agent_sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&materials.agent))
+    };
     for step in steps {
         match step {
             Step::Ensure {
@@ -307,17 +295,13 @@ pub fn apply(
                 log(format!("done    {what}"));
             }
             Step::Upload { what, uri, source } => {
-                let sha = {
-                    use sha2::Digest;
-                    hex::encode(sha2::Sha256::digest(&materials.agent))
-                };
                 let data: Vec<u8> = match source.as_str() {
                     "agent" => materials.agent.clone(),
-                    "agent-sha256" => format!("{sha}  tpu-runner\n").into_bytes(),
+                    "agent-sha256" => format!("{agent_sha}  tpu-runner\n").into_bytes(),
                     "image-context" => image_context(&materials.agent)?,
                     "startup" => {
                         let (bucket, _) = crate::objects::split(uri).map_err(|e| e.to_string())?;
-                        super::startup::render(bucket, &sha)?.into_bytes()
+                        super::startup::render(bucket, &agent_sha)?.into_bytes()
                     }
                     "ssh-public-key" => match &materials.public_key {
                         Some(key) => key.clone(),
