@@ -274,7 +274,13 @@ impl ObjectStore for LocalDir {
             };
             for entry in entries {
                 let entry = entry.map_err(|e| io(prefix, e))?;
-                let meta = entry.metadata().map_err(|e| io(prefix, e))?;
+                // A writer's temporary file can be renamed away between the folder read and
+                // this look: it was never an object.
+                let meta = match entry.metadata() {
+                    Ok(meta) => meta,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(io(prefix, e)),
+                };
                 let path = entry.path();
                 if meta.is_dir() {
                     stack.push(path);

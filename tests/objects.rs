@@ -234,3 +234,34 @@ fn the_agent_reports_through_cloud_storage() {
         .unwrap();
     assert_eq!(log, b"hello from tpu-gcs-w-3\n");
 }
+
+/// A listing while writers replace objects (each write goes through a temporary file renamed
+/// into place) never fails: what vanishes mid-walk was never an object. (The agents rewrite
+/// heartbeats and logs while the controller lists their attempts.)
+#[test]
+fn a_local_listing_during_writes_never_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(LocalDir::new(dir.path()));
+    store.create_bucket("gs://b", "US-EAST1").unwrap();
+    let writer = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            for i in 0..3000 {
+                store
+                    .put(
+                        &format!("gs://b/jobs/j/attempts/a/heartbeat/w-{}.json", i % 4),
+                        b"{}",
+                        false,
+                    )
+                    .unwrap();
+            }
+        })
+    };
+    while !writer.is_finished() {
+        store
+            .list("gs://b/jobs/j/attempts/a/")
+            .expect("a listing during writes");
+    }
+    writer.join().unwrap();
+    assert_eq!(store.list("gs://b/jobs/j/attempts/a/").unwrap().len(), 4);
+}
