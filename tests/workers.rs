@@ -24,6 +24,7 @@ use tpu_runner::gcp::http::Endpoint;
 use tpu_runner::objects::{Gcs, LocalDir, ObjectStore};
 use tpu_runner::spec::job::Cache;
 use tpu_runner::spec::{Name, TpuType};
+use tpu_runner::worker::devices::Devices;
 use tpu_runner::worker::transport::{Local, Ssh, Target, Transport};
 
 /// Where the agents run and write: the local transport and a local folder, or real sshd
@@ -117,6 +118,11 @@ impl Rig {
         workers.min_free_bytes = 0;
         workers.heartbeat_secs = 1;
         workers.timeout = Duration::from_secs(60);
+        // The rig's own device files, none until a case makes one.
+        workers.devices = Devices {
+            patterns: vec![dir.path().join("dev/accel*").display().to_string()],
+            lockfile: dir.path().join("dev/libtpu_lockfile"),
+        };
         Rig {
             kind,
             dir,
@@ -396,6 +402,95 @@ fn a_slice_failure_marker_is_a_retryable_infrastructure_failure() {
             aggregate(&report.statuses, 2, now, graces()),
             Verdict::Retryable { recycle: true, .. }
         ));
+    }
+}
+
+/// A process holding `device` open until it is killed (dropped).
+struct Holder(std::process::Child);
+
+impl Holder {
+    fn new(device: &std::path::Path) -> Holder {
+        let child = std::process::Command::new("bash")
+            .arg("-c")
+            .arg("exec 3<\"$1\"; exec sleep 600")
+            .arg("holder")
+            .arg(device)
+            .spawn()
+            .unwrap();
+        // Held once the descriptor shows in /proc.
+        let until = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_dir(format!("/proc/{}/fd", child.id()))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == device))
+        {
+            assert!(Instant::now() < until, "the holder never opened {device:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Holder(child)
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_command_waits_for_the_accelerator_devices_and_an_occupant_is_an_infrastructure_failure() {
+    for kind in kinds() {
+        let mut rig = Rig::new(kind);
+        let dev = rig.dir.path().join("dev");
+        std::fs::create_dir_all(&dev).unwrap();
+        let accel = dev.join("accel0");
+        std::fs::write(&accel, "").unwrap();
+        rig.workers.device_wait_secs = 2;
+
+        // Still held after the wait: the command never starts, and the attempt is a
+        // retryable infrastructure failure (not a recycle: the slice is fine).
+        let holder = Holder::new(&accel);
+        let r = rig.request("a-busy", "job-busy", "tpu-busy", 2, "touch ran; exit 0");
+        assert_eq!(rig.launch(&r), Outcome::Done);
+        let report = rig.wait(&r, "both statuses", |rep| finished(rep, 2));
+        for s in &report.statuses {
+            assert_eq!(
+                s.infrastructure_failure.as_deref(),
+                Some("accelerator_busy"),
+                "{kind:?}"
+            );
+            assert_eq!(s.command_exit_code, None);
+        }
+        let now = report.statuses[0].finished_at.unwrap();
+        assert!(matches!(
+            aggregate(&report.statuses, 2, now, graces()),
+            Verdict::Retryable { recycle: false, .. }
+        ));
+        let log = rig.object("jobs/job-busy/attempts/a-busy/logs/tpu-busy-w-0.log");
+        let pid = holder.0.id().to_string();
+        assert!(log.contains("still held") && log.contains(&pid), "{log}");
+        assert!(!rig.root("tpu-busy", 0).join("work/job-busy/ran").exists());
+
+        // Freed during the wait: the command starts then, and libtpu's stale lock file,
+        // left by the occupant, is removed first.
+        rig.workers.device_wait_secs = 120;
+        let lockfile = dev.join("libtpu_lockfile");
+        std::fs::write(&lockfile, "").unwrap();
+        let r = rig.request("a-freed", "job-freed", "tpu-busy", 1, "test ! -e \"$LOCK\"");
+        let mut r = r;
+        r.env.insert("LOCK".into(), lockfile.display().to_string());
+        assert_eq!(rig.launch(&r), Outcome::Done);
+        std::thread::sleep(Duration::from_secs(1));
+        assert!(
+            rig.report(&r).statuses.is_empty(),
+            "{kind:?}: started while held"
+        );
+        drop(holder);
+        let report = rig.wait(&r, "the status", |rep| finished(rep, 1));
+        assert_eq!(report.statuses[0].state, WorkerState::Succeeded, "{kind:?}");
+        assert!(!lockfile.exists());
     }
 }
 

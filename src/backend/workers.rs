@@ -185,6 +185,10 @@ pub struct AgentWorkers {
     pub min_free_bytes: u64,
     /// Seconds between the agents' heartbeats.
     pub heartbeat_secs: u64,
+    /// The accelerator devices a command waits for (a TPU VM's by default), and how long.
+    pub devices: crate::worker::devices::Devices,
+    /// Seconds a command waits for them (60, as the original).
+    pub device_wait_secs: u64,
     /// Status objects already read, by address: (generation, report), so a pass reads each
     /// once and otherwise only lists.
     seen: Arc<Mutex<HashMap<String, (String, WorkerStatus)>>>,
@@ -211,6 +215,8 @@ impl AgentWorkers {
             concurrency: 16,
             min_free_bytes: 10 << 30,
             heartbeat_secs: 30,
+            devices: crate::worker::devices::Devices::default(),
+            device_wait_secs: 60,
             seen: Arc::default(),
         }
     }
@@ -323,6 +329,8 @@ impl Workers for AgentWorkers {
         let mut spec = LaunchSpec::new(launch.clone(), &self.project);
         spec.min_free_bytes = self.min_free_bytes;
         spec.heartbeat_secs = self.heartbeat_secs;
+        spec.devices = self.devices.clone();
+        spec.device_wait_secs = self.device_wait_secs;
         let timeout = self.timeout;
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {

@@ -481,6 +481,24 @@ enum WorkerCommand {
         #[arg(long, default_value = "/var/lib/tpu-runner", value_name = "DIR")]
         state_dir: PathBuf,
     },
+    /// Free disk space the agent's folders hold on an adopted TPU (no attempt may run):
+    /// the workspace and old attempts first, then caches, least recently used first.
+    RecoverDisk {
+        #[command(flatten)]
+        at: WorkerOpts,
+        /// Free bytes to reach.
+        #[arg(long, default_value_t = 10 << 30, value_name = "BYTES")]
+        floor: u64,
+    },
+    /// Say which processes hold this worker's accelerator devices (as root, to see every
+    /// process: the controller runs it with `sudo -n`).
+    Devices {
+        #[command(flatten)]
+        at: WorkerOpts,
+        /// A glob of device files (default: a TPU VM's /dev/accel* and /dev/vfio/<n>).
+        #[arg(long = "device", value_name = "GLOB")]
+        devices: Vec<String>,
+    },
     /// Stop an attempt on this worker.
     Cancel {
         #[command(flatten)]
@@ -798,6 +816,12 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
         }) => worker::prepare(&user, &authorized_key_file, &root, &shm, &state_dir),
         Command::Worker(WorkerCommand::Supervise { at, job, attempt }) => {
             worker::supervise(&at.args(), &job, &attempt)
+        }
+        Command::Worker(WorkerCommand::RecoverDisk { at, floor }) => {
+            worker::recover_disk(&at.args(), floor)
+        }
+        Command::Worker(WorkerCommand::Devices { at, devices }) => {
+            worker::devices(&at.args(), devices)
         }
         Command::Worker(WorkerCommand::Cancel { at, attempt, grace }) => {
             worker::cancel(&at.args(), &attempt, grace)

@@ -1,7 +1,8 @@
 //! `tpu-runner worker …`: the agent's commands on a TPU VM worker (run by the controller
 //! through a transport, not by people): `launch` reads a launch spec as JSON on stdin and
 //! prints one acknowledgement line; `supervise` is the detached supervisor `launch` starts;
-//! `cancel` stops an attempt and prints one acknowledgement line.
+//! `cancel` stops an attempt and prints one acknowledgement line; `recover-disk` and
+//! `devices` are the adopted-TPU helpers, one answer line each.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -144,6 +145,24 @@ pub fn cancel(
         store.as_ref(),
     );
     print_stdout(&format!("{} {} {attempt}\n", ack.word(), args.host));
+    Ok(ExitStatus::Ok)
+}
+
+/// `worker recover-disk`: one `TPU_RUNNER_DISK_RECOVERY` line.
+pub fn recover_disk(args: &WorkerArgs<'_>, floor: u64) -> Result<ExitStatus, Failure> {
+    let recovery = crate::worker::adopted::recover_disk(&args.root(), floor).map_err(setup)?;
+    print_stdout(&format!("{}\n", recovery.line(args.host)));
+    Ok(ExitStatus::Ok)
+}
+
+/// `worker devices`: one `TPU_RUNNER_DEVICE_OWNER_PROBE` line.
+pub fn devices(args: &WorkerArgs<'_>, patterns: Vec<String>) -> Result<ExitStatus, Failure> {
+    let mut devices = crate::worker::devices::Devices::default();
+    if !patterns.is_empty() {
+        devices.patterns = patterns;
+    }
+    let line = crate::worker::adopted::probe_devices(&devices, args.host).map_err(setup)?;
+    print_stdout(&format!("{line}\n"));
     Ok(ExitStatus::Ok)
 }
 

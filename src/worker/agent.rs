@@ -53,15 +53,15 @@ impl Root {
         }
     }
 
-    fn work(&self) -> PathBuf {
+    pub(crate) fn work(&self) -> PathBuf {
         self.dir.join("work")
     }
 
-    fn cache(&self) -> PathBuf {
+    pub(crate) fn cache(&self) -> PathBuf {
         self.dir.join("cache")
     }
 
-    fn process(&self) -> PathBuf {
+    pub(crate) fn process(&self) -> PathBuf {
         self.dir.join("process")
     }
 
@@ -75,7 +75,7 @@ impl Root {
         }
     }
 
-    fn current(&self) -> PathBuf {
+    pub(crate) fn current(&self) -> PathBuf {
         self.process().join("current.json")
     }
 }
@@ -93,7 +93,7 @@ pub struct Current {
     pub command_group: Option<i32>,
 }
 
-fn read_current(root: &Root) -> Option<Current> {
+pub(crate) fn read_current(root: &Root) -> Option<Current> {
     let bytes = crate::files::read_bytes(&root.current(), 1 << 20).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
@@ -137,7 +137,7 @@ fn processes() -> Vec<(i32, i32, char)> {
 }
 
 /// Whether a process still runs (a zombie, dead but not yet reaped, does not).
-fn alive(pid: i32) -> bool {
+pub(crate) fn alive(pid: i32) -> bool {
     pid > 0
         && nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok()
         && processes()
@@ -170,7 +170,7 @@ fn stop_group(pgid: i32, grace: Duration) {
 }
 
 /// Takes the worker's launch lock (held until dropped).
-fn lock(root: &Root) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+pub(crate) fn lock(root: &Root) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
     std::fs::create_dir_all(root.process()).map_err(|e| format!("{}: {e}", root.dir.display()))?;
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -202,7 +202,7 @@ fn wipe(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Free bytes on the file system holding `dir`.
-fn free_bytes(dir: &Path) -> u64 {
+pub(crate) fn free_bytes(dir: &Path) -> u64 {
     nix::sys::statvfs::statvfs(dir)
         .map(|s| s.blocks_available() * s.fragment_size())
         .unwrap_or(0)
@@ -286,7 +286,7 @@ fn filetime_now(path: &Path) -> std::io::Result<()> {
     file.set_modified(std::time::SystemTime::now())
 }
 
-fn remove_any(path: &Path) -> std::io::Result<()> {
+pub(crate) fn remove_any(path: &Path) -> std::io::Result<()> {
     if path.is_dir() && !path.is_symlink() {
         std::fs::remove_dir_all(path)
     } else {
@@ -497,6 +497,60 @@ pub fn supervise(
     };
     beat(objects).map_err(|e| format!("first heartbeat: {e}"))?;
     let log_path = dirs.attempt.join("command.log");
+    let log_uri = format!("{prefix}logs/{host}.log");
+    let interval = Duration::from_secs(spec.heartbeat_secs.max(1));
+    // The accelerator devices must be free (a process of an earlier job may have escaped
+    // its group); a cancel meanwhile stops this supervisor, as before the command starts.
+    let mut holders = spec.devices.holders(&[std::process::id() as i32]);
+    let wait_until = Instant::now() + Duration::from_secs(spec.device_wait_secs);
+    let mut next = Instant::now() + interval;
+    while !holders.clear() && Instant::now() < wait_until {
+        std::thread::sleep(Duration::from_secs(2).min(wait_until - Instant::now()));
+        if Instant::now() >= next {
+            let _ = beat(objects);
+            next = Instant::now() + interval;
+        }
+        holders = spec.devices.holders(&[std::process::id() as i32]);
+    }
+    if !holders.clear() {
+        let note = format!(
+            "tpu-runner: the accelerator devices ({}) are still held after {} s by process(es) {}: the command did not start\n",
+            holders
+                .devices
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            spec.device_wait_secs,
+            super::devices::pid_list(&holders.pids),
+        );
+        let _ = std::fs::write(&log_path, &note);
+        let upload = objects
+            .put(&log_uri, note.as_bytes(), false)
+            .map_err(|e| e.to_string());
+        let status = StatusObject {
+            host: host.to_owned(),
+            attempt_id: attempt.to_owned(),
+            state: "failed".into(),
+            command_exit_code: None,
+            infrastructure_failure: Some("accelerator_busy".into()),
+            setup_error: None,
+            artifact_upload_error: upload.err(),
+            started_at: None,
+            finished_at: now(),
+        };
+        publish_status(objects, &spec, &dirs, &status, Duration::from_secs(3600))?;
+        forget_current(root, attempt);
+        return Ok(EXIT_ACCELERATOR_BUSY);
+    }
+    if let Some(note) = spec.devices.clear_stale_lockfile(&holders) {
+        let mut preflight = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(dirs.attempt.join("preflight.log"))
+            .map_err(|e| format!("preflight log: {e}"))?;
+        let _ = writeln!(preflight, "{note}");
+    }
     let log = std::fs::File::create(&log_path).map_err(|e| format!("command log: {e}"))?;
     // `launch` records this supervisor under its lock: wait for it, so the command's group
     // is recorded where a cancel looks.
@@ -521,9 +575,6 @@ pub fn supervise(
     drop(launch_lock);
     // Heartbeats while the command runs, and its output so far for `watch` and `logs`:
     // every couple of seconds while it is small, then with the heartbeats.
-    let interval = Duration::from_secs(spec.heartbeat_secs.max(1));
-    let log_uri = format!("{prefix}logs/{host}.log");
-    let mut next = Instant::now() + interval;
     let mut next_log = Instant::now() + LIVE_LOG_EVERY;
     let mut shipped = 0u64;
     let status = loop {
@@ -586,10 +637,18 @@ pub fn supervise(
         finished_at: now(),
     };
     publish_status(objects, &spec, &dirs, &status, Duration::from_secs(3600))?;
+    forget_current(root, attempt);
+    Ok(code)
+}
+
+/// What `supervise` returns when the devices stayed busy (the original's code 75).
+pub const EXIT_ACCELERATOR_BUSY: i32 = 75;
+
+/// Removes the record of what runs here if it is still `attempt`'s.
+fn forget_current(root: &Root, attempt: &str) {
     if read_current(root).is_some_and(|c| c.attempt_id == attempt) {
         let _ = std::fs::remove_file(root.current());
     }
-    Ok(code)
 }
 
 /// Stops whatever runs on this worker (what deleting its TPU does): the command's group

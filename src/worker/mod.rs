@@ -5,8 +5,10 @@
 //! and commands travel as data (JSON, argv, environment), never through a shell the agent
 //! builds. Must not depend on the engine's decisions: it carries out one attempt.
 
+pub mod adopted;
 pub mod agent;
 pub mod bundle;
+pub mod devices;
 pub mod prepare;
 pub mod transport;
 
@@ -29,10 +31,22 @@ pub struct LaunchSpec {
     pub grace_secs: u64,
     /// Free bytes the worker's disk must keep (caches are evicted, oldest first, to keep it).
     pub min_free_bytes: u64,
+    /// The accelerator devices a command needs free before it starts.
+    #[serde(default)]
+    pub devices: devices::Devices,
+    /// Seconds to wait for them; still held after that is an infrastructure failure
+    /// (`accelerator_busy`).
+    #[serde(default = "default_device_wait")]
+    pub device_wait_secs: u64,
+}
+
+fn default_device_wait() -> u64 {
+    60
 }
 
 impl LaunchSpec {
-    /// Defaults of the original: a heartbeat every 30 s, 10 s of grace, a 10 GiB floor.
+    /// Defaults of the original: a heartbeat every 30 s, 10 s of grace, a 10 GiB floor, a
+    /// TPU VM's devices waited for up to 60 s.
     pub fn new(request: LaunchRequest, project: &str) -> LaunchSpec {
         LaunchSpec {
             request,
@@ -40,6 +54,8 @@ impl LaunchSpec {
             heartbeat_secs: 30,
             grace_secs: 10,
             min_free_bytes: 10 << 30,
+            devices: devices::Devices::default(),
+            device_wait_secs: default_device_wait(),
         }
     }
 }

@@ -208,6 +208,9 @@ pub struct Ssh {
     dir: tempfile::TempDir,
     /// Words added to every agent call (plain words only), e.g. `--require-ready DIR`.
     pub extra_args: Vec<String>,
+    /// A `ProxyCommand` by target host name (plain words only: it runs through a shell),
+    /// e.g. an IAP tunnel.
+    proxies: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 /// A word safe to pass as it is to a remote shell: letters, digits, `-`, `_`, `.`, `/`.
@@ -232,7 +235,34 @@ impl Ssh {
                 .prefix("tpu-runner-ssh")
                 .tempdir()?,
             extra_args: Vec::new(),
+            proxies: Default::default(),
         })
+    }
+
+    /// Reaches `target` through `words` as its `ProxyCommand` (`%h`/`%p` as OpenSSH
+    /// expands them); refused unless every word is plain (letters, digits, `-_./=%`).
+    pub fn set_proxy(&self, target: &Target, words: &[&str]) -> Result<(), TransportError> {
+        let word = |w: &str| {
+            !w.is_empty()
+                && w.bytes().all(|b| {
+                    b.is_ascii_alphanumeric()
+                        || matches!(b, b'-' | b'_' | b'.' | b'/' | b'=' | b'%')
+                })
+        };
+        if !words.iter().all(|w| word(w)) {
+            return Err(TransportError {
+                temporary: false,
+                message: format!(
+                    "{}: refusing a proxy command that is not plain words",
+                    target.host()
+                ),
+            });
+        }
+        self.proxies
+            .lock()
+            .expect("not poisoned")
+            .insert(target.host(), words.join(" "));
+        Ok(())
     }
 
     /// Where `target` is reached.
@@ -323,11 +353,97 @@ fn ssh_temporary(stderr: &str) -> bool {
     .any(|t| text.contains(t))
 }
 
-impl Transport for Ssh {
-    fn run(
+impl Ssh {
+    /// Runs `<agent…> worker <args…> <extra…> --host <alias>` on `target` (every word
+    /// plain: checked here), e.g. `agent` = `["sudo", "-n", PATH]` for a root helper.
+    pub fn call(
         &self,
         target: &Target,
+        agent: &[&str],
+        extra: &[String],
         args: &[&str],
+        stdin: &[u8],
+        timeout: Duration,
+    ) -> Result<String, TransportError> {
+        let alias = target.host();
+        if !plain(&alias)
+            || !args.iter().all(|a| plain(a))
+            || !extra.iter().all(|a| plain(a))
+            || !agent.iter().all(|a| plain(a))
+        {
+            return Err(TransportError {
+                temporary: false,
+                message: format!("{alias}: refusing a remote command that is not plain words"),
+            });
+        }
+        let remote = agent
+            .iter()
+            .copied()
+            .chain(["worker"])
+            .chain(args.iter().copied())
+            .chain(extra.iter().map(String::as_str))
+            .chain(["--host", alias.as_str()])
+            .collect::<Vec<_>>()
+            .join(" ");
+        self.remote(target, &remote, stdin, timeout)
+    }
+
+    /// Makes sure the agent at `path` on `target` is the program whose SHA-256 is `sha`
+    /// (hex), sending `binary` when it is not; checked on the worker before it replaces
+    /// anything. True when it was sent.
+    pub fn install(
+        &self,
+        target: &Target,
+        path: &str,
+        sha: &str,
+        binary: impl FnOnce() -> std::io::Result<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<bool, TransportError> {
+        let alias = target.host();
+        let dir = path.rsplit_once('/').map_or(".", |(d, _)| d);
+        if !plain(path)
+            || !plain(dir)
+            || sha.len() != 64
+            || !sha.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            return Err(TransportError {
+                temporary: false,
+                message: format!("{alias}: refusing to install the agent at {path:?}"),
+            });
+        }
+        let check = format!(
+            "if test -x {path} && printf '%s  %s\\n' {sha} {path} | sha256sum -c --status; then echo TPU_RUNNER_AGENT_PRESENT; else echo TPU_RUNNER_AGENT_MISSING; fi"
+        );
+        if self
+            .remote(target, &check, b"", timeout)?
+            .contains("TPU_RUNNER_AGENT_PRESENT")
+        {
+            return Ok(false);
+        }
+        let data = binary().map_err(|e| TransportError {
+            temporary: false,
+            message: format!("reading the agent to send: {e}"),
+        })?;
+        let push = format!(
+            "set -e; umask 077; mkdir -p {dir}; t=$(mktemp {dir}/.incoming.XXXXXX); cat >\"$t\"; \
+             if printf '%s  %s\\n' {sha} \"$t\" | sha256sum -c --status; then chmod 0755 \"$t\"; mv -f \"$t\" {path}; echo TPU_RUNNER_AGENT_INSTALLED; \
+             else rm -f \"$t\"; echo 'the agent received does not match its SHA-256 {sha}' >&2; exit 3; fi"
+        );
+        let out = self.remote(target, &push, &data, timeout)?;
+        if !out.contains("TPU_RUNNER_AGENT_INSTALLED") {
+            return Err(TransportError {
+                temporary: true,
+                message: format!("{alias}: installing the agent said nothing"),
+            });
+        }
+        Ok(true)
+    }
+
+    /// Runs the remote command `remote` (built by this transport only) on `target`.
+    fn remote(
+        &self,
+        target: &Target,
+        remote: &str,
         stdin: &[u8],
         timeout: Duration,
     ) -> Result<String, TransportError> {
@@ -336,15 +452,6 @@ impl Transport for Ssh {
             temporary: false,
             message,
         };
-        if !plain(&alias)
-            || !args.iter().all(|a| plain(a))
-            || !self.extra_args.iter().all(|a| plain(a))
-            || !plain(&self.remote_agent)
-        {
-            return Err(refuse(format!(
-                "{alias}: refusing a remote command that is not plain words"
-            )));
-        }
         let (host, port) = self
             .addresses
             .lock()
@@ -353,13 +460,6 @@ impl Transport for Ssh {
             .cloned()
             .ok_or_else(|| refuse(format!("{alias}: no address known")))?;
         let known_hosts = self.known_hosts(&alias)?;
-        let remote = std::iter::once(self.remote_agent.as_str())
-            .chain(["worker"])
-            .chain(args.iter().copied())
-            .chain(self.extra_args.iter().map(String::as_str))
-            .chain(["--host", alias.as_str()])
-            .collect::<Vec<_>>()
-            .join(" ");
         let control = self.dir.path().join("cm-%C");
         let mut command = Command::new("ssh");
         command
@@ -383,7 +483,11 @@ impl Transport for Ssh {
             .arg(format!("HostKeyAlias={alias}"))
             .args(["-o", "ControlMaster=auto", "-o", "ControlPersist=60"])
             .arg("-o")
-            .arg(format!("ControlPath={}", control.display()))
+            .arg(format!("ControlPath={}", control.display()));
+        if let Some(proxy) = self.proxies.lock().expect("not poisoned").get(&alias) {
+            command.arg("-o").arg(format!("ProxyCommand={proxy}"));
+        }
+        command
             .arg(format!("{}@{host}", self.user))
             .arg(remote)
             .process_group(0);
@@ -401,5 +505,24 @@ impl Transport for Ssh {
                 out.status
             ))),
         }
+    }
+}
+
+impl Transport for Ssh {
+    fn run(
+        &self,
+        target: &Target,
+        args: &[&str],
+        stdin: &[u8],
+        timeout: Duration,
+    ) -> Result<String, TransportError> {
+        self.call(
+            target,
+            &[self.remote_agent.as_str()],
+            &self.extra_args,
+            args,
+            stdin,
+            timeout,
+        )
     }
 }

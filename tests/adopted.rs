@@ -1,0 +1,192 @@
+//! The adopted-TPU helpers of the agent, run as the controller runs them (the real binary,
+//! one answer line each): `worker recover-disk` frees what the agent's own folders hold —
+//! the workspace first, then the least recently used caches — only as far as the floor
+//! needs, and refuses while an attempt runs or on a root that is a link; `worker devices`
+//! names the processes holding the accelerator devices (here a file made the device).
+//!
+//! The recovery case reads this machine's free space: it allows 32 MiB of other writers
+//! during the test (the files it frees are 64 MiB).
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tpu-runner");
+
+fn agent(args: &[&str]) -> Output {
+    Command::new(BIN).arg("worker").args(args).output().unwrap()
+}
+
+fn free(dir: &std::path::Path) -> u64 {
+    let s = nix::sys::statvfs::statvfs(dir).unwrap();
+    s.blocks_available() * s.fragment_size()
+}
+
+fn write_big(path: &std::path::Path, bytes: usize) {
+    use std::io::Write;
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(&vec![7u8; bytes]).unwrap();
+    f.sync_all().unwrap();
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+#[test]
+fn disk_recovery_frees_the_workspace_then_the_oldest_caches_as_far_as_the_floor_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let r = root.to_str().unwrap();
+    std::fs::create_dir_all(root.join("work/job-a")).unwrap();
+    std::fs::write(root.join("work/job-a/small"), "x").unwrap();
+    std::fs::create_dir_all(root.join("attempts/a-old")).unwrap();
+    // The oldest cache is the big one; the newer one must survive.
+    write_big(&root.join("cache/old/blob"), 64 << 20);
+    std::fs::create_dir_all(root.join("cache/new")).unwrap();
+    let old = std::fs::File::open(root.join("cache/old")).unwrap();
+    old.set_modified(std::time::SystemTime::now() - Duration::from_secs(3600))
+        .unwrap();
+
+    // Enough free already: nothing is touched.
+    let out = stdout(&agent(&[
+        "recover-disk",
+        "--root",
+        r,
+        "--host",
+        "h-w-0",
+        "--floor",
+        "0",
+    ]));
+    assert!(
+        out.starts_with("TPU_RUNNER_DISK_RECOVERY h-w-0 SUFFICIENT "),
+        "{out}"
+    );
+    assert!(out.trim_end().ends_with(" 0 0"), "{out}");
+    assert!(root.join("work/job-a/small").exists());
+
+    // A floor the workspace alone cannot meet: it goes, then the oldest cache, no more.
+    let floor = free(&root) + (32 << 20);
+    let floor_arg = floor.to_string();
+    let out = stdout(&agent(&[
+        "recover-disk",
+        "--root",
+        r,
+        "--host",
+        "h-w-0",
+        "--floor",
+        &floor_arg,
+    ]));
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(
+        words[..3],
+        ["TPU_RUNNER_DISK_RECOVERY", "h-w-0", "RECOVERED"],
+        "{out}"
+    );
+    let (before, after): (u64, u64) = (words[3].parse().unwrap(), words[4].parse().unwrap());
+    assert!(after >= floor && after > before, "{out}");
+    assert_eq!(words[5..], ["2", "1"], "{out}");
+    assert!(!root.join("work/job-a").exists() && !root.join("attempts/a-old").exists());
+    assert!(!root.join("cache/old").exists() && root.join("cache/new").exists());
+
+    // A floor nothing of ours can meet: refused with the numbers, exit 2.
+    let out = agent(&[
+        "recover-disk",
+        "--root",
+        r,
+        "--host",
+        "h-w-0",
+        "--floor",
+        &u64::MAX.to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("below the floor") && err.contains("not tpu-runner's"),
+        "{err}"
+    );
+}
+
+#[test]
+fn disk_recovery_refuses_while_an_attempt_runs_and_on_a_linked_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("process")).unwrap();
+    std::fs::create_dir_all(root.join("work/job-a")).unwrap();
+    // This test's own process stands for a live supervisor.
+    let current = serde_json::json!({
+        "attempt_id": "a-1", "job_id": "job-a",
+        "supervisor": std::process::id(), "command_group": null,
+    });
+    std::fs::write(root.join("process/current.json"), current.to_string()).unwrap();
+    let out = agent(&[
+        "recover-disk",
+        "--root",
+        root.to_str().unwrap(),
+        "--host",
+        "h",
+        "--floor",
+        &u64::MAX.to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("attempt a-1 of job job-a runs here"));
+    assert!(root.join("work/job-a").exists());
+
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&root, &link).unwrap();
+    let out = agent(&[
+        "recover-disk",
+        "--root",
+        link.to_str().unwrap(),
+        "--host",
+        "h",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a plain folder"));
+}
+
+#[test]
+fn the_device_probe_names_the_holders_and_refuses_without_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = dir.path().join("accel*").display().to_string();
+    let probe = || agent(&["devices", "--host", "h-w-0", "--device", &pattern]);
+
+    let out = probe();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no accelerator devices"));
+
+    let device = dir.path().join("accel0");
+    std::fs::write(&device, "").unwrap();
+    let mut holder = Command::new("bash")
+        .args(["-c", "exec 3<\"$1\"; exec sleep 600", "holder"])
+        .arg(&device)
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let line = stdout(&probe());
+        if line.contains("BUSY") || Instant::now() > until {
+            break line;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        line.trim(),
+        format!("TPU_RUNNER_DEVICE_OWNER_PROBE h-w-0 BUSY {}", holder.id())
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+
+    let out = probe();
+    if nix::unistd::geteuid().is_root() {
+        assert_eq!(
+            stdout(&out).trim(),
+            "TPU_RUNNER_DEVICE_OWNER_PROBE h-w-0 CLEAR -"
+        );
+    } else {
+        // Not every process's files are readable: never a guessed CLEAR.
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("needs root"));
+    }
+}
