@@ -190,3 +190,111 @@ fn the_device_probe_names_the_holders_and_refuses_without_devices() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("needs root"));
     }
 }
+
+/// `probe-adopted-device-owners` as a user runs it on the local stack: the TPU record must
+/// be an idle adopted one; every worker answers (the agent, with the devices made files
+/// here through `TPU_RUNNER_DEVICES`); a holder on one worker is exit 75 naming it.
+#[test]
+fn the_probe_command_asks_every_worker_of_an_idle_adopted_tpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("deployment.yaml"),
+        "name: probe\nproject: my-project-123\ncontroller_region: us-central1\ncontroller_timeout: 168h\nfirestore_location: nam5\nnetwork: default\nsubnetwork: default\ntpus:\n  - id: trc\n    type: v4-16\n    zone: us-central2-b\n    existing: trc-v4\n    provisioning_model: on-demand\n    chip_limit: 8\n",
+    )
+    .unwrap();
+    let resource = |id: &str, adopted: bool, status: &str| {
+        serde_json::json!({
+            "id": id, "tpu_name": "trc-v4", "zone": "us-central2-b", "tpu_type": "v4-16",
+            "entry_id": "trc", "adopted": adopted, "status": status, "worker_count": 2,
+        })
+    };
+    let state = serde_json::json!({
+        "schema_version": 1, "jobs": {}, "interruption_requests": {},
+        "resources": {
+            "adopted-trc-v4": resource("adopted-trc-v4", true, "idle"),
+            "adopted-busy": resource("adopted-busy", true, "unavailable"),
+        },
+    });
+    std::fs::write(d.join("state.json"), state.to_string()).unwrap();
+    let store = format!("sqlite:{}", d.join("state.db").display());
+    let import = Command::new(BIN)
+        .args([
+            "state",
+            "import",
+            "state.json",
+            "--store",
+            &store,
+            "--fleet",
+            "deployment.yaml",
+        ])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert!(
+        import.status.success(),
+        "{}",
+        String::from_utf8_lossy(&import.stderr)
+    );
+    std::fs::create_dir_all(d.join(".tpu-runner/local")).unwrap();
+    let stack = serde_json::json!({
+        "fleet": d.join("deployment.yaml"), "store": store,
+        "tpu_endpoint": "http://127.0.0.1:9", "objects": d.join("objects"),
+        "workers": d.join("workers"),
+    });
+    std::fs::write(d.join(".tpu-runner/local/stack.json"), stack.to_string()).unwrap();
+    let device = d.join("accel0");
+    std::fs::write(&device, "").unwrap();
+    let probe = |id: &str| {
+        Command::new(BIN)
+            .args(["probe-adopted-device-owners", id])
+            .env("TPU_RUNNER_DEVICES", d.join("accel*"))
+            .current_dir(d)
+            .output()
+            .unwrap()
+    };
+
+    for (id, why) in [
+        ("nope", "no TPU record nope"),
+        ("adopted-busy", "is unavailable"),
+    ] {
+        let out = probe(id);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(why),
+            "{out:?}"
+        );
+    }
+
+    let mut holder = Command::new("bash")
+        .args(["-c", "exec 3<\"$1\"; exec sleep 600", "holder"])
+        .arg(&device)
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let out = probe("adopted-trc-v4");
+        if out.status.code() == Some(75) || Instant::now() > until {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["clear"], false);
+    assert_eq!(answer["tpu_name"], "trc-v4");
+    let workers = answer["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2);
+    for (i, w) in workers.iter().enumerate() {
+        assert_eq!(w["host"], format!("trc-v4-w-{i}"));
+        assert_eq!(w["pids"], serde_json::json!([holder.id()]));
+    }
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    if nix::unistd::geteuid().is_root() {
+        let out = probe("adopted-trc-v4");
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(answer["clear"], true);
+    }
+}

@@ -303,50 +303,75 @@ fn keys_never_reach_messages_logs_or_objects() {
     }
 }
 
-/// Production's way to a worker: the TPU API says where each worker is (`networkEndpoints`)
-/// and which host key it has (`hostkeys` guest attributes); the key is pinned before the
-/// first connection. Here the emulator serves both for a real sshd; an sshd that does not
-/// hold the published key is refused, and once the API publishes a new key (a node
-/// re-created under the same name) it is used.
-#[test]
-fn host_keys_come_from_the_tpu_api_never_from_the_worker() {
-    use tpu_runner::backend::ssh::TpuSsh;
-    use tpu_runner::emulator::{self, Clock, World, lock};
-    use tpu_runner::gcp::http::{Endpoint, RetryPolicy};
-    use tpu_runner::gcp::tpu::{Client, Quotas};
-    if !sshd_available() {
-        return;
+/// The TPU API emulator with one READY single-host TPU (`tpu-ssh` in us-east1-d) whose
+/// worker is a real sshd registered through the control route, as production finds workers.
+struct ApiRig {
+    dir: tempfile::TempDir,
+    objects: std::path::PathBuf,
+    root: std::path::PathBuf,
+    project: String,
+    running: tpu_runner::emulator::Running,
+    ssh: Arc<Ssh>,
+    client_public: String,
+    rt: tokio::runtime::Runtime,
+}
+
+impl ApiRig {
+    fn new(agent: &str) -> ApiRig {
+        use tpu_runner::emulator::{self, Clock, World, lock};
+        let dir = tempfile::tempdir().unwrap();
+        let s = tpu_runner::simulate::scenario::load(
+            &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/smoke.yaml"),
+        )
+        .unwrap();
+        let (sim, _) = tpu_runner::simulate::harness::world_of(&s, 1, None);
+        let world = World::new(sim, &s.fleet.project, Clock::Virtual).shared();
+        {
+            let mut w = lock(&world);
+            let labels = Arc::new(BTreeMap::from([(
+                "managed-by".to_owned(),
+                "smoke".to_owned(),
+            )]));
+            w.sim
+                .cloud
+                .create_queued_resource(
+                    ustr::Ustr::from("us-east1-d"),
+                    ustr::Ustr::from("tpu-ssh-qr"),
+                    ustr::Ustr::from(TPU),
+                    "v6e-8",
+                    labels,
+                )
+                .unwrap();
+            w.sim.cloud.advance_to(3_600_000);
+        }
+        let running = emulator::start(world, "127.0.0.1:0").unwrap();
+        let (ssh, client_public) = sshd::controller(dir.path(), agent);
+        ApiRig {
+            objects: dir.path().join("objects"),
+            root: dir.path().join("roots/w-0"),
+            project: s.fleet.project.clone(),
+            running,
+            ssh,
+            client_public,
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+            dir,
+        }
     }
-    let dir = tempfile::tempdir().unwrap();
-    let objects = dir.path().join("objects");
-    let root = dir.path().join("roots/w-0");
-    // The emulator with one READY single-host TPU.
-    let s = tpu_runner::simulate::scenario::load(
-        &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/smoke.yaml"),
-    )
-    .unwrap();
-    let (sim, _) = tpu_runner::simulate::harness::world_of(&s, 1, None);
-    let world = World::new(sim, &s.fleet.project, Clock::Virtual).shared();
-    {
-        let mut w = lock(&world);
-        let labels = Arc::new(BTreeMap::from([(
-            "managed-by".to_owned(),
-            "smoke".to_owned(),
-        )]));
-        w.sim
-            .cloud
-            .create_queued_resource(
-                ustr::Ustr::from("us-east1-d"),
-                ustr::Ustr::from("tpu-ssh-qr"),
-                ustr::Ustr::from(TPU),
-                "v6e-8",
-                labels,
-            )
-            .unwrap();
-        w.sim.cloud.advance_to(3_600_000);
+
+    /// A worker's sshd, with the agent's root and objects handed over through `SetEnv`.
+    fn sshd(&self, name: &str) -> sshd::Server {
+        let env = [
+            ("TPU_RUNNER_WORKER_ROOT", self.root.display().to_string()),
+            ("TPU_RUNNER_OBJECTS", self.objects.display().to_string()),
+        ];
+        start_sshd(&self.dir.path().join(name), &self.client_public, &env)
     }
-    let running = emulator::start(world.clone(), "127.0.0.1:0").unwrap();
-    let register = |port: u16, host_key: &str| {
+
+    /// Tells the emulator worker 0 of the TPU is at `port` with `host_key`.
+    fn register(&self, port: u16, host_key: &str) {
         let out = std::process::Command::new("curl")
             .args([
                 "-sf",
@@ -362,81 +387,246 @@ fn host_keys_come_from_the_tpu_api_never_from_the_worker() {
             )
             .arg(format!(
                 "{}/emulator/v1/projects/{}/locations/us-east1-d/nodes/{TPU}/workers/0",
-                running.url(),
-                s.fleet.project
+                self.running.url(),
+                self.project
             ))
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
-    };
-    let (ssh, client_public) = sshd::controller(dir.path(), env!("CARGO_BIN_EXE_tpu-runner"));
-    let env = [
-        ("TPU_RUNNER_WORKER_ROOT", root.display().to_string()),
-        ("TPU_RUNNER_OBJECTS", objects.display().to_string()),
-    ];
-    let server = start_sshd(&dir.path().join("sshd-a"), &client_public, &env);
-    register(server.port, &server.host_key);
-    let workers_over = |ssh: Arc<tpu_runner::worker::transport::Ssh>| {
+    }
+
+    /// `TpuSsh` over `ssh`, finding workers through the emulator.
+    fn tpu_ssh(&self, ssh: Arc<Ssh>) -> tpu_runner::backend::ssh::TpuSsh {
+        use tpu_runner::gcp::http::{Endpoint, RetryPolicy};
+        use tpu_runner::gcp::tpu::{Client, Quotas};
         let client = Client::new(
-            Endpoint::emulator(&running.url()),
-            &s.fleet.project,
+            Endpoint::emulator(&self.running.url()),
+            &self.project,
             Quotas::default(),
             RetryPolicy::default(),
         )
         .unwrap();
+        tpu_runner::backend::ssh::TpuSsh::new(ssh, client, false, true)
+    }
+
+    fn workers(&self, transport: tpu_runner::backend::ssh::TpuSsh) -> AgentWorkers {
         let mut w = AgentWorkers::new(
-            Arc::new(TpuSsh::new(ssh, client, false, true)),
-            Arc::new(LocalDir::new(&objects)),
+            Arc::new(transport),
+            Arc::new(LocalDir::new(&self.objects)),
             "proj",
         );
         w.min_free_bytes = 0;
         w.heartbeat_secs = 1;
         w
-    };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let run = |workers: &AgentWorkers, attempt: &str| {
+    }
+
+    fn launch(&self, workers: &AgentWorkers, attempt: &str) -> (Outcome, LaunchRequest) {
         let mut r = request(attempt, 1, "echo found through the API");
         r.tpu_type = TpuType::parse("v6e-8").unwrap();
-        let outcome = rt.block_on(workers.launch(&r));
+        let outcome = self.rt.block_on(workers.launch(&r));
         (outcome, r)
-    };
-    let workers = workers_over(ssh.clone());
-    let (outcome, r) = run(&workers, "a-api-1");
-    assert_eq!(outcome, Outcome::Done);
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        let f = InFlight {
-            attempt: r.attempt_id,
-            job: r.job_id,
-            bucket: Name::new(BUCKET),
-        };
-        let read = rt.block_on(workers.reports(&[f])).unwrap();
-        let report = read.reports.get(&r.attempt_id).cloned().unwrap_or_default();
-        if let Some(status) = report.statuses.first() {
-            assert_eq!(status.command_exit_code, Some(0), "{report:?}");
-            break;
-        }
-        assert!(Instant::now() < until, "no status: {report:?}");
-        std::thread::sleep(Duration::from_millis(100));
     }
+
+    /// Waits for the attempt's status: it must have succeeded.
+    fn succeeded(&self, workers: &AgentWorkers, r: &LaunchRequest) {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let f = InFlight {
+                attempt: r.attempt_id,
+                job: r.job_id,
+                bucket: Name::new(BUCKET),
+            };
+            let read = self.rt.block_on(workers.reports(&[f])).unwrap();
+            let report = read.reports.get(&r.attempt_id).cloned().unwrap_or_default();
+            if let Some(status) = report.statuses.first() {
+                assert_eq!(status.command_exit_code, Some(0), "{report:?}");
+                return;
+            }
+            assert!(Instant::now() < until, "no status: {report:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for ApiRig {
+    fn drop(&mut self) {
+        tpu_runner::worker::agent::stop_all(&tpu_runner::worker::agent::Root::new(&self.root));
+    }
+}
+
+/// Production's way to a worker: the TPU API says where each worker is (`networkEndpoints`)
+/// and which host key it has (`hostkeys` guest attributes); the key is pinned before the
+/// first connection. Here the emulator serves both for a real sshd; an sshd that does not
+/// hold the published key is refused, and once the API publishes a new key (a node
+/// re-created under the same name) it is used.
+#[test]
+fn host_keys_come_from_the_tpu_api_never_from_the_worker() {
+    if !sshd_available() {
+        return;
+    }
+    let rig = ApiRig::new(env!("CARGO_BIN_EXE_tpu-runner"));
+    let server = rig.sshd("sshd-a");
+    rig.register(server.port, &server.host_key);
+    let workers = rig.workers(rig.tpu_ssh(rig.ssh.clone()));
+    let (outcome, r) = rig.launch(&workers, "a-api-1");
+    assert_eq!(outcome, Outcome::Done);
+    rig.succeeded(&workers, &r);
 
     // Another sshd (its own host key) takes the worker's address, but the API still
     // publishes the first key: refused, never trusted.
-    let impostor = start_sshd(&dir.path().join("sshd-b"), &client_public, &env);
-    register(impostor.port, &server.host_key);
-    let workers = workers_over(ssh.clone());
-    match run(&workers, "a-api-2").0 {
+    let impostor = rig.sshd("sshd-b");
+    rig.register(impostor.port, &server.host_key);
+    let workers = rig.workers(rig.tpu_ssh(rig.ssh.clone()));
+    match rig.launch(&workers, "a-api-2").0 {
         Outcome::LaunchFailed(e) => {
             assert!(e.message.to_ascii_lowercase().contains("host key"), "{e:?}")
         }
         other => panic!("an unpublished host key was accepted: {other:?}"),
     }
     // The API publishes the new key (the node was re-created): it is pinned and used.
-    register(impostor.port, &impostor.host_key);
-    let workers = workers_over(ssh);
-    assert_eq!(run(&workers, "a-api-3").0, Outcome::Done);
-    tpu_runner::worker::agent::stop_all(&tpu_runner::worker::agent::Root::new(root));
+    rig.register(impostor.port, &impostor.host_key);
+    let workers = rig.workers(rig.tpu_ssh(rig.ssh.clone()));
+    assert_eq!(rig.launch(&workers, "a-api-3").0, Outcome::Done);
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(data))
+}
+
+/// An adopted TPU never ran the startup script: no agent there (the transport's agent
+/// path does not exist on it). The controller sends its own binary over the connection,
+/// checked on the worker against its SHA-256, once per incarnation, and launches with it;
+/// a binary that does not match the digest it is sent under is refused on the worker and
+/// replaces nothing.
+#[test]
+fn the_agent_is_sent_to_an_adopted_tpu_checked_by_its_digest() {
+    use tpu_runner::backend::ssh::AdoptedAgent;
+    if !sshd_available() {
+        return;
+    }
+    let rig = ApiRig::new("/nonexistent/tpu-runner");
+    let server = rig.sshd("sshd-a");
+    rig.register(server.port, &server.host_key);
+    let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_tpu-runner"));
+    let sha = sha256_hex(&std::fs::read(&binary).unwrap());
+    let dir = rig.dir.path().join("adopted-home/.tpu-runner/bin");
+    let adopted = AdoptedAgent {
+        tpus: [("us-east1-d".to_owned(), TPU.to_owned())].into(),
+        binary: binary.clone(),
+        sha256: sha.clone(),
+        dir: dir.display().to_string(),
+        extra_args: Vec::new(),
+    };
+    let workers = rig.workers(rig.tpu_ssh(rig.ssh.clone()).with_adopted(adopted.clone()));
+    let (outcome, r) = rig.launch(&workers, "a-adopted-1");
+    assert_eq!(outcome, Outcome::Done);
+    rig.succeeded(&workers, &r);
+    let installed = dir.join(format!("tpu-runner-{sha}"));
+    assert_eq!(sha256_hex(&std::fs::read(&installed).unwrap()), sha);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&installed).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+
+    // Sent once: a second launch finds it in place (its file is not rewritten).
+    let modified = std::fs::metadata(&installed).unwrap().modified().unwrap();
+    let fresh = rig.workers(rig.tpu_ssh(rig.ssh.clone()).with_adopted(adopted.clone()));
+    let (outcome, r) = rig.launch(&fresh, "a-adopted-2");
+    assert_eq!(outcome, Outcome::Done);
+    rig.succeeded(&fresh, &r);
+    assert_eq!(
+        std::fs::metadata(&installed).unwrap().modified().unwrap(),
+        modified
+    );
+
+    // A program that is not what its digest says: refused on the worker, nothing left.
+    let wrong = AdoptedAgent {
+        sha256: "0".repeat(64),
+        ..adopted
+    };
+    let workers = rig.workers(rig.tpu_ssh(rig.ssh.clone()).with_adopted(wrong));
+    match rig.launch(&workers, "a-adopted-3").0 {
+        Outcome::LaunchFailed(e) => {
+            assert!(e.message.contains("does not match its SHA-256"), "{e:?}")
+        }
+        other => panic!("a mismatching agent was installed: {other:?}"),
+    }
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        left,
+        [std::ffi::OsString::from(format!("tpu-runner-{sha}"))]
+    );
+}
+
+/// `ssh_transport: iap`: every connection goes through `gcloud compute start-iap-tunnel` to
+/// the worker's instance (its `hostname` guest attribute), with the host key still pinned
+/// from the API. Here `gcloud` is a stand-in that checks its arguments and relays to the
+/// sshd, as IAP would; the launch must have gone through it.
+#[test]
+fn iap_tunnels_every_connection_through_gcloud_to_the_workers_instance() {
+    use tpu_runner::backend::ssh::Iap;
+    if !sshd_available() {
+        return;
+    }
+    let rig = ApiRig::new(env!("CARGO_BIN_EXE_tpu-runner"));
+    let server = rig.sshd("sshd-a");
+    rig.register(server.port, &server.host_key);
+    let gcloud = rig.dir.path().join("gcloud");
+    let calls = rig.dir.path().join("gcloud-calls");
+    std::fs::write(
+        &gcloud,
+        format!(
+            r#"#!/usr/bin/env python3
+import socket, sys, threading
+args = sys.argv[1:]
+open({calls:?}, "a").write(" ".join(args) + "\n")
+expected = ["compute", "start-iap-tunnel", "t1v-n-{TPU}-w-0", args[3], "--listen-on-stdin",
+            "--zone=us-east1-d", "--project={project}", "--verbosity=warning"]
+if args != expected:
+    sys.stderr.write("unexpected gcloud arguments: %r\n" % args)
+    sys.exit(2)
+s = socket.create_connection(("127.0.0.1", int(args[3])))
+def up():
+    while True:
+        data = sys.stdin.buffer.read1(65536)
+        if not data:
+            s.shutdown(socket.SHUT_WR)
+            return
+        s.sendall(data)
+threading.Thread(target=up, daemon=True).start()
+while True:
+    data = s.recv(65536)
+    if not data:
+        break
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+"#,
+            project = rig.project,
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&gcloud, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let transport = rig.tpu_ssh(rig.ssh.clone()).with_iap(Iap {
+        gcloud: gcloud.display().to_string(),
+        project: rig.project.clone(),
+    });
+    let workers = rig.workers(transport);
+    let (outcome, r) = rig.launch(&workers, "a-iap-1");
+    assert_eq!(outcome, Outcome::Done);
+    rig.succeeded(&workers, &r);
+    let log = std::fs::read_to_string(&calls).unwrap();
+    assert!(
+        log.starts_with(&format!(
+            "compute start-iap-tunnel t1v-n-{TPU}-w-0 {} ",
+            server.port
+        )),
+        "{log}"
+    );
 }

@@ -21,7 +21,8 @@ use crate::engine::{Engine, EngineConfig};
 use crate::gcp::http::RetryPolicy;
 use crate::gcp::tpu::{Client, Quotas};
 use crate::objects::{LocalDir, ObjectStore};
-use crate::worker::transport::Local;
+use crate::spec::Name;
+use crate::worker::transport::{Local, Target, Transport};
 
 /// How the controller runs (the flags beside the stack's).
 pub(crate) struct ControllerArgs<'a> {
@@ -110,6 +111,12 @@ fn backend(
 /// Where the startup script's `worker prepare` leaves its readiness marker on TPU VMs.
 pub(crate) const READY_DIR: &str = "/var/lib/tpu-runner";
 
+/// The agent's shared-memory folder on TPU VMs (what `worker prepare` makes).
+const SHM_DIR: &str = "/dev/shm/tpu-runner";
+
+/// Where the agent sent to adopted TPUs lives: in the runner user's home.
+const ADOPTED_AGENT_DIR: &str = ".tpu-runner/bin";
+
 /// How the controller reaches TPU VMs.
 pub(crate) struct SshArgs<'a> {
     /// The private key file, if given.
@@ -118,23 +125,29 @@ pub(crate) struct SshArgs<'a> {
     pub user: &'a str,
     /// The agent's path on the workers.
     pub remote_agent: &'a str,
+    /// The `gcloud` that opens IAP tunnels (`ssh_transport: iap`).
+    pub gcloud: &'a str,
 }
 
-/// The agent on TPU VMs over SSH, each worker found and its host key pinned through the TPU
-/// API. The key comes from `--ssh-key`, else `TPU_RUNNER_SSH_PRIVATE_KEY` (the secret's
-/// content, as the Cloud Run job gets it), written to a private file.
+/// The agent on TPU VMs over SSH.
 fn ssh_workers(
     stack: &Stack,
     args: &SshArgs<'_>,
     objects: Arc<dyn ObjectStore>,
 ) -> Result<AgentWorkers, Failure> {
+    Ok(AgentWorkers::new(
+        Arc::new(tpu_ssh(stack, args)?),
+        objects,
+        &stack.fleet.project,
+    ))
+}
+
+/// SSH to TPU VMs, each worker found and its host key pinned through the TPU API (through
+/// IAP for `ssh_transport: iap`; the agent sent to adopted TPUs). The key comes from
+/// `--ssh-key`, else `TPU_RUNNER_SSH_PRIVATE_KEY` (the secret's content, as the Cloud Run
+/// job gets it), written to a private file.
+fn tpu_ssh(stack: &Stack, args: &SshArgs<'_>) -> Result<crate::backend::ssh::TpuSsh, Failure> {
     let fleet = &stack.fleet;
-    if fleet.ssh_transport == crate::spec::fleet::SshTransport::Iap {
-        return Err(fail(
-            ExitStatus::Usage,
-            "error: ssh_transport: iap is not supported by this controller yet (its tunnel goes through gcloud)\n  = hint: use ssh_transport: direct, or run the local stack\n".into(),
-        ));
-    }
     let key = match args.key_file {
         Some(path) => path.to_path_buf(),
         None => {
@@ -151,19 +164,170 @@ fn ssh_workers(
     let emulator = stack.endpoint().emulator;
     let mut ssh = crate::worker::transport::Ssh::new(args.user, key, args.remote_agent)
         .map_err(|e| fail(ExitStatus::Io, format!("error: the SSH transport: {e}\n")))?;
-    // A worker launches only once its startup script prepared it for this boot.
+    // A worker launches only once its startup script prepared it for this boot; the
+    // job's shared memory is the VM's /dev/shm.
+    let shm = ["--shm".to_owned(), SHM_DIR.to_owned()];
     ssh.extra_args = vec!["--require-ready".into(), READY_DIR.into()];
-    let transport = crate::backend::ssh::TpuSsh::new(
-        Arc::new(ssh),
-        client,
-        fleet.ssh_transport == crate::spec::fleet::SshTransport::Direct,
-        emulator,
-    );
-    Ok(AgentWorkers::new(
-        Arc::new(transport),
-        objects,
-        &fleet.project,
-    ))
+    ssh.extra_args.extend(shm.clone());
+    let iap = fleet.ssh_transport == crate::spec::fleet::SshTransport::Iap;
+    let mut transport = crate::backend::ssh::TpuSsh::new(Arc::new(ssh), client, !iap, emulator);
+    if iap {
+        transport = transport.with_iap(crate::backend::ssh::Iap {
+            gcloud: args.gcloud.to_owned(),
+            project: fleet.project.clone(),
+        });
+    }
+    let adopted: std::collections::HashSet<(String, String)> = fleet
+        .tpus
+        .iter()
+        .filter_map(|e| match &e.kind {
+            crate::spec::fleet::EntryKind::Adopted { existing } => {
+                Some((e.zone.to_string(), existing.clone()))
+            }
+            crate::spec::fleet::EntryKind::Managed { .. } => None,
+        })
+        .collect();
+    if !adopted.is_empty() {
+        // Adopted TPUs never ran the startup script: this binary is sent to them.
+        let binary = std::env::current_exe().map_err(|e| {
+            fail(
+                ExitStatus::Io,
+                format!("error: cannot find this binary: {e}\n"),
+            )
+        })?;
+        let sha256 = crate::worker::bundle::sha256_file(&binary).map_err(|e| {
+            fail(
+                ExitStatus::Io,
+                format!("error: {}: {e}\n", binary.display()),
+            )
+        })?;
+        transport = transport.with_adopted(crate::backend::ssh::AdoptedAgent {
+            tpus: adopted,
+            binary,
+            sha256,
+            dir: ADOPTED_AGENT_DIR.into(),
+            extra_args: shm.to_vec(),
+        });
+    }
+    Ok(transport)
+}
+
+/// `probe-adopted-device-owners RESOURCE`: every worker of an idle adopted TPU says which
+/// processes hold its accelerator devices (as root through `sudo -n` over SSH; the agent
+/// itself on the local stack's workers).
+pub(crate) fn probe_adopted_device_owners(
+    opts: &StackOpts,
+    resource: &str,
+    ssh: &SshArgs<'_>,
+) -> Result<ExitStatus, Failure> {
+    use crate::engine::state::ResourceStatus;
+    let stack = Stack::resolve(opts)?;
+    let mut store = stack.open_store(false)?;
+    let loaded = store
+        .load_active()
+        .map_err(|e| super::state::store_failure(&e))?;
+    let refuse = |why: String| fail(ExitStatus::Invalid, format!("error: {why}\n"));
+    let Some(r) = loaded.state.resources.get(&Name::new(resource)).cloned() else {
+        return Err(refuse(format!(
+            "no TPU record {resource} (`tpu-runner status` lists them)"
+        )));
+    };
+    if !r.adopted {
+        return Err(refuse(format!(
+            "{resource} is not an adopted TPU (the probe looks at TPUs shared with their owner)"
+        )));
+    }
+    if r.status != ResourceStatus::Idle || r.owner.is_some() {
+        return Err(refuse(format!(
+            "{resource} is {}{}: the probe runs only on an idle TPU",
+            r.status.as_str(),
+            r.owner
+                .as_ref()
+                .map(|o| format!(" (job {})", o.job_id))
+                .unwrap_or_default()
+        )));
+    }
+    let timeout = Duration::from_secs(60);
+    let local = match &stack.workers {
+        Some(base) => Some(Local {
+            base: base.clone(),
+            agent: std::env::current_exe().map_err(|e| {
+                fail(
+                    ExitStatus::Io,
+                    format!("error: cannot find this binary: {e}\n"),
+                )
+            })?,
+            objects: stack.objects.clone(),
+        }),
+        None => None,
+    };
+    let remote = match local {
+        Some(_) => None,
+        None => Some(tpu_ssh(&stack, ssh)?),
+    };
+    let mut workers = Vec::new();
+    let mut errors = Vec::new();
+    for i in 0..r.worker_count.max(1) {
+        let target = Target {
+            zone: r.zone.to_string(),
+            tpu: r.tpu_name.to_string(),
+            worker: i,
+        };
+        let answer = match (&local, &remote) {
+            (Some(local), _) => local.run(&target, &["devices"], b"", timeout),
+            (_, Some(remote)) => remote.run_as_root(&target, &["devices"], timeout),
+            _ => unreachable!("one transport"),
+        };
+        match answer.map(|out| parse_probe(out.as_str())) {
+            Ok(Some((host, pids))) => workers.push(json!({
+                "host": host, "clear": pids.is_empty(), "pids": pids,
+            })),
+            Ok(None) => errors.push(format!("{}: no probe answer", target.host())),
+            Err(e) => errors.push(e.message),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(fail(
+            ExitStatus::Usage,
+            format!("error: the probe failed: {}\n", errors.join("; ")),
+        ));
+    }
+    let clear = workers.iter().all(|w| w["clear"] == json!(true));
+    print_stdout(&format!(
+        "{}\n",
+        json!({
+            "resource_id": resource,
+            "tpu_name": r.tpu_name.as_str(),
+            "zone": r.zone.as_str(),
+            "clear": clear,
+            "workers": workers,
+            "observed_at": wall_clock().to_string(),
+        })
+    ));
+    Ok(if clear {
+        ExitStatus::Ok
+    } else {
+        ExitStatus::Busy
+    })
+}
+
+/// `TPU_RUNNER_DEVICE_OWNER_PROBE <host> CLEAR -|BUSY <pids>` → (host, pids).
+fn parse_probe(out: &str) -> Option<(String, Vec<i64>)> {
+    out.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        if words.next()? != "TPU_RUNNER_DEVICE_OWNER_PROBE" {
+            return None;
+        }
+        let host = words.next()?.to_owned();
+        match (words.next()?, words.next()?) {
+            ("CLEAR", _) => Some((host, Vec::new())),
+            ("BUSY", pids) => Some((
+                host,
+                pids.split(',').filter_map(|p| p.parse().ok()).collect(),
+            )),
+            _ => None,
+        }
+    })
 }
 
 /// Writes a private key to a 0600 file in a 0700 folder that lives as long as the process.
@@ -428,6 +592,7 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
                 key_file: None,
                 user: "tpurunner",
                 remote_agent: "/usr/local/bin/tpu-runner",
+                gcloud: "gcloud",
             },
             owner: None,
             epoch: "local",

@@ -16,6 +16,9 @@ pub enum ExitStatus {
     Violation = 4,
     /// The state store failed: unreachable, damaged, refused (the message says what to do).
     Store = 5,
+    /// Something holds what was asked about (`probe-adopted-device-owners`: a device is
+    /// busy), as the original's 75.
+    Busy = 75,
     /// Interrupted by Ctrl-C (`watch`).
     Interrupted = 130,
 }

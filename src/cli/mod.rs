@@ -278,6 +278,20 @@ enum Command {
         #[command(flatten)]
         stack: stack::StackOpts,
     },
+    /// Ask an adopted TPU's workers which processes hold their accelerator devices (as root,
+    /// through `sudo -n`, which the TPU's owner grants the runner user). The TPU must be
+    /// idle: no job of ours runs there.
+    #[command(
+        after_help = "Example:\n  tpu-runner probe-adopted-device-owners adopted-my-v4\n\nExit codes: 0 every device is free; 75 a process holds one; 1 not an idle adopted TPU;\n2 a worker could not answer; 5 the store failed."
+    )]
+    ProbeAdoptedDeviceOwners {
+        /// The TPU record (`tpu-runner status` lists them).
+        resource: String,
+        #[command(flatten)]
+        stack: stack::StackOpts,
+        #[command(flatten)]
+        ssh: SshOpts,
+    },
     /// Follow a job: its states and its workers' new output lines, until it ends.
     #[command(
         after_help = "Examples:\n  tpu-runner watch hello\n  tpu-runner watch hello --json\n\nExit codes: 0 the job succeeded; 1 it failed, was cancelled, or is unknown; 130 Ctrl-C."
@@ -330,15 +344,8 @@ enum Command {
         /// When another controller holds the lease, wait for it instead of exiting.
         #[arg(long)]
         wait_for_lease: bool,
-        /// The SSH private key for TPU VMs (default: TPU_RUNNER_SSH_PRIVATE_KEY's content).
-        #[arg(long, value_name = "FILE")]
-        ssh_key: Option<PathBuf>,
-        /// The user on TPU VMs.
-        #[arg(long, env = "TPU_RUNNER_SSH_USER", default_value = "tpurunner")]
-        ssh_user: String,
-        /// Where the startup script installs the agent on TPU VMs.
-        #[arg(long, default_value = "/usr/local/bin/tpu-runner", value_name = "PATH")]
-        remote_agent: String,
+        #[command(flatten)]
+        ssh: SshOpts,
         /// Logs (stderr) as JSON lines, as Cloud Logging reads them (default when run as a
         /// Cloud Run job).
         #[arg(long, env = "CLOUD_RUN_JOB", value_parser = clap::builder::FalseyValueParser::new())]
@@ -420,6 +427,39 @@ enum LocalCommand {
     },
 }
 
+/// How TPU VMs are reached over SSH.
+#[derive(Debug, clap::Args)]
+struct SshOpts {
+    /// The SSH private key for TPU VMs (default: TPU_RUNNER_SSH_PRIVATE_KEY's content).
+    #[arg(long, value_name = "FILE")]
+    ssh_key: Option<PathBuf>,
+    /// The user on TPU VMs.
+    #[arg(long, env = "TPU_RUNNER_SSH_USER", default_value = "tpurunner")]
+    ssh_user: String,
+    /// Where the startup script installs the agent on TPU VMs.
+    #[arg(long, default_value = "/usr/local/bin/tpu-runner", value_name = "PATH")]
+    remote_agent: String,
+    /// The `gcloud` that opens IAP tunnels to TPU VMs (`ssh_transport: iap`).
+    #[arg(
+        long,
+        env = "TPU_RUNNER_GCLOUD",
+        default_value = "gcloud",
+        value_name = "PATH"
+    )]
+    gcloud: String,
+}
+
+impl SshOpts {
+    fn args(&self) -> controller::SshArgs<'_> {
+        controller::SshArgs {
+            key_file: self.ssh_key.as_deref(),
+            user: &self.ssh_user,
+            remote_agent: &self.remote_agent,
+            gcloud: &self.gcloud,
+        }
+    }
+}
+
 /// Where a worker command works.
 #[derive(Debug, clap::Args)]
 struct WorkerOpts {
@@ -495,8 +535,14 @@ enum WorkerCommand {
     Devices {
         #[command(flatten)]
         at: WorkerOpts,
-        /// A glob of device files (default: a TPU VM's /dev/accel* and /dev/vfio/<n>).
-        #[arg(long = "device", value_name = "GLOB")]
+        /// A glob of device files (default: a TPU VM's /dev/accel* and /dev/vfio/<n>);
+        /// several in TPU_RUNNER_DEVICES separated by `:`.
+        #[arg(
+            long = "device",
+            value_name = "GLOB",
+            env = "TPU_RUNNER_DEVICES",
+            value_delimiter = ':'
+        )]
         devices: Vec<String>,
     },
     /// Stop an attempt on this worker.
@@ -751,6 +797,11 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             stack,
         } => jobs::interrupt_spot(&stack, &resource, &job_id, &attempt_id, json),
         Command::Logs { job, json, stack } => jobs::logs(&stack, &job, json),
+        Command::ProbeAdoptedDeviceOwners {
+            resource,
+            stack,
+            ssh,
+        } => controller::probe_adopted_device_owners(&stack, &resource, &ssh.args()),
         Command::Controller {
             stack,
             local_workers,
@@ -758,9 +809,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             lease_ttl,
             exit_when_idle,
             wait_for_lease,
-            ssh_key,
-            ssh_user,
-            remote_agent,
+            ssh,
             log_json,
             owner,
             epoch,
@@ -773,11 +822,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             exit_when_idle,
             wait_for_lease,
             log_json,
-            ssh: controller::SshArgs {
-                key_file: ssh_key.as_deref(),
-                user: &ssh_user,
-                remote_agent: &remote_agent,
-            },
+            ssh: ssh.args(),
             owner: owner.as_deref(),
             epoch: &epoch,
             policy: &policy,

@@ -298,7 +298,8 @@ pub fn apply(
                 let data: Vec<u8> = match source.as_str() {
                     "agent" => materials.agent.clone(),
                     "agent-sha256" => format!("{agent_sha}  tpu-runner\n").into_bytes(),
-                    "image-context" => image_context(&materials.agent)?,
+                    "image-context" => image_context(&materials.agent, false)?,
+                    "image-context-gcloud" => image_context(&materials.agent, true)?,
                     "startup" => {
                         let (bucket, _) = crate::objects::split(uri).map_err(|e| e.to_string())?;
                         super::startup::render(bucket, &agent_sha)?.into_bytes()
@@ -344,16 +345,24 @@ pub fn apply(
 }
 
 /// The controller image's build context: a Dockerfile (Debian slim with OpenSSH's client,
-/// which the SSH transport runs) and the binary. Deterministic (fixed metadata), so an
-/// unchanged binary is not uploaded again.
-fn image_context(agent: &[u8]) -> Result<Vec<u8>, String> {
-    const DOCKERFILE: &str = "FROM debian:12-slim\nRUN apt-get update && apt-get install -y --no-install-recommends openssh-client ca-certificates && rm -rf /var/lib/apt/lists/*\nCOPY tpu-runner /usr/local/bin/tpu-runner\nUSER nobody\nENTRYPOINT [\"/usr/local/bin/tpu-runner\"]\n";
+/// which the SSH transport runs; Google's slim Cloud SDK image when the fleet tunnels
+/// through IAP, whose tunnels gcloud opens) and the binary. Deterministic (fixed
+/// metadata), so an unchanged binary is not uploaded again.
+fn image_context(agent: &[u8], gcloud: bool) -> Result<Vec<u8>, String> {
+    let base = if gcloud {
+        "FROM gcr.io/google.com/cloudsdktool/google-cloud-cli:slim\nENV CLOUDSDK_CONFIG=/tmp/gcloud\n"
+    } else {
+        "FROM debian:12-slim\n"
+    };
+    let dockerfile = format!(
+        "{base}RUN apt-get update && apt-get install -y --no-install-recommends openssh-client ca-certificates && rm -rf /var/lib/apt/lists/*\nCOPY tpu-runner /usr/local/bin/tpu-runner\nUSER nobody\nENTRYPOINT [\"/usr/local/bin/tpu-runner\"]\n"
+    );
     let gz = flate2::GzBuilder::new()
         .mtime(0)
         .write(Vec::new(), flate2::Compression::new(6));
     let mut tar = tar::Builder::new(gz);
     for (name, data, mode) in [
-        ("Dockerfile", DOCKERFILE.as_bytes(), 0o644),
+        ("Dockerfile", dockerfile.as_bytes(), 0o644),
         ("tpu-runner", agent, 0o755),
     ] {
         let mut header = tar::Header::new_gnu();

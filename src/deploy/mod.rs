@@ -321,7 +321,18 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
                 member: sa(&worker),
                 condition: None,
             },
-        ],
+        ]
+        .into_iter()
+        // IAP fleets: the controller opens TCP tunnels (port 22 only) to the workers.
+        .chain((fleet.ssh_transport == SshTransport::Iap).then(|| Binding {
+            role: "roles/iap.tunnelResourceAccessor".into(),
+            member: sa(&controller),
+            condition: Some(json!({
+                "title": "SSH only",
+                "expression": "destination.port == 22"
+            })),
+        }))
+        .collect(),
     });
     steps.push(Step::Grant {
         what: "the worker account: the controller may create TPUs that run as it".into(),
@@ -440,7 +451,12 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
     steps.push(Step::Upload {
         what: "the controller image's build context (a Dockerfile and this binary)".into(),
         uri: format!("gs://{bucket}/artifacts/controller-image.tar.gz"),
-        source: "image-context".into(),
+        // An IAP fleet's controller opens its tunnels with gcloud: its image carries it.
+        source: if fleet.ssh_transport == SshTransport::Iap {
+            "image-context-gcloud".into()
+        } else {
+            "image-context".into()
+        },
     });
     steps.push(Step::Ensure {
         what: format!("Artifact Registry repository {repo} in {region}"),

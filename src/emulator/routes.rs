@@ -689,11 +689,18 @@ async fn stockout(
     }
 }
 
-/// `POST …/nodes/N:getGuestAttributes`: the `hostkeys` each registered worker publishes.
+/// `POST …/nodes/N:getGuestAttributes {queryPath}`: what each registered worker publishes
+/// — its `hostkeys/ssh-ed25519` and its instance name (`guestInventory/hostname`, as a TPU
+/// VM worker's `t1v-n-…-w-I`) — those under `queryPath` (all when it is empty).
 async fn node_method(
     State(shared): State<Shared>,
     Path((project, zone, node)): Path<(String, String, String)>,
+    body: axum::body::Bytes,
 ) -> Reply {
+    let query: String = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v["queryPath"].as_str().map(str::to_owned))
+        .unwrap_or_default();
     let Some(name) = node.strip_suffix(":getGuestAttributes") else {
         return Err(Fail::new(
             StatusCode::NOT_FOUND,
@@ -719,9 +726,18 @@ async fn node_method(
                     .filter_map(|i| {
                         let ssh = w.ssh_workers.get(&(zone.clone(), name.to_owned(), i))?;
                         let (kind, key) = ssh.host_key.trim().split_once(' ')?;
+                        let hostname = format!("t1v-n-{name}-w-{i}");
+                        let items: Vec<Value> = [
+                            ("hostkeys", kind, key),
+                            ("guestInventory", "hostname", hostname.as_str()),
+                        ]
+                        .into_iter()
+                        .filter(|(ns, k, _)| format!("{ns}/{k}").starts_with(&query))
+                        .map(|(ns, k, v)| json!({"namespace": ns, "key": k, "value": v}))
+                        .collect();
                         Some(json!({
-                            "queryPath": "hostkeys/",
-                            "queryValue": {"items": [{"namespace": "hostkeys", "key": kind, "value": key}]},
+                            "queryPath": query,
+                            "queryValue": {"items": items},
                             "workerId": i.to_string(),
                         }))
                     })
