@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use crate::backend::{BackendError, CloudBackend, InFlight, Outcome};
 use crate::engine::observe::{
-    ActionFailure, AttemptReport, CancelOutcome, RemoteError, ReportChanges,
+    ActionFailure, AttemptReport, CancelOutcome, DiskRecovery, RemoteError, ReportChanges,
 };
 use crate::engine::state::JobStatus;
 use crate::engine::{Action, Engine, Observation, PassOutput, State, Timestamp};
@@ -23,12 +23,17 @@ pub struct Feedback {
     pub launch_errors: BTreeMap<Name, RemoteError>,
     /// Cancel results by attempt.
     pub cancels: BTreeMap<Name, CancelOutcome>,
+    /// Disk recoveries' answers.
+    pub disk_recoveries: Vec<DiskRecovery>,
 }
 
 impl Feedback {
     /// True when there is nothing to report.
     pub fn is_empty(&self) -> bool {
-        self.failures.is_empty() && self.launch_errors.is_empty() && self.cancels.is_empty()
+        self.failures.is_empty()
+            && self.launch_errors.is_empty()
+            && self.cancels.is_empty()
+            && self.disk_recoveries.is_empty()
     }
 }
 
@@ -63,6 +68,9 @@ pub fn observe<B: CloudBackend + ?Sized>(
         ReportChanges { since, attempts }
     });
     observation.failures.clone_from(&feedback.failures);
+    observation
+        .disk_recoveries
+        .clone_from(&feedback.disk_recoveries);
     Ok(())
 }
 
@@ -137,6 +145,14 @@ pub fn execute<B: CloudBackend + ?Sized>(
             Outcome::Cancelled(outcome) => {
                 if let Action::Cancel { attempt_id, .. } = action {
                     feedback.cancels.insert(*attempt_id, outcome);
+                }
+            }
+            Outcome::DiskRecovery(result) => {
+                if let Action::RecoverDisk { resource_id, .. } = action {
+                    feedback.disk_recoveries.push(DiskRecovery {
+                        resource_id: *resource_id,
+                        result,
+                    });
                 }
             }
         }

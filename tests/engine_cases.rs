@@ -33,6 +33,11 @@ fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64)
                 tpu_name,
                 ..
             } => format!("cancel {attempt_id} of {job_id} on {tpu_name}"),
+            Action::RecoverDisk {
+                resource_id,
+                worker_count,
+                ..
+            } => format!("recover disk of {resource_id} ({worker_count} workers)"),
         };
         writeln!(s, "  {line}").unwrap();
     }

@@ -403,6 +403,14 @@ impl GcpBackend {
                     .unwrap_or(1);
                 self.workers.cancel(*attempt_id, *tpu_name, *zone, workers)
             }
+            Action::RecoverDisk {
+                tpu_name,
+                zone,
+                worker_count,
+                ..
+            } => self
+                .workers
+                .recover_disk(*tpu_name, *zone, (*worker_count).max(1)),
         }
     }
 }

@@ -55,6 +55,8 @@ pub enum Outcome {
     LaunchFailed(RemoteError),
     /// The result of a cancel.
     Cancelled(CancelOutcome),
+    /// What a disk recovery's workers answered (one line each), or why it failed.
+    DiskRecovery(Result<Vec<String>, String>),
 }
 
 /// What an inventory read found: nodes and queued resources, each sorted by (zone, name).

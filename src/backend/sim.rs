@@ -469,7 +469,9 @@ impl SimBackend {
     fn execute_one(&mut self, action: &Action, now: Timestamp) -> Outcome {
         let pass = self.millis(now);
         let kind = match action {
-            Action::Launch(_) | Action::Cancel { .. } => tpu_runner_sim::CallKind::Remote,
+            Action::Launch(_) | Action::Cancel { .. } | Action::RecoverDisk { .. } => {
+                tpu_runner_sim::CallKind::Remote
+            }
             _ => tpu_runner_sim::CallKind::Mutation,
         };
         let latency = self.cloud.take_call_latency_ms(kind, pass);
@@ -544,6 +546,19 @@ impl SimBackend {
                 Err(simc::RemoteError::NotFound) => Outcome::Cancelled(CancelOutcome::NotRunning),
                 Err(simc::RemoteError::Temporary) => Outcome::Cancelled(cancel_unreachable()),
             },
+            // The simulated cloud has no disks to fill: every worker has enough.
+            Action::RecoverDisk {
+                tpu_name,
+                worker_count,
+                ..
+            } => Outcome::DiskRecovery(Ok(sufficient(tpu_name, *worker_count))),
         }
     }
+}
+
+/// The answer of workers with room to spare (a simulated TPU's disks never fill).
+pub fn sufficient(tpu: &Name, workers: u32) -> Vec<String> {
+    (0..workers.max(1))
+        .map(|i| format!("TPU_RUNNER_DISK_RECOVERY {tpu}-w-{i} SUFFICIENT 0 0 0 0"))
+        .collect()
 }

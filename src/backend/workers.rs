@@ -48,6 +48,9 @@ pub trait Workers: Send + Sync {
     fn launch(&self, launch: &LaunchRequest) -> Call<Outcome>;
     /// Stops `attempt` on every worker (`workers` of them) of `tpu` in `zone`.
     fn cancel(&self, attempt: Name, tpu: Name, zone: Name, workers: u32) -> Call<Outcome>;
+    /// Recovers the disk of every worker of an idle adopted TPU
+    /// (`Outcome::DiskRecovery`).
+    fn recover_disk(&self, tpu: Name, zone: Name, workers: u32) -> Call<Outcome>;
     /// The reports of the attempts `in_flight`; a default report for one nothing is known of.
     fn reports(&self, in_flight: &[InFlight]) -> Call<Result<Reports, BackendError>>;
 }
@@ -139,6 +142,13 @@ impl Workers for EmulatedWorkers {
                 Err(_) => cancel_unreachable(),
             };
             Outcome::Cancelled(outcome)
+        })
+    }
+
+    fn recover_disk(&self, tpu: Name, _zone: Name, workers: u32) -> Call<Outcome> {
+        // The emulator's simulated workers have no disks to fill.
+        Box::pin(async move {
+            Outcome::DiskRecovery(Ok(crate::backend::sim::sufficient(&tpu, workers)))
         })
     }
 
@@ -443,6 +453,45 @@ impl Workers for AgentWorkers {
             })
             .await
             .unwrap_or(Outcome::Cancelled(CancelOutcome::NotRunning))
+        })
+    }
+
+    fn recover_disk(&self, tpu: Name, zone: Name, workers: u32) -> Call<Outcome> {
+        let transport = self.transport.clone();
+        let timeout = self.timeout;
+        let floor = self.min_free_bytes.to_string();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                let results = on_every_worker(workers, |i| {
+                    let target = Target {
+                        zone: zone.to_string(),
+                        tpu: tpu.to_string(),
+                        worker: i,
+                    };
+                    transport
+                        .run(&target, &["recover-disk", "--floor", &floor], b"", timeout)
+                        .map_err(|e| e.message)
+                        .and_then(|out| {
+                            out.lines()
+                                .find(|l| l.starts_with("TPU_RUNNER_DISK_RECOVERY "))
+                                .map(str::to_owned)
+                                .ok_or_else(|| format!("{}: no recovery answer", target.host()))
+                        })
+                });
+                let errors: Vec<String> = results
+                    .iter()
+                    .filter_map(|r| r.as_ref().err().cloned())
+                    .collect();
+                Outcome::DiskRecovery(if errors.is_empty() {
+                    Ok(results.into_iter().flatten().collect())
+                } else {
+                    Err(errors.join("; "))
+                })
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Outcome::DiskRecovery(Err(format!("the recovery did not finish: {e}")))
+            })
         })
     }
 

@@ -276,6 +276,15 @@ fn render(
                 job_id.to_string(),
                 format!("on {tpu_name}, attempt {attempt_id}"),
             ],
+            Action::RecoverDisk {
+                resource_id,
+                worker_count,
+                ..
+            } => vec![
+                "recover-disk".into(),
+                resource_id.to_string(),
+                format!("adopted, ready but unhealthy: free the agent's folders on {worker_count} workers"),
+            ],
         })
         .collect();
     if !rows.is_empty() {

@@ -67,8 +67,15 @@ pub fn launch(args: &WorkerArgs<'_>) -> Result<ExitStatus, Failure> {
         .take(16 << 20)
         .read_to_end(&mut input)
         .map_err(|e| setup(format!("reading the launch spec: {e}")))?;
-    let spec: LaunchSpec = serde_json::from_slice(&input)
+    let mut spec: LaunchSpec = serde_json::from_slice(&input)
         .map_err(|e| setup(format!("the launch spec is not valid: {e}")))?;
+    // This worker's own device files, when it names them.
+    if let Some(patterns) = std::env::var("TPU_RUNNER_DEVICES")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    {
+        spec.devices.patterns = patterns.split(':').map(str::to_owned).collect();
+    }
     let store = args.store()?;
     let exe: PathBuf =
         std::env::current_exe().map_err(|e| setup(format!("cannot find this program: {e}")))?;

@@ -61,6 +61,10 @@ impl Default for EngineConfig {
     }
 }
 
+/// Seconds between disk recoveries of one unhealthy idle adopted TPU (the original ran one
+/// every pass, 30 s apart, each a round of SSH calls).
+pub const DISK_RECOVERY_EVERY_SECS: i64 = 600;
+
 /// `base × 2^(n-1)`, capped at `max` (n ≥ 1).
 pub fn backoff_secs(base: i64, max: i64, n: u32) -> i64 {
     base.saturating_mul(1i64 << n.saturating_sub(1).min(30))

@@ -37,6 +37,9 @@ pub struct Observation {
     /// When the worker reports were read (the heartbeat of a `beating` report).
     #[serde(default)]
     pub read_at: Option<Timestamp>,
+    /// What the previous pass's disk recoveries on adopted TPUs answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disk_recoveries: Vec<DiskRecovery>,
     /// This observation's number in its driver's sequence (0: not numbered).
     #[serde(skip)]
     pub serial: u64,
@@ -338,6 +341,16 @@ pub enum WorkerState {
     FailedArtifacts,
 }
 
+/// What a disk recovery on an adopted TPU answered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskRecovery {
+    /// The TPU's record.
+    pub resource_id: Name,
+    /// Every worker's answer line (`TPU_RUNNER_DISK_RECOVERY <host> SUFFICIENT|RECOVERED
+    /// <before> <after> <work entries> <cache dirs>`), or why it could not be done.
+    pub result: Result<Vec<String>, String>,
+}
+
 /// A refused action.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActionFailure {
@@ -402,6 +415,18 @@ pub enum Action {
     },
     /// Start an attempt on every worker of a TPU (idempotent per attempt id).
     Launch(Box<LaunchRequest>),
+    /// Free the disk space the agent's own folders hold on an idle adopted TPU (its
+    /// workspace, then its oldest caches), on every worker.
+    RecoverDisk {
+        /// The TPU's record.
+        resource_id: Name,
+        /// Node.
+        tpu_name: Name,
+        /// Zone.
+        zone: Name,
+        /// Expected workers.
+        worker_count: u32,
+    },
     /// Stop an attempt on every worker (confirms when nothing of it runs).
     Cancel {
         /// Attempt to stop.
@@ -459,6 +484,7 @@ impl Action {
             Action::DeleteNode { .. } => "delete_node",
             Action::Launch(_) => "launch",
             Action::Cancel { .. } => "cancel",
+            Action::RecoverDisk { .. } => "recover_disk",
         }
     }
 }

@@ -7,13 +7,13 @@
 use std::sync::Arc;
 
 use super::aggregate::{self, EXIT_RETRYABLE, FailureKind, Graces, Verdict};
-use super::config::{EngineConfig, backoff_secs};
+use super::config::{DISK_RECOVERY_EVERY_SECS, EngineConfig, backoff_secs};
 use super::demand::Demand;
 use super::fleet_index::{EntryFacts, FleetIndex};
 use super::memo::{Memo, QuietRun, is_candidate, is_pending};
 use super::observe::{
-    Action, ActionFailure, AttemptReport, CancelOutcome, CloudFailure, Event, LaunchRequest,
-    NodeInfo, Observation, QueuedResourceInfo, RemoteErrorKind,
+    Action, ActionFailure, AttemptReport, CancelOutcome, CloudFailure, Event, Health,
+    LaunchRequest, NodeInfo, NodeState, Observation, QueuedResourceInfo, RemoteErrorKind,
 };
 use super::observed::{ObservedIndex, Tpu};
 use super::policy::{AssignInput, CapacityInput, Policy};
@@ -142,6 +142,7 @@ impl<'a> Pass<'a> {
         self.action_failures();
         self.refresh_from_queued_resources();
         self.refresh_from_ready_nodes();
+        self.adopted_disk_recovery();
         self.cancellations();
         self.interruptions();
         self.attempts();
@@ -728,6 +729,76 @@ impl<'a> Pass<'a> {
                     self.state.resources.insert(id, record);
                 }
             }
+        }
+    }
+
+    // ----- step 4: adopted disk recovery -----------------------------------------------
+
+    /// An idle adopted TPU that is READY but not healthy (a full disk makes its runtime
+    /// unhealthy, and no job would ever be placed on it to clean it) gets its disk
+    /// recovered: at most once per `DISK_RECOVERY_EVERY_SECS`. The previous pass's answers
+    /// become events.
+    fn adopted_disk_recovery(&mut self) {
+        for done in &self.obs.disk_recoveries {
+            let id = &done.resource_id;
+            match &done.result {
+                Ok(lines) if lines.iter().any(|l| l.contains(" RECOVERED ")) => self.event(
+                    "adopted_tpu_disk_recovery_completed",
+                    None,
+                    Some(id),
+                    None,
+                    lines.join("; "),
+                ),
+                Ok(_) => {}
+                Err(error) => self.event(
+                    "adopted_tpu_disk_recovery_failed",
+                    None,
+                    Some(id),
+                    None,
+                    error.clone(),
+                ),
+            }
+        }
+        let nodes: &'a [Arc<NodeInfo>] = &self.obs.nodes;
+        for (i, node) in nodes.iter().enumerate() {
+            let Some(entry_index) = self.node_facts[i].entry.map(|e| e as usize) else {
+                continue;
+            };
+            if !self.index.entry(entry_index).is_adopted()
+                || node.state != NodeState::Ready
+                || node.health == Health::Healthy
+                || !self.transport_ok(node)
+            {
+                continue;
+            }
+            let id = Resource::id_for(node.name, true);
+            let Some(r) = self.state.resources.get(&id) else {
+                continue;
+            };
+            if !r.adopted
+                || r.owner.is_some()
+                || !matches!(r.status, ResourceStatus::Idle | ResourceStatus::Unavailable)
+            {
+                continue;
+            }
+            let key = format!("disk_recovery:{id}");
+            let due = self
+                .state
+                .notices
+                .get(&key)
+                .and_then(|at| Timestamp::parse(at).ok())
+                .is_none_or(|at| self.now.elapsed_since(at, DISK_RECOVERY_EVERY_SECS));
+            if !due {
+                continue;
+            }
+            let action = Action::RecoverDisk {
+                resource_id: id,
+                tpu_name: r.tpu_name,
+                zone: r.zone,
+                worker_count: r.worker_count,
+            };
+            self.state.notices.insert(key, self.now.to_string());
+            self.out.actions.push(action);
         }
     }
 

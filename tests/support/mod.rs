@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use tpu_runner::engine::observe::{
-    AttemptReport, Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState,
-    QueuedResourceInfo,
+    AttemptReport, DiskRecovery, Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState,
+    QrState, QueuedResourceInfo,
 };
 use tpu_runner::engine::state::{
     Attempt, AttemptStatus, BucketRegion, FailureCounter, Job, JobStatus, Owner, Placement,
@@ -61,6 +61,21 @@ pub struct Case {
     /// Run a second pass at this time with the same observation (checks idempotence).
     #[serde(default)]
     pub again_at: Option<i64>,
+    /// What the previous pass's disk recoveries answered.
+    #[serde(default)]
+    pub disk_recoveries: Vec<CaseRecovery>,
+}
+
+/// A disk recovery's answer: its workers' lines, or an error.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseRecovery {
+    /// Resource reference (see [`CaseResource::tpu`]).
+    pub tpu: String,
+    #[serde(default)]
+    pub answers: Vec<String>,
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -373,6 +388,16 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
         .into_iter()
         .map(|(id, report)| (Name::new(&id), report))
         .collect();
+    for d in &case.disk_recoveries {
+        let (_, _, resource_id) = resolve(index, &d.tpu);
+        obs.disk_recoveries.push(DiskRecovery {
+            resource_id,
+            result: match &d.error {
+                Some(e) => Err(e.clone()),
+                None => Ok(d.answers.clone()),
+            },
+        });
+    }
     (state, obs)
 }
 
