@@ -260,10 +260,11 @@ fn plan_on_the_documented_example() {
     assert!(after.exists());
 }
 
-/// A damaged state (ownership that does not point both ways) is reported and repaired, never
-/// a panic: the TPU is released, the running job requeued, the cancelling one deactivated.
+/// A state snapshot a person wrote is input: a damaged one (ownership that does not point
+/// both ways, a job running on a TPU that does not exist) is refused with every problem at
+/// its line and column, on stderr, and nothing is planned (no action printed).
 #[test]
-fn plan_repairs_and_reports_a_damaged_state() {
+fn plan_refuses_a_damaged_state_and_plans_nothing() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let args = [
         "plan",
@@ -275,18 +276,76 @@ fn plan_repairs_and_reports_a_damaged_state() {
         "2026-01-01T12:00:00Z",
     ];
     let out = tpu_runner(&args, root);
-    assert_eq!(out.status.code(), Some(1), "violations exit 1");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
     for expected in [
-        "TPU adopted-trc-v4 was owned by ghost/a which does not run on it; released",
-        "running job finetune-7b had no TPU owning it; requeued",
-        "cancelling job eval-sweep had no TPU owning it; deactivated",
+        "jobs.finetune-7b.assigned_resource: no TPU record `nope` in `resources`",
+        "jobs.eval-sweep.current_attempt: a cancelling job without a current attempt",
+        "resources.adopted-trc-v4.owner.job_id: no active job `ghost` in `jobs`",
+        "damaged-state.json:1:",
+        "nothing was done",
     ] {
         assert!(
-            stdout.contains(expected),
-            "missing {expected:?} in\n{stdout}"
+            stderr.contains(expected),
+            "missing {expected:?} in\n{stderr}"
         );
     }
+    assert!(!stderr.contains("invariant"), "{stderr}");
+}
+
+/// The corpus of wrong snapshots (`tests/fixtures/plan/invalid`): each is refused with exit
+/// 1, its messages on stderr (snapshotted) and nothing on stdout; `state import` refuses
+/// the same files.
+#[test]
+fn wrong_state_snapshots_are_refused_with_their_field_and_position() {
+    let root = root();
+    insta::glob!("fixtures/plan/invalid/*.json", |path| {
+        let file = path.strip_prefix(&root).unwrap().display().to_string();
+        let out = tpu_runner(
+            &[
+                "plan",
+                "--fleet",
+                "docs/plan-example/deployment.yaml",
+                "--state",
+                &file,
+                "--now",
+                "2026-01-01T12:00:00Z",
+            ],
+            &root,
+        );
+        assert_eq!(out.status.code(), Some(1), "{file}");
+        assert!(
+            out.stdout.is_empty(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let dir = tempfile::tempdir().unwrap();
+        let store = format!("sqlite:{}", dir.path().join("s.db").display());
+        let import = tpu_runner(
+            &[
+                "state",
+                "import",
+                &file,
+                "--store",
+                &store,
+                "--fleet",
+                "docs/plan-example/deployment.yaml",
+            ],
+            &root,
+        );
+        assert_eq!(import.status.code(), Some(1), "{file}");
+        assert!(
+            String::from_utf8_lossy(&import.stderr).contains(&file),
+            "{file}"
+        );
+        insta::assert_snapshot!(stderr);
+    });
 }
 
 fn root() -> std::path::PathBuf {
@@ -745,4 +804,48 @@ fn hostile_inputs_end_promptly_with_clear_errors() {
         assert!(stderr.contains(message), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
+}
+
+/// A flood of problems shows the first 50 and counts the rest (100,000 jobs with one typo
+/// each printed 700,001 lines); a problem on a very long line shows a window of it, not the
+/// line (a 300 KB one-line file was echoed whole).
+#[test]
+fn floods_of_errors_and_long_lines_are_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut manifest = String::from("jobs:\n");
+    for i in 0..2000 {
+        manifest.push_str(&format!(
+            "  - {{id: j{i}, tpu: v6e-16, bundle: gs://lab-bucket/bundles/x.tar.gz, command: run, buckets: [gs://lab-bucket], priorty: high}}\n"
+        ));
+    }
+    std::fs::write(dir.path().join("job.yaml"), manifest).unwrap();
+    let out = tpu_runner(&["validate-jobs", "job.yaml"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("error: ").count(), 50, "{stderr}");
+    assert!(
+        stderr.contains("… and 1950 more (the first 50 are shown)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("job.yaml: 2000 errors found"), "{stderr}");
+    assert!(stderr.lines().count() < 500);
+
+    let long = format!(
+        "{{jobs: [{{id: a, tpu: v6e-16, bundle: gs://lab-bucket/bundles/x.tar.gz, command: \"{}\", buckets: [gs://lab-bucket], priorty: high}}]}}\n",
+        "x".repeat(300_000)
+    );
+    std::fs::write(dir.path().join("long.yaml"), long).unwrap();
+    let out = tpu_runner(&["validate-jobs", "long.yaml"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.len() < 2_000,
+        "{} bytes:\n{}",
+        stderr.len(),
+        &stderr[..500]
+    );
+    assert!(
+        stderr.contains('…') && stderr.contains("priorty"),
+        "{stderr}"
+    );
 }

@@ -1,6 +1,7 @@
 //! `plan`: one reconcile pass on a state snapshot, without touching any cloud. Prints the
 //! decisions (actions, events) and why each pending job still waits.
 
+use crate::engine::snapshot::{self, Problem};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -74,7 +75,67 @@ pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
             status: ExitStatus::Invalid,
         });
     }
-    serde_json::from_str(&text).map_err(|e| json_error(path, "invalid state", &e))
+    // Fields serde would skip are reported (a misspelled `priorty` must not vanish).
+    let mut unknown = Vec::new();
+    let state: State =
+        serde_ignored::deserialize(&mut serde_json::Deserializer::from_str(&text), |p| {
+            unknown.push(field_path(&p))
+        })
+        .map_err(|e| json_error(path, "invalid state", &e))?;
+    let mut problems: Vec<Problem> = unknown
+        .into_iter()
+        .map(|p| Problem {
+            message: format!(
+                "unknown field `{}`",
+                p.rsplit(['.', '[']).next().unwrap_or(&p)
+            ),
+            hint: Some("see docs/state-schema.md for the fields of each record".into()),
+            path: p,
+        })
+        .collect();
+    problems.extend(snapshot::problems(&state));
+    if problems.is_empty() {
+        return Ok(state);
+    }
+    // Positions come from the text read as YAML (JSON is YAML): only when there are
+    // problems to show.
+    let file = path.display().to_string();
+    let tree = crate::spec::yaml::parse(&file, &text).map_err(|e| Failure {
+        message: e.render(),
+        status: ExitStatus::Invalid,
+    })?;
+    let mut checker = crate::spec::yaml::Checker::new(&text);
+    for p in &problems {
+        let node = crate::spec::yaml::node_at(&tree, &p.path);
+        match &p.hint {
+            Some(hint) => checker.error_hint(node, &p.path, p.message.clone(), hint.clone()),
+            None => checker.error(node, &p.path, p.message.clone()),
+        }
+    }
+    let errors = checker
+        .finish(&file, ())
+        .expect_err("problems were recorded");
+    Err(Failure {
+        message: format!(
+            "{}nothing was done: the state snapshot must be valid first\n",
+            errors.render()
+        ),
+        status: ExitStatus::Invalid,
+    })
+}
+
+/// A path serde_ignored reports, in the field-path syntax of every other message
+/// (`jobs.J.attempts[0].status`).
+fn field_path(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", field_path(parent)),
+        Path::Map { parent, key } => crate::spec::yaml::join(&field_path(parent), key),
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => field_path(parent),
+    }
 }
 
 /// The cloud as the state believes it to be: ready TPUs for idle and busy records, waiting
@@ -144,10 +205,11 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
         super::check_output(path, false)?;
     }
     let (fleet, mut state) = match args.state {
-        Some(path) => (
-            load_fleet(args.fleet.unwrap_or(Path::new("deployment.yaml")))?,
-            load_state(path)?,
-        ),
+        Some(path) => {
+            let fleet = load_fleet(args.fleet.unwrap_or(Path::new("deployment.yaml")))?;
+            let state = load_state(path)?;
+            (fleet, state)
+        }
         // The live state: what the store holds now, read as a controller pass reads it.
         None => {
             let stack = super::stack::Stack::resolve(&super::stack::StackOpts {

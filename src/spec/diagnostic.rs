@@ -47,7 +47,7 @@ impl SpecErrors {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let lines: Vec<&str> = self.source.lines().collect();
-        for d in &self.diagnostics {
+        for d in self.diagnostics.iter().take(SHOWN) {
             let location = if d.path.is_empty() {
                 String::new()
             } else {
@@ -55,12 +55,13 @@ impl SpecErrors {
             };
             out.push_str(&format!("error: {location}{}\n", d.message));
             out.push_str(&format!("  --> {}:{}:{}\n", self.file, d.line, d.column));
-            if let Some(text) = d.line.checked_sub(1).and_then(|i| lines.get(i)) {
+            if let Some(line) = d.line.checked_sub(1).and_then(|i| lines.get(i)) {
                 let gutter = d.line.to_string();
                 let pad = " ".repeat(gutter.len());
+                let column = d.column.saturating_sub(1).min(line.chars().count());
+                let (text, caret_col) = snippet(line, column);
                 out.push_str(&format!("{pad} |\n{gutter} | {text}\n"));
-                let caret_col = d.column.saturating_sub(1).min(text.chars().count());
-                let width = token_width(text, caret_col);
+                let width = token_width(&text, caret_col).min(SNIPPET - 1);
                 out.push_str(&format!(
                     "{pad} | {}{}\n",
                     " ".repeat(caret_col),
@@ -73,6 +74,12 @@ impl SpecErrors {
             out.push('\n');
         }
         let n = self.diagnostics.len();
+        if n > SHOWN {
+            out.push_str(&format!(
+                "… and {} more (the first {SHOWN} are shown)\n",
+                n - SHOWN
+            ));
+        }
         out.push_str(&format!(
             "{}: {n} error{} found\n",
             self.file,
@@ -80,6 +87,33 @@ impl SpecErrors {
         ));
         out
     }
+}
+
+/// Diagnostics shown in full; the rest are counted.
+const SHOWN: usize = 50;
+
+/// Characters of a source line shown around a problem.
+const SNIPPET: usize = 160;
+
+/// The part of `line` shown for a problem at character `column` (a long line — a one-line
+/// JSON file — is cut to a window, marked with `…`), and the column within it.
+fn snippet(line: &str, column: usize) -> (String, usize) {
+    let chars: Vec<char> = line.chars().collect();
+    if chars.len() <= SNIPPET {
+        return (line.to_owned(), column);
+    }
+    let start = column.saturating_sub(SNIPPET / 3);
+    let end = (start + SNIPPET).min(chars.len());
+    let mut text: String = chars[start..end].iter().collect();
+    let mut caret = column - start;
+    if start > 0 {
+        text.insert(0, '…');
+        caret += 1;
+    }
+    if end < chars.len() {
+        text.push('…');
+    }
+    (text, caret)
 }
 
 /// Width of the token starting at `col` (up to whitespace or a YAML separator), at least 1.

@@ -1,0 +1,180 @@
+//! What a state snapshot written by a person must hold before a pass may read it
+//! (`plan --state`, `state import`): map keys equal to ids, finished jobs only under
+//! `finished`, ownership that points both ways, at least one worker per TPU. Each problem
+//! names its field path, what was found and what is expected. Pure; it repairs nothing and
+//! decides nothing (a store's own records are repaired by the pass instead).
+
+use super::state::{Job, JobStatus, ResourceStatus, State};
+
+/// One problem of a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Field path (`jobs.J.status`).
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+    /// What would be right, when it helps.
+    pub hint: Option<String>,
+}
+
+fn problem(path: String, message: String, hint: Option<&str>) -> Problem {
+    Problem {
+        path,
+        message,
+        hint: hint.map(str::to_owned),
+    }
+}
+
+/// Every problem of `state`, in table order (jobs, finished, resources, requests). What a
+/// fleet change explains (a job no entry runs any more, a TPU of an entry whose type
+/// changed) is not a problem: the pass handles it.
+pub fn problems(state: &State) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let key_differs = |table: &str, key: &str, id: &str| {
+        (key != id).then(|| {
+            problem(
+                format!("{table}.{key}.id"),
+                format!("the id `{id}` differs from its key `{key}`"),
+                Some("a record's key and its `id` must be the same"),
+            )
+        })
+    };
+    for (key, job) in state.jobs.iter() {
+        out.extend(key_differs("jobs", key.as_str(), job.id.as_str()));
+        check_active_job(state, key.as_str(), job, &mut out);
+    }
+    for (key, job) in &state.finished {
+        out.extend(key_differs("finished", key.as_str(), job.id.as_str()));
+        if !job.status.is_terminal() {
+            out.push(problem(
+                format!("finished.{key}.status"),
+                format!(
+                    "a {} job under `finished`",
+                    job.status.as_str()
+                ),
+                Some("`finished` holds succeeded, failed and deactivated jobs; active ones go under `jobs`"),
+            ));
+        }
+    }
+    for (key, r) in state.resources.iter() {
+        let at = |field: &str| format!("resources.{key}.{field}");
+        out.extend(key_differs("resources", key.as_str(), r.id.as_str()));
+        if r.worker_count == 0 {
+            out.push(problem(
+                at("worker_count"),
+                "expected at least 1 worker, found 0".into(),
+                None,
+            ));
+        }
+        match (&r.owner, r.status) {
+            (Some(_), ResourceStatus::Idle) => out.push(problem(
+                at("owner"),
+                "an idle TPU with an owner".into(),
+                Some("drop `owner`, or make the TPU `busy` and its job run on it"),
+            )),
+            (None, ResourceStatus::Busy) => out.push(problem(
+                at("owner"),
+                "a busy TPU without an owner".into(),
+                Some("name the job and attempt running on it: `owner: {job_id, attempt_id}`"),
+            )),
+            _ => {}
+        }
+        if let Some(owner) = &r.owner {
+            match state.jobs.get(&owner.job_id) {
+                None => out.push(problem(
+                    at("owner.job_id"),
+                    format!("no active job `{}` in `jobs`", owner.job_id),
+                    None,
+                )),
+                Some(job)
+                    if job.assigned_resource.as_ref() != Some(key)
+                        || job.current_attempt.as_ref() != Some(&owner.attempt_id) =>
+                {
+                    out.push(problem(
+                        at("owner"),
+                        format!(
+                            "owned by {}/{}, but that job's current attempt and TPU are {}/{}",
+                            owner.job_id,
+                            owner.attempt_id,
+                            job.current_attempt.map_or("none".into(), |a| a.to_string()),
+                            job.assigned_resource.map_or("none".into(), |a| a.to_string()),
+                        ),
+                        Some("ownership must point both ways: the TPU's `owner` and the job's `assigned_resource` and `current_attempt`"),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    for (key, request) in &state.interruption_requests {
+        out.extend(key_differs(
+            "interruption_requests",
+            key.as_str(),
+            request.id.as_str(),
+        ));
+    }
+    out
+}
+
+fn check_active_job(state: &State, key: &str, job: &Job, out: &mut Vec<Problem>) {
+    let at = |field: &str| format!("jobs.{key}.{field}");
+    if job.status.is_terminal() {
+        out.push(problem(
+            at("status"),
+            format!("a {} job under `jobs`", job.status.as_str()),
+            Some("`jobs` holds pending, running and cancelling jobs; finished ones go under `finished`"),
+        ));
+        return;
+    }
+    if !matches!(job.status, JobStatus::Running | JobStatus::Cancelling) {
+        return;
+    }
+    let status = job.status.as_str();
+    match job.attempt() {
+        Some(a) if !a.status.is_terminal() => {}
+        Some(a) => out.push(problem(
+            at("current_attempt"),
+            format!(
+                "a {status} job whose current attempt `{}` is {}",
+                a.id,
+                a.status.as_str()
+            ),
+            Some("a running or cancelling job's current attempt is launching or running"),
+        )),
+        None => out.push(problem(
+            at("current_attempt"),
+            format!("a {status} job without a current attempt"),
+            Some("name one of its `attempts` (launching or running) in `current_attempt`"),
+        )),
+    }
+    match &job.assigned_resource {
+        None => out.push(problem(
+            at("assigned_resource"),
+            format!("a {status} job without a TPU"),
+            Some("name the TPU record it runs on"),
+        )),
+        Some(r) => match state.resources.get(r) {
+            None => out.push(problem(
+                at("assigned_resource"),
+                format!("no TPU record `{r}` in `resources`"),
+                None,
+            )),
+            Some(res) if res.owner.as_ref().map(|o| o.job_id) != Some(job.id) => {
+                out.push(problem(
+                    at("assigned_resource"),
+                    format!(
+                        "TPU `{r}` is {}",
+                        res.owner
+                            .as_ref()
+                            .map_or("not owned by it".into(), |o| format!(
+                                "owned by {}/{}",
+                                o.job_id, o.attempt_id
+                            ))
+                    ),
+                    Some("ownership must point both ways: the TPU's `owner` names this job"),
+                ));
+            }
+            Some(_) => {}
+        },
+    }
+}
