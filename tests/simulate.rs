@@ -630,3 +630,78 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
     let names: Vec<&str> = qrs.iter().map(|q| q.name.as_str()).collect();
     assert_eq!(names, ["qr-b"]);
 }
+
+/// A fleet of `count` v6e-8 TPUs (8 chips each) under a horizon of `hours`, `jobs` jobs of
+/// about `work` seconds, and API calls whose remote (SSH) and mutation medians are given:
+/// the scenario for the horizon property.
+fn slow_api_scenario(
+    count: u32,
+    hours: u32,
+    jobs: u32,
+    work: u32,
+    remote: f64,
+    mutation: f64,
+) -> scenario::Scenario {
+    let text = format!(
+        r#"name: slow-api
+description: generated
+fleet:
+  name: slow
+  project: sim-project-1
+  controller_region: us-central1
+  controller_timeout: 168h
+  firestore_location: nam5
+  network: default
+  subnetwork: default
+  ssh_transport: iap
+  idle_timeout_seconds: 300
+  tpus:
+    - {{id: east, type: v6e-8, zone: us-east1-d, count: {count}, runtime: v2-alpha-tpuv6e}}
+horizon_hours: {hours}
+seeds: [1]
+types_by_width: {{8: [v6e-8]}}
+cloud:
+  api_latency:
+    remote: {{median_secs: {remote}, sigma: 0.3}}
+    mutation: {{median_secs: {mutation}, sigma: 0.3}}
+workload:
+  - kind: synthetic
+    name: w
+    count: {jobs}
+    interarrival: {{exponential: 600}}
+    duration: {{lognormal: {{median: {work}, sigma: 0.5}}}}
+    widths: {{8: 1}}
+    regions: [{{regions: [us-east1]}}]
+    checkpoint_secs: 600
+"#
+    );
+    scenario::parse(Path::new("slow-api.yaml"), &text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    /// Nothing the simulator reports exceeds what the cloud gave within the horizon, however
+    /// long the last pass's calls take (a launch taking hours ends past the horizon): the
+    /// efficiency is at most 1, allocated chip-hours at most the fleet's chips × the horizon,
+    /// busy at most allocated.
+    #[test]
+    fn no_metric_exceeds_the_horizons_capacity(
+        seed in 1u64..1000,
+        count in 1u32..4,
+        hours in 1u32..8,
+        jobs in 1u32..30,
+        work in 600u32..20_000,
+        remote in prop::sample::select(vec![3.0, 600.0, 7200.0, 72_000.0]),
+        mutation in prop::sample::select(vec![1.0, 3600.0, 36_000.0]),
+    ) {
+        let s = slow_api_scenario(count, hours, jobs, work, remote, mutation);
+        let r = classic(&s, seed, RunOptions::default());
+        let m = &r.metrics;
+        let replay = format!("seed {seed}, {count} TPUs, {hours} h, {jobs} jobs of ~{work} s, remote {remote} s, mutation {mutation} s");
+        let capacity = f64::from(count * 8 * hours);
+        prop_assert!(m.allocated_chip_hours <= capacity + 1e-6, "{replay}: allocated {} > {capacity}", m.allocated_chip_hours);
+        prop_assert!(m.busy_chip_hours <= m.allocated_chip_hours + 1e-6, "{replay}: busy {} > allocated {}", m.busy_chip_hours, m.allocated_chip_hours);
+        prop_assert!(m.efficiency <= 1.0 + 1e-9, "{replay}: efficiency {}", m.efficiency);
+        prop_assert!(m.simulated_s <= f64::from(hours) * 3600.0, "{replay}: simulated {} s", m.simulated_s);
+    }
+}

@@ -460,6 +460,10 @@ pub struct SimCloud {
     stocked_out: Vec<bool>,
     /// The pass whose calls `take_call_latency_ms` is numbering, and the calls so far.
     pass_calls: (Millis, u32),
+    /// The end of the measured window (`set_horizon`), and the totals as of then, taken
+    /// when the clock first reaches it (before any event at that instant).
+    horizon: Option<Millis>,
+    at_horizon: Option<Accounting>,
 }
 
 const UNLIMITED: u32 = u32::MAX;
@@ -507,6 +511,8 @@ impl SimCloud {
             capacity_log: Vec::new(),
             stocked_out: vec![false; n],
             pass_calls: (Millis::MAX, 0),
+            horizon: None,
+            at_horizon: None,
             config,
         };
         for pool in 0..n {
@@ -527,8 +533,34 @@ impl SimCloud {
         self.version
     }
 
-    /// Totals for metrics (allocation of still-active nodes is counted up to `now`).
+    /// Measures up to `horizon` only: whatever happens at or after it (calls of the last
+    /// pass ending later, an event exactly at the horizon) is outside every total.
+    pub fn set_horizon(&mut self, horizon: Millis) {
+        self.horizon = Some(horizon);
+    }
+
+    /// Totals for metrics: as of the horizon once the clock reached it, else up to `now`
+    /// (allocation of still-active nodes and running commands counted to then).
     pub fn accounting(&self) -> Accounting {
+        match &self.at_horizon {
+            Some(acc) => acc.clone(),
+            None => self.accounting_at(self.now),
+        }
+    }
+
+    /// Takes the horizon's totals when the clock is about to reach `t` (every event before
+    /// the horizon processed, none at or after it).
+    fn reach(&mut self, t: Millis) {
+        if let Some(h) = self.horizon
+            && t >= h
+            && self.at_horizon.is_none()
+        {
+            self.at_horizon = Some(self.accounting_at(h.max(self.now)));
+        }
+    }
+
+    /// The totals with open intervals closed at `t` (no earlier than every closed one).
+    fn accounting_at(&self, t: Millis) -> Accounting {
         let mut acc = self.accounting.clone();
         for kind in ApiCall::ALL {
             let calls = self.api_calls[kind as usize];
@@ -540,7 +572,7 @@ impl SimCloud {
         active.sort_by_key(|n| n.serial);
         for node in active {
             if let Some(since) = node.active_since {
-                let secs = (self.now - since) as f64 / 1000.0;
+                let secs = t.saturating_sub(since) as f64 / 1000.0;
                 acc.allocated_chip_secs += secs * node.chips as f64;
                 *acc.allocated_chip_secs_by_type
                     .entry(price_key(node))
@@ -554,7 +586,8 @@ impl SimCloud {
             .collect();
         running.sort_by_key(|(id, _)| *id);
         for (_, run) in running {
-            acc.busy_chip_secs += (self.now - run.run_start) as f64 / 1000.0 * run.chips as f64;
+            acc.busy_chip_secs +=
+                t.saturating_sub(run.run_start) as f64 / 1000.0 * run.chips as f64;
         }
         acc
     }
@@ -717,11 +750,14 @@ impl SimCloud {
             if *t > until {
                 break;
             }
+            let t = *t;
+            self.reach(t);
             let Reverse((t, _, event)) = self.queue.pop().expect("peeked");
             self.now = t;
             self.accounting.events += 1;
             self.handle(event);
         }
+        self.reach(until);
         self.now = self.now.max(until);
     }
 

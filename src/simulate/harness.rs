@@ -473,6 +473,8 @@ pub fn run(
 
     let tick_ms = scenario.reconcile_interval_secs * 1000;
     let horizon_ms = scenario.horizon_secs * 1000;
+    // Nothing at or after the horizon counts (the last pass's calls may end past it).
+    lock(&world).sim.cloud.set_horizon(horizon_ms);
     let sample_every_ms =
         (horizon_ms / options.samples.max(1) as u64).max(tick_ms) / tick_ms * tick_ms;
     let ceilings = pool_ceilings(scenario);
