@@ -777,7 +777,7 @@ fn hostile_inputs_end_promptly_with_clear_errors() {
     // A 17 MiB one-line YAML: over the specification limit.
     std::fs::write(&huge, format!("name: {}\n", "a".repeat(17 << 20))).unwrap();
     let huge = huge.display().to_string();
-    let cases: [(&[&str], i32, &str); 6] = [
+    let cases: [(&[&str], i32, &str); 12] = [
         (
             &["simulate", "fleet-dev-zero.yaml"],
             3,
@@ -796,6 +796,39 @@ fn hostile_inputs_end_promptly_with_clear_errors() {
             "not a regular file",
         ),
         (&["validate-fleet", &huge], 3, "larger than 16 MiB"),
+        // Every problem of a section, not the first only.
+        (
+            &["simulate", "chaos-every-error.yaml"],
+            1,
+            "chaos.crash: expected a probability from 0 to 1, found number `2.0`",
+        ),
+        (
+            &["simulate", "chaos-every-error.yaml"],
+            1,
+            "chaos.stop_hours: expected hours from 0 to 1000000, found integer `-3`",
+        ),
+        // A number quoted back as written, not as the float it rounds to.
+        (
+            &["simulate", "count-u64-max.yaml"],
+            1,
+            "found number `18446744073709551615`",
+        ),
+        (
+            &["simulate", "zero-timeout.yaml"],
+            1,
+            "expected a positive duration such as `168h`, `90m` or `3600s` (0 is not one)",
+        ),
+        // A negative value is a bad value, not a flag to move behind `--`.
+        (
+            &["simulate", "zero-timeout.yaml", "--seed", "-1"],
+            2,
+            "invalid value '-1' for '--seed <SEED>'",
+        ),
+        (
+            &["watch", "x", "--interval", "-2"],
+            2,
+            "--interval must be a positive number",
+        ),
     ];
     for (args, code, message) in cases {
         let out = tpu_runner(args, &dir);
@@ -848,4 +881,35 @@ fn floods_of_errors_and_long_lines_are_cut() {
         stderr.contains('…') && stderr.contains("priorty"),
         "{stderr}"
     );
+}
+
+/// `-` is standard input for the validators (bounded like a file, named `<stdin>`).
+#[test]
+fn validators_read_standard_input_for_a_dash() {
+    use std::io::Write;
+    let run = |args: &[&str], input: &[u8]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tpu-runner"))
+            .args(args)
+            .current_dir(root())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let fleet = std::fs::read(root().join("docs/plan-example/deployment.yaml")).unwrap();
+    let out = run(&["validate-fleet", "-"], &fleet);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("fleet `lab` is valid"));
+    let out = run(&["validate-fleet", "-"], b"tpus: 3\n");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--> <stdin>:1:1"));
+    let out = run(&["validate-jobs", "-", "--fleet", "-"], b"");
+    assert_eq!(out.status.code(), Some(2));
 }

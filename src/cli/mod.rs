@@ -613,7 +613,10 @@ enum StateCommand {
 
 /// Runs the CLI with the process arguments and returns the exit code.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let parsed = with_negative_numbers(Cli::command())
+        .try_get_matches()
+        .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -631,6 +634,14 @@ pub fn main() -> ExitCode {
             ExitCode::from(failure.status as u8)
         }
     }
+}
+
+/// `cmd` and every subcommand read `-1` as a value (which its parser then refuses with a
+/// real message: "invalid value '-1' for '--seed <N>'"), never as an unknown flag with the
+/// hint `-- -1`, which would turn the value into a file argument.
+fn with_negative_numbers(cmd: clap::Command) -> clap::Command {
+    cmd.allow_negative_numbers(true)
+        .mut_subcommands(with_negative_numbers)
 }
 
 /// An expected failure: a message for stderr and the exit status.

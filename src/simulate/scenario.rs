@@ -523,27 +523,37 @@ fn read_chaos(c: &mut Checker<'_>, node: &Node, horizon_secs: u64) -> Option<Cha
             c.number(n, &f.path(name), 0.0, 1.0, "a probability from 0 to 1")
         })
     };
+    // Every field is read before any is combined: each problem is reported, not the first.
     let stop = hours(c, "stop_hours", d.stop_secs as f64 / 3600.0);
     let liveness = hours(c, "liveness_hours", d.liveness_secs as f64 / 3600.0);
     let api = f
         .get("api")
         .map_or(Some(d.api), |n| read_api(c, n, "chaos.api"));
+    let qr_failure = rate(c, "qr_failure_per_hour", d.faults.qr_failure_per_hour);
+    let qr_vanish = rate(c, "qr_vanish_per_hour", d.faults.qr_vanish_per_hour);
+    let node_vanish = rate(c, "node_vanish_per_hour", d.faults.node_vanish_per_hour);
+    let missing_status = prob(c, "missing_status", d.missing_status);
+    let silent_death = rate(c, "silent_death_per_hour", d.silent_death_per_hour);
+    let partial_failure = prob(c, "partial_failure", d.partial_failure);
+    let stale_observation = prob(c, "stale_observation", d.stale_observation);
+    let crash = prob(c, "crash", d.crash);
+    let stale_controller = prob(c, "stale_controller", d.stale_controller);
     Some(ChaosSpec {
         stop_secs: (stop? * 3600.0) as u64,
         liveness_secs: (liveness? * 3600.0) as i64,
         api: api?,
         faults: tpu_runner_sim::CloudFaults {
-            qr_failure_per_hour: rate(c, "qr_failure_per_hour", d.faults.qr_failure_per_hour)?,
-            qr_vanish_per_hour: rate(c, "qr_vanish_per_hour", d.faults.qr_vanish_per_hour)?,
-            node_vanish_per_hour: rate(c, "node_vanish_per_hour", d.faults.node_vanish_per_hour)?,
+            qr_failure_per_hour: qr_failure?,
+            qr_vanish_per_hour: qr_vanish?,
+            node_vanish_per_hour: node_vanish?,
             until_secs: 0,
         },
-        missing_status: prob(c, "missing_status", d.missing_status)?,
-        silent_death_per_hour: rate(c, "silent_death_per_hour", d.silent_death_per_hour)?,
-        partial_failure: prob(c, "partial_failure", d.partial_failure)?,
-        stale_observation: prob(c, "stale_observation", d.stale_observation)?,
-        crash: prob(c, "crash", d.crash)?,
-        stale_controller: prob(c, "stale_controller", d.stale_controller)?,
+        missing_status: missing_status?,
+        silent_death_per_hour: silent_death?,
+        partial_failure: partial_failure?,
+        stale_observation: stale_observation?,
+        crash: crash?,
+        stale_controller: stale_controller?,
     })
 }
 
@@ -582,7 +592,7 @@ fn read_fleet(
         }
         Value::Map(_) => {
             // Re-render the inline mapping as YAML text through JSON (a YAML superset).
-            let json = yaml::to_json(node).to_string();
+            let json = c.to_json(node).to_string();
             match parse_fleet("<inline fleet>", &json) {
                 Ok(fleet) => Some(fleet),
                 Err(e) => {

@@ -443,6 +443,9 @@ fn check_task_timeout(text: &str) -> Result<(), String> {
     let unit = text.chars().last().ok_or(EXPECTED)?;
     let digits = &text[..text.len() - 1];
     let value: u64 = digits.parse().map_err(|_| EXPECTED.to_owned())?;
+    if value == 0 {
+        return Err("a positive duration such as `168h`, `90m` or `3600s` (0 is not one)".into());
+    }
     if digits.starts_with('0') || digits.starts_with('+') {
         return Err(EXPECTED.into());
     }

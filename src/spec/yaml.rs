@@ -218,8 +218,19 @@ impl<'s> Checker<'s> {
             }
             _ => None,
         };
-        let message = format!("expected {expected}, found {}", node.describe());
+        // A number is quoted back as it was written (a float's value may print otherwise:
+        // 18446744073709551615 is the float 18446744073709552000).
+        let found = match node.value {
+            Value::Float(_) => format!("number `{}`", self.raw_text(node)),
+            _ => node.describe(),
+        };
+        let message = format!("expected {expected}, found {found}");
         self.push(node, path, message, hint);
+    }
+
+    /// `node` as JSON, numbers as written (see [`to_json_in`]).
+    pub fn to_json(&self, node: &Node) -> serde_json::Value {
+        to_json_in(node, Some(self.source))
     }
 
     /// The raw source text of a scalar node (what the user typed).
@@ -341,6 +352,10 @@ impl<'s> Checker<'s> {
     ) -> Option<i64> {
         match node.value {
             Value::Int(i) if (min..=max).contains(&i) => Some(i),
+            Value::Int(_) => {
+                self.expected(node, path, &with_range(expected, min, max));
+                None
+            }
             _ => {
                 self.expected(node, path, expected);
                 None
@@ -548,12 +563,30 @@ pub fn index(parent: &str, i: usize) -> String {
 
 /// Converts a node to JSON (non-string keys are written as their description).
 pub fn to_json(node: &Node) -> serde_json::Value {
+    to_json_in(node, None)
+}
+
+/// As [`to_json`]; with the `source` the node was read from, a number that is not an
+/// `i64` keeps the digits as written where JSON can hold them (`18446744073709551615`, not
+/// the float it rounds to), so a message quoting it back quotes what the user wrote.
+pub fn to_json_in(node: &Node, source: Option<&str>) -> serde_json::Value {
     use serde_json::Value as Json;
+    let to_json = |n: &Node| to_json_in(n, source);
     match &node.value {
         Value::Null | Value::Unsupported(_) => Json::Null,
         Value::Bool(b) => Json::Bool(*b),
         Value::Int(i) => Json::from(*i),
-        Value::Float(x) => serde_json::Number::from_f64(*x).map_or(Json::Null, Json::Number),
+        Value::Float(x) => source
+            .map(|s| {
+                let (start, end) = node.span;
+                s.chars()
+                    .skip(start)
+                    .take(end.saturating_sub(start))
+                    .collect::<String>()
+            })
+            .and_then(|raw| serde_json::from_str::<serde_json::Number>(raw.trim()).ok())
+            .or_else(|| serde_json::Number::from_f64(*x))
+            .map_or(Json::Null, Json::Number),
         Value::Str(s) => Json::String(s.clone()),
         Value::Seq(items) => Json::Array(items.iter().map(to_json).collect()),
         Value::Map(pairs) => Json::Object(
@@ -598,10 +631,28 @@ impl Checker<'_> {
         };
         match value {
             Some(v) if (min..=max).contains(&v) => Some(v),
-            _ => {
+            Some(_) => {
+                self.expected(node, path, &with_range(expected, min, max));
+                None
+            }
+            None => {
                 self.expected(node, path, expected);
                 None
             }
         }
+    }
+}
+
+/// `expected` with its limits, unless it states them already ("a probability from 0 to 1",
+/// "a positive integer", "at most a year", "0 or more").
+fn with_range(expected: &str, min: impl std::fmt::Display, max: impl std::fmt::Display) -> String {
+    if expected.bytes().any(|b| b.is_ascii_digit())
+        || ["positive", "at most", "or more"]
+            .iter()
+            .any(|w| expected.contains(w))
+    {
+        expected.to_owned()
+    } else {
+        format!("{expected} from {min} to {max}")
     }
 }
