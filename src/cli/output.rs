@@ -211,5 +211,10 @@ pub(crate) fn jobs_summary(jobs: &[JobSpec], fleet: Option<&FleetSpec>) -> Strin
         header.push("RUNS ON");
     }
     out.push_str(&table(&header, &rows));
+    if fleet.is_some() {
+        out.push_str(
+            "\nRUNS ON: the entries whose type, zone and TPU name fit the job. It runs only on those in a region\nwhere one of its buckets is: `submit` reads the bucket regions, and `plan` then shows where each job may run.\n",
+        );
+    }
     out
 }

@@ -643,15 +643,44 @@ fn check_against_fleet(
         ("tpu", "tpu")
     };
     let at = f.get(node).unwrap_or(f.node());
-    let types: Vec<String> = fleet
-        .tpus
-        .iter()
-        .map(|e| format!("{} in {}", e.tpu_type, e.zone))
-        .collect();
+    let hint = if job.tpu_name.is_some() {
+        // The names a job may pin: adopted TPUs and managed entries' declared nodes.
+        let mut names: Vec<String> = fleet
+            .tpus
+            .iter()
+            .filter(|e| job.tpu.accepts(&e.tpu_type))
+            .flat_map(|e| match &e.kind {
+                EntryKind::Adopted { existing } => vec![existing.clone()],
+                EntryKind::Managed { .. } => e.declared_node_names(&fleet.name),
+            })
+            .collect();
+        let more = names.len().saturating_sub(20);
+        names.truncate(20);
+        if names.is_empty() {
+            "no TPU of the fleet has a type this job accepts".to_owned()
+        } else {
+            format!(
+                "the fleet's TPU names of an accepted type: {}{}",
+                names.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            )
+        }
+    } else {
+        let types: Vec<String> = fleet
+            .tpus
+            .iter()
+            .map(|e| format!("{} in {}", e.tpu_type, e.zone))
+            .collect();
+        format!("the fleet offers: {}", types.join(", "))
+    };
     c.error_hint(
         at,
         &f.path(field),
         format!("no entry of fleet `{}` can run this job", fleet.name),
-        format!("the fleet offers: {}", types.join(", ")),
+        hint,
     );
 }
