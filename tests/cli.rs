@@ -913,3 +913,105 @@ fn validators_read_standard_input_for_a_dash() {
     let out = run(&["validate-jobs", "-", "--fleet", "-"], b"");
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Long runs show their progress (simulated time ÷ horizon, elapsed, what is left) on a
+/// terminal, here forced with TPU_RUNNER_PROGRESS=1; degenerate runs are flagged under the
+/// table; a chaos sweep says every invariant held; `--help` explains the columns and `±`.
+#[test]
+fn simulate_shows_progress_flags_degenerate_runs_and_explains_its_table() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tpu-runner"))
+        .args([
+            "simulate",
+            "scenarios/small-job-backlog.yaml",
+            "--threads",
+            "1",
+            "--max-jobs",
+            "1500",
+        ])
+        .env("TPU_RUNNER_PROGRESS", "1")
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("[0/1 runs] small-job-backlog · classic · seed 1 ")
+            && stderr.contains(" s left"),
+        "{stderr}"
+    );
+    // The table on stdout is untouched by it.
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("runs]"));
+
+    let out = tpu_runner(
+        &[
+            "simulate",
+            "tests/fixtures/scenarios/no-capacity.yaml",
+            "tests/fixtures/scenarios/api-down.yaml",
+        ],
+        &root(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("note: no-capacity · classic · seed 1: no capacity was ever allocated while 20 jobs waited"), "{stderr}");
+    assert!(
+        stderr.contains("note: api-down · classic · seed 1: every one of its"),
+        "{stderr}"
+    );
+
+    let out = tpu_runner(
+        &[
+            "simulate",
+            "--chaos",
+            "--seeds",
+            "1..=2",
+            "scenarios/smoke.yaml",
+        ],
+        &root(),
+    );
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("chaos: 2 runs with faults injected, every invariant held (")
+    );
+
+    let help = tpu_runner(&["simulate", "--help"], &root());
+    let help = String::from_utf8_lossy(&help.stdout);
+    for column in [
+        "JOBS OK/FAIL/LEFT",
+        "EFFICIENCY",
+        "a ±b",
+        "standard deviation",
+    ] {
+        assert!(help.contains(column), "{column} not explained:\n{help}");
+    }
+}
+
+/// The observation example of docs/state-schema.md is one `plan --observation` reads.
+#[test]
+fn the_documented_observation_example_is_read_by_plan() {
+    let doc = std::fs::read_to_string(root().join("docs/state-schema.md")).unwrap();
+    let section = &doc[doc.find("## Observation").expect("section")..];
+    let start = section.find("```json\n").expect("example") + "```json\n".len();
+    let example = &section[start..start + section[start..].find("```").unwrap()];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("observation.json");
+    std::fs::write(&path, example).unwrap();
+    let out = tpu_runner(
+        &[
+            "plan",
+            "--fleet",
+            "docs/plan-example/deployment.yaml",
+            "--state",
+            "docs/plan-example/state.json",
+            "--observation",
+            path.to_str().unwrap(),
+            "--now",
+            "2026-01-01T12:00:00Z",
+        ],
+        &root(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -5,7 +5,7 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::exit_codes::ExitStatus;
 use super::{Failure, print_stdout};
@@ -235,37 +235,94 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
     let results: Mutex<Vec<(usize, Result<RunResult, Violation>)>> = Mutex::new(Vec::new());
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
-    let progress = std::io::stderr().is_terminal();
+    // On a terminal (or with TPU_RUNNER_PROGRESS=1): the progress of the runs, on stderr.
+    let progress = std::io::stderr().is_terminal()
+        || std::env::var("TPU_RUNNER_PROGRESS").as_deref() == Ok("1");
     let started = std::time::Instant::now();
+    let workers = threads.min(work.len().max(1));
+    // Per worker thread: the run it is on (index + 1; 0: none) and its simulated ms.
+    let slots: Vec<(AtomicUsize, AtomicU64)> = (0..workers)
+        .map(|_| (AtomicUsize::new(0), AtomicU64::new(0)))
+        .collect();
+    let finished_ms = AtomicU64::new(0);
+    // Worker threads still running: the progress line ends with the last.
+    let live = AtomicUsize::new(workers);
     std::thread::scope(|scope| {
-        for _ in 0..threads.min(work.len().max(1)) {
-            scope.spawn(|| {
+        for slot in &slots {
+            let (results, next, done, work, finished_ms, live) =
+                (&results, &next, &done, &work, &finished_ms, &live);
+            scope.spawn(move || {
+                // Counted out however the thread ends (a panic included).
+                let _live = Live(live);
                 loop {
                     let i = next.fetch_add(1, Ordering::SeqCst);
                     let Some(job) = work.get(i) else { break };
-                    let result = run_one(job.scenario, &job.policy, job.seed);
+                    slot.1.store(0, Ordering::Relaxed);
+                    slot.0.store(i + 1, Ordering::Relaxed);
+                    let result = run_one(job.scenario, &job.policy, job.seed, Some(&slot.1));
+                    slot.0.store(0, Ordering::Relaxed);
+                    finished_ms.fetch_add(job.scenario.horizon_secs * 1000, Ordering::Relaxed);
                     let failed = result.is_err();
                     results.lock().expect("no poisoned lock").push((i, result));
-                    let k = done.fetch_add(1, Ordering::SeqCst) + 1;
-                    if progress {
-                        eprint!(
-                            "\r\x1b[K[{k}/{}] {} · {} · seed {}",
-                            work.len(),
-                            job.scenario.name,
-                            job.policy,
-                            job.seed
-                        );
-                    }
+                    done.fetch_add(1, Ordering::SeqCst);
                     if failed {
                         next.store(work.len(), Ordering::SeqCst);
                     }
                 }
             });
         }
+        // On a terminal, a line twice a second: runs done, the runs in progress (simulated
+        // time / horizon), elapsed and an estimate of what is left.
+        if progress {
+            let (slots, work, done, live, finished_ms) =
+                (&slots, &work, &done, &live, &finished_ms);
+            scope.spawn(move || {
+                let total_ms: u64 = work.iter().map(|j| j.scenario.horizon_secs * 1000).sum();
+                loop {
+                    for _ in 0..10 {
+                        if live.load(Ordering::SeqCst) == 0 {
+                            eprint!("\r\x1b[K");
+                            return;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                    let mut covered = finished_ms.load(Ordering::Relaxed);
+                    let mut running = Vec::new();
+                    for (job, at) in slots {
+                        let Some(job) = job.load(Ordering::Relaxed).checked_sub(1) else {
+                            continue;
+                        };
+                        let j = &work[job];
+                        let at = at.load(Ordering::Relaxed);
+                        covered += at;
+                        let horizon = (j.scenario.horizon_secs * 1000).max(1);
+                        running.push(format!(
+                            "{} · {} · seed {} {:.0}%",
+                            j.scenario.name,
+                            j.policy,
+                            j.seed,
+                            100.0 * at as f64 / horizon as f64
+                        ));
+                    }
+                    let elapsed = started.elapsed().as_secs_f64();
+                    let eta = if covered > 0 {
+                        format!(
+                            ", at most ~{:.0} s left",
+                            elapsed * (total_ms.saturating_sub(covered)) as f64 / covered as f64
+                        )
+                    } else {
+                        String::new()
+                    };
+                    eprint!(
+                        "\r\x1b[K[{}/{} runs] {} · {elapsed:.0} s{eta}",
+                        done.load(Ordering::Relaxed),
+                        work.len(),
+                        running.join(", ")
+                    );
+                }
+            });
+        }
     });
-    if progress {
-        eprint!("\r\x1b[K");
-    }
     let wall_s = started.elapsed().as_secs_f64();
     let mut results = results.into_inner().expect("no poisoned lock");
     results.sort_by_key(|(i, _)| *i);
@@ -292,6 +349,9 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
     }
     if let Some(dir) = args.report {
         eprintln!("report written to {}", dir.join("index.html").display());
+    }
+    for note in notes(&ok, args.chaos) {
+        eprintln!("{note}");
     }
     eprintln!(
         "{}",
@@ -352,13 +412,22 @@ fn apply_limits(s: &mut Scenario, horizon_hours: Option<f64>, max_jobs: Option<u
 }
 
 /// One run; invariants are checked whenever faults are on.
-fn run_one(scenario: &Scenario, policy: &str, seed: u64) -> Result<RunResult, Violation> {
+fn run_one(
+    scenario: &Scenario,
+    policy: &str,
+    seed: u64,
+    progress: Option<&AtomicU64>,
+) -> Result<RunResult, Violation> {
     let options = RunOptions {
         chaos: scenario.chaos,
         check_invariants: scenario.chaos.is_some(),
         ..RunOptions::default()
     };
-    harness::run(scenario, policy, seed, options, Default::default())
+    let hooks = harness::Hooks {
+        progress,
+        ..Default::default()
+    };
+    harness::run(scenario, policy, seed, options, hooks)
 }
 
 /// The same broken invariant in a shorter run: the horizon cut just after the violation, then
@@ -370,7 +439,7 @@ fn shrink(job: &Job<'_>, v: &Violation) -> Option<(f64, Option<usize>, Violation
         ((v.at_s + job.scenario.reconcile_interval_secs as f64) / 3600.0 * 100.0).ceil() / 100.0;
     let mut scenario = job.scenario.clone();
     apply_limits(&mut scenario, Some(hours), None);
-    let mut best = match run_one(&scenario, &job.policy, job.seed) {
+    let mut best = match run_one(&scenario, &job.policy, job.seed, None) {
         Err(found) if kind(&found.message) == target => (hours, None, found),
         _ => return None,
     };
@@ -390,7 +459,7 @@ fn shrink(job: &Job<'_>, v: &Violation) -> Option<(f64, Option<usize>, Violation
         }
         let mut smaller = scenario.clone();
         apply_limits(&mut smaller, None, Some(limit));
-        match run_one(&smaller, &job.policy, job.seed) {
+        match run_one(&smaller, &job.policy, job.seed, None) {
             Err(found) if kind(&found.message) == target => {
                 best = (hours, Some(limit), found);
                 limit /= 2;
@@ -441,4 +510,43 @@ fn violation_failure(job: &Job<'_>, v: &Violation, chaos_flag: bool) -> Failure 
         message,
         status: ExitStatus::Violation,
     }
+}
+
+/// A running worker thread, counted out when dropped.
+struct Live<'a>(&'a AtomicUsize);
+
+impl Drop for Live<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What a reader of the table should know: runs that measured nothing (every API call
+/// failed; no capacity ever allocated while jobs waited), and a chaos sweep's verdict.
+fn notes(runs: &[RunResult], chaos: bool) -> Vec<String> {
+    let mut notes = Vec::new();
+    for r in runs {
+        let m = &r.metrics;
+        let run = format!("{} · {} · seed {}", r.scenario, r.policy, r.seed);
+        let calls: u64 = m.api_calls.values().sum();
+        let errors: u64 = m.api_errors.values().sum();
+        if calls > 0 && errors >= calls {
+            notes.push(format!(
+                "note: {run}: every one of its {calls} API calls failed: its row measures the faults, not a policy"
+            ));
+        } else if m.allocated_chip_hours == 0.0 && m.jobs_submitted > 0 {
+            notes.push(format!(
+                "note: {run}: no capacity was ever allocated while {} jobs waited (zero capacity, or none obtainable)",
+                m.jobs_submitted
+            ));
+        }
+    }
+    if chaos && !runs.is_empty() {
+        let checks: u64 = runs.iter().map(|r| r.metrics.invariant_checks).sum();
+        notes.push(format!(
+            "chaos: {} runs with faults injected, every invariant held ({checks} checks, one after every step)",
+            runs.len()
+        ));
+    }
+    notes
 }

@@ -89,6 +89,8 @@ pub struct Hooks<'h> {
     /// with the world (to serve it, e.g. through the TPU API emulator on virtual time); the
     /// backend it returns makes every inventory read, report read and action of the run.
     pub wire: Option<&'h mut Wire<'h>>,
+    /// Simulated milliseconds reached, updated every step (for a progress display).
+    pub progress: Option<&'h std::sync::atomic::AtomicU64>,
 }
 
 /// Builds the backend a run reaches its world through (see `Hooks::wire`).
@@ -429,6 +431,7 @@ pub fn run(
         mut mutator,
         store,
         wire,
+        progress,
     } = hooks;
     let mut store = store.map(|store| StoreLink { store, base: None });
     let fence = Fence {
@@ -846,6 +849,9 @@ pub fn run(
             && next_wake.is_none()
             && lock(&world).sim.cloud.allocated_chips() <= adopted_chips
             && lock(&world).sim.cloud.live_nodes().is_empty();
+        if let Some(p) = progress {
+            p.store(t_ms, std::sync::atomic::Ordering::Relaxed);
+        }
         if t_ms >= horizon_ms || quiet {
             break;
         }
