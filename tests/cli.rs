@@ -777,7 +777,7 @@ fn hostile_inputs_end_promptly_with_clear_errors() {
     // A 17 MiB one-line YAML: over the specification limit.
     std::fs::write(&huge, format!("name: {}\n", "a".repeat(17 << 20))).unwrap();
     let huge = huge.display().to_string();
-    let cases: [(&[&str], i32, &str); 12] = [
+    let cases: [(&[&str], i32, &str); 13] = [
         (
             &["simulate", "fleet-dev-zero.yaml"],
             3,
@@ -829,6 +829,8 @@ fn hostile_inputs_end_promptly_with_clear_errors() {
             2,
             "--interval must be a positive number",
         ),
+        // Arrivals are drawn up to the horizon only.
+        (&["simulate", "ten-million-jobs.yaml"], 0, "simulated 24 h"),
     ];
     for (args, code, message) in cases {
         let out = tpu_runner(args, &dir);

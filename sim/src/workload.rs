@@ -101,14 +101,19 @@ fn weighted<T: Clone>(rng: &mut SimRng, items: &[(T, f64)]) -> T {
 }
 
 impl Synthetic {
-    /// The arrivals, drawn from the `workload/<name>` stream of `seed`.
-    pub fn generate(&self, seed: u64) -> Vec<JobArrival> {
+    /// The arrivals up to `until_secs`, drawn from the `workload/<name>` stream of `seed`
+    /// (lazily: a `count` of ten million with a few hundred arrivals in the horizon draws a
+    /// few hundred; the draws of each arrival do not depend on where the list stops).
+    pub fn generate(&self, seed: u64, until_secs: f64) -> Vec<JobArrival> {
         let mut rng = SimRng::new(seed, &format!("workload/{}", self.name));
         let mut t = self.start_secs;
         (0..self.count)
-            .map(|i| {
+            .map_while(|i| {
                 if i > 0 {
                     t += self.interarrival.sample(&mut rng);
+                }
+                if t > until_secs {
+                    return None;
                 }
                 let work = self
                     .duration
@@ -122,7 +127,7 @@ impl Synthetic {
                         (2, self.priorities[2]),
                     ],
                 );
-                JobArrival {
+                Some(JobArrival {
                     id: format!("{}-{i:05}", self.name),
                     at_secs: t,
                     width_chips: weighted(&mut rng, &self.widths),
@@ -137,7 +142,7 @@ impl Synthetic {
                         cache_key: Some(format!("{}-cache", self.name)),
                         checkpoint_on_notice: self.checkpoint_on_notice,
                     },
-                }
+                })
             })
             .collect()
     }

@@ -286,12 +286,12 @@ pub fn cloud_config(scenario: &Scenario, seed: u64, chaos: Option<&ChaosSpec>) -
     }
 }
 
-/// The arrivals of a scenario for `seed`, sorted by time then id.
+/// The arrivals of a scenario for `seed` within its horizon, sorted by time then id.
 pub fn arrivals(scenario: &Scenario, seed: u64) -> Vec<JobArrival> {
     let mut all: Vec<JobArrival> = Vec::new();
     for w in &scenario.workloads {
         all.extend(match w {
-            WorkloadSpec::Synthetic(s) => s.generate(seed),
+            WorkloadSpec::Synthetic(s) => s.generate(seed, scenario.horizon_secs as f64),
             WorkloadSpec::Trace(t) => t.generate(seed),
         });
     }
