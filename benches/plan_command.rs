@@ -1,0 +1,111 @@
+//! The whole `tpu-runner plan` command, as a user runs it, on snapshots of 4k, 20k and 100k
+//! pending jobs (one idle TPU per ten jobs, 100 to 500 fleet entries): the binary starts,
+//! reads and checks the fleet and the state, runs one pass, explains every waiting job and
+//! prints the text report (`text`) or the JSON one (`json`). The files are written once,
+//! outside the timed section. Issue 17's target: 100k jobs in under 2 s, output linear in
+//! jobs (the output sizes are printed once per size).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use tpu_runner::engine::{Timestamp, synthetic};
+use tpu_runner::spec::FleetSpec;
+use tpu_runner::spec::fleet::EntryKind;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tpu-runner");
+
+/// `fleet` as a deployment.yaml.
+fn fleet_yaml(fleet: &FleetSpec) -> String {
+    let mut s = format!(
+        "name: {}\nproject: {}\ncontroller_region: {}\ncontroller_timeout: {}\nfirestore_location: {}\nnetwork: {}\nsubnetwork: {}\nssh_transport: iap\ntpus:\n",
+        fleet.name,
+        fleet.project,
+        fleet.controller_region,
+        fleet.controller_timeout,
+        fleet.firestore_location,
+        fleet.network,
+        fleet.subnetwork
+    );
+    for e in &fleet.tpus {
+        let EntryKind::Managed { count } = e.kind else {
+            unreachable!("the synthetic fleet is managed")
+        };
+        writeln!(
+            s,
+            "  - {{id: {}, type: {}, zone: {}, count: {count}, runtime: {}}}",
+            e.id,
+            e.tpu_type,
+            e.zone,
+            e.runtime.as_deref().unwrap_or("v2-alpha-tpuv6e")
+        )
+        .expect("writes to a string");
+    }
+    s
+}
+
+/// Runs `plan` on the files in `dir`; the bytes it printed.
+fn plan(dir: &Path, json: bool) -> usize {
+    let mut command = Command::new(BIN);
+    command
+        .current_dir(dir)
+        .args([
+            "plan",
+            "--fleet",
+            "deployment.yaml",
+            "--state",
+            "state.json",
+        ])
+        .args(["--now", "2026-01-02T03:46:40Z"]);
+    if json {
+        command.arg("--json");
+    }
+    let out = command.output().expect("the binary runs");
+    assert!(
+        out.status.success(),
+        "plan failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout.len()
+}
+
+fn plan_command(c: &mut Criterion) {
+    let epoch = Timestamp::from_secs(1_767_225_600);
+    let mut group = c.benchmark_group("plan_command");
+    group.sample_size(10);
+    let mut dirs: Vec<(usize, tempfile::TempDir)> = Vec::new();
+    for (n_jobs, n_entries) in [(4_000usize, 100usize), (20_000, 200), (100_000, 500)] {
+        let n_idle = n_jobs / 10;
+        let count = (n_idle / n_entries + 1) as u32;
+        let fleet = synthetic::fleet(n_entries, count);
+        let (state, _) = synthetic::planning_instance(&fleet, n_jobs, n_idle, epoch);
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("deployment.yaml"), fleet_yaml(&fleet)).expect("fleet");
+        std::fs::write(
+            dir.path().join("state.json"),
+            serde_json::to_vec(&state).expect("state serialises"),
+        )
+        .expect("state");
+        let (text, json) = (plan(dir.path(), false), plan(dir.path(), true));
+        eprintln!(
+            "plan_command: {n_jobs} jobs: text {} KB ({:.0} B/job), JSON {} KB ({:.0} B/job)",
+            text >> 10,
+            text as f64 / n_jobs as f64,
+            json >> 10,
+            json as f64 / n_jobs as f64
+        );
+        dirs.push((n_jobs, dir));
+    }
+    for (n_jobs, dir) in &dirs {
+        let path: PathBuf = dir.path().to_path_buf();
+        for json in [false, true] {
+            let id = BenchmarkId::new(if json { "json" } else { "text" }, n_jobs);
+            group.bench_function(id, |b| b.iter(|| plan(&path, json)));
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, plan_command);
+criterion_main!(benches);
