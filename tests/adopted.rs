@@ -16,6 +16,20 @@ fn agent(args: &[&str]) -> Output {
     Command::new(BIN).arg("worker").args(args).output().unwrap()
 }
 
+/// `worker recover-disk` on `root` as worker `h-w-0`, with `floor` free bytes to reach.
+fn recover(root: &std::path::Path, floor: u64) -> Output {
+    let floor = floor.to_string();
+    agent(&[
+        "recover-disk",
+        "--root",
+        root.to_str().unwrap(),
+        "--host",
+        "h-w-0",
+        "--floor",
+        &floor,
+    ])
+}
+
 fn free(dir: &std::path::Path) -> u64 {
     let s = nix::sys::statvfs::statvfs(dir).unwrap();
     s.blocks_available() * s.fragment_size()
@@ -38,7 +52,6 @@ fn stdout(o: &Output) -> String {
 fn disk_recovery_frees_the_workspace_then_the_oldest_caches_as_far_as_the_floor_needs() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
-    let r = root.to_str().unwrap();
     std::fs::create_dir_all(root.join("work/job-a")).unwrap();
     std::fs::write(root.join("work/job-a/small"), "x").unwrap();
     std::fs::create_dir_all(root.join("attempts/a-old")).unwrap();
@@ -50,15 +63,7 @@ fn disk_recovery_frees_the_workspace_then_the_oldest_caches_as_far_as_the_floor_
         .unwrap();
 
     // Enough free already: nothing is touched.
-    let out = stdout(&agent(&[
-        "recover-disk",
-        "--root",
-        r,
-        "--host",
-        "h-w-0",
-        "--floor",
-        "0",
-    ]));
+    let out = stdout(&recover(&root, 0));
     assert!(
         out.starts_with("TPU_RUNNER_DISK_RECOVERY h-w-0 SUFFICIENT "),
         "{out}"
@@ -68,16 +73,7 @@ fn disk_recovery_frees_the_workspace_then_the_oldest_caches_as_far_as_the_floor_
 
     // A floor the workspace alone cannot meet: it goes, then the oldest cache, no more.
     let floor = free(&root) + (32 << 20);
-    let floor_arg = floor.to_string();
-    let out = stdout(&agent(&[
-        "recover-disk",
-        "--root",
-        r,
-        "--host",
-        "h-w-0",
-        "--floor",
-        &floor_arg,
-    ]));
+    let out = stdout(&recover(&root, floor));
     let words: Vec<&str> = out.split_whitespace().collect();
     assert_eq!(
         words[..3],
@@ -91,15 +87,7 @@ fn disk_recovery_frees_the_workspace_then_the_oldest_caches_as_far_as_the_floor_
     assert!(!root.join("cache/old").exists() && root.join("cache/new").exists());
 
     // A floor nothing of ours can meet: refused with the numbers, exit 2.
-    let out = agent(&[
-        "recover-disk",
-        "--root",
-        r,
-        "--host",
-        "h-w-0",
-        "--floor",
-        &u64::MAX.to_string(),
-    ]);
+    let out = recover(&root, u64::MAX);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -120,28 +108,14 @@ fn disk_recovery_refuses_while_an_attempt_runs_and_on_a_linked_root() {
         "supervisor": std::process::id(), "command_group": null,
     });
     std::fs::write(root.join("process/current.json"), current.to_string()).unwrap();
-    let out = agent(&[
-        "recover-disk",
-        "--root",
-        root.to_str().unwrap(),
-        "--host",
-        "h",
-        "--floor",
-        &u64::MAX.to_string(),
-    ]);
+    let out = recover(&root, u64::MAX);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("attempt a-1 of job job-a runs here"));
     assert!(root.join("work/job-a").exists());
 
     let link = dir.path().join("link");
     std::os::unix::fs::symlink(&root, &link).unwrap();
-    let out = agent(&[
-        "recover-disk",
-        "--root",
-        link.to_str().unwrap(),
-        "--host",
-        "h",
-    ]);
+    let out = recover(&link, 0);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a plain folder"));
 }

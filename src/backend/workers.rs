@@ -232,13 +232,23 @@ impl AgentWorkers {
     }
 }
 
-/// Runs `f` for every worker at once and collects the results in worker order.
-fn on_every_worker<T: Send>(count: u32, f: impl Fn(u32) -> T + Sync) -> Vec<T> {
+/// Runs `f` for every worker of `tpu` in `zone` at once and collects the results in worker order.
+fn on_every_worker<T: Send>(
+    zone: Name,
+    tpu: Name,
+    count: u32,
+    f: impl Fn(&Target) -> T + Sync,
+) -> Vec<T> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..count.max(1))
             .map(|i| {
                 let f = &f;
-                scope.spawn(move || f(i))
+                let target = Target {
+                    zone: zone.to_string(),
+                    tpu: tpu.to_string(),
+                    worker: i,
+                };
+                scope.spawn(move || f(&target))
             })
             .collect();
         handles
@@ -354,14 +364,9 @@ impl Workers for AgentWorkers {
                         LaunchAck::AlreadyComplete,
                     ),
                 ];
-                let results = on_every_worker(r.worker_count, |i| {
-                    let target = Target {
-                        zone: r.zone.to_string(),
-                        tpu: r.tpu_name.to_string(),
-                        worker: i,
-                    };
+                let results = on_every_worker(r.zone, r.tpu_name, r.worker_count, |target| {
                     transport
-                        .run(&target, &["launch"], &input, timeout)
+                        .run(target, &["launch"], &input, timeout)
                         .map(|out| find_ack(&out, &r.attempt_id, &words).is_some())
                 });
                 let failed: Vec<&TransportError> =
@@ -406,14 +411,9 @@ impl Workers for AgentWorkers {
                     (CancelAck::NotRunning.word(), CancelAck::NotRunning),
                     (CancelAck::Mismatch.word(), CancelAck::Mismatch),
                 ];
-                let results = on_every_worker(workers, |i| {
-                    let target = Target {
-                        zone: zone.to_string(),
-                        tpu: tpu.to_string(),
-                        worker: i,
-                    };
+                let results = on_every_worker(zone, tpu, workers, |target| {
                     transport
-                        .run(&target, &["cancel", "--attempt", &attempt], b"", timeout)
+                        .run(target, &["cancel", "--attempt", &attempt], b"", timeout)
                         .map(|out| find_ack(&out, &attempt, &words).map(|(ack, _)| ack))
                 });
                 // Only acknowledgements naming the attempt count.
@@ -462,14 +462,9 @@ impl Workers for AgentWorkers {
         let floor = self.min_free_bytes.to_string();
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
-                let results = on_every_worker(workers, |i| {
-                    let target = Target {
-                        zone: zone.to_string(),
-                        tpu: tpu.to_string(),
-                        worker: i,
-                    };
+                let results = on_every_worker(zone, tpu, workers, |target| {
                     transport
-                        .run(&target, &["recover-disk", "--floor", &floor], b"", timeout)
+                        .run(target, &["recover-disk", "--floor", &floor], b"", timeout)
                         .map_err(|e| e.message)
                         .and_then(|out| {
                             out.lines()
