@@ -113,6 +113,16 @@ fn disk_recovery_refuses_while_an_attempt_runs_and_on_a_linked_root() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("attempt a-1 of job job-a runs here"));
     assert!(root.join("work/job-a").exists());
 
+    // A linked folder inside the root is refused too (its target is not the agent's).
+    std::fs::remove_file(root.join("process/current.json")).unwrap();
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir_all(elsewhere.join("keep")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, root.join("attempts")).unwrap();
+    let out = recover(&root, u64::MAX);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("attempts is not a plain folder"));
+    assert!(elsewhere.join("keep").exists());
+
     let link = dir.path().join("link");
     std::os::unix::fs::symlink(&root, &link).unwrap();
     let out = recover(&link, 0);

@@ -1017,3 +1017,37 @@ fn the_documented_observation_example_is_read_by_plan() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A snapshot that is valid JSON but that the YAML reader refuses (a surrogate-pair escape,
+/// as Python's json.dumps writes one) still gets its problems listed, without positions.
+#[test]
+fn a_snapshot_the_yaml_reader_refuses_still_gets_its_problems() {
+    let text =
+        std::fs::read_to_string(root().join("tests/fixtures/plan/invalid/zero-workers.json"))
+            .unwrap()
+            .replace("python train.py", "python train.py \\ud83d\\ude00");
+    assert!(serde_json::from_str::<serde_json::Value>(&text).is_ok());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    std::fs::write(&path, text).unwrap();
+    let out = tpu_runner(
+        &[
+            "plan",
+            "--fleet",
+            "docs/plan-example/deployment.yaml",
+            "--state",
+            path.to_str().unwrap(),
+        ],
+        &root(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("resources.lab-east-1-f66e0f01.worker_count: expected at least 1 worker"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("--> {}\n", path.display())),
+        "{stderr}"
+    );
+}

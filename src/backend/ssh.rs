@@ -179,6 +179,17 @@ impl TpuSsh {
                             "its instance name (the `hostname` guest attribute) is not published yet: IAP cannot reach it".into(),
                         )
                     })?;
+                // Anything on the VM can write its guest attributes: only an instance name
+                // (RFC 1035: a letter, then letters, digits and `-`) may reach gcloud.
+                if !instance_name(instance) {
+                    return Err(Self::fail(
+                        false,
+                        &worker,
+                        format!(
+                            "its `hostname` guest attribute {instance:?} is not an instance name"
+                        ),
+                    ));
+                }
                 let zone = format!("--zone={}", target.zone);
                 let project = format!("--project={}", iap.project);
                 self.ssh.set_proxy(
@@ -291,6 +302,42 @@ impl Transport for TpuSsh {
                 self.call(target, args, stdin, timeout, false)
             }
             other => other,
+        }
+    }
+}
+
+/// A Compute Engine instance name: a lowercase letter, then up to 62 lowercase letters,
+/// digits or `-`, not ending in `-`.
+fn instance_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    (1..=63).contains(&b.len())
+        && b[0].is_ascii_lowercase()
+        && !name.ends_with('-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::instance_name;
+
+    #[test]
+    fn only_instance_names_reach_gcloud() {
+        for good in ["t1v-n-4f2a9c1e-w-0", "a", "my-vm-12"] {
+            assert!(instance_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            "--impersonate-service-account=x",
+            "-x",
+            "Upper",
+            "a%d",
+            "a b",
+            "ends-",
+            "1starts-with-digit",
+            &"a".repeat(64),
+        ] {
+            assert!(!instance_name(bad), "{bad}");
         }
     }
 }

@@ -100,10 +100,22 @@ pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
     // Positions come from the text read as YAML (JSON is YAML): only when there are
     // problems to show.
     let file = path.display().to_string();
-    let tree = crate::spec::yaml::parse(&file, &text).map_err(|e| Failure {
-        message: e.render(),
-        status: ExitStatus::Invalid,
-    })?;
+    let Ok(tree) = crate::spec::yaml::parse(&file, &text) else {
+        // Valid JSON the YAML reader refuses (a surrogate escape): the problems without
+        // positions rather than none.
+        let mut message = String::new();
+        for p in &problems {
+            message.push_str(&format!("error: {}: {}\n  --> {file}\n", p.path, p.message));
+            if let Some(hint) = &p.hint {
+                message.push_str(&format!("  = hint: {hint}\n"));
+            }
+        }
+        message.push_str("nothing was done: the state snapshot must be valid first\n");
+        return Err(Failure {
+            message,
+            status: ExitStatus::Invalid,
+        });
+    };
     let mut checker = crate::spec::yaml::Checker::new(&text);
     for p in &problems {
         let node = crate::spec::yaml::node_at(&tree, &p.path);

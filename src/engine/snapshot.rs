@@ -87,15 +87,17 @@ pub fn problems(state: &State) -> Vec<Problem> {
                     None,
                 )),
                 Some(job)
-                    if job.assigned_resource.as_ref() != Some(key)
+                    if !matches!(job.status, JobStatus::Running | JobStatus::Cancelling)
+                        || job.assigned_resource.as_ref() != Some(key)
                         || job.current_attempt.as_ref() != Some(&owner.attempt_id) =>
                 {
                     out.push(problem(
                         at("owner"),
                         format!(
-                            "owned by {}/{}, but that job's current attempt and TPU are {}/{}",
+                            "owned by {}/{}, but that job is {} with current attempt and TPU {}/{}",
                             owner.job_id,
                             owner.attempt_id,
+                            job.status.as_str(),
                             job.current_attempt.map_or("none".into(), |a| a.to_string()),
                             job.assigned_resource.map_or("none".into(), |a| a.to_string()),
                         ),

@@ -59,7 +59,13 @@ fn own_folder(dir: &Path) -> Result<(), String> {
 /// attempts' folders first, then caches, least recently used first. Refuses while an
 /// attempt runs, and on a root that is a link, not canonical or not ours.
 pub fn recover_disk(root: &Root, floor: u64) -> Result<Recovery, String> {
-    for dir in [root.dir.clone(), root.work(), root.cache(), root.process()] {
+    for dir in [
+        root.dir.clone(),
+        root.work(),
+        root.cache(),
+        root.process(),
+        root.dir.join("attempts"),
+    ] {
         own_folder(&dir)?;
     }
     let _lock = agent::lock(root)?;

@@ -71,6 +71,8 @@ impl Devices {
             return holders;
         }
         let Ok(entries) = std::fs::read_dir("/proc") else {
+            // Nothing could be looked at: never an answer of "free".
+            holders.unreadable = usize::MAX;
             return holders;
         };
         for entry in entries.flatten() {
@@ -103,10 +105,21 @@ impl Devices {
         holders
     }
 
-    /// Removes libtpu's lock file when nothing holds a device; says what it did.
+    /// Removes libtpu's lock file when it is stale: no readable process holds a device and
+    /// no process holds the file's lock (one of another user, which this one cannot see,
+    /// would); says what it did.
     pub fn clear_stale_lockfile(&self, holders: &Holders) -> Option<String> {
         if !holders.clear() || !self.lockfile.exists() {
             return None;
+        }
+        let unlocked = std::fs::File::open(&self.lockfile).is_ok_and(|f| {
+            nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
+        });
+        if !unlocked {
+            return Some(format!(
+                "left {} alone: a process holds its lock",
+                self.lockfile.display()
+            ));
         }
         Some(match std::fs::remove_file(&self.lockfile) {
             Ok(()) => format!(
@@ -130,4 +143,33 @@ pub fn pid_list(pids: &[i32]) -> String {
         .map(i32::to_string)
         .collect::<Vec<_>>()
         .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_file_someone_holds_is_left_alone_and_a_free_one_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let devices = Devices {
+            patterns: vec![dir.path().join("accel*").display().to_string()],
+            lockfile: dir.path().join("libtpu_lockfile"),
+        };
+        std::fs::write(&devices.lockfile, "").unwrap();
+        let free = devices.holders(&[]);
+        let held = nix::fcntl::Flock::lock(
+            std::fs::File::open(&devices.lockfile).unwrap(),
+            nix::fcntl::FlockArg::LockExclusiveNonblock,
+        )
+        .unwrap();
+        let note = devices.clear_stale_lockfile(&free).unwrap();
+        assert!(note.contains("left") && devices.lockfile.exists(), "{note}");
+        drop(held);
+        let note = devices.clear_stale_lockfile(&free).unwrap();
+        assert!(
+            note.contains("removed") && !devices.lockfile.exists(),
+            "{note}"
+        );
+    }
 }

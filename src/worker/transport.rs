@@ -239,15 +239,16 @@ impl Ssh {
         })
     }
 
-    /// Reaches `target` through `words` as its `ProxyCommand` (`%h`/`%p` as OpenSSH
-    /// expands them); refused unless every word is plain (letters, digits, `-_./=%`).
+    /// Reaches `target` through `words` as its `ProxyCommand` (`%p`, the port, as OpenSSH
+    /// expands it); refused unless every word is plain (letters, digits, `-_./=`).
     pub fn set_proxy(&self, target: &Target, words: &[&str]) -> Result<(), TransportError> {
+        // No `%` token but `%p` (OpenSSH expands the others), nothing else a shell reads.
         let word = |w: &str| {
-            !w.is_empty()
-                && w.bytes().all(|b| {
-                    b.is_ascii_alphanumeric()
-                        || matches!(b, b'-' | b'_' | b'.' | b'/' | b'=' | b'%')
-                })
+            w == "%p"
+                || (!w.is_empty()
+                    && w.bytes().all(|b| {
+                        b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/' | b'=')
+                    }))
         };
         if !words.iter().all(|w| word(w)) {
             return Err(TransportError {
@@ -425,9 +426,10 @@ impl Ssh {
             message: format!("reading the agent to send: {e}"),
         })?;
         let push = format!(
-            "set -e; umask 077; mkdir -p {dir}; t=$(mktemp {dir}/.incoming.XXXXXX); cat >\"$t\"; \
-             if printf '%s  %s\\n' {sha} \"$t\" | sha256sum -c --status; then chmod 0755 \"$t\"; mv -f \"$t\" {path}; echo TPU_RUNNER_AGENT_INSTALLED; \
-             else rm -f \"$t\"; echo 'the agent received does not match its SHA-256 {sha}' >&2; exit 3; fi"
+            "set -e; umask 077; mkdir -p {dir}; t=$(mktemp {dir}/.incoming.XXXXXX); trap 'rm -f \"$t\"' EXIT; cat >\"$t\"; \
+             if printf '%s  %s\\n' {sha} \"$t\" | sha256sum -c --status; then chmod 0755 \"$t\"; mv -f \"$t\" {path}; \
+             for old in {dir}/tpu-runner-*; do [ \"$old\" = {path} ] || rm -f \"$old\"; done; echo TPU_RUNNER_AGENT_INSTALLED; \
+             else echo 'the agent received does not match its SHA-256 {sha}' >&2; exit 3; fi"
         );
         let out = self.remote(target, &push, &data, timeout)?;
         if !out.contains("TPU_RUNNER_AGENT_INSTALLED") {
