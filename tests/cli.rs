@@ -1051,3 +1051,77 @@ fn a_snapshot_the_yaml_reader_refuses_still_gets_its_problems() {
         "{stderr}"
     );
 }
+
+/// The report page answers "which policy is better?" and can be read: how it was made, a
+/// comparison of the policies per scenario over the seeds, a table of contents whose links
+/// all land, every zone of a nine-zone scenario on the capacity plot, idle chips plotted,
+/// a viewport for phones and nothing fixed wider than the page.
+#[test]
+fn the_report_compares_policies_and_keeps_every_zone() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report");
+    let out = tpu_runner(
+        &[
+            "simulate",
+            "tests/fixtures/scenarios/nine-zones.yaml",
+            "scenarios/smoke.yaml",
+            "--report",
+            report.to_str().unwrap(),
+        ],
+        &root(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let index = std::fs::read_to_string(report.join("index.html")).unwrap();
+    assert!(index.contains("Made by <code>") && index.contains("nine-zones.yaml"));
+    assert!(index.contains("Nine zones with one Spot v6e-8 each"));
+    assert!(index.contains("<meta name=\"viewport\""));
+    assert!(!index.contains("max-width:1000px"));
+    // One comparison table per scenario, the policies as rows, over the seeds.
+    assert_eq!(index.matches("<table class=\"compare\">").count(), 2);
+    assert!(
+        index
+            .contains("nine-zones — policies side by side, mean ± standard deviation over 2 seeds")
+    );
+    for policy in ["<tr><th>classic</th>", "<tr><th>frugal</th>"] {
+        assert!(index.contains(policy), "{policy}");
+    }
+    // Every table-of-contents link lands on a section.
+    let links: Vec<&str> = index
+        .split("<a href=\"#")
+        .skip(1)
+        .map(|s| &s[..s.find('"').unwrap()])
+        .collect();
+    assert_eq!(links.len(), 5, "{links:?}");
+    for link in links {
+        assert!(index.contains(&format!("id=\"{link}\"")), "{link}");
+        for plot in ["chips", "queue", "capacity"] {
+            assert!(
+                report.join(format!("{link}-{plot}.svg")).is_file(),
+                "{link}-{plot}"
+            );
+        }
+    }
+    let capacity =
+        std::fs::read_to_string(report.join("nine-zones-classic-seed1-capacity.svg")).unwrap();
+    for zone in [
+        "us-east1-d",
+        "us-east5-b",
+        "europe-west4-a",
+        "asia-northeast1-b",
+    ] {
+        assert!(
+            capacity.contains(zone),
+            "{zone} missing from the capacity plot"
+        );
+    }
+    let chips = std::fs::read_to_string(report.join("nine-zones-classic-seed1-chips.svg")).unwrap();
+    // plotters writes each legend label on a line of its own.
+    assert!(
+        chips.lines().any(|l| l.trim() == "idle"),
+        "idle chips are not plotted"
+    );
+}

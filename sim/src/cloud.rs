@@ -592,6 +592,11 @@ impl SimCloud {
         acc
     }
 
+    /// Spot preemptions so far (random, trace-driven or stockout).
+    pub fn preemptions(&self) -> u64 {
+        self.accounting.preemptions
+    }
+
     /// Attempts killed because another was launched over them (0 for a correct engine).
     pub fn attempts_displaced(&self) -> u64 {
         self.accounting.attempts_displaced

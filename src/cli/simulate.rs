@@ -334,7 +334,17 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
         }
     }
     if let Some(dir) = args.report {
-        report::write_dir(dir, &ok).map_err(|e| Failure {
+        let context = report::Context {
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            generated_at: jiff::Timestamp::now()
+                .round(jiff::Unit::Second)
+                .map_or_else(|_| jiff::Timestamp::now().to_string(), |t| t.to_string()),
+            descriptions: scenarios
+                .iter()
+                .map(|s| (s.name.clone(), s.description.clone()))
+                .collect(),
+        };
+        report::write_dir(dir, &ok, &context).map_err(|e| Failure {
             message: format!("error: {e}\n"),
             status: ExitStatus::Io,
         })?;

@@ -44,6 +44,8 @@ pub struct Sample {
     pub running: u64,
     /// Available capacity per zone (chips, capped at what the fleet could use).
     pub capacity_by_zone: BTreeMap<String, u64>,
+    /// Spot preemptions so far.
+    pub preemptions: u64,
 }
 
 /// Options of one run.
@@ -1119,6 +1121,7 @@ fn sample(
         hours: t_ms as f64 / 3_600_000.0,
         allocated_chips: backend.cloud.allocated_chips(),
         busy_chips: backend.cloud.busy_chips(),
+        preemptions: backend.cloud.preemptions(),
         queue,
         running,
         capacity_by_zone,

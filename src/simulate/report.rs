@@ -128,18 +128,28 @@ pub fn table(results: &[RunResult]) -> String {
 /// One line of a plot: legend, colour, points.
 type Line<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
 
-fn plot_lines(path: &Path, title: &str, y_label: &str, series: &[Line<'_>]) -> Result<(), String> {
+/// Draws `series` (wider first, so lines lying on one another stay visible), `markers` as
+/// small red triangles on the x axis (preemptions), integer ticks, and the legend above the
+/// data (the y range has headroom for it).
+fn plot_lines(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    series: &[Line<'_>],
+    markers: &[f64],
+) -> Result<(), String> {
     let x_max = series
         .iter()
         .flat_map(|(_, _, p)| p.iter().map(|(x, _)| *x))
         .fold(0.0f64, f64::max)
         .max(1e-9);
-    let y_max = series
+    let data_max = series
         .iter()
         .flat_map(|(_, _, p)| p.iter().map(|(_, y)| *y))
         .fold(0.0f64, f64::max)
-        .max(1.0)
-        * 1.1;
+        .max(1.0);
+    // Headroom above the data for the legend: one row per series.
+    let y_max = (data_max * (1.15 + 0.09 * series.len() as f64)).ceil();
     let root = SVGBackend::new(path, (900, 320)).into_drawing_area();
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     root.fill(&WHITE).map_err(|e| err(&e))?;
@@ -150,28 +160,52 @@ fn plot_lines(path: &Path, title: &str, y_label: &str, series: &[Line<'_>]) -> R
         .y_label_area_size(56)
         .build_cartesian_2d(0.0..x_max, 0.0..y_max)
         .map_err(|e| err(&e))?;
+    let integer = |v: &f64| format!("{v:.0}");
     chart
         .configure_mesh()
         .x_desc("hours")
         .y_desc(y_label)
+        .y_label_formatter(&integer)
+        .x_label_formatter(&|v: &f64| {
+            if x_max >= 10.0 {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.1}")
+            }
+        })
         .draw()
         .map_err(|e| err(&e))?;
-    for (name, color, points) in series {
+    let n = series.len();
+    for (i, (name, color, points)) in series.iter().enumerate() {
         let color = *color;
+        let width = 2 + 2 * (n - 1 - i).min(3) as u32;
         chart
             .draw_series(LineSeries::new(
                 points.iter().copied(),
-                color.stroke_width(2),
+                color.mix(0.85).stroke_width(width),
             ))
             .map_err(|e| err(&e))?
             .label(*name)
             .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(3))
             });
+    }
+    if !markers.is_empty() {
+        let size = y_max / 40.0;
+        chart
+            .draw_series(
+                markers
+                    .iter()
+                    .map(|&x| TriangleMarker::new((x, size), 7, RGBColor(214, 39, 40).filled())),
+            )
+            .map_err(|e| err(&e))?
+            .label("preemption")
+            .legend(|(x, y)| TriangleMarker::new((x + 8, y), 5, RGBColor(214, 39, 40).filled()));
     }
     chart
         .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()
         .map_err(|e| err(&e))?;
@@ -191,9 +225,15 @@ const PALETTE: [RGBColor; 8] = [
 
 fn plots_for(dir: &Path, stem: &str, samples: &[Sample]) -> Result<Vec<String>, String> {
     let chips = dir.join(format!("{stem}-chips.svg"));
+    // When the cloud preempted: the samples where the count rose.
+    let preempted: Vec<f64> = samples
+        .windows(2)
+        .filter(|w| w[1].preemptions > w[0].preemptions)
+        .map(|w| w[1].hours)
+        .collect();
     plot_lines(
         &chips,
-        "chips allocated and busy",
+        "chips allocated, busy and idle (allocated, not running a command)",
         "chips",
         &[
             (
@@ -212,7 +252,21 @@ fn plots_for(dir: &Path, stem: &str, samples: &[Sample]) -> Result<Vec<String>, 
                     .map(|s| (s.hours, s.busy_chips as f64))
                     .collect(),
             ),
+            (
+                "idle",
+                PALETTE[7],
+                samples
+                    .iter()
+                    .map(|s| {
+                        (
+                            s.hours,
+                            s.allocated_chips.saturating_sub(s.busy_chips) as f64,
+                        )
+                    })
+                    .collect(),
+            ),
         ],
+        &preempted,
     )?;
     let queue = dir.join(format!("{stem}-queue.svg"));
     plot_lines(
@@ -234,20 +288,21 @@ fn plots_for(dir: &Path, stem: &str, samples: &[Sample]) -> Result<Vec<String>, 
                     .collect(),
             ),
         ],
+        &[],
     )?;
     let zones: Vec<String> = samples
         .first()
         .map(|s| s.capacity_by_zone.keys().cloned().collect())
         .unwrap_or_default();
     let capacity = dir.join(format!("{stem}-capacity.svg"));
+    // Every zone (colours repeat past eight, a zone per line all the same).
     let series: Vec<Line<'_>> = zones
         .iter()
-        .take(PALETTE.len())
         .enumerate()
         .map(|(i, z)| {
             (
                 z.as_str(),
-                PALETTE[i],
+                PALETTE[i % PALETTE.len()],
                 samples
                     .iter()
                     .map(|s| {
@@ -265,6 +320,7 @@ fn plots_for(dir: &Path, stem: &str, samples: &[Sample]) -> Result<Vec<String>, 
         "spot capacity the fleet could use, per zone (chips)",
         "chips",
         &series,
+        &preempted,
     )?;
     Ok(vec![chips, queue, capacity]
         .into_iter()
@@ -281,6 +337,7 @@ fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// The file that marks a folder as a report tpu-runner wrote (so it may be rewritten).
@@ -311,9 +368,86 @@ pub fn check_dir(dir: &Path, force: bool) -> Result<(), String> {
     }
 }
 
-/// Writes SVG plots for every run and an `index.html` tying them together, after removing
-/// an earlier report's pages and plots from `dir`.
-pub fn write_dir(dir: &Path, results: &[RunResult]) -> Result<(), String> {
+/// What the report page says about how it was made.
+#[derive(Clone, Debug, Default)]
+pub struct Context {
+    /// The command that ran (`tpu-runner simulate …`).
+    pub command: String,
+    /// When (RFC 3339).
+    pub generated_at: String,
+    /// Each scenario's description, by name.
+    pub descriptions: BTreeMap<String, String>,
+}
+
+/// The comparison of one scenario's policies, over their seeds: a row per policy with the
+/// mean ± standard deviation of each metric; the best mean of each column in bold.
+fn comparison(scenario: &str, results: &[&RunResult]) -> String {
+    type Metric = (&'static str, fn(&Metrics) -> f64, usize, bool);
+    const METRICS: [Metric; 6] = [
+        ("utilisation", |m| m.utilization, 2, true),
+        ("goodput", |m| m.goodput_ratio, 2, true),
+        ("efficiency", |m| m.efficiency, 2, true),
+        ("wait p50 (min)", |m| m.queue_wait_s.p50 / 60.0, 1, false),
+        ("jobs done", |m| m.jobs_succeeded as f64, 0, true),
+        ("cost $", |m| m.cost_usd, 0, false),
+    ];
+    let mut policies: Vec<&str> = results.iter().map(|r| r.policy.as_str()).collect();
+    policies.dedup();
+    let rows: Vec<(&str, Vec<(f64, f64)>)> = policies
+        .iter()
+        .map(|p| {
+            let runs: Vec<&Metrics> = results
+                .iter()
+                .filter(|r| r.policy == *p)
+                .map(|r| &r.metrics)
+                .collect();
+            let stats = METRICS
+                .iter()
+                .map(|(_, f, _, _)| mean_sd(&runs.iter().map(|m| f(m)).collect::<Vec<_>>()))
+                .collect();
+            (*p, stats)
+        })
+        .collect();
+    let seeds = results.iter().filter(|r| r.policy == policies[0]).count();
+    let mut html = format!(
+        "<table class=\"compare\"><caption>{} — policies side by side, mean ± standard deviation over {seeds} seed{}</caption>\n<tr><th>policy</th>",
+        escape(scenario),
+        if seeds == 1 { "" } else { "s" }
+    );
+    for (name, ..) in METRICS {
+        let _ = write!(html, "<th>{name}</th>");
+    }
+    html.push_str("</tr>\n");
+    for (policy, stats) in &rows {
+        let _ = write!(html, "<tr><th>{}</th>", escape(policy));
+        for (k, (mean, sd)) in stats.iter().enumerate() {
+            let (_, _, digits, higher_is_better) = METRICS[k];
+            let best = rows.len() > 1
+                && rows.iter().all(|(_, o)| {
+                    if higher_is_better {
+                        o[k].0 <= *mean
+                    } else {
+                        o[k].0 >= *mean
+                    }
+                });
+            let cell = format!("{mean:.digits$} ± {sd:.digits$}");
+            if best {
+                let _ = write!(html, "<td><b>{cell}</b></td>");
+            } else {
+                let _ = write!(html, "<td>{cell}</td>");
+            }
+        }
+        html.push_str("</tr>\n");
+    }
+    html.push_str("</table>\n");
+    html
+}
+
+/// Writes SVG plots for every run and an `index.html` tying them together (how it was
+/// made, a comparison of the policies of each scenario, the table, then every run's plots,
+/// with a table of contents when there are several), after removing an earlier report's
+/// pages and plots from `dir`.
+pub fn write_dir(dir: &Path, results: &[RunResult], context: &Context) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
     // An earlier report's pages and plots go first: none of them may outlive this run.
     if let Ok(entries) = std::fs::read_dir(dir) {
@@ -333,20 +467,58 @@ pub fn write_dir(dir: &Path, results: &[RunResult]) -> Result<(), String> {
     )
     .map_err(|e| format!("cannot write in `{}`: {e}", dir.display()))?;
     let mut html = String::from(
-        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>tpu-runner simulation report</title>\n<style>body{font-family:sans-serif;margin:2em;max-width:1000px}pre{background:#f6f6f6;padding:1em;overflow:auto}</style></head><body>\n<h1>tpu-runner simulation report</h1>\n",
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>tpu-runner simulation report</title>\n<style>\nbody{font-family:sans-serif;margin:1em 2em;line-height:1.4}\npre{background:#f6f6f6;padding:1em;overflow-x:auto}\n.wide{overflow-x:auto}\ntable.compare{border-collapse:collapse;margin:1em 0}\ntable.compare th,table.compare td{border:1px solid #ccc;padding:.3em .6em;text-align:right;white-space:nowrap}\ntable.compare caption{text-align:left;font-weight:bold;padding:.3em 0}\nimg{max-width:100%;height:auto}\n@media (max-width:600px){body{margin:.5em}}\n</style></head><body>\n<h1>tpu-runner simulation report</h1>\n",
     );
+    let _ = writeln!(
+        html,
+        "<p class=\"made\">Made by <code>{}</code> at {}.</p>",
+        escape(&context.command),
+        escape(&context.generated_at)
+    );
+    let mut scenarios: Vec<&str> = results.iter().map(|r| r.scenario.as_str()).collect();
+    scenarios.dedup();
+    html.push_str("<h2 id=\"comparison\">Policies compared</h2>\n");
+    for scenario in &scenarios {
+        if let Some(d) = context.descriptions.get(*scenario) {
+            let _ = writeln!(html, "<p><b>{}</b>: {}</p>", escape(scenario), escape(d));
+        }
+        let runs: Vec<&RunResult> = results.iter().filter(|r| r.scenario == *scenario).collect();
+        let _ = writeln!(
+            html,
+            "<div class=\"wide\">{}</div>",
+            comparison(scenario, &runs)
+        );
+    }
+    html.push_str("<h2 id=\"table\">Every scenario and policy</h2>\n");
     let _ = writeln!(html, "<pre>{}</pre>", escape(&table(results)));
-    for r in results {
-        let stem = format!(
+    let anchor = |r: &RunResult| {
+        format!(
             "{}-{}-seed{}",
             crate::spec::names::slug(&r.scenario),
             r.policy,
             r.seed
-        );
+        )
+    };
+    if results.len() > 1 {
+        html.push_str("<h2 id=\"runs\">Runs</h2>\n<ul class=\"toc\">\n");
+        for r in results {
+            let _ = writeln!(
+                html,
+                "<li><a href=\"#{}\">{} · {} · seed {}</a></li>",
+                anchor(r),
+                escape(&r.scenario),
+                escape(&r.policy),
+                r.seed
+            );
+        }
+        html.push_str("</ul>\n");
+    }
+    for r in results {
+        let stem = anchor(r);
         let files = plots_for(dir, &stem, &r.series)?;
         let _ = writeln!(
             html,
-            "<h2>{} · {} · seed {}</h2>",
+            "<h3 id=\"{stem}\">{} · {} · seed {}</h3>",
             escape(&r.scenario),
             escape(&r.policy),
             r.seed
@@ -354,7 +526,7 @@ pub fn write_dir(dir: &Path, results: &[RunResult]) -> Result<(), String> {
         let m = &r.metrics;
         let _ = writeln!(
             html,
-            "<p>utilisation {:.2}, goodput ratio {:.2}, efficiency {:.2} of the bound ({:.0} of {:.0} chip-hours); {} succeeded, {} failed, {} unfinished; cost ${:.0}</p>",
+            "<p>utilisation {:.2}, goodput ratio {:.2}, efficiency {:.2} of the bound ({:.0} of {:.0} chip-hours); {} succeeded, {} failed, {} unfinished; {} preemptions; cost ${:.0}</p>",
             m.utilization,
             m.goodput_ratio,
             m.efficiency,
@@ -363,6 +535,7 @@ pub fn write_dir(dir: &Path, results: &[RunResult]) -> Result<(), String> {
             m.jobs_succeeded,
             m.jobs_failed,
             m.jobs_unfinished,
+            m.preemptions,
             m.cost_usd
         );
         for f in files {
