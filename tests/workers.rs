@@ -890,3 +890,24 @@ fn the_emulators_tpus_end_their_workers_when_they_go() {
         "the disks of a deleted TPU are gone"
     );
 }
+
+/// The shared-memory folder is emptied at every launch; a link there (another user of a
+/// shared TPU could plant one) is refused, and its target keeps its files.
+#[test]
+fn a_linked_shared_memory_folder_is_refused_not_emptied() {
+    let rig = Rig::new(Kind::Local);
+    let target = rig.dir.path().join("someone-elses");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("keep"), "x").unwrap();
+    let root = rig.root("tpu-shm", 0);
+    std::fs::create_dir_all(&root).unwrap();
+    std::os::unix::fs::symlink(&target, root.join("shm")).unwrap();
+    let r = rig.request("a-shm", "job-shm", "tpu-shm", 1, "true");
+    match rig.launch(&r) {
+        Outcome::LaunchFailed(e) => {
+            assert!(e.message.contains("is not a folder of this user"), "{e:?}")
+        }
+        other => panic!("a linked shared-memory folder was used: {other:?}"),
+    }
+    assert!(target.join("keep").exists());
+}

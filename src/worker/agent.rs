@@ -399,6 +399,20 @@ pub fn launch(
             }
         }
     }
+    // A fixed path in a shared /dev/shm (adopted TPUs are shared with their owner): only a
+    // real folder of this user is emptied, never a link's target or another user's files.
+    if let Ok(meta) = std::fs::symlink_metadata(&root.shm) {
+        use std::os::unix::fs::MetadataExt;
+        if meta.file_type().is_symlink()
+            || !meta.is_dir()
+            || meta.uid() != nix::unistd::geteuid().as_raw()
+        {
+            return Err(format!(
+                "the shared-memory folder {} is not a folder of this user: refusing to empty it",
+                root.shm.display()
+            ));
+        }
+    }
     wipe(&root.shm).map_err(|e| format!("cannot wipe shared memory: {e}"))?;
     for dir in [&dirs.job, &dirs.shm, &dirs.attempt] {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
