@@ -7,8 +7,13 @@
 //! The recovery case reads this machine's free space: it allows 32 MiB of other writers
 //! during the test (the files it frees are 64 MiB).
 
+#[path = "support/holder.rs"]
+mod holder;
+
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use holder::Holder;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tpu-runner");
 
@@ -142,25 +147,13 @@ fn the_device_probe_names_the_holders_and_refuses_without_devices() {
 
     let device = dir.path().join("accel0");
     std::fs::write(&device, "").unwrap();
-    let mut holder = Command::new("bash")
-        .args(["-c", "exec 3<\"$1\"; exec sleep 600", "holder"])
-        .arg(&device)
-        .spawn()
-        .unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    let line = loop {
-        let line = stdout(&probe());
-        if line.contains("BUSY") || Instant::now() > until {
-            break line;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let holder = Holder::new(&device);
+    let line = stdout(&probe());
     assert_eq!(
         line.trim(),
-        format!("TPU_RUNNER_DEVICE_OWNER_PROBE h-w-0 BUSY {}", holder.id())
+        format!("TPU_RUNNER_DEVICE_OWNER_PROBE h-w-0 BUSY {}", holder.0.id())
     );
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    drop(holder);
 
     let out = probe();
     if nix::unistd::geteuid().is_root() {
@@ -250,19 +243,8 @@ fn the_probe_command_asks_every_worker_of_an_idle_adopted_tpu() {
         );
     }
 
-    let mut holder = Command::new("bash")
-        .args(["-c", "exec 3<\"$1\"; exec sleep 600", "holder"])
-        .arg(&device)
-        .spawn()
-        .unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    let out = loop {
-        let out = probe("adopted-trc-v4");
-        if out.status.code() == Some(75) || Instant::now() > until {
-            break out;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let holder = Holder::new(&device);
+    let out = probe("adopted-trc-v4");
     assert_eq!(out.status.code(), Some(75), "{out:?}");
     let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(answer["clear"], false);
@@ -271,10 +253,9 @@ fn the_probe_command_asks_every_worker_of_an_idle_adopted_tpu() {
     assert_eq!(workers.len(), 2);
     for (i, w) in workers.iter().enumerate() {
         assert_eq!(w["host"], format!("trc-v4-w-{i}"));
-        assert_eq!(w["pids"], serde_json::json!([holder.id()]));
+        assert_eq!(w["pids"], serde_json::json!([holder.0.id()]));
     }
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    drop(holder);
     if nix::unistd::geteuid().is_root() {
         let out = probe("adopted-trc-v4");
         assert_eq!(out.status.code(), Some(0), "{out:?}");

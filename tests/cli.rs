@@ -12,6 +12,21 @@ fn tpu_runner(args: &[&str], dir: &std::path::Path) -> std::process::Output {
         .expect("binary runs")
 }
 
+/// `plan` with the documented example fleet on `state` at the example's time, plus `extra`.
+fn plan_example(state: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "plan",
+        "--fleet",
+        "docs/plan-example/deployment.yaml",
+        "--state",
+        state,
+        "--now",
+        "2026-01-01T12:00:00Z",
+    ];
+    args.extend_from_slice(extra);
+    tpu_runner(&args, &root())
+}
+
 #[test]
 fn init_writes_a_valid_example_and_never_overwrites() {
     let dir = tempfile::tempdir().unwrap();
@@ -265,17 +280,7 @@ fn plan_on_the_documented_example() {
 /// its line and column, on stderr, and nothing is planned (no action printed).
 #[test]
 fn plan_refuses_a_damaged_state_and_plans_nothing() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let args = [
-        "plan",
-        "--fleet",
-        "docs/plan-example/deployment.yaml",
-        "--state",
-        "tests/fixtures/plan/damaged-state.json",
-        "--now",
-        "2026-01-01T12:00:00Z",
-    ];
-    let out = tpu_runner(&args, root);
+    let out = plan_example("tests/fixtures/plan/damaged-state.json", &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         out.stdout.is_empty(),
@@ -306,18 +311,7 @@ fn wrong_state_snapshots_are_refused_with_their_field_and_position() {
     let root = root();
     insta::glob!("fixtures/plan/invalid/*.json", |path| {
         let file = path.strip_prefix(&root).unwrap().display().to_string();
-        let out = tpu_runner(
-            &[
-                "plan",
-                "--fleet",
-                "docs/plan-example/deployment.yaml",
-                "--state",
-                &file,
-                "--now",
-                "2026-01-01T12:00:00Z",
-            ],
-            &root,
-        );
+        let out = plan_example(&file, &[]);
         assert_eq!(out.status.code(), Some(1), "{file}");
         assert!(
             out.stdout.is_empty(),
@@ -997,19 +991,9 @@ fn the_documented_observation_example_is_read_by_plan() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("observation.json");
     std::fs::write(&path, example).unwrap();
-    let out = tpu_runner(
-        &[
-            "plan",
-            "--fleet",
-            "docs/plan-example/deployment.yaml",
-            "--state",
-            "docs/plan-example/state.json",
-            "--observation",
-            path.to_str().unwrap(),
-            "--now",
-            "2026-01-01T12:00:00Z",
-        ],
-        &root(),
+    let out = plan_example(
+        "docs/plan-example/state.json",
+        &["--observation", path.to_str().unwrap()],
     );
     assert!(
         out.status.success(),
@@ -1030,16 +1014,7 @@ fn a_snapshot_the_yaml_reader_refuses_still_gets_its_problems() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.json");
     std::fs::write(&path, text).unwrap();
-    let out = tpu_runner(
-        &[
-            "plan",
-            "--fleet",
-            "docs/plan-example/deployment.yaml",
-            "--state",
-            path.to_str().unwrap(),
-        ],
-        &root(),
-    );
+    let out = plan_example(path.to_str().unwrap(), &[]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

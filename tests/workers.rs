@@ -6,6 +6,8 @@
 //!
 //! Waits are for events with a generous deadline (never a timing assertion).
 
+#[path = "support/holder.rs"]
+mod holder;
 #[path = "support/sshd.rs"]
 mod sshd;
 
@@ -14,6 +16,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use holder::Holder;
 use tpu_runner::backend::workers::{AgentWorkers, Workers};
 use tpu_runner::backend::{InFlight, Outcome};
 use tpu_runner::engine::aggregate::{FailureKind, Graces, Verdict, aggregate};
@@ -402,40 +405,6 @@ fn a_slice_failure_marker_is_a_retryable_infrastructure_failure() {
             aggregate(&report.statuses, 2, now, graces()),
             Verdict::Retryable { recycle: true, .. }
         ));
-    }
-}
-
-/// A process holding `device` open until it is killed (dropped).
-struct Holder(std::process::Child);
-
-impl Holder {
-    fn new(device: &std::path::Path) -> Holder {
-        let child = std::process::Command::new("bash")
-            .arg("-c")
-            .arg("exec 3<\"$1\"; exec sleep 600")
-            .arg("holder")
-            .arg(device)
-            .spawn()
-            .unwrap();
-        // Held once the descriptor shows in /proc.
-        let until = Instant::now() + Duration::from_secs(10);
-        while !std::fs::read_dir(format!("/proc/{}/fd", child.id()))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == device))
-        {
-            assert!(Instant::now() < until, "the holder never opened {device:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Holder(child)
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

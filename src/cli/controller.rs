@@ -86,17 +86,7 @@ fn backend(
             Box::new(workers),
         )));
     };
-    let agent = std::env::current_exe().map_err(|e| {
-        fail(
-            ExitStatus::Io,
-            format!("error: cannot find this binary: {e}\n"),
-        )
-    })?;
-    let transport = Local {
-        base,
-        agent,
-        objects: stack.objects.clone(),
-    };
+    let transport = local_transport(stack, base)?;
     let mut workers = AgentWorkers::new(Arc::new(transport), objects, &fleet.project);
     // Local workers share this machine's disk: keep only a small floor.
     workers.min_free_bytes = 256 << 20;
@@ -106,6 +96,25 @@ fn backend(
         CreateSettings::of_fleet(fleet),
         Box::new(workers),
     )))
+}
+
+/// This binary, for the agent's processes and for sending to adopted TPUs.
+fn this_binary() -> Result<std::path::PathBuf, Failure> {
+    std::env::current_exe().map_err(|e| {
+        fail(
+            ExitStatus::Io,
+            format!("error: cannot find this binary: {e}\n"),
+        )
+    })
+}
+
+/// The agent as processes on this machine, one root per worker under `base`.
+fn local_transport(stack: &Stack, base: std::path::PathBuf) -> Result<Local, Failure> {
+    Ok(Local {
+        base,
+        agent: this_binary()?,
+        objects: stack.objects.clone(),
+    })
 }
 
 /// Where the startup script's `worker prepare` leaves its readiness marker on TPU VMs.
@@ -189,12 +198,7 @@ fn tpu_ssh(stack: &Stack, args: &SshArgs<'_>) -> Result<crate::backend::ssh::Tpu
         .collect();
     if !adopted.is_empty() {
         // Adopted TPUs never ran the startup script: this binary is sent to them.
-        let binary = std::env::current_exe().map_err(|e| {
-            fail(
-                ExitStatus::Io,
-                format!("error: cannot find this binary: {e}\n"),
-            )
-        })?;
+        let binary = this_binary()?;
         let sha256 = crate::worker::bundle::sha256_file(&binary).map_err(|e| {
             fail(
                 ExitStatus::Io,
@@ -248,22 +252,17 @@ pub(crate) fn probe_adopted_device_owners(
         )));
     }
     let timeout = Duration::from_secs(60);
-    let local = match &stack.workers {
-        Some(base) => Some(Local {
-            base: base.clone(),
-            agent: std::env::current_exe().map_err(|e| {
-                fail(
-                    ExitStatus::Io,
-                    format!("error: cannot find this binary: {e}\n"),
-                )
-            })?,
-            objects: stack.objects.clone(),
-        }),
-        None => None,
-    };
-    let remote = match local {
-        Some(_) => None,
-        None => Some(tpu_ssh(&stack, ssh)?),
+    // The local stack's agent itself; on TPU VMs, the probe as root.
+    type Ask = Box<dyn Fn(&Target) -> Result<String, crate::worker::transport::TransportError>>;
+    let ask: Ask = match &stack.workers {
+        Some(base) => {
+            let local = local_transport(&stack, base.clone())?;
+            Box::new(move |t| local.run(t, &["devices"], b"", timeout))
+        }
+        None => {
+            let remote = tpu_ssh(&stack, ssh)?;
+            Box::new(move |t| remote.run_as_root(t, &["devices"], timeout))
+        }
     };
     let mut workers = Vec::new();
     let mut errors = Vec::new();
@@ -273,12 +272,7 @@ pub(crate) fn probe_adopted_device_owners(
             tpu: r.tpu_name.to_string(),
             worker: i,
         };
-        let answer = match (&local, &remote) {
-            (Some(local), _) => local.run(&target, &["devices"], b"", timeout),
-            (_, Some(remote)) => remote.run_as_root(&target, &["devices"], timeout),
-            _ => unreachable!("one transport"),
-        };
-        match answer.map(|out| parse_probe(out.as_str())) {
+        match ask(&target).map(|out| parse_probe(out.as_str())) {
             Ok(Some((host, pids))) => workers.push(json!({
                 "host": host, "clear": pids.is_empty(), "pids": pids,
             })),

@@ -57,6 +57,9 @@ fn json_error(path: &Path, what: &str, e: &serde_json::Error) -> Failure {
     }
 }
 
+/// The last line of a refused snapshot's message.
+const NOTHING_DONE: &str = "nothing was done: the state snapshot must be valid first\n";
+
 /// Reads and checks a state snapshot.
 pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
     let text = read_text(path, crate::files::DATA_LIMIT, None)?;
@@ -110,7 +113,7 @@ pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
                 message.push_str(&format!("  = hint: {hint}\n"));
             }
         }
-        message.push_str("nothing was done: the state snapshot must be valid first\n");
+        message.push_str(NOTHING_DONE);
         return Err(Failure {
             message,
             status: ExitStatus::Invalid,
@@ -128,10 +131,7 @@ pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
         .finish(&file, ())
         .expect_err("problems were recorded");
     Err(Failure {
-        message: format!(
-            "{}nothing was done: the state snapshot must be valid first\n",
-            errors.render()
-        ),
+        message: format!("{}{NOTHING_DONE}", errors.render()),
         status: ExitStatus::Invalid,
     })
 }
