@@ -11,6 +11,7 @@ use ustr::{Ustr, UstrMap};
 
 use crate::model::{ApiConfig, CallKind, Capacity, CloudConfig, JobBehaviour, Latency};
 use crate::rng::SimRng;
+use crate::waiting::WaitingQueue;
 use crate::zoned::{InZone, ZonedTable};
 
 /// Virtual milliseconds since the start of the run.
@@ -425,6 +426,8 @@ pub struct SimCloud {
     // order-independent anyway (counts, minimum by serial, sorted victims) except float sums
     // in `accounting`, which sort first; zone listings are in name order.
     qrs: ZonedTable<Qr>,
+    /// Per pool, its queued resources waiting for resources, oldest first.
+    waiting: Vec<WaitingQueue>,
     nodes: ZonedTable<Node>,
     by_serial: BTreeMap<u64, (bool, Ustr)>,
     /// Every run ever launched, by attempt id (grows with history: hashed, so a lookup does
@@ -485,6 +488,7 @@ impl SimCloud {
             serial: 0,
             queue: BinaryHeap::new(),
             qrs: ZonedTable::default(),
+            waiting: (0..n).map(|_| WaitingQueue::default()).collect(),
             nodes: ZonedTable::default(),
             by_serial: BTreeMap::new(),
             runs: UstrMap::default(),
@@ -929,13 +933,6 @@ impl SimCloud {
             .filter(move |(_, n)| n.pool == pool)
     }
 
-    /// The queued resources of `pool`, by name.
-    fn pool_qrs(&self, pool: usize) -> impl Iterator<Item = (Ustr, &Qr)> {
-        self.qrs
-            .in_zone(self.pool_zones[pool])
-            .filter(move |(_, q)| q.pool == pool)
-    }
-
     fn in_use(&self, pool: usize) -> u32 {
         self.pool_nodes(pool)
             .filter(|(_, n)| matches!(n.state, NodeState::Creating | NodeState::Ready))
@@ -1105,21 +1102,25 @@ impl SimCloud {
         }
     }
 
+    /// Whether incarnation `serial` of queued resource `name` still waits for resources.
+    fn still_waiting(qrs: &ZonedTable<Qr>, serial: u64, name: Ustr) -> bool {
+        qrs.get(name)
+            .is_some_and(|q| q.serial == serial && q.state == QrState::WaitingForResources)
+    }
+
+    /// Starts provisioning the oldest waiting requests of `pool` while it has capacity.
     fn provision_waiting(&mut self, pool: usize) {
         if pool >= self.available.len() {
             return;
         }
-        loop {
-            if self.in_use(pool) >= self.available[pool] {
-                return;
-            }
-            let next = self
-                .pool_qrs(pool)
-                .filter(|(_, q)| q.state == QrState::WaitingForResources)
-                .min_by_key(|(_, q)| (q.created_at, q.serial))
-                .map(|(k, _)| k);
-            let Some(key) = next else { return };
+        let mut in_use = self.in_use(pool);
+        while in_use < self.available[pool] {
+            let qrs = &self.qrs;
+            let next =
+                self.waiting[pool].pop_live(|serial, name| Self::still_waiting(qrs, serial, name));
+            let Some((_, key)) = next else { return };
             self.start_provisioning(key);
+            in_use += 1;
         }
     }
 
@@ -1323,6 +1324,10 @@ impl SimCloud {
         let serial = qr.serial;
         self.by_serial.insert(qr.serial, (true, name));
         self.qrs.insert(name, qr);
+        let qrs = &self.qrs;
+        self.waiting[pool].push(self.now, serial, name, |serial, name| {
+            Self::still_waiting(qrs, serial, name)
+        });
         self.version += 1;
         let faults = self.config.faults;
         self.schedule_fault(

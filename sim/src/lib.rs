@@ -7,6 +7,7 @@ pub mod cloud;
 pub mod model;
 pub mod rng;
 pub mod trace;
+mod waiting;
 pub mod workload;
 mod zoned;
 

@@ -4,6 +4,8 @@
 //! indexes cannot drift from the table. Not for iteration in an order that matters: `values`
 //! follows the storage slots.
 
+use std::collections::BTreeMap;
+
 use ustr::{Ustr, UstrMap};
 
 /// An object that lives in one zone.
@@ -30,9 +32,9 @@ pub(crate) struct ZonedTable<T> {
 /// One zone's objects.
 #[derive(Debug, Default)]
 struct Zone {
-    /// Names in text order, with their slots (a zone holds a few dozen objects: a sorted
-    /// vector lists fastest).
-    names: Vec<(Ustr, usize)>,
+    /// Names in text order (`Ustr` orders by text), with their slots: a tree, since one zone
+    /// may hold a backlog of 100k queued resources, inserted and removed one by one.
+    names: BTreeMap<Ustr, usize>,
     /// The table's clock at the last change to an object of the zone.
     changed: u64,
 }
@@ -63,10 +65,7 @@ impl<T: InZone> ZonedTable<T> {
         self.clock += 1;
         let zone = self.by_zone.entry(object.zone()).or_default();
         zone.changed = self.clock;
-        let at = zone
-            .names
-            .partition_point(|(n, _)| n.as_str() < name.as_str());
-        zone.names.insert(at, (name, slot));
+        zone.names.insert(name, slot);
         self.slots[slot] = Some(object);
         self.by_name.insert(name, slot);
     }
@@ -78,12 +77,7 @@ impl<T: InZone> ZonedTable<T> {
         self.clock += 1;
         if let Some(zone) = self.by_zone.get_mut(&object.zone()) {
             zone.changed = self.clock;
-            if let Ok(at) = zone
-                .names
-                .binary_search_by(|(n, _)| n.as_str().cmp(name.as_str()))
-            {
-                zone.names.remove(at);
-            }
+            zone.names.remove(&name);
         }
         Some(object)
     }
@@ -134,7 +128,7 @@ impl<T: InZone> ZonedTable<T> {
             .get(&zone)
             .into_iter()
             .flat_map(|z| &z.names)
-            .map(|&(name, slot)| (name, self.full(slot)))
+            .map(|(&name, &slot)| (name, self.full(slot)))
     }
 }
 
