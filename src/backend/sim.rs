@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
+
 use tpu_runner_sim::SimCloud;
 use tpu_runner_sim::cloud::{self as simc, ApiError, CancelResult, Listing};
 use ustr::Ustr;
@@ -82,15 +84,24 @@ struct Converted<S, T> {
     info: Arc<T>,
 }
 
+/// The conversions a listing left, by incarnation (serials are unique across objects), so
+/// that converting a zone of n objects costs O(n), not O(n²).
+type Previous<S, T> = FxHashMap<u64, Converted<S, T>>;
+
+/// `old` by incarnation.
+fn previous<S, T>(old: Vec<Converted<S, T>>) -> Previous<S, T> {
+    old.into_iter().map(|c| (c.serial, c)).collect()
+}
+
 /// The conversion of incarnation `serial` in state `state`: the one in `old` if there is one
 /// of the same state, else `make()`'s (`None`: not an object the engine can read).
 fn convert<S: Copy + Eq, T>(
-    old: &[Converted<S, T>],
+    old: &Previous<S, T>,
     serial: u64,
     state: S,
     make: impl FnOnce() -> Option<T>,
 ) -> Option<Converted<S, T>> {
-    let info = match old.iter().find(|c| c.serial == serial && c.state == state) {
+    let info = match old.get(&serial).filter(|c| c.state == state) {
         Some(c) => c.info.clone(),
         None => Arc::new(make()?),
     };
@@ -121,7 +132,7 @@ fn keep<S: Copy + Eq, T, V>(
         .map_or(0, |(_, l)| l.len());
     let changed = !in_place || matches!(listing, Listing::Changed { .. });
     if let Listing::Changed { version, objects } = listing {
-        let old = kept.take().map(|(_, old)| old).unwrap_or_default();
+        let old = previous(kept.take().map(|(_, old)| old).unwrap_or_default());
         let new = objects
             .filter_map(|o| {
                 let (serial, state) = incarnation(&o);
@@ -364,7 +375,7 @@ impl CloudBackend for SimBackend {
         }
         // Listed zone by zone, each in name order: sorted already unless adopted TPUs join.
         if !scope.adopted.is_empty() {
-            let old = std::mem::take(&mut listings.adopted);
+            let old = previous(std::mem::take(&mut listings.adopted));
             for (zone, name) in &scope.adopted {
                 let found = self
                     .cloud
