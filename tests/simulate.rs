@@ -539,6 +539,66 @@ fn bad_scenarios_get_clear_errors() {
 }
 
 #[test]
+fn a_freed_slice_goes_to_the_oldest_request_still_waiting() {
+    // The pool of the one-pool scenario has 8 slices: of 12 requests the first 8 provision.
+    // A waiting request deleted, or created again under its name, loses its place; freed
+    // slices go to the oldest requests still waiting, in creation order.
+    use std::sync::Arc;
+    use tpu_runner_sim::cloud::QrState;
+    use ustr::ustr;
+
+    let s = load("scenarios/bench/one-pool.yaml");
+    let mut cloud = tpu_runner_sim::SimCloud::new(harness::cloud_config(&s, 1, None));
+    let zone = ustr("us-east1-d");
+    let name = |i: usize| ustr(&format!("qr-{i:02}"));
+    let create = |cloud: &mut tpu_runner_sim::SimCloud, i: usize| {
+        cloud
+            .create_queued_resource(
+                zone,
+                name(i),
+                name(i),
+                "v6e-8",
+                Arc::new(Default::default()),
+            )
+            .unwrap()
+    };
+    for i in 0..12 {
+        create(&mut cloud, i);
+    }
+    let states = |cloud: &tpu_runner_sim::SimCloud| -> Vec<QrState> {
+        (0..12)
+            .map(|i| {
+                cloud
+                    .peek_queued_resource(zone, name(i))
+                    .map_or(QrState::Deleting, |q| q.state)
+            })
+            .collect()
+    };
+    let waiting = |cloud: &tpu_runner_sim::SimCloud| -> Vec<usize> {
+        (0..12)
+            .filter(|&i| states(cloud)[i] == QrState::WaitingForResources)
+            .collect()
+    };
+    assert_eq!(waiting(&cloud), vec![8, 9, 10, 11]);
+    // Request 8 is deleted while waiting; its deletion finishes and it is created again:
+    // it is now the newest.
+    let delete_ms = (cloud.config().delete_secs * 1000.0) as u64 + 1;
+    cloud.delete_queued_resource(zone, name(8)).unwrap();
+    cloud.advance_to(cloud.now() + delete_ms);
+    create(&mut cloud, 8);
+    assert_eq!(waiting(&cloud), vec![8, 9, 10, 11]);
+    // Three slices are freed: requests 9, 10 and 11 take them, 8 still waits.
+    for i in 0..3 {
+        cloud.delete_queued_resource(zone, name(i)).unwrap();
+    }
+    cloud.advance_to(cloud.now() + delete_ms);
+    assert_eq!(waiting(&cloud), vec![8]);
+    cloud.delete_queued_resource(zone, name(3)).unwrap();
+    cloud.advance_to(cloud.now() + delete_ms);
+    assert_eq!(waiting(&cloud), Vec::<usize>::new());
+}
+
+#[test]
 fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
     use std::sync::Arc;
     use tpu_runner::backend::CloudBackend;
