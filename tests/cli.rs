@@ -1030,7 +1030,7 @@ fn a_snapshot_the_yaml_reader_refuses_still_gets_its_problems() {
 /// The report page answers "which policy is better?" and can be read: how it was made, a
 /// comparison of the policies per scenario over the seeds, a table of contents whose links
 /// all land, every zone of a nine-zone scenario on the capacity plot, idle chips plotted,
-/// a viewport for phones and nothing fixed wider than the page.
+/// chip limits drawn, a viewport for phones and nothing fixed wider than the page.
 #[test]
 fn the_report_compares_policies_and_keeps_every_zone() {
     let dir = tempfile::tempdir().unwrap();
@@ -1093,10 +1093,24 @@ fn the_report_compares_policies_and_keeps_every_zone() {
             "{zone} missing from the capacity plot"
         );
     }
+    // The zone with a chip_limit has its level drawn.
+    assert!(
+        capacity
+            .lines()
+            .any(|l| l.trim() == "us-east1-d chip_limit 16"),
+        "the chip limit is not drawn"
+    );
     let chips = std::fs::read_to_string(report.join("nine-zones-classic-seed1-chips.svg")).unwrap();
     // plotters writes each legend label on a line of its own.
     assert!(
         chips.lines().any(|l| l.trim() == "idle"),
         "idle chips are not plotted"
+    );
+    // Nine entries of one v6e-8 each: 72 chips, the limited one holding at most its 8.
+    assert!(
+        chips
+            .lines()
+            .any(|l| l.trim() == "fleet ceiling: 72 chips under its chip limits"),
+        "the fleet's ceiling is not drawn"
     );
 }

@@ -343,6 +343,10 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
                 .iter()
                 .map(|s| (s.name.clone(), s.description.clone()))
                 .collect(),
+            chip_limits: scenarios
+                .iter()
+                .map(|s| (s.name.clone(), report::ChipLimits::of(&s.fleet)))
+                .collect(),
         };
         report::write_dir(dir, &ok, &context).map_err(|e| Failure {
             message: format!("error: {e}\n"),

@@ -6,11 +6,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use serde::Serialize;
 
 use super::harness::{RunResult, Sample};
 use super::metrics::Metrics;
+use crate::spec::FleetSpec;
+use crate::spec::fleet::{EntryKind, QuotaKey};
 
 /// Version of the JSON report schema (docs/simulate-json.md).
 pub const JSON_SCHEMA_VERSION: u32 = 1;
@@ -128,14 +131,57 @@ pub fn table(results: &[RunResult]) -> String {
 /// One line of a plot: legend, colour, points.
 type Line<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
 
-/// Draws `series` (wider first, so lines lying on one another stay visible), `markers` as
-/// small red triangles on the x axis (preemptions), integer ticks, and the legend above the
-/// data (the y range has headroom for it).
+/// A level drawn as a dashed line across a plot: legend, colour, value.
+type Level = (String, RGBColor, f64);
+
+/// What a run's plots draw as limits: the most chips its fleet may hold at once (each quota
+/// key's chips at its `chip_limit`, or all its declared chips where it states none or
+/// declares fewer), and each zone's stated chip limits (summed over the zone's quota keys).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChipLimits {
+    /// Chips the whole fleet may hold.
+    pub fleet: u64,
+    /// Stated chip limits by zone (zones without one are absent).
+    pub by_zone: BTreeMap<String, u64>,
+}
+
+impl ChipLimits {
+    /// The limits of `fleet`.
+    pub fn of(fleet: &FleetSpec) -> ChipLimits {
+        let mut declared: BTreeMap<QuotaKey, u64> = BTreeMap::new();
+        for e in &fleet.tpus {
+            let tpus = match e.kind {
+                EntryKind::Managed { count } => count,
+                EntryKind::Adopted { .. } => 1,
+            };
+            *declared.entry(e.quota_key()).or_default() +=
+                u64::from(e.chips_per_tpu()) * u64::from(tpus);
+        }
+        let stated = fleet.chip_limits();
+        let mut limits = ChipLimits::default();
+        for (key, chips) in declared {
+            match stated.get(&key) {
+                Some(&limit) => {
+                    limits.fleet += chips.min(u64::from(limit));
+                    *limits.by_zone.entry(key.zone).or_default() += u64::from(limit);
+                }
+                None => limits.fleet += chips,
+            }
+        }
+        limits
+    }
+}
+
+/// Draws `series` (wider first, so lines lying on one another stay visible), `levels` as
+/// dashed lines across (limits), `markers` as small red triangles on the x axis
+/// (preemptions), integer ticks, and the legend above the data (the y range has headroom
+/// for it).
 fn plot_lines(
     path: &Path,
     title: &str,
     y_label: &str,
     series: &[Line<'_>],
+    levels: &[Level],
     markers: &[f64],
 ) -> Result<(), String> {
     let x_max = series
@@ -146,10 +192,12 @@ fn plot_lines(
     let data_max = series
         .iter()
         .flat_map(|(_, _, p)| p.iter().map(|(_, y)| *y))
+        .chain(levels.iter().map(|(_, _, y)| *y))
         .fold(0.0f64, f64::max)
         .max(1.0);
-    // Headroom above the data for the legend: one row per series.
-    let y_max = (data_max * (1.15 + 0.09 * series.len() as f64)).ceil();
+    // Headroom above the data for the legend: one row per series and level.
+    let rows = series.len() + levels.len();
+    let y_max = (data_max * (1.15 + 0.09 * rows as f64)).ceil();
     let root = SVGBackend::new(path, (900, 320)).into_drawing_area();
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     root.fill(&WHITE).map_err(|e| err(&e))?;
@@ -190,6 +238,14 @@ fn plot_lines(
                 PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(3))
             });
     }
+    for (name, color, y) in levels {
+        let style = color.stroke_width(2);
+        chart
+            .draw_series(DashedLineSeries::new([(0.0, *y), (x_max, *y)], 8, 5, style))
+            .map_err(|e| err(&e))?
+            .label(name.as_str())
+            .legend(move |(x, y)| DashedPathElement::new(vec![(x, y), (x + 16, y)], 5, 3, style));
+    }
     if !markers.is_empty() {
         let size = y_max / 40.0;
         chart
@@ -223,7 +279,14 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-fn plots_for(dir: &Path, stem: &str, samples: &[Sample]) -> Result<Vec<String>, String> {
+/// Writes the three plots of one run (`limits`: its fleet's, drawn as dashed levels); their
+/// file names.
+fn plots_for(
+    dir: &Path,
+    stem: &str,
+    samples: &[Sample],
+    limits: &ChipLimits,
+) -> Result<Vec<String>, String> {
     let chips = dir.join(format!("{stem}-chips.svg"));
     // When the cloud preempted: the samples where the count rose.
     let preempted: Vec<f64> = samples
@@ -266,6 +329,14 @@ fn plots_for(dir: &Path, stem: &str, samples: &[Sample]) -> Result<Vec<String>, 
                     .collect(),
             ),
         ],
+        &[(
+            format!(
+                "fleet ceiling: {} chips under its chip limits",
+                limits.fleet
+            ),
+            BLACK,
+            limits.fleet as f64,
+        )],
         &preempted,
     )?;
     let queue = dir.join(format!("{stem}-queue.svg"));
@@ -288,6 +359,7 @@ fn plots_for(dir: &Path, stem: &str, samples: &[Sample]) -> Result<Vec<String>, 
                     .collect(),
             ),
         ],
+        &[],
         &[],
     )?;
     let zones: Vec<String> = samples
@@ -315,11 +387,25 @@ fn plots_for(dir: &Path, stem: &str, samples: &[Sample]) -> Result<Vec<String>, 
             )
         })
         .collect();
+    // Each zone's stated chip limit, dashed in the zone's colour.
+    let levels: Vec<Level> = zones
+        .iter()
+        .enumerate()
+        .filter_map(|(i, z)| {
+            let limit = *limits.by_zone.get(z)?;
+            Some((
+                format!("{z} chip_limit {limit}"),
+                PALETTE[i % PALETTE.len()],
+                limit as f64,
+            ))
+        })
+        .collect();
     plot_lines(
         &capacity,
         "spot capacity the fleet could use, per zone (chips)",
         "chips",
         &series,
+        &levels,
         &preempted,
     )?;
     Ok(vec![chips, queue, capacity]
@@ -377,6 +463,8 @@ pub struct Context {
     pub generated_at: String,
     /// Each scenario's description, by name.
     pub descriptions: BTreeMap<String, String>,
+    /// Each scenario's fleet limits, by name (drawn on its plots).
+    pub chip_limits: BTreeMap<String, ChipLimits>,
 }
 
 /// The comparison of one scenario's policies, over their seeds: a row per policy with the
@@ -515,7 +603,12 @@ pub fn write_dir(dir: &Path, results: &[RunResult], context: &Context) -> Result
     }
     for r in results {
         let stem = anchor(r);
-        let files = plots_for(dir, &stem, &r.series)?;
+        let limits = context
+            .chip_limits
+            .get(&r.scenario)
+            .cloned()
+            .unwrap_or_default();
+        let files = plots_for(dir, &stem, &r.series, &limits)?;
         let _ = writeln!(
             html,
             "<h3 id=\"{stem}\">{} · {} · seed {}</h3>",
@@ -547,4 +640,32 @@ pub fn write_dir(dir: &Path, results: &[RunResult], context: &Context) -> Result
         .map_err(|e| format!("cannot write the report: {e}"))?;
     std::fs::write(dir.join("results.json"), json(results))
         .map_err(|e| format!("cannot write the report: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chip_limits_cap_each_quota_key_and_are_drawn_per_zone() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scenarios/fleets/trc-mixed.yaml"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let fleet = crate::spec::fleet::parse_fleet(path, &text).unwrap();
+        let limits = ChipLimits::of(&fleet);
+        // Two adopted on-demand v4-32 (no limit; 16 chips each: a v4 name counts cores), v6e in us-east1-d (96 declared,
+        // limit 96), v6e in europe-west4-a (64, limit 64), v5e in us-central1-a (64, limit
+        // 64), v5e in europe-west4-b (32, no limit).
+        assert_eq!(limits.fleet, 32 + 96 + 64 + 64 + 32);
+        assert_eq!(
+            limits.by_zone,
+            BTreeMap::from([
+                ("europe-west4-a".to_owned(), 64),
+                ("us-central1-a".to_owned(), 64),
+                ("us-east1-d".to_owned(), 96),
+            ])
+        );
+    }
 }
