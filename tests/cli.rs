@@ -137,6 +137,107 @@ fn usage_errors_exit_2_and_help_has_examples() {
     assert!(String::from_utf8_lossy(&completions.stdout).contains("validate-fleet"));
 }
 
+/// `validate-jobs --fleet --buckets` reads where the buckets are, as `submit` does, and
+/// shows only the entries in their regions (the rule `plan` applies): a job whose only
+/// bucket is in us-central2 runs on the TRC v4 there, not on the us-east1 v6e it also
+/// accepts. A bucket in a region without an accepted TPU, or missing, fails the command
+/// with every such job named.
+#[test]
+fn validate_jobs_with_buckets_applies_the_region_rule_of_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = root().join("tests/fixtures/jobs/against-fleet");
+    std::fs::copy(
+        fixtures.join("deployment.yaml"),
+        dir.path().join("deployment.yaml"),
+    )
+    .unwrap();
+    let objects = dir.path().join("objects");
+    std::fs::create_dir(&objects).unwrap();
+    for (bucket, location) in [
+        ("b-us-east1", "us-east1"),
+        ("b-us-central2", "US-CENTRAL2"),
+        ("b-eu", "europe-west4"),
+    ] {
+        std::fs::create_dir(objects.join(bucket)).unwrap();
+        std::fs::write(objects.join(format!("{bucket}.location")), location).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        "jobs:\n  - {id: central-only, tpu: [v6e-16, v4-32], command: x, buckets: [gs://b-us-central2]}\n  - {id: both, tpu: [v6e-16, v4-32], command: x, buckets: [gs://b-us-east1, gs://b-us-central2]}\n",
+    )
+    .unwrap();
+    let row = |out: &str, job: &str| -> String {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(job))
+            .unwrap_or_else(|| panic!("{job} missing: {out}"))
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .to_owned()
+    };
+    let offline = tpu_runner(&["validate-jobs", "--fleet", "deployment.yaml"], dir.path());
+    assert!(offline.status.success());
+    let offline = String::from_utf8_lossy(&offline.stdout);
+    assert_eq!(row(&offline, "central-only"), "east,trc");
+    assert!(
+        offline.contains("`--buckets` reads the bucket regions"),
+        "{offline}"
+    );
+    let checked = tpu_runner(
+        &[
+            "validate-jobs",
+            "--fleet",
+            "deployment.yaml",
+            "--buckets",
+            "--objects",
+            "objects",
+        ],
+        dir.path(),
+    );
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    let checked = String::from_utf8_lossy(&checked.stdout);
+    assert_eq!(row(&checked, "central-only"), "trc");
+    assert_eq!(row(&checked, "both"), "east,trc");
+    assert!(
+        checked.contains("`plan` applies the same rule"),
+        "{checked}"
+    );
+    // Buckets the fleet cannot use: each job named, exit 1.
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "jobs:\n  - {id: europe, tpu: any, command: x, buckets: [gs://b-eu]}\n  - {id: nowhere, tpu: any, command: x, buckets: [gs://b-missing]}\n",
+    )
+    .unwrap();
+    let bad = tpu_runner(
+        &[
+            "validate-jobs",
+            "bad.yaml",
+            "--fleet",
+            "deployment.yaml",
+            "--buckets",
+            "--objects",
+            "objects",
+        ],
+        dir.path(),
+    );
+    assert_eq!(bad.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains(
+            "job europe: none of its buckets is in a region where the fleet has a TPU it accepts"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("job nowhere:"), "{stderr}");
+    // --buckets without a fleet is a usage error.
+    let usage = tpu_runner(&["validate-jobs", "--buckets"], dir.path());
+    assert_eq!(usage.status.code(), Some(2));
+}
+
 /// The shipped examples validate against the local stack's fleet.
 #[test]
 fn examples_validate_against_the_local_fleet() {

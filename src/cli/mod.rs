@@ -76,6 +76,19 @@ enum Command {
         /// Also check every job can run on this fleet.
         #[arg(long, value_name = "DEPLOYMENT")]
         fleet: Option<PathBuf>,
+        /// Also read where each job's buckets are, as `submit` does, and show only the
+        /// entries in their regions (the rule `plan` applies).
+        #[arg(long, requires = "fleet")]
+        buckets: bool,
+        /// With --buckets: the local object folder (one folder per bucket; default: the
+        /// local stack's, else Cloud Storage).
+        #[arg(
+            long,
+            env = "TPU_RUNNER_OBJECTS",
+            value_name = "DIR",
+            requires = "buckets"
+        )]
+        objects: Option<PathBuf>,
         /// Print JSON instead of a summary.
         #[arg(long)]
         json: bool,
@@ -670,9 +683,18 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
     match cli.command {
         Command::Init { path } => init(&path),
         Command::ValidateFleet { path, json } => validate::fleet(&path, json),
-        Command::ValidateJobs { path, fleet, json } => {
-            validate::jobs(&path, fleet.as_deref(), json)
-        }
+        Command::ValidateJobs {
+            path,
+            fleet,
+            buckets,
+            objects,
+            json,
+        } => validate::jobs(
+            &path,
+            fleet.as_deref(),
+            buckets.then_some(objects.as_deref()),
+            json,
+        ),
         Command::Plan {
             fleet,
             state,

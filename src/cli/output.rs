@@ -1,10 +1,14 @@
 //! Renders validated specs for people (aligned text) and machines (JSON). Pure formatting.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
+use crate::engine::state::BucketRegion;
 use crate::spec::fleet::EntryKind;
 use crate::spec::job::compatible_entries;
 use crate::spec::{FleetSpec, JobSpec, TpuEntry, TpuRequest, names};
+use crate::submit::runs_on;
 
 #[derive(Serialize)]
 struct FleetView<'a> {
@@ -164,8 +168,13 @@ pub(crate) fn fleet_summary(fleet: &FleetSpec) -> String {
     out
 }
 
-/// A human summary of jobs; with a fleet, which entries can run each.
-pub(crate) fn jobs_summary(jobs: &[JobSpec], fleet: Option<&FleetSpec>) -> String {
+/// A human summary of jobs; with a fleet, which entries can run each (with each job's bucket
+/// regions, read as `submit` reads them: only those in one of them).
+pub(crate) fn jobs_summary(
+    jobs: &[JobSpec],
+    fleet: Option<&FleetSpec>,
+    regions: Option<&BTreeMap<String, Vec<BucketRegion>>>,
+) -> String {
     let mut out = format!(
         "{} job{} valid\n\n",
         jobs.len(),
@@ -197,11 +206,12 @@ pub(crate) fn jobs_summary(jobs: &[JobSpec], fleet: Option<&FleetSpec>) -> Strin
                 j.buckets.len().to_string(),
             ];
             if let Some(fleet) = fleet {
-                let entries: Vec<&str> = compatible_entries(j, fleet)
-                    .iter()
-                    .map(|e| e.id.as_str())
-                    .collect();
-                row.push(entries.join(","));
+                let entries = match regions.and_then(|r| r.get(&j.id)) {
+                    Some(regions) => runs_on(j, fleet, regions),
+                    None => compatible_entries(j, fleet),
+                };
+                let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+                row.push(ids.join(","));
             }
             row
         })
@@ -211,9 +221,13 @@ pub(crate) fn jobs_summary(jobs: &[JobSpec], fleet: Option<&FleetSpec>) -> Strin
         header.push("RUNS ON");
     }
     out.push_str(&table(&header, &rows));
-    if fleet.is_some() {
+    if regions.is_some() {
         out.push_str(
-            "\nRUNS ON: the entries whose type, zone and TPU name fit the job. It runs only on those in a region\nwhere one of its buckets is: `submit` reads the bucket regions, and `plan` then shows where each job may run.\n",
+            "\nRUNS ON: the entries whose type, zone and TPU name fit the job, in a region where one of its buckets\nis (their locations read from the object store, as `submit` reads them; `plan` applies the same rule).\n",
+        );
+    } else if fleet.is_some() {
+        out.push_str(
+            "\nRUNS ON: the entries whose type, zone and TPU name fit the job. It runs only on those in a region\nwhere one of its buckets is: `--buckets` reads the bucket regions (as `submit` does) and keeps only those.\n",
         );
     }
     out

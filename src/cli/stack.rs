@@ -126,7 +126,21 @@ impl Stack {
 
     /// Opens the object store.
     pub fn objects(&self) -> Result<Box<dyn ObjectStore>, Failure> {
-        match &self.objects {
+        Self::open_objects(self.objects.as_deref())
+    }
+
+    /// The object store in local folder `dir` if given, else the local stack's, else
+    /// Cloud Storage (for commands that need nothing else of the stack).
+    pub fn objects_at(dir: Option<&Path>) -> Result<Box<dyn ObjectStore>, Failure> {
+        let dir = match dir {
+            Some(dir) => Some(dir.to_path_buf()),
+            None => local_stack()?.map(|l| l.objects),
+        };
+        Self::open_objects(dir.as_deref())
+    }
+
+    fn open_objects(dir: Option<&Path>) -> Result<Box<dyn ObjectStore>, Failure> {
+        match dir {
             Some(dir) => Ok(Box::new(LocalDir::new(dir))),
             None => crate::objects::Gcs::new(crate::gcp::storage::endpoint_from_env())
                 .map(|g| Box::new(g) as Box<dyn ObjectStore>)

@@ -1,10 +1,12 @@
 //! `validate-fleet` and `validate-jobs`: read a file, validate it, print the normalised
 //! result or every problem.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::exit_codes::ExitStatus;
 use super::{Failure, output, print_stdout, read_text};
+use crate::engine::state::BucketRegion;
 use crate::spec::{self, FleetSpec, SpecErrors};
 
 fn invalid(errors: SpecErrors) -> Failure {
@@ -68,6 +70,7 @@ pub(super) fn fleet(path: &Path, json: bool) -> Result<ExitStatus, Failure> {
 pub(super) fn jobs(
     path: &Path,
     fleet_path: Option<&Path>,
+    buckets: Option<Option<&Path>>,
     json: bool,
 ) -> Result<ExitStatus, Failure> {
     if path == Path::new("-") && fleet_path == Some(Path::new("-")) {
@@ -79,10 +82,50 @@ pub(super) fn jobs(
     let fleet = fleet_path.map(load_fleet).transpose()?;
     let (name, text) = read_spec(path, Some("see the README for a job.yaml example"))?;
     let jobs = spec::parse_jobs(&name, &text, fleet.as_ref()).map_err(invalid)?;
+    // With `--buckets`, each job's bucket regions as `submit` reads them (every job's
+    // problem is reported, then the command fails).
+    let regions = match (buckets, &fleet) {
+        (Some(objects), Some(fleet)) => Some(bucket_regions(&jobs, fleet, objects)?),
+        _ => None,
+    };
     if json {
         print_stdout(&output::jobs_json(&jobs));
     } else {
-        print_stdout(&output::jobs_summary(&jobs, fleet.as_ref()));
+        print_stdout(&output::jobs_summary(
+            &jobs,
+            fleet.as_ref(),
+            regions.as_ref(),
+        ));
     }
     Ok(ExitStatus::Ok)
+}
+
+/// Each job's usable bucket regions, read from the object store in `objects` (a local
+/// folder per bucket), else the local stack's, else Cloud Storage; every job whose buckets
+/// cannot be used is reported.
+fn bucket_regions(
+    jobs: &[spec::JobSpec],
+    fleet: &FleetSpec,
+    objects: Option<&Path>,
+) -> Result<BTreeMap<String, Vec<BucketRegion>>, Failure> {
+    let objects = super::stack::Stack::objects_at(objects)?;
+    let mut locations = BTreeMap::new();
+    let mut regions = BTreeMap::new();
+    let mut problems = String::new();
+    for job in jobs {
+        match crate::submit::candidate_regions(job, fleet, objects.as_ref(), &mut locations) {
+            Ok(usable) => {
+                regions.insert(job.id.clone(), usable);
+            }
+            Err(e) => problems.push_str(&e.to_string()),
+        }
+    }
+    if problems.is_empty() {
+        Ok(regions)
+    } else {
+        Err(Failure {
+            message: problems,
+            status: ExitStatus::Invalid,
+        })
+    }
 }

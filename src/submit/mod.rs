@@ -157,6 +157,25 @@ pub fn candidate_regions(
     Ok(usable)
 }
 
+/// The entries `job` may run on once its buckets are in `regions`: those whose type, zone
+/// and TPU name fit it (`compatible_entries`) in a region the engine accepts for it (the
+/// rule `plan` and the controller apply, `Job::accepts_region`, not a copy of it).
+pub fn runs_on<'f>(
+    job: &JobSpec,
+    fleet: &'f FleetSpec,
+    regions: &[BucketRegion],
+) -> Vec<&'f spec::fleet::TpuEntry> {
+    let queued = crate::engine::state::Job::new(
+        job.clone(),
+        crate::engine::Timestamp::from_secs(0),
+        regions.to_vec(),
+    );
+    spec::job::compatible_entries(job, fleet)
+        .into_iter()
+        .filter(|e| queued.accepts_region(e.region()))
+        .collect()
+}
+
 /// Uploads `data` create-only to `uri`; an object already there must hold the same bytes.
 fn upload(objects: &dyn ObjectStore, uri: &str, data: &[u8]) -> Result<(), SubmitError> {
     match objects.put(uri, data, true) {
