@@ -183,17 +183,21 @@ fn validate_jobs_with_buckets_applies_the_region_rule_of_plan() {
         offline.contains("`--buckets` reads the bucket regions"),
         "{offline}"
     );
-    let checked = tpu_runner(
-        &[
-            "validate-jobs",
-            "--fleet",
-            "deployment.yaml",
-            "--buckets",
-            "--objects",
-            "objects",
-        ],
-        dir.path(),
-    );
+    let with_buckets = |manifest: &str| {
+        tpu_runner(
+            &[
+                "validate-jobs",
+                manifest,
+                "--fleet",
+                "deployment.yaml",
+                "--buckets",
+                "--objects",
+                "objects",
+            ],
+            dir.path(),
+        )
+    };
+    let checked = with_buckets("job.yaml");
     assert!(
         checked.status.success(),
         "{}",
@@ -212,18 +216,7 @@ fn validate_jobs_with_buckets_applies_the_region_rule_of_plan() {
         "jobs:\n  - {id: europe, tpu: any, command: x, buckets: [gs://b-eu]}\n  - {id: nowhere, tpu: any, command: x, buckets: [gs://b-missing]}\n",
     )
     .unwrap();
-    let bad = tpu_runner(
-        &[
-            "validate-jobs",
-            "bad.yaml",
-            "--fleet",
-            "deployment.yaml",
-            "--buckets",
-            "--objects",
-            "objects",
-        ],
-        dir.path(),
-    );
+    let bad = with_buckets("bad.yaml");
     assert_eq!(bad.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(
@@ -233,9 +226,21 @@ fn validate_jobs_with_buckets_applies_the_region_rule_of_plan() {
         "{stderr}"
     );
     assert!(stderr.contains("job nowhere:"), "{stderr}");
-    // --buckets without a fleet is a usage error.
+    // --buckets without a fleet is a usage error; the job commands' TPU_RUNNER_OBJECTS in
+    // the environment is not.
     let usage = tpu_runner(&["validate-jobs", "--buckets"], dir.path());
     assert_eq!(usage.status.code(), Some(2));
+    let in_env = Command::new(env!("CARGO_BIN_EXE_tpu-runner"))
+        .args(["validate-jobs", "--fleet", "deployment.yaml"])
+        .env("TPU_RUNNER_OBJECTS", &objects)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        in_env.status.success(),
+        "{}",
+        String::from_utf8_lossy(&in_env.stderr)
+    );
 }
 
 /// The shipped examples validate against the local stack's fleet.

@@ -81,13 +81,9 @@ enum Command {
         #[arg(long, requires = "fleet")]
         buckets: bool,
         /// With --buckets: the local object folder (one folder per bucket; default: the
-        /// local stack's, else Cloud Storage).
-        #[arg(
-            long,
-            env = "TPU_RUNNER_OBJECTS",
-            value_name = "DIR",
-            requires = "buckets"
-        )]
+        /// local stack's, else Cloud Storage). Not required to be with --buckets: the job
+        /// commands' environment may set it.
+        #[arg(long, env = "TPU_RUNNER_OBJECTS", value_name = "DIR")]
         objects: Option<PathBuf>,
         /// Print JSON instead of a summary.
         #[arg(long)]

@@ -279,8 +279,8 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-/// Writes the three plots of one run (`limits`: its fleet's, drawn as dashed levels); their
-/// file names.
+/// Writes the three plots of one run (`limits`: its fleet's, drawn as dashed levels; none
+/// when unknown); their file names.
 fn plots_for(
     dir: &Path,
     stem: &str,
@@ -288,6 +288,20 @@ fn plots_for(
     limits: &ChipLimits,
 ) -> Result<Vec<String>, String> {
     let chips = dir.join(format!("{stem}-chips.svg"));
+    // The fleet's ceiling, when its limits are known.
+    let ceiling: Vec<Level> = (limits.fleet > 0)
+        .then(|| {
+            (
+                format!(
+                    "fleet ceiling: {} chips under its chip limits",
+                    limits.fleet
+                ),
+                BLACK,
+                limits.fleet as f64,
+            )
+        })
+        .into_iter()
+        .collect();
     // When the cloud preempted: the samples where the count rose.
     let preempted: Vec<f64> = samples
         .windows(2)
@@ -329,14 +343,7 @@ fn plots_for(
                     .collect(),
             ),
         ],
-        &[(
-            format!(
-                "fleet ceiling: {} chips under its chip limits",
-                limits.fleet
-            ),
-            BLACK,
-            limits.fleet as f64,
-        )],
+        &ceiling,
         &preempted,
     )?;
     let queue = dir.join(format!("{stem}-queue.svg"));
