@@ -575,8 +575,9 @@ fn a_freed_slice_goes_to_the_oldest_request_still_waiting() {
             .collect()
     };
     let waiting = |cloud: &tpu_runner_sim::SimCloud| -> Vec<usize> {
+        let states = states(cloud);
         (0..12)
-            .filter(|&i| states(cloud)[i] == QrState::WaitingForResources)
+            .filter(|&i| states[i] == QrState::WaitingForResources)
             .collect()
     };
     assert_eq!(waiting(&cloud), vec![8, 9, 10, 11]);

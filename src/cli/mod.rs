@@ -685,12 +685,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             buckets,
             objects,
             json,
-        } => validate::jobs(
-            &path,
-            fleet.as_deref(),
-            buckets.then_some(objects.as_deref()),
-            json,
-        ),
+        } => validate::jobs(&path, fleet.as_deref(), buckets, objects.as_deref(), json),
         Command::Plan {
             fleet,
             state,

@@ -70,7 +70,8 @@ pub(super) fn fleet(path: &Path, json: bool) -> Result<ExitStatus, Failure> {
 pub(super) fn jobs(
     path: &Path,
     fleet_path: Option<&Path>,
-    buckets: Option<Option<&Path>>,
+    buckets: bool,
+    objects: Option<&Path>,
     json: bool,
 ) -> Result<ExitStatus, Failure> {
     if path == Path::new("-") && fleet_path == Some(Path::new("-")) {
@@ -84,8 +85,8 @@ pub(super) fn jobs(
     let jobs = spec::parse_jobs(&name, &text, fleet.as_ref()).map_err(invalid)?;
     // With `--buckets`, each job's bucket regions as `submit` reads them (every job's
     // problem is reported, then the command fails).
-    let regions = match (buckets, &fleet) {
-        (Some(objects), Some(fleet)) => Some(bucket_regions(&jobs, fleet, objects)?),
+    let regions = match &fleet {
+        Some(fleet) if buckets => Some(bucket_regions(&jobs, fleet, objects)?),
         _ => None,
     };
     if json {

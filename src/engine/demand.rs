@@ -59,10 +59,7 @@ impl<'a> Requirement<'a> {
     }
 
     fn region_ok(&self, region: &str) -> bool {
-        match self.regions {
-            RegionChoice::Pinned(r) => r == region,
-            RegionChoice::AnyOf(list) => list.iter().any(|b| b.region == region),
-        }
+        self.regions.accepts(region)
     }
 
     fn place_ok(&self, tpu_type: &TpuType, zone: &str) -> bool {

@@ -380,10 +380,7 @@ impl Job {
 
     /// True when the job may run in `region`.
     pub fn accepts_region(&self, region: &str) -> bool {
-        match self.candidate_regions() {
-            RegionChoice::Pinned(r) => r == region,
-            RegionChoice::AnyOf(list) => list.iter().any(|b| b.region == region),
-        }
+        self.candidate_regions().accepts(region)
     }
 }
 
@@ -394,6 +391,17 @@ pub enum RegionChoice<'a> {
     Pinned(&'a str),
     /// Any region with one of its buckets.
     AnyOf(&'a [BucketRegion]),
+}
+
+impl RegionChoice<'_> {
+    /// True when `region` is allowed: the one region a job is pinned to, or any with one of
+    /// its buckets (the one region rule of the engine, `plan` and `validate-jobs --buckets`).
+    pub fn accepts(self, region: &str) -> bool {
+        match self {
+            RegionChoice::Pinned(r) => r == region,
+            RegionChoice::AnyOf(list) => list.iter().any(|b| b.region == region),
+        }
+    }
 }
 
 /// Status of an attempt.

@@ -608,14 +608,11 @@ pub fn write_dir(dir: &Path, results: &[RunResult], context: &Context) -> Result
         }
         html.push_str("</ul>\n");
     }
+    let no_limits = ChipLimits::default();
     for r in results {
         let stem = anchor(r);
-        let limits = context
-            .chip_limits
-            .get(&r.scenario)
-            .cloned()
-            .unwrap_or_default();
-        let files = plots_for(dir, &stem, &r.series, &limits)?;
+        let limits = context.chip_limits.get(&r.scenario).unwrap_or(&no_limits);
+        let files = plots_for(dir, &stem, &r.series, limits)?;
         let _ = writeln!(
             html,
             "<h3 id=\"{stem}\">{} · {} · seed {}</h3>",

@@ -158,21 +158,17 @@ pub fn candidate_regions(
 }
 
 /// The entries `job` may run on once its buckets are in `regions`: those whose type, zone
-/// and TPU name fit it (`compatible_entries`) in a region the engine accepts for it (the
-/// rule `plan` and the controller apply, `Job::accepts_region`, not a copy of it).
+/// and TPU name fit it (`compatible_entries`) in a region the engine accepts for a job not
+/// yet placed (`RegionChoice::accepts`, the rule `plan` and the controller apply).
 pub fn runs_on<'f>(
     job: &JobSpec,
     fleet: &'f FleetSpec,
     regions: &[BucketRegion],
 ) -> Vec<&'f spec::fleet::TpuEntry> {
-    let queued = crate::engine::state::Job::new(
-        job.clone(),
-        crate::engine::Timestamp::from_secs(0),
-        regions.to_vec(),
-    );
+    let allowed = crate::engine::state::RegionChoice::AnyOf(regions);
     spec::job::compatible_entries(job, fleet)
         .into_iter()
-        .filter(|e| queued.accepts_region(e.region()))
+        .filter(|e| allowed.accepts(e.region()))
         .collect()
 }
 
