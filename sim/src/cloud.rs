@@ -149,8 +149,8 @@ pub enum CancelResult {
 /// A worker's final status object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerStatusView {
-    /// Host.
-    pub host: String,
+    /// Host (`w0`, `w1`, ...; interned: every run keeps its statuses to the end).
+    pub host: Ustr,
     /// `succeeded`, `failed` or `failed_setup`.
     pub state: &'static str,
     /// Command exit code.
@@ -1777,7 +1777,7 @@ impl SimCloud {
             run.outcome = Outcome::SetupFailure;
             run.state = RunState::Ended;
             run.statuses = vec![WorkerStatusView {
-                host: "w0".into(),
+                host: Ustr::from("w0"),
                 state: "failed_setup",
                 exit_code: None,
                 finished_at: now,
@@ -1835,9 +1835,10 @@ impl SimCloud {
         }
         let duration = (now - run.run_start) as f64 / 1000.0;
         let hosts = run.hosts;
-        let mut statuses = Vec::new();
+        // Kept with the run for the rest of the simulation: sized to the hosts, not grown.
+        let mut statuses = Vec::with_capacity(hosts as usize);
         for h in 0..hosts {
-            let host = format!("w{h}");
+            let host = Ustr::from(&format!("w{h}"));
             let (state, code, marker) = match run.outcome {
                 Outcome::Success => ("succeeded", 0, None),
                 Outcome::AppFailure => ("failed", if h == 0 { 1 } else { 143 }, None),
@@ -1940,9 +1941,9 @@ impl SimCloud {
         }
         self.touch_run(attempt);
         let r = self.runs.get_mut(&attempt).expect("checked");
-        let have: BTreeSet<String> = r.statuses.iter().map(|s| s.host.clone()).collect();
+        let have: BTreeSet<Ustr> = r.statuses.iter().map(|s| s.host).collect();
         for h in 0..r.hosts {
-            let host = format!("w{h}");
+            let host = Ustr::from(&format!("w{h}"));
             if !have.contains(&host) {
                 r.statuses.push(WorkerStatusView {
                     host,

@@ -5,6 +5,9 @@
 use crate::model::JobBehaviour;
 use crate::rng::SimRng;
 
+/// A set of regions (a job's buckets), shared by every job drawn with it.
+pub type Regions = std::sync::Arc<[String]>;
+
 /// A job entering the system.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobArrival {
@@ -15,7 +18,7 @@ pub struct JobArrival {
     /// Chips it needs (its slice width).
     pub width_chips: u32,
     /// Regions with one of its buckets.
-    pub regions: Vec<String>,
+    pub regions: Regions,
     /// 0 low, 1 normal, 2 high.
     pub priority: u8,
     /// How it behaves on the workers.
@@ -69,7 +72,7 @@ pub struct Synthetic {
     /// Widths in chips with weights.
     pub widths: Vec<(u32, f64)>,
     /// Region sets (a job's buckets) with weights.
-    pub regions: Vec<(Vec<String>, f64)>,
+    pub regions: Vec<(Regions, f64)>,
     /// Priority weights for low, normal, high.
     pub priorities: [f64; 3],
     /// Seconds between checkpoints (0 = none).
@@ -202,7 +205,7 @@ pub struct TraceReplay {
     /// At most this many jobs (from the start of the trace).
     pub limit: usize,
     /// Region sets with weights.
-    pub regions: Vec<(Vec<String>, f64)>,
+    pub regions: Vec<(Regions, f64)>,
     /// Checkpoint interval, failure probabilities and duration bounds as for synthetic jobs.
     pub template: Synthetic,
 }

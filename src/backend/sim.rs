@@ -231,7 +231,7 @@ impl SimBackend {
             .statuses
             .iter()
             .map(|s| WorkerStatus {
-                host: s.host.clone(),
+                host: s.host.to_string(),
                 state: match s.state {
                     "succeeded" => WorkerState::Succeeded,
                     "failed_setup" => WorkerState::FailedSetup,

@@ -49,9 +49,10 @@ pub struct State {
     /// Jobs that are pending, running or cancelling, by id (in id order, hashed lookups).
     pub jobs: SortedMap<Job>,
     /// Jobs that reached a terminal status (succeeded, failed, deactivated), kept as history.
-    /// A pass never iterates them, so its cost does not grow with history.
+    /// A pass never iterates them, so its cost does not grow with history. Boxed: the map's
+    /// nodes, a third empty on average, hold pointers rather than whole jobs.
     #[serde(default)]
-    pub finished: BTreeMap<Name, Job>,
+    pub finished: BTreeMap<Name, Box<Job>>,
     /// TPU records by resource id (node name, or `adopted-<name>`), in id order, hashed
     /// lookups.
     pub resources: SortedMap<Resource>,
@@ -86,20 +87,26 @@ impl State {
 
     /// The job `id`, active or finished.
     pub fn job(&self, id: &Name) -> Option<&Job> {
-        self.jobs.get(id).or_else(|| self.finished.get(id))
+        self.jobs
+            .get(id)
+            .or_else(|| self.finished.get(id).map(|j| &**j))
     }
 
     /// Every job, active ones first.
     pub fn all_jobs(&self) -> impl Iterator<Item = &Job> {
-        self.jobs.values().chain(self.finished.values())
+        self.jobs
+            .values()
+            .chain(self.finished.values().map(|j| &**j))
     }
 
-    /// Moves `id` to `finished` if it is terminal.
+    /// Moves `id` to `finished` if it is terminal, giving back the room its lists had left to
+    /// grow (history is kept for the whole run: a long simulation holds every job it saw).
     pub fn retire(&mut self, id: &Name) {
         if self.jobs.get(id).is_some_and(|j| j.status.is_terminal())
-            && let Some(job) = self.jobs.remove(id)
+            && let Some(mut job) = self.jobs.remove(id)
         {
-            self.finished.insert(job.id, job);
+            job.attempts.shrink_to_fit();
+            self.finished.insert(job.id, Box::new(job));
         }
     }
 }

@@ -467,13 +467,15 @@ pub fn run(
     let mut wired = wire.map(|w| w(&world));
     let all_arrivals = arrivals(scenario, seed);
     let listed = all_arrivals.len();
-    let arrivals: Vec<(JobArrival, &[gcp::TpuType])> = all_arrivals
+    let mut arrivals: Vec<(JobArrival, &[gcp::TpuType])> = all_arrivals
         .into_iter()
         .filter_map(|a| {
             let types = accepted_types(scenario, &a)?;
             Some((a, types))
         })
         .collect();
+    // Kept for the whole run (the bound reads them at the end): no room left to grow.
+    arrivals.shrink_to_fit();
     let jobs_skipped = (listed - arrivals.len()) as u64;
 
     let tick_ms = scenario.reconcile_interval_secs * 1000;

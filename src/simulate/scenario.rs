@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tpu_runner_sim::workload::{Dist, Synthetic, TraceReplay, read_column};
+use tpu_runner_sim::workload::{Dist, Regions, Synthetic, TraceReplay, read_column};
 use tpu_runner_sim::{ApiConfig, ApiLatency, ApiQuota, Capacity, Latency, SpotTrace, WorkerConfig};
 
 use crate::engine::EngineConfig;
@@ -1420,7 +1420,7 @@ fn read_weights(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<(u32
     Some(out)
 }
 
-fn read_regions(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<(Vec<String>, f64)>> {
+fn read_regions(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<(Regions, f64)>> {
     let items = c.list(node, path, "a list of `{regions: [...], weight: N}`", false)?;
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
@@ -1448,7 +1448,7 @@ fn read_regions(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<(Vec
             c.number(n, &f.path("weight"), 0.0, 1e9, "a weight")
         });
         if let (Some(r), Some(w)) = (regions, weight) {
-            out.push((r, w));
+            out.push((r.into(), w));
         }
     }
     Some(out)

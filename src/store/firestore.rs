@@ -1048,7 +1048,7 @@ impl StateStore for FirestoreStore {
             let job_docs = store.all(&names.jobs, inactive("active"), Some(tx))?;
             let attempt_docs = store.all(&names.attempts, inactive("job_active"), Some(tx))?;
             for (job, _) in store.jobs_of(job_docs, attempt_docs)? {
-                state.finished.insert(job.id, job);
+                state.finished.insert(job.id, Box::new(job));
             }
             for doc in store.all(&names.requests, inactive("active"), Some(tx))? {
                 let r = store.parse_request(doc)?;

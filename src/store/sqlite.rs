@@ -778,7 +778,7 @@ impl StateStore for SqliteStore {
                 .map_err(|e| store_err(path, e))?;
             for id in ids {
                 if let Some((job, _)) = read_job(tx, path, &id)? {
-                    state.finished.insert(job.id, job);
+                    state.finished.insert(job.id, Box::new(job));
                 }
             }
             let docs: Vec<(String, String)> = tx
