@@ -34,11 +34,12 @@ fn fleet_yaml(fleet: &FleetSpec) -> String {
         };
         writeln!(
             s,
-            "  - {{id: {}, type: {}, zone: {}, count: {count}, runtime: {}}}",
+            "  - {{id: {}, type: {}, zone: {}, count: {count}, runtime: {}, chip_limit: {}}}",
             e.id,
             e.tpu_type,
             e.zone,
-            e.runtime.as_deref().unwrap_or("v2-alpha-tpuv6e")
+            e.runtime.as_deref().unwrap_or("v2-alpha-tpuv6e"),
+            e.chip_limit
         )
         .expect("writes to a string");
     }

@@ -124,7 +124,7 @@ const WEST: &str = "us-west4-a";
 
 fn fleet() -> FleetSpec {
     let text = format!(
-        "name: {RUNNER}\nproject: {PROJECT}\ncontroller_region: us-east1\ncontroller_timeout: 168h\nfirestore_location: nam5\nnetwork: default\nsubnetwork: default\nssh_transport: direct\nbucket: gs://conf-bucket\ntpus:\n  - {{id: east, type: v6e-8, zone: {EAST}, count: 4, runtime: v2-alpha-tpuv6e}}\n"
+        "name: {RUNNER}\nproject: {PROJECT}\ncontroller_region: us-east1\ncontroller_timeout: 168h\nfirestore_location: nam5\nnetwork: default\nsubnetwork: default\nssh_transport: direct\nbucket: gs://conf-bucket\ntpus:\n  - {{id: east, type: v6e-8, zone: {EAST}, count: 4, runtime: v2-alpha-tpuv6e, chip_limit: 32}}\n"
     );
     tpu_runner::spec::fleet::parse_fleet("conformance.yaml", &text)
         .unwrap_or_else(|e| panic!("{e:?}"))

@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -91,6 +91,8 @@ struct EntryGen {
     count: u32,
     adopted: bool,
     keep_warm: u32,
+    /// Chips its quota key's limit allows beyond what the key's entries may hold.
+    headroom: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -111,13 +113,15 @@ fn entry_gen() -> impl Strategy<Value = EntryGen> {
         0u32..4,
         any::<bool>(),
         0u32..2,
+        prop_oneof![Just(0u32), 0u32..64],
     )
-        .prop_map(|(ty, zone, count, adopted, keep_warm)| EntryGen {
+        .prop_map(|(ty, zone, count, adopted, keep_warm, headroom)| EntryGen {
             ty,
             zone,
             count,
             adopted,
             keep_warm: keep_warm.min(count),
+            headroom,
         })
 }
 
@@ -149,16 +153,30 @@ fn region(zone: usize) -> String {
 }
 
 fn build_fleet(entries: &[EntryGen]) -> FleetIndex {
+    // Each quota key (Spot, family, zone) limited to what its entries may hold together
+    // (plus a headroom drawn with the fleet), so a limit binds only through other inventory.
+    let chips = |e: &EntryGen| {
+        let t = spec::TpuType::parse(TYPES[e.ty]).unwrap();
+        let tpus = if e.adopted { 1 } else { e.count };
+        (t.quota_family().to_owned(), e.zone, t.chips() * tpus)
+    };
+    let mut limits: BTreeMap<(String, usize), u32> = BTreeMap::new();
+    for e in entries {
+        let (family, zone, chips) = chips(e);
+        *limits.entry((family, zone)).or_default() += chips + e.headroom;
+    }
     let mut text = String::new();
     for (i, e) in entries.iter().enumerate() {
+        let (family, zone, _) = chips(e);
+        let limit = limits[&(family, zone)].max(1);
         if e.adopted {
             text.push_str(&format!(
-                "  - {{id: e{i}, type: {}, zone: {}, existing: tpu-{i}}}\n",
+                "  - {{id: e{i}, type: {}, zone: {}, existing: tpu-{i}, chip_limit: {limit}}}\n",
                 TYPES[e.ty], ZONES[e.zone]
             ));
         } else {
             text.push_str(&format!(
-                "  - {{id: e{i}, type: {}, zone: {}, count: {}, runtime: r, keep_warm_count: {}}}\n",
+                "  - {{id: e{i}, type: {}, zone: {}, count: {}, runtime: r, keep_warm_count: {}, chip_limit: {limit}}}\n",
                 TYPES[e.ty], ZONES[e.zone], e.count, e.keep_warm
             ));
         }
@@ -501,7 +519,7 @@ const VARIANTS: usize = 4;
 #[test]
 fn frugal_races_after_waiting() {
     let index = FleetIndex::new(support::fleet(
-        "  - {id: a, type: v6e-8, zone: us-east1-d, count: 2, runtime: r}\n  - {id: b, type: v6e-8, zone: us-east1-c, count: 2, runtime: r}\n",
+        "  - {id: a, type: v6e-8, zone: us-east1-d, count: 2, runtime: r, chip_limit: 16}\n  - {id: b, type: v6e-8, zone: us-east1-c, count: 2, runtime: r, chip_limit: 16}\n",
     ));
     let spec = support::job_spec("j", "v6e-8", None, None, Priority::Normal, true);
     let job = Job::new(
@@ -542,10 +560,10 @@ fn frugal_races_after_waiting() {
 #[test]
 fn inventory_scope_lists_zones_and_fetches_adopted_tpus() {
     let old = FleetIndex::new(support::fleet(
-        "  - {id: gone, type: v6e-8, zone: europe-west4-a, count: 1, runtime: r}\n  - {id: old-trc, type: v4-32, zone: us-central2-a, existing: old-v4, provisioning_model: on-demand}\n  - {id: dead, type: v6e-8, zone: asia-east1-c, count: 1, runtime: r}\n",
+        "  - {id: gone, type: v6e-8, zone: europe-west4-a, count: 1, runtime: r, chip_limit: 8}\n  - {id: old-trc, type: v4-32, zone: us-central2-a, existing: old-v4, provisioning_model: on-demand, chip_limit: 16}\n  - {id: dead, type: v6e-8, zone: asia-east1-c, count: 1, runtime: r, chip_limit: 8}\n",
     ));
     let index = FleetIndex::new(support::fleet(
-        "  - {id: a, type: v6e-8, zone: us-east1-d, count: 2, runtime: r}\n  - {id: b, type: v6e-16, zone: us-east1-d, count: 1, runtime: r}\n  - {id: c, type: v6e-8, zone: us-west1-a, count: 1, runtime: r}\n  - {id: trc, type: v4-32, zone: us-central2-b, existing: my-v4, provisioning_model: on-demand}\n",
+        "  - {id: a, type: v6e-8, zone: us-east1-d, count: 2, runtime: r, chip_limit: 32}\n  - {id: b, type: v6e-16, zone: us-east1-d, count: 1, runtime: r, chip_limit: 32}\n  - {id: c, type: v6e-8, zone: us-west1-a, count: 1, runtime: r, chip_limit: 8}\n  - {id: trc, type: v4-32, zone: us-central2-b, existing: my-v4, provisioning_model: on-demand, chip_limit: 16}\n",
     ));
     let mut state = State::new();
     for (entry, name, status) in [
@@ -598,4 +616,72 @@ proptest! {
             serde_json::to_string(&reference).unwrap()
         );
     }
+}
+
+/// A chip limit counts every TPU of its quota key, whoever created it: while someone else's
+/// v6e-8 holds 8 of the 8 chips, the entry creates nothing and says so; when that TPU is gone
+/// (nothing of the entry's own changed), the next pass of the same engine creates the
+/// request, as a pass with empty caches does.
+#[test]
+fn freed_quota_is_used_by_an_entry_the_limit_held_back() {
+    use tpu_runner::engine::observe::Action;
+    let index = FleetIndex::new(support::fleet(
+        "  - {id: a, type: v6e-8, zone: us-east1-d, count: 1, runtime: r, chip_limit: 8}\n",
+    ));
+    let engine = Engine::new(
+        index.fleet.clone(),
+        EngineConfig::default(),
+        Box::new(Classic),
+    );
+    let mut state = State::new();
+    let spec = support::job_spec("j", "v6e-8", None, None, Priority::Normal, true);
+    let region = BucketRegion {
+        region: "us-east1".into(),
+        bucket: "gs://b".into(),
+    };
+    state
+        .submit(Job::new(spec, support::at(0), vec![region]))
+        .unwrap();
+    let foreign = Arc::new(NodeInfo {
+        name: Name::new("someone-elses-tpu"),
+        zone: Name::new("us-east1-d"),
+        tpu_type: spec::TpuType::parse("v6e-8").unwrap(),
+        state: NodeState::Ready,
+        health: Health::Healthy,
+        spot: true,
+        labels: std::collections::BTreeMap::new().into(),
+        queued_resource: None,
+        worker_count: 1,
+        public_ip: false,
+    });
+    let held = Observation {
+        nodes: vec![foreign],
+        ..Observation::default()
+    };
+    let creates = |actions: &[Action]| {
+        actions
+            .iter()
+            .filter(|a| matches!(a, Action::CreateQueuedResource { .. }))
+            .count()
+    };
+    for k in 0..3 {
+        let out = engine.reconcile(&mut state, &held, support::at(100 + 30 * k));
+        assert_eq!(
+            creates(&out.actions),
+            0,
+            "pass {k}: the foreign TPU holds the quota"
+        );
+    }
+    assert!(state.notices.keys().any(|k| k.starts_with("chip_limit:")));
+    let freed = Observation::default();
+    let mut scratch = state.clone();
+    let expected = engine.reconcile_from_scratch(&mut scratch, &freed, support::at(190));
+    let out = engine.reconcile(&mut state, &freed, support::at(190));
+    assert_eq!(
+        creates(&expected.actions),
+        1,
+        "a pass without memory creates"
+    );
+    assert_eq!(out.actions, expected.actions);
+    assert_eq!(out.events, expected.events);
 }

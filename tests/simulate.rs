@@ -703,6 +703,7 @@ fn slow_api_scenario(
     remote: f64,
     mutation: f64,
 ) -> scenario::Scenario {
+    let chips = count.max(1) * 8;
     let text = format!(
         r#"name: slow-api
 description: generated
@@ -717,7 +718,7 @@ fleet:
   ssh_transport: iap
   idle_timeout_seconds: 300
   tpus:
-    - {{id: east, type: v6e-8, zone: us-east1-d, count: {count}, runtime: v2-alpha-tpuv6e}}
+    - {{id: east, type: v6e-8, zone: us-east1-d, count: {count}, runtime: v2-alpha-tpuv6e, chip_limit: {chips}}}
 horizon_hours: {hours}
 seeds: [1]
 types_by_width: {{8: [v6e-8]}}

@@ -147,7 +147,7 @@ pub(crate) fn fleet_summary(fleet: &FleetSpec) -> String {
                 count,
                 e.chips_per_tpu().to_string(),
                 e.keep_warm_count.to_string(),
-                e.chip_limit.map_or("-".to_owned(), |l| l.to_string()),
+                e.chip_limit.to_string(),
             ]
         })
         .collect();

@@ -4,7 +4,7 @@
 //! substituted. Only entries whose inputs changed since the last pass are sized (the memo's
 //! `SizingMemo`); the others would decide nothing again.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::fleet_index::{Declared, EntryFacts};
 use super::memo::SizingInputs;
@@ -12,7 +12,7 @@ use super::observe::{Action, NodeInfo, QueuedResourceInfo};
 use super::observed::Listed;
 use super::reconcile::Pass;
 use super::state::{Resource, ResourceStatus};
-use crate::spec::{Name, NameSet, ProvisioningModel, QuotaKey};
+use crate::spec::{Name, NameSet};
 
 /// What the observation and the records hold for one entry.
 struct EntryInventory<'a, 's> {
@@ -110,7 +110,8 @@ impl<'a> Pass<'a> {
     pub(super) fn capacity(&mut self) {
         let desired = std::mem::take(&mut self.desired);
         let named = std::mem::take(&mut self.named);
-        let mut remaining = self.remaining_chips();
+        // Free chips per quota key, counted when a sizing first wants more TPUs.
+        let mut free = None;
         let index = self.index;
         let n_entries = index.fleet.tpus.len();
         let counts = |e: usize| (index.ordinals[e].len() as u32, desired.get(e).copied());
@@ -168,14 +169,14 @@ impl<'a> Pass<'a> {
             let events = self.out.events.len();
             let wake = self.out.next_wake.take();
             let asked = asked.unwrap_or(0).min(count);
-            self.size_entry(e, asked, &named, &seen, &mut remaining, &mut scratch);
+            let wanted = self.size_entry(e, asked, &named, &seen, &mut free, &mut scratch);
             let own_wake = self.out.next_wake;
             self.out.next_wake = wake;
             if let Some(at) = own_wake {
                 self.wake_at(at);
             }
             let acted = self.out.actions.len() > actions || self.out.events.len() > events;
-            self.memo.sizing.sized(e, acted, own_wake);
+            self.memo.sizing.sized(e, acted, own_wake, wanted);
         }
     }
 
@@ -245,51 +246,45 @@ impl<'a> Pass<'a> {
         (&tables.slots, &tables.busy)
     }
 
-    /// Chips still free per limited quota key: the limit minus chips of live inventory.
-    fn remaining_chips(&self) -> BTreeMap<QuotaKey, i64> {
-        if self.index.chip_limits.is_empty() {
-            return BTreeMap::new();
-        }
-        let mut reserved: BTreeMap<QuotaKey, i64> = BTreeMap::new();
-        let key = |spot: bool, t: &crate::spec::TpuType, zone: &str| QuotaKey {
-            model: if spot {
-                ProvisioningModel::Spot
-            } else {
-                ProvisioningModel::OnDemand
-            },
-            family: t.quota_family().to_owned(),
-            zone: zone.to_owned(),
+    /// Chips still free per quota key (as `FleetIndex::quotas`): the limit minus chips of
+    /// live inventory, whoever created it.
+    fn remaining_chips(&self) -> Vec<i64> {
+        let index = self.index;
+        let mut reserved = vec![0i64; index.quotas.len()];
+        // A node holds chips unless it is terminal or its queued resource is; a live queued
+        // resource holds them unless its node already counts.
+        let node_counts = |node: &NodeInfo| {
+            !node.state.is_terminal()
+                && self
+                    .observed
+                    .tpu(&node.name)
+                    .and_then(|t| t.qr.as_ref())
+                    .is_none_or(|q| q.info.state.is_live())
         };
-        let mut counted = BTreeSet::new();
-        for node in &self.obs.nodes {
-            let behind_terminal_qr = self
-                .observed
-                .tpu(&node.name)
-                .and_then(|t| t.qr.as_ref())
-                .is_some_and(|q| !q.info.state.is_live());
-            if !node.state.is_terminal() && !behind_terminal_qr {
-                *reserved
-                    .entry(key(node.spot, &node.tpu_type, &node.zone))
-                    .or_default() += node.tpu_type.chips() as i64;
-                counted.insert(node.name.as_str());
+        for (node, facts) in self.obs.nodes.iter().zip(self.node_facts) {
+            if let Some(k) = facts.quota
+                && node_counts(node)
+            {
+                reserved[k] += node.tpu_type.chips() as i64;
             }
         }
-        for qr in &self.obs.queued_resources {
-            if qr.state.is_live() && !counted.contains(qr.node_id.as_str()) {
-                *reserved
-                    .entry(key(qr.spot, &qr.tpu_type, &qr.zone))
-                    .or_default() += qr.tpu_type.chips() as i64;
+        for (qr, facts) in self.obs.queued_resources.iter().zip(self.qr_facts) {
+            if let Some(k) = facts.quota
+                && qr.state.is_live()
+                && !self
+                    .observed
+                    .tpu(&qr.node_id)
+                    .and_then(|t| t.node.as_ref())
+                    .is_some_and(|n| node_counts(&n.info))
+            {
+                reserved[k] += qr.tpu_type.chips() as i64;
             }
         }
-        self.index
-            .chip_limits
+        index
+            .quotas
             .iter()
-            .map(|(k, limit)| {
-                (
-                    k.clone(),
-                    (*limit as i64 - reserved.get(k).copied().unwrap_or(0)).max(0),
-                )
-            })
+            .zip(reserved)
+            .map(|((_, limit), used)| (i64::from(*limit) - used).max(0))
             .collect()
     }
 
@@ -327,15 +322,17 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// Sizes entry `e` towards `desired` TPUs; true when it wanted more than it holds (it
+    /// then read `free`, counted on first use, and spent from it what it created).
     fn size_entry(
         &mut self,
         e: usize,
         desired: u32,
         named: &NameSet,
         seen: &EntryInventory<'a, '_>,
-        remaining: &mut BTreeMap<QuotaKey, i64>,
+        free: &mut Option<Vec<i64>>,
         scratch: &mut Scratch<'a>,
-    ) {
+    ) -> bool {
         // Nodes and queued resources labelled for the entry, in observation order, with facts.
         let (obs, node_facts, qr_facts) = (self.obs, self.node_facts, self.qr_facts);
         let matching_nodes = || {
@@ -456,7 +453,7 @@ impl<'a> Pass<'a> {
                 }
             }
             self.clear_notice(format_args!("chip_limit:{}", entry.id));
-            return;
+            return false;
         }
 
         // Ready nodes outside the desired set: kept until their idle timeout.
@@ -533,30 +530,32 @@ impl<'a> Pass<'a> {
         let mut missing = desired.saturating_sub(current);
         if missing == 0 {
             self.clear_notice(format_args!("chip_limit:{}", entry.id));
-            return;
+            return false;
         }
         let chips = entry.chips_per_tpu() as i64;
-        let quota = index.chip_limit(e);
-        if let Some((key, limit)) = &quota {
-            let free = remaining.get(key).copied().unwrap_or(0);
-            let allowed = (free / chips.max(1)) as u32;
-            if missing > allowed {
-                self.notice(
-                    format!("chip_limit:{}", entry.id),
-                    format!("entry={}; chip_limit={limit}; available_chips={free}; wanted {missing} more TPUs", entry.id),
-                    "tpu_chip_limit_reached",
-                    None,
-                );
-                missing = allowed;
-            } else {
-                self.clear_notice(format_args!("chip_limit:{}", entry.id));
-            }
+        let quota = index.quota_of(e);
+        let remaining = free.get_or_insert_with(|| self.remaining_chips());
+        let available = remaining[quota];
+        let allowed = (available / chips.max(1)) as u32;
+        if missing > allowed {
+            self.notice(
+                format!("chip_limit:{}", entry.id),
+                format!(
+                    "entry={}; chip_limit={}; available_chips={available}; wanted {missing} more TPUs",
+                    entry.id, entry.chip_limit
+                ),
+                "tpu_chip_limit_reached",
+                None,
+            );
+            missing = allowed;
+        } else {
+            self.clear_notice(format_args!("chip_limit:{}", entry.id));
         }
         if let Some(backoff) = self.state.entry_backoff.get(&entry.id).cloned()
             && backoff.until > self.now
         {
             self.wake_at(backoff.until);
-            return;
+            return true;
         }
         for (i, name) in ordinals.iter().enumerate() {
             if missing == 0 {
@@ -586,9 +585,7 @@ impl<'a> Pass<'a> {
                 entry_id: entry.id,
             });
             self.track_provisioning(e, name);
-            if let Some((key, _)) = &quota {
-                *remaining.entry(key.clone()).or_default() -= chips;
-            }
+            remaining[quota] -= chips;
             self.event(
                 "queued_resource_created",
                 None,
@@ -598,6 +595,7 @@ impl<'a> Pass<'a> {
             );
             missing -= 1;
         }
+        true
     }
 
     /// Record a TPU being provisioned under `name` (new or reset).

@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::observe::{LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, QueuedResourceInfo};
 use super::state::{Resource, State};
 use crate::spec::{
-    EntryKind, FleetSpec, Name, NameMap, NameSet, ProvisioningModel, QuotaKey, TpuEntry, names,
+    EntryKind, FleetSpec, Name, NameMap, NameSet, ProvisioningModel, QuotaKey, TpuEntry, TpuType,
+    names,
 };
 
 /// Where a declared node name comes from.
@@ -40,8 +41,13 @@ pub struct FleetIndex {
     declared_qr: NameMap<Declared>,
     /// Entry index by id (hashed: only looked up, never iterated).
     by_id: NameMap<usize>,
-    /// Chip limit per quota key.
-    pub chip_limits: BTreeMap<QuotaKey, u32>,
+    /// Every quota key of the fleet with its chip limit, in key order.
+    pub quotas: Vec<(QuotaKey, u32)>,
+    /// Each entry's position in `quotas`.
+    entry_quota: Vec<usize>,
+    /// Positions in `quotas` by provisioning model and zone, with each key's quota family
+    /// (an observed object's key is found without building one).
+    quota_by_zone: rustc_hash::FxHashMap<(bool, Name), Vec<(String, usize)>>,
     /// Zones of the managed entries (listed on every pass).
     managed_zones: BTreeSet<Name>,
     /// The same zones, hashed (only looked up).
@@ -115,7 +121,23 @@ impl FleetIndex {
             .flat_map(|(qrs, nodes)| qrs.iter().zip(nodes))
             .filter_map(|(qr, node)| Some((*qr, *declared.get(node)?)))
             .collect();
-        let chip_limits = fleet.chip_limits();
+        let quotas: Vec<(QuotaKey, u32)> = fleet.chip_limits().into_iter().collect();
+        let entry_quota = fleet
+            .tpus
+            .iter()
+            .map(|e| {
+                let key = e.quota_key();
+                quotas.partition_point(|(k, _)| *k < key)
+            })
+            .collect();
+        let mut quota_by_zone: rustc_hash::FxHashMap<(bool, Name), Vec<(String, usize)>> =
+            Default::default();
+        for (i, (key, _)) in quotas.iter().enumerate() {
+            quota_by_zone
+                .entry((key.model == ProvisioningModel::Spot, Name::new(&key.zone)))
+                .or_default()
+                .push((key.family.clone(), i));
+        }
         let managed_zones: BTreeSet<Name> = fleet
             .tpus
             .iter()
@@ -131,7 +153,9 @@ impl FleetIndex {
             ordinal_start,
             declared_qr,
             by_id,
-            chip_limits,
+            quotas,
+            entry_quota,
+            quota_by_zone,
             managed_zone_set: managed_zones.iter().copied().collect(),
             managed_zones,
         }
@@ -189,6 +213,7 @@ impl FleetIndex {
             declared,
             entry,
             labelled: self.labelled(node.spot, label_entry, same_place),
+            quota: self.quota_at(node.spot, &node.tpu_type, node.zone),
         }
     }
 
@@ -211,6 +236,7 @@ impl FleetIndex {
             declared,
             entry,
             labelled: self.labelled(qr.spot, label_entry, same_place),
+            quota: self.quota_at(qr.spot, &qr.tpu_type, qr.zone),
         }
     }
 
@@ -289,10 +315,20 @@ impl FleetIndex {
         }
     }
 
-    /// The quota key and chip limit of entry `index`, if limited.
-    pub fn chip_limit(&self, index: usize) -> Option<(QuotaKey, u32)> {
-        let key = self.entry(index).quota_key();
-        self.chip_limits.get(&key).map(|l| (key, *l))
+    /// The position in `quotas` of entry `index`'s quota key.
+    pub fn quota_of(&self, index: usize) -> usize {
+        self.entry_quota[index]
+    }
+
+    /// The position in `quotas` of the quota key of an object of `tpu_type` in `zone`, if
+    /// the fleet has one.
+    fn quota_at(&self, spot: bool, tpu_type: &TpuType, zone: Name) -> Option<usize> {
+        let family = tpu_type.quota_family();
+        self.quota_by_zone
+            .get(&(spot, zone))?
+            .iter()
+            .find(|(f, _)| f == family)
+            .map(|&(_, i)| i)
     }
 }
 
@@ -308,6 +344,9 @@ pub struct EntryFacts {
     pub entry: Option<u32>,
     /// The managed Spot entry it is labelled for, any ordinal.
     pub labelled: Option<u32>,
+    /// The position in `FleetIndex::quotas` of the quota key whose chips it holds, if the
+    /// fleet has that key (whoever created it).
+    pub quota: Option<usize>,
 }
 
 impl EntryFacts {

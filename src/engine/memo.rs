@@ -377,8 +377,11 @@ impl AssignMemo {
 /// What the sizing step read on its last pass, and per entry whether it acted and when it
 /// asked to be woken: an entry is sized again when anything it reads may have changed (the
 /// policy's count for it, the names pending jobs ask for, its backoff, a record or listed
-/// object under a name it reads, a deletion this pass), when it acted last time, or when its
-/// wake-up came; the others only repeat their wake-up.
+/// object under a name it reads, a deletion this pass), when it acted last time, when it
+/// wanted more TPUs than it held last time (it then read its quota key's free chips, which
+/// any TPU of the key, the fleet's or not, changes), or when its wake-up came; the others only
+/// repeat their wake-up. An entry that wanted nothing never read the free chips, and wants
+/// nothing again while its own inputs stay the same.
 #[derive(Debug, Default)]
 pub(crate) struct SizingMemo {
     /// The record table's revision when the last sizing began (so the sizing's own changes
@@ -393,6 +396,9 @@ pub(crate) struct SizingMemo {
     /// wake-up it asked for.
     acted: Vec<bool>,
     wake: Vec<Option<Timestamp>>,
+    /// Per entry: whether its last sizing wanted more TPUs than it holds (and so read its
+    /// quota key's free chips, which other entries and foreign TPUs change).
+    wanted: Vec<bool>,
 }
 
 /// What the sizing step reads besides the observation's objects.
@@ -431,6 +437,7 @@ impl SizingMemo {
             let count = |d: &[u32], e: usize| d.get(e).copied().unwrap_or(0);
             for (e, due) in due.iter_mut().enumerate() {
                 *due = self.acted[e]
+                    || self.wanted[e]
                     || self.wake[e].is_some_and(|w| w <= now)
                     || count(desired, e) != count(&self.desired, e);
             }
@@ -476,15 +483,10 @@ impl SizingMemo {
                     .into_iter()
                     .for_each(|e| mark(e as u32));
             }
-            // Entries under a chip limit read what every other entry holds.
-            if !index.chip_limits.is_empty() {
-                (0..n)
-                    .filter(|&e| index.chip_limit(e).is_some())
-                    .for_each(|e| mark(e as u32));
-            }
         } else {
             self.acted = vec![false; n];
             self.wake = vec![None; n];
+            self.wanted = vec![false; n];
         }
         self.remember = remember;
         if remember {
@@ -497,10 +499,11 @@ impl SizingMemo {
     }
 
     /// Records the outcome of sizing entry `e`.
-    pub fn sized(&mut self, e: usize, acted: bool, wake: Option<Timestamp>) {
+    pub fn sized(&mut self, e: usize, acted: bool, wake: Option<Timestamp>, wanted: bool) {
         if self.remember {
             self.acted[e] = acted;
             self.wake[e] = wake;
+            self.wanted[e] = wanted;
         }
     }
 

@@ -47,8 +47,15 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 33)
 }
 
-/// A fleet of `n_entries` managed Spot entries spread over types and zones.
+/// A fleet of `n_entries` managed Spot entries spread over types and zones, each quota key
+/// limited to what the whole fleet could hold (a limit that never binds).
 pub fn fleet(n_entries: usize, count_per_entry: u32) -> FleetSpec {
+    let most_chips = TYPES
+        .iter()
+        .map(|t| TpuType::parse(t).expect("valid").chips())
+        .max()
+        .unwrap_or(1);
+    let chip_limit = most_chips * count_per_entry * n_entries as u32;
     let tpus = (0..n_entries)
         .map(|i| {
             let region = REGIONS[i % REGIONS.len()];
@@ -58,7 +65,7 @@ pub fn fleet(n_entries: usize, count_per_entry: u32) -> FleetSpec {
                 tpu_type: TpuType::parse(TYPES[(i / 7) % TYPES.len()]).expect("valid"),
                 zone: Name::new(&zone),
                 provisioning_model: ProvisioningModel::Spot,
-                chip_limit: None,
+                chip_limit: chip_limit.max(1),
                 keep_warm_count: 0,
                 runtime: Some("v2-alpha-tpuv6e".into()),
                 kind: EntryKind::Managed {

@@ -219,7 +219,7 @@ impl Invariants {
                 *chips.entry(e.quota_key()).or_default() += u64::from(e.chips_per_tpu());
             }
         }
-        for (key, limit) in &index.chip_limits {
+        for (key, limit) in &index.quotas {
             let used = chips.get(key).copied().unwrap_or(0);
             if used > u64::from(*limit) {
                 return Err(format!(

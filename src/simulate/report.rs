@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::harness::{RunResult, Sample};
 use super::metrics::Metrics;
 use crate::spec::FleetSpec;
-use crate::spec::fleet::{EntryKind, QuotaKey};
+use crate::spec::fleet::QuotaKey;
 
 /// Version of the JSON report schema (docs/simulate-json.md).
 pub const JSON_SCHEMA_VERSION: u32 = 1;
@@ -135,13 +135,13 @@ type Line<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
 type Level = (String, RGBColor, f64);
 
 /// What a run's plots draw as limits: the most chips its fleet may hold at once (each quota
-/// key's chips at its `chip_limit`, or all its declared chips where it states none or
-/// declares fewer), and each zone's stated chip limits (summed over the zone's quota keys).
+/// key's chips at its `chip_limit`, or all its declared chips where it declares fewer), and
+/// each zone's chip limits (summed over the zone's quota keys).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChipLimits {
     /// Chips the whole fleet may hold.
     pub fleet: u64,
-    /// Stated chip limits by zone (zones without one are absent).
+    /// Chip limits by zone.
     pub by_zone: BTreeMap<String, u64>,
 }
 
@@ -150,23 +150,14 @@ impl ChipLimits {
     pub fn of(fleet: &FleetSpec) -> ChipLimits {
         let mut declared: BTreeMap<QuotaKey, u64> = BTreeMap::new();
         for e in &fleet.tpus {
-            let tpus = match e.kind {
-                EntryKind::Managed { count } => count,
-                EntryKind::Adopted { .. } => 1,
-            };
             *declared.entry(e.quota_key()).or_default() +=
-                u64::from(e.chips_per_tpu()) * u64::from(tpus);
+                u64::from(e.chips_per_tpu()) * u64::from(e.ceiling());
         }
-        let stated = fleet.chip_limits();
         let mut limits = ChipLimits::default();
-        for (key, chips) in declared {
-            match stated.get(&key) {
-                Some(&limit) => {
-                    limits.fleet += chips.min(u64::from(limit));
-                    *limits.by_zone.entry(key.zone).or_default() += u64::from(limit);
-                }
-                None => limits.fleet += chips,
-            }
+        for (key, limit) in fleet.chip_limits() {
+            let chips = declared.get(&key).copied().unwrap_or(0);
+            limits.fleet += chips.min(u64::from(limit));
+            *limits.by_zone.entry(key.zone).or_default() += u64::from(limit);
         }
         limits
     }
@@ -659,17 +650,24 @@ mod tests {
         let text = std::fs::read_to_string(path).unwrap();
         let fleet = crate::spec::fleet::parse_fleet(path, &text).unwrap();
         let limits = ChipLimits::of(&fleet);
-        // Two adopted on-demand v4-32 (no limit; 16 chips each: a v4 name counts cores), v6e in us-east1-d (96 declared,
-        // limit 96), v6e in europe-west4-a (64, limit 64), v5e in us-central1-a (64, limit
-        // 64), v5e in europe-west4-b (32, no limit).
+        // Two adopted on-demand v4-32 (16 chips each: a v4 name counts cores; limit 32), v6e
+        // in us-east1-d (96 declared, limit 96), v6e in europe-west4-a (64, limit 64), v5e in
+        // us-central1-a (64, limit 64), v5e in europe-west4-b (32, limit 32).
         assert_eq!(limits.fleet, 32 + 96 + 64 + 64 + 32);
         assert_eq!(
             limits.by_zone,
             BTreeMap::from([
                 ("europe-west4-a".to_owned(), 64),
+                ("europe-west4-b".to_owned(), 32),
                 ("us-central1-a".to_owned(), 64),
+                ("us-central2-b".to_owned(), 32),
                 ("us-east1-d".to_owned(), 96),
             ])
         );
+        // A limit above what the entries declare caps nothing: the fleet holds what it
+        // declares.
+        let mut roomy = fleet.clone();
+        roomy.tpus.iter_mut().for_each(|e| e.chip_limit *= 2);
+        assert_eq!(ChipLimits::of(&roomy).fleet, limits.fleet);
     }
 }

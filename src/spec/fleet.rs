@@ -70,8 +70,9 @@ pub struct TpuEntry {
     pub zone: Name,
     /// Spot or on-demand.
     pub provisioning_model: ProvisioningModel,
-    /// Chip ceiling shared by every entry with the same (model, family, zone).
-    pub chip_limit: Option<u32>,
+    /// Chip ceiling shared by every entry with the same (model, family, zone): the quota
+    /// the user is willing to use there (required, as in the original).
+    pub chip_limit: u32,
     /// Managed TPUs kept provisioned even without demand.
     pub keep_warm_count: u32,
     /// Software version for created TPUs.
@@ -158,11 +159,11 @@ impl TpuEntry {
 }
 
 impl FleetSpec {
-    /// Chip limits by quota key (only keys that declare one).
+    /// Chip limits by quota key.
     pub fn chip_limits(&self) -> BTreeMap<QuotaKey, u32> {
         self.tpus
             .iter()
-            .filter_map(|e| e.chip_limit.map(|l| (e.quota_key(), l)))
+            .map(|e| (e.quota_key(), e.chip_limit))
             .collect()
     }
 
@@ -566,16 +567,22 @@ fn read_entry(
             }),
         None => Some(ProvisioningModel::Spot),
     };
-    let chip_limit = f.get("chip_limit").map(|n| {
-        c.integer(
-            n,
-            &f.path("chip_limit"),
-            1,
-            u32::MAX as i64,
-            "a positive integer (a number of chips)",
+    let chip_limit = f
+        .required(
+            c,
+            "chip_limit",
+            "the chips you are willing to use for this provisioning model, TPU family and zone, e.g. `chip_limit: 32`",
         )
-        .map(|v| v as u32)
-    });
+        .and_then(|n| {
+            c.integer(
+                n,
+                &f.path("chip_limit"),
+                1,
+                u32::MAX as i64,
+                "a positive integer (a number of chips)",
+            )
+            .map(|v| v as u32)
+        });
     let keep_warm_count = match f.get("keep_warm_count") {
         Some(n) => c
             .integer(
@@ -693,7 +700,7 @@ fn read_entry(
         tpu_type: tpu_type?,
         zone: Name::new(&zone?),
         provisioning_model: provisioning_model?,
-        chip_limit: chip_limit.flatten(),
+        chip_limit: chip_limit?,
         keep_warm_count: keep_warm_count?,
         runtime,
         kind: kind?,
@@ -720,7 +727,7 @@ fn check_adopted_names(c: &mut Checker<'_>, entries: &[Located<'_>]) {
 }
 
 fn check_chip_limits(c: &mut Checker<'_>, entries: &[Located<'_>]) {
-    // All entries sharing a quota key must state the same chip_limit (or none).
+    // All entries sharing a quota key must state the same chip_limit.
     let mut by_key: BTreeMap<QuotaKey, Vec<&Located<'_>>> = BTreeMap::new();
     for located in entries {
         by_key
@@ -728,7 +735,6 @@ fn check_chip_limits(c: &mut Checker<'_>, entries: &[Located<'_>]) {
             .or_default()
             .push(located);
     }
-    let show = |l: Option<u32>| l.map_or("none".to_owned(), |l| l.to_string());
     for (key, members) in by_key {
         let first = &members[0].0;
         let mut consistent = true;
@@ -743,17 +749,18 @@ fn check_chip_limits(c: &mut Checker<'_>, entries: &[Located<'_>]) {
                         key.model.as_str(),
                         key.family,
                         key.zone,
-                        show(e.chip_limit),
-                        show(first.chip_limit),
+                        e.chip_limit,
+                        first.chip_limit,
                         first.id
                     ),
                     "entries with the same provisioning model, TPU family and zone share one chip limit; give them all the same value",
                 );
             }
         }
-        let Some(limit) = first.chip_limit.filter(|_| consistent) else {
+        if !consistent {
             continue;
-        };
+        }
+        let limit = first.chip_limit;
         let requested: u64 = members
             .iter()
             .map(|(e, _, _)| u64::from(e.chips_per_tpu()) * u64::from(e.ceiling()))
