@@ -2,6 +2,7 @@
 //! decisions (actions, events) and why each pending job still waits.
 
 use crate::engine::snapshot::{self, Problem};
+use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -63,11 +64,20 @@ const NOTHING_DONE: &str = "nothing was done: the state snapshot must be valid f
 /// Reads and checks a state snapshot.
 pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
     let text = read_text(path, crate::files::DATA_LIMIT, None)?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| json_error(path, "invalid JSON", &e))?;
-    let version = value
-        .get("schema_version")
-        .and_then(serde_json::Value::as_u64);
+    // The version first, the rest skipped without building it (a 100k-job snapshot as a
+    // `serde_json::Value` took half a gigabyte).
+    #[derive(serde::Deserialize)]
+    struct Head {
+        schema_version: Option<serde_json::Value>,
+    }
+    let version = match serde_json::from_str::<Head>(&text) {
+        Ok(head) => head
+            .schema_version
+            .as_ref()
+            .and_then(serde_json::Value::as_u64),
+        Err(e) if e.is_data() => None,
+        Err(e) => return Err(json_error(path, "invalid JSON", &e)),
+    };
     if version != Some(SCHEMA_VERSION as u64) {
         return Err(Failure {
             message: format!(
@@ -284,7 +294,12 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
             next_wake: out.next_wake,
             violations: &out.violations,
         };
-        print_stdout(&(serde_json::to_string_pretty(&report).expect("report serialises") + "\n"));
+        // Streamed: at 100k waiting jobs the report is ~200 MB.
+        let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
+        let _ = serde_json::to_writer_pretty(&mut stdout, &report)
+            .map_err(std::io::Error::from)
+            .and_then(|()| stdout.write_all(b"\n"))
+            .and_then(|()| stdout.flush());
     } else {
         print_stdout(&render(&engine, &out, &waiting, now));
     }

@@ -47,6 +47,27 @@ impl PartialEq for Requirement<'_> {
 
 impl Eq for Requirement<'_> {}
 
+/// A key equal for two jobs exactly when their requirements are equal, from the jobs'
+/// cached requirement fingerprints: most jobs are grouped without reading their strings.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum ClassKey<'a> {
+    /// Not pinned: types, zone, TPU name and bucket regions.
+    AnyOf(u128),
+    /// Pinned to a region: types, zone and TPU name, and the region.
+    Pinned(u128, &'a str),
+}
+
+impl<'a> ClassKey<'a> {
+    /// The key of `job`'s requirement.
+    pub(crate) fn of(job: &'a Job) -> ClassKey<'a> {
+        let print = job.print();
+        match &job.placement {
+            Some(p) => ClassKey::Pinned(print.base, &p.region),
+            None => ClassKey::AnyOf(print.with_regions),
+        }
+    }
+}
+
 impl<'a> Requirement<'a> {
     /// The requirement of `job`.
     pub fn of(job: &'a Job) -> Requirement<'a> {
@@ -148,23 +169,11 @@ impl<'a> Demand<'a> {
         known: &mut ClassEntries,
     ) -> Demand<'a> {
         // Only looked up, never iterated: class ids follow job order, so hashing is safe
-        // for determinism and much cheaper than ordered keys at 100k jobs. Keyed by the
-        // job's cached requirement fingerprints, so most jobs are grouped without reading
-        // their strings.
-        #[derive(PartialEq, Eq, Hash)]
-        enum ClassKey<'a> {
-            AnyOf(u128),
-            Pinned(u128, &'a str),
-        }
+        // for determinism and much cheaper than ordered keys at 100k jobs.
         let mut by_req: rustc_hash::FxHashMap<ClassKey<'a>, u32> = rustc_hash::FxHashMap::default();
         let mut demand = Demand::default();
         for job in pending {
-            let print = job.print();
-            let key = match &job.placement {
-                Some(p) => ClassKey::Pinned(print.base, &p.region),
-                None => ClassKey::AnyOf(print.with_regions),
-            };
-            let class = *by_req.entry(key).or_insert_with(|| {
+            let class = *by_req.entry(ClassKey::of(job)).or_insert_with(|| {
                 let req = Requirement::of(job);
                 let (entries, managed_entries) = known.of(job, || {
                     let entries: Vec<u32> = (0..index.fleet.tpus.len())

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use super::demand::Requirement;
+use super::demand::{ClassKey, Requirement};
 use super::fleet_index::FleetIndex;
 use super::observe::{Action, Observation};
 use super::reconcile::PassOutput;
@@ -250,17 +250,16 @@ pub fn explain(
         now,
     };
     // What depends only on the requirement, once per class.
-    let mut by_class: HashMap<String, Vec<Reason>> = HashMap::new();
+    let mut by_class: rustc_hash::FxHashMap<ClassKey<'_>, Vec<Reason>> = Default::default();
     let mut result = Vec::new();
     for job in state
         .jobs
         .values()
         .filter(|j| j.status == JobStatus::Pending)
     {
-        let req = Requirement::of(job);
         let class = by_class
-            .entry(format!("{req:?}"))
-            .or_insert_with(|| class_reasons(&facts, &req));
+            .entry(ClassKey::of(job))
+            .or_insert_with(|| class_reasons(&facts, &Requirement::of(job)));
         let mut codes = Vec::new();
         if let Some(t) = job.not_before.filter(|t| *t > now) {
             codes.push(Reason::BackingOff {
