@@ -150,8 +150,7 @@ impl ChipLimits {
     pub fn of(fleet: &FleetSpec) -> ChipLimits {
         let mut declared: BTreeMap<QuotaKey, u64> = BTreeMap::new();
         for e in &fleet.tpus {
-            *declared.entry(e.quota_key()).or_default() +=
-                u64::from(e.chips_per_tpu()) * u64::from(e.ceiling());
+            *declared.entry(e.quota_key()).or_default() += e.declared_chips();
         }
         let mut limits = ChipLimits::default();
         for (key, limit) in fleet.chip_limits() {

@@ -123,6 +123,11 @@ impl TpuEntry {
         }
     }
 
+    /// The most chips this entry may hold: chips per TPU × its ceiling.
+    pub fn declared_chips(&self) -> u64 {
+        u64::from(self.chips_per_tpu()) * u64::from(self.ceiling())
+    }
+
     /// Chips in one TPU of this entry.
     pub fn chips_per_tpu(&self) -> u32 {
         self.tpu_type.chips()
@@ -761,10 +766,7 @@ fn check_chip_limits(c: &mut Checker<'_>, entries: &[Located<'_>]) {
             continue;
         }
         let limit = first.chip_limit;
-        let requested: u64 = members
-            .iter()
-            .map(|(e, _, _)| u64::from(e.chips_per_tpu()) * u64::from(e.ceiling()))
-            .sum();
+        let requested: u64 = members.iter().map(|(e, _, _)| e.declared_chips()).sum();
         if requested > u64::from(limit) {
             let ids: Vec<String> = members
                 .iter()
