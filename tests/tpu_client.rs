@@ -362,9 +362,9 @@ fn deleting_what_is_gone_succeeds() {
     ]);
     let c = client(&addr);
     c.delete_queued_resource("us-east1-d", "q", "r-1").unwrap();
-    c.delete_node("us-east1-d", "n", "r-2").unwrap();
+    c.delete_node("us-east1-d", "n").unwrap();
     assert_eq!(
-        c.delete_node("us-east1-d", "n", "r-3").unwrap_err().status,
+        c.delete_node("us-east1-d", "n").unwrap_err().status,
         "INVALID_ARGUMENT"
     );
     let seen = seen.lock().unwrap();
@@ -375,7 +375,74 @@ fn deleting_what_is_gone_succeeds() {
     );
     assert_eq!(
         seen[1].target,
-        "/v2/projects/p/locations/us-east1-d/nodes/n?requestId=r-2"
+        "/v2/projects/p/locations/us-east1-d/nodes/n",
+        "nodes.delete declares no requestId in v2: Google refuses it"
+    );
+}
+
+#[test]
+fn guest_attributes_are_told_apart_by_their_place_in_the_reply() {
+    // `GuestAttributes` has no worker id: the reply lists the workers in order.
+    let reply: Value = serde_json::from_str(&fixture("guest-attributes-2-workers.json")).unwrap();
+    let (addr, seen) = server(vec![ok(reply)]);
+    let c = client(&addr);
+    let attributes = c
+        .guest_attributes("us-east1-d", "n", "hostkeys/", 2)
+        .unwrap();
+    let keys: Vec<(u32, &str)> = attributes
+        .iter()
+        .filter(|a| a.key == "ssh-ed25519")
+        .map(|a| (a.worker_id, a.value.as_str()))
+        .collect();
+    assert_eq!(
+        keys,
+        [(0, "AAAAC3NzaC1lZDI1NTE5AAAAIWORKER0"), (1, "AAAAC3NzaC1lZDI1NTE5AAAAIWORKER1")]
+    );
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen[0].target,
+        "/v2/projects/p/locations/us-east1-d/nodes/n:getGuestAttributes"
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&seen[0].body).unwrap(),
+        json!({"queryPath": "hostkeys/"})
+    );
+}
+
+#[test]
+fn a_reply_without_one_entry_per_worker_is_asked_again_worker_by_worker() {
+    // Two workers, but the reply lists one (a worker not yet publishing, say): nothing is
+    // guessed from the order; each worker is asked alone.
+    let one = |key: &str| {
+        json!({"guestAttributes": [{"queryPath": "hostkeys/", "queryValue": {"items": [
+            {"namespace": "hostkeys", "key": "ssh-ed25519", "value": key}]}}]})
+    };
+    let (addr, seen) = server(vec![
+        ok(one("FIRST")),
+        ok(json!({"guestAttributes": [{"queryPath": "hostkeys/", "queryValue": {}}]})),
+        ok(one("SECOND")),
+    ]);
+    let c = client(&addr);
+    let attributes = c
+        .guest_attributes("us-east1-d", "n", "hostkeys/", 2)
+        .unwrap();
+    let keys: Vec<(u32, &str)> = attributes
+        .iter()
+        .map(|a| (a.worker_id, a.value.as_str()))
+        .collect();
+    assert_eq!(keys, [(1, "SECOND")]);
+    let bodies: Vec<Value> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| serde_json::from_str(&s.body).unwrap())
+        .collect();
+    assert_eq!(
+        bodies[1..],
+        [
+            json!({"queryPath": "hostkeys/", "workerIds": ["0"]}),
+            json!({"queryPath": "hostkeys/", "workerIds": ["1"]})
+        ]
     );
 }
 

@@ -387,7 +387,7 @@ impl GcpBackend {
             }
             Action::DeleteNode { name, zone } => {
                 let (name, zone) = (*name, *zone);
-                Box::pin(async move { refused(api.delete_node(&zone, &name, &request_id).await) })
+                Box::pin(async move { refused(api.delete_node(&zone, &name).await) })
             }
             Action::Launch(launch) => self.workers.launch(launch),
             Action::Cancel {

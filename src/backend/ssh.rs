@@ -146,7 +146,12 @@ impl TpuSsh {
         let path = if self.iap.is_some() { "" } else { "hostkeys/" };
         let keys = self
             .client
-            .guest_attributes(&target.zone, &target.tpu, path)
+            .guest_attributes(
+                &target.zone,
+                &target.tpu,
+                path,
+                node.network_endpoints.len() as u32,
+            )
             .map_err(|e| Self::fail(true, target, format!("reading its host keys: {e}")))?;
         for (i, endpoint) in node.network_endpoints.iter().enumerate() {
             let worker = Target {
@@ -170,7 +175,7 @@ impl TpuSsh {
             if let Some(iap) = &self.iap {
                 let instance = keys
                     .iter()
-                    .find(|k| k.worker_id == i.to_string() && k.key == "hostname")
+                    .find(|k| k.worker_id == i as u32 && k.key == "hostname")
                     .map(|k| k.value.as_str())
                     .ok_or_else(|| {
                         Self::fail(
@@ -208,7 +213,7 @@ impl TpuSsh {
                 )?;
             }
             if let Some(k) = keys.iter().find(|k| {
-                k.worker_id == i.to_string() && k.namespace == "hostkeys" && k.key == "ssh-ed25519"
+                k.worker_id == i as u32 && k.namespace == "hostkeys" && k.key == "ssh-ed25519"
             }) {
                 self.ssh.pin(&worker, &format!("ssh-ed25519 {}", k.value));
             }

@@ -1,15 +1,17 @@
 //! Carries out a deploy plan over an `Http` boundary: `Google` (HTTPS with Application
-//! Default Credentials) or, in tests, recorded fixtures. Each step is idempotent: checks
-//! before creates, IAM merges that write only what is missing (with the etag read), uploads
-//! only of artifacts that differ, operations followed to their end. Stops at the first
-//! refusal and says which step. Never logs a request body (the SSH key goes in one).
+//! Default Credentials) or, in tests, a fake as strict as Google's documents. Each step is
+//! idempotent: checks before creates, IAM merges that write only what is missing (with the
+//! etag read), uploads only of artifacts that differ, long-running operations followed to
+//! their end within a deadline fit for each (recognised by the method that returns them,
+//! never guessed from the reply), their errors surfaced. Stops at the first refusal and says
+//! which step. Never logs a request body (the SSH key goes in one).
 
 use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use super::{Binding, Request, Step};
+use super::{Binding, Reply, Request, Step};
 use crate::store::StateStore;
 
 /// One HTTP exchange.
@@ -22,6 +24,11 @@ pub trait Http {
         url: &str,
         body: Option<(&[u8], &str)>,
     ) -> Result<(u16, Vec<u8>), String>;
+
+    /// Waits `d` before an operation is read again (a test's fake lets time pass instead).
+    fn wait(&mut self, d: Duration) {
+        std::thread::sleep(d);
+    }
 }
 
 /// Google's APIs over HTTPS with Application Default Credentials.
@@ -106,7 +113,8 @@ fn refused(what: &str, method: &str, url: &str, code: u16, body: &[u8]) -> Strin
     format!("{what}: {method} {url} → {code}: {message}")
 }
 
-/// Sends `r` (its JSON body), following a long-running operation it returns to its end.
+/// Sends `r` (its JSON body), following the long-running operation it returns (if its
+/// method returns one) to its end; the reply, or the finished operation.
 fn send(
     http: &mut dyn Http,
     what: &str,
@@ -123,36 +131,157 @@ fn send(
         return Err(refused(what, r.method, &r.url, code, &reply));
     }
     let reply = parse(&reply);
-    follow(http, what, &r.url, reply)
+    match r.reply {
+        Reply::Resource | Reply::Started => Ok(reply),
+        Reply::Operation { deadline_secs } => follow(
+            http,
+            what,
+            reply,
+            Duration::from_secs(deadline_secs),
+            &|op| poll_url(&r.url, op["name"].as_str()?),
+            &operation_state,
+        ),
+        Reply::ComputeOperation { deadline_secs } => follow(
+            http,
+            what,
+            reply,
+            Duration::from_secs(deadline_secs),
+            &|op| compute_poll_url(&r.url, op["name"].as_str()?),
+            &compute_operation_state,
+        ),
+    }
 }
 
-/// Polls an operation (`{name, done}`) until it is done; other replies are returned as is.
-fn follow(http: &mut dyn Http, what: &str, url: &str, mut reply: Value) -> Result<Value, String> {
-    let is_operation = |v: &Value| v.get("name").is_some() && v.get("done").is_some();
-    if !is_operation(&reply) {
-        return Ok(reply);
+/// Where a `google.longrunning.Operation` named `name` is read: `/VERSION/<name>` of the
+/// API that returned it (`https://run.googleapis.com/v2/projects/…/operations/…`).
+fn poll_url(url: &str, name: &str) -> Option<String> {
+    let base: Vec<&str> = url.splitn(5, '/').take(4).collect();
+    (base.len() == 4 && !name.is_empty() && !name.contains("..") && !name.contains('?'))
+        .then(|| format!("{}/{name}", base.join("/")))
+}
+
+/// Where a Compute Engine global operation is read (`globalOperations.get`): next to the
+/// collection it was returned from (`…/projects/P/global/operations/<name>`).
+fn compute_poll_url(url: &str, name: &str) -> Option<String> {
+    let global = url.find("/global/")? + "/global/".len();
+    let plain = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    plain.then(|| format!("{}operations/{name}", &url[..global]))
+}
+
+/// Where an operation stands.
+enum OpState {
+    Running,
+    Done,
+    Failed(String),
+}
+
+/// `google.longrunning.Operation`: `done` (omitted while false), then `error` or
+/// `response`; a finished Cloud Build says how the build ended in `response.status`.
+fn operation_state(op: &Value) -> OpState {
+    if op["done"] != json!(true) {
+        return OpState::Running;
     }
-    // `https://host/v1/...` → `https://host/v1/<operation name>`.
-    let base: String = url.splitn(5, '/').take(4).collect::<Vec<_>>().join("/");
-    for _ in 0..120 {
-        if reply["done"] == json!(true) {
-            if let Some(error) = reply.get("error") {
-                return Err(format!("{what}: the operation failed: {error}"));
-            }
-            return Ok(reply);
+    if let Some(e) = op.get("error") {
+        return OpState::Failed(format!(
+            "{} {}",
+            e["status"].as_str().or(e["code"].as_i64().map(grpc_status)).unwrap_or("UNKNOWN"),
+            e["message"].as_str().unwrap_or_default()
+        ));
+    }
+    match op["response"]["status"].as_str() {
+        Some(status) if op["response"]["@type"].as_str().is_some_and(|t| t.ends_with(".Build")) && status != "SUCCESS" => {
+            OpState::Failed(format!(
+                "the build ended {status}: {}",
+                op["response"]["statusDetail"].as_str().unwrap_or_default()
+            ))
         }
-        std::thread::sleep(Duration::from_millis(500));
-        let name = reply["name"].as_str().unwrap_or_default().to_owned();
-        let poll = format!("{base}/{name}");
-        let (code, body) = http.send("GET", &poll, None)?;
+        _ => OpState::Done,
+    }
+}
+
+/// A Compute Engine `Operation`: `status` until `DONE`, then `error.errors[]`.
+fn compute_operation_state(op: &Value) -> OpState {
+    if op["status"] != "DONE" {
+        return OpState::Running;
+    }
+    match op["error"]["errors"].as_array() {
+        Some(errors) if !errors.is_empty() => OpState::Failed(
+            errors
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{}: {}",
+                        e["code"].as_str().unwrap_or("ERROR"),
+                        e["message"].as_str().unwrap_or_default()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+        _ => OpState::Done,
+    }
+}
+
+/// The name of a `google.rpc.Code`.
+fn grpc_status(code: i64) -> &'static str {
+    match code {
+        1 => "CANCELLED",
+        3 => "INVALID_ARGUMENT",
+        4 => "DEADLINE_EXCEEDED",
+        5 => "NOT_FOUND",
+        6 => "ALREADY_EXISTS",
+        7 => "PERMISSION_DENIED",
+        8 => "RESOURCE_EXHAUSTED",
+        9 => "FAILED_PRECONDITION",
+        10 => "ABORTED",
+        13 => "INTERNAL",
+        14 => "UNAVAILABLE",
+        16 => "UNAUTHENTICATED",
+        _ => "UNKNOWN",
+    }
+}
+
+/// Reads the operation `reply` again until it is done, waiting 1 s, then twice as long each
+/// time up to 15 s, for at most `deadline`.
+fn follow(
+    http: &mut dyn Http,
+    what: &str,
+    mut reply: Value,
+    deadline: Duration,
+    at: &dyn Fn(&Value) -> Option<String>,
+    state: &dyn Fn(&Value) -> OpState,
+) -> Result<Value, String> {
+    let url = at(&reply).ok_or_else(|| {
+        format!(
+            "{what}: the reply is not the operation its method returns: {}",
+            reply.to_string().chars().take(300).collect::<String>()
+        )
+    })?;
+    let (mut waited, mut pause) = (Duration::ZERO, Duration::from_secs(1));
+    loop {
+        match state(&reply) {
+            OpState::Done => return Ok(reply),
+            OpState::Failed(why) => return Err(format!("{what}: the operation {url} failed: {why}")),
+            OpState::Running if waited >= deadline => {
+                return Err(format!(
+                    "{what}: the operation {url} was not done after {} s (it may still finish: deploy again to carry on)",
+                    waited.as_secs()
+                ));
+            }
+            OpState::Running => {}
+        }
+        http.wait(pause);
+        waited += pause;
+        pause = (pause * 2).min(Duration::from_secs(15));
+        let (code, body) = http.send("GET", &url, None)?;
         if !(200..300).contains(&code) {
-            return Err(refused(what, "GET", &poll, code, &body));
+            return Err(refused(what, "GET", &url, code, &body));
         }
         reply = parse(&body);
     }
-    Err(format!(
-        "{what}: the operation did not finish within a minute"
-    ))
 }
 
 /// Adds the missing `bindings` to `policy`; true when it changed.
@@ -242,43 +371,12 @@ pub fn apply(
             Step::Grant {
                 what,
                 resource,
-                storage,
+                iam,
                 bindings,
             } => {
-                let (get, set_method, set_url) = if *storage {
-                    (
-                        Request {
-                            method: "GET",
-                            url: format!("{resource}/iam?optionsRequestedPolicyVersion=3"),
-                            body: None,
-                        },
-                        "PUT",
-                        format!("{resource}/iam"),
-                    )
-                } else {
-                    (
-                        Request {
-                            method: "POST",
-                            url: format!("{resource}:getIamPolicy"),
-                            body: Some(json!({"options": {"requestedPolicyVersion": 3}})),
-                        },
-                        "POST",
-                        format!("{resource}:setIamPolicy"),
-                    )
-                };
-                let mut policy = send(http, what, &get, None)?;
+                let mut policy = send(http, what, &iam.read(resource), None)?;
                 if merge(&mut policy, bindings) {
-                    let body = if *storage {
-                        policy
-                    } else {
-                        json!({"policy": policy})
-                    };
-                    let set = Request {
-                        method: set_method,
-                        url: set_url,
-                        body: Some(body),
-                    };
-                    send(http, what, &set, None)?;
+                    send(http, what, &iam.write(resource, policy), None)?;
                     log(format!("granted {what}"));
                 } else {
                     log(format!("ok      {what} (granted already)"));

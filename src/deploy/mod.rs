@@ -40,6 +40,34 @@ pub struct Request {
     /// JSON body, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body: Option<Value>,
+    /// What its reply is (its method's response schema) and how long it is waited for.
+    pub reply: Reply,
+}
+
+/// What a call replies, as its method's response schema in Google's discovery document
+/// says (`tests/deploy.rs` checks each against the document): a resource, or an operation
+/// to follow until it is done. An operation is recognised by the method, never guessed from
+/// the reply (proto-JSON omits `done` while it is false).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reply {
+    /// The resource itself (or a policy): done when it comes.
+    Resource,
+    /// A `google.longrunning.Operation`, read again at `/VERSION/<name>` of the same API
+    /// until it is done, for at most `deadline_secs`; its `error` fails the step.
+    Operation {
+        /// The longest wait.
+        deadline_secs: u64,
+    },
+    /// A Compute Engine `Operation` (`status` until `DONE`, `error.errors[]`), read again
+    /// with `globalOperations.get`.
+    ComputeOperation {
+        /// The longest wait.
+        deadline_secs: u64,
+    },
+    /// An operation that is not waited for: the call starts something that runs on (a
+    /// Cloud Run execution: the controller, for hours).
+    Started,
 }
 
 impl Request {
@@ -48,6 +76,7 @@ impl Request {
             method: "GET",
             url,
             body: None,
+            reply: Reply::Resource,
         }
     }
 
@@ -56,6 +85,95 @@ impl Request {
             method: "POST",
             url,
             body: Some(body),
+            reply: Reply::Resource,
+        }
+    }
+
+    /// The same request, replying with a Compute Engine operation followed for at most
+    /// `secs`.
+    fn compute_operation(self, secs: u64) -> Request {
+        Request {
+            reply: Reply::ComputeOperation {
+                deadline_secs: secs,
+            },
+            ..self
+        }
+    }
+
+    /// The same request, replying with an operation followed for at most `secs`.
+    fn operation(self, secs: u64) -> Request {
+        Request {
+            reply: Reply::Operation {
+                deadline_secs: secs,
+            },
+            ..self
+        }
+    }
+}
+
+/// Where an IAM policy is read and written: each API words `getIamPolicy` its own way
+/// (the discovery documents' methods, checked by `tests/deploy.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IamApi {
+    /// Resource Manager v3: `POST :getIamPolicy` with `{options}`; `POST :setIamPolicy`.
+    ResourceManager,
+    /// IAM v1 service accounts: `POST :getIamPolicy` with no body, the version in the
+    /// query; `POST :setIamPolicy`.
+    ServiceAccount,
+    /// Secret Manager v1: `GET :getIamPolicy`, the version in the query; `POST
+    /// :setIamPolicy`.
+    SecretManager,
+    /// Cloud Storage: `GET /iam`; `PUT /iam` with the policy itself.
+    Storage,
+}
+
+impl IamApi {
+    /// The read of `resource`'s policy (version 3: conditional bindings).
+    pub fn read(self, resource: &str) -> Request {
+        let (method, url, body) = match self {
+            IamApi::ResourceManager => (
+                "POST",
+                format!("{resource}:getIamPolicy"),
+                Some(json!({"options": {"requestedPolicyVersion": 3}})),
+            ),
+            IamApi::ServiceAccount => (
+                "POST",
+                format!("{resource}:getIamPolicy?options.requestedPolicyVersion=3"),
+                None,
+            ),
+            IamApi::SecretManager => (
+                "GET",
+                format!("{resource}:getIamPolicy?options.requestedPolicyVersion=3"),
+                None,
+            ),
+            IamApi::Storage => (
+                "GET",
+                format!("{resource}/iam?optionsRequestedPolicyVersion=3"),
+                None,
+            ),
+        };
+        Request {
+            method,
+            url,
+            body,
+            reply: Reply::Resource,
+        }
+    }
+
+    /// The write of `policy` (as read, with the bindings added) to `resource`.
+    pub fn write(self, resource: &str, policy: Value) -> Request {
+        match self {
+            IamApi::Storage => Request {
+                method: "PUT",
+                url: format!("{resource}/iam"),
+                body: Some(policy),
+                reply: Reply::Resource,
+            },
+            _ => Request::post(
+                format!("{resource}:setIamPolicy"),
+                json!({ "policy": policy }),
+            ),
         }
     }
 }
@@ -85,15 +203,15 @@ pub enum Step {
         /// The create.
         create: Request,
     },
-    /// Read the IAM policy at `resource` (`:getIamPolicy`), add the missing `bindings`, and
-    /// write it back (`:setIamPolicy`, with the etag read) only if something was missing.
+    /// Read the IAM policy at `resource` (`getIamPolicy`), add the missing `bindings`, and
+    /// write it back (`setIamPolicy`, with the etag read) only if something was missing.
     Grant {
         /// What this grants.
         what: String,
         /// The resource URL (without the `:getIamPolicy` suffix).
         resource: String,
-        /// `POST` for most APIs; `GET`/`PUT` for Cloud Storage's `/iam`.
-        storage: bool,
+        /// Which API's policy methods.
+        iam: IamApi,
         /// The bindings.
         bindings: Vec<Binding>,
     },
@@ -160,6 +278,23 @@ pub const CONTROLLER_TPU_PERMISSIONS: [&str; 10] = [
     "tpu.queuedResources.list",
 ];
 
+/// How long the controller image's build may take (Cloud Build's `timeout`).
+const BUILD_TIMEOUT_SECS: u64 = 1200;
+
+/// Regions that have TPUs but no Cloud Storage location of their own (Cloud Storage's
+/// documented locations; `storage.v1.json` lists its regional endpoints without them).
+const NO_STORAGE_LOCATION: [&str; 1] = ["us-central2"];
+
+/// The Cloud Storage location of a bucket meant for `region`: the region itself, or the
+/// `US` multi-region for a TPU-only region (its artifacts are read once per TPU boot).
+fn storage_location(region: &str) -> String {
+    if NO_STORAGE_LOCATION.contains(&region) {
+        "US".into()
+    } else {
+        region.to_uppercase()
+    }
+}
+
 /// The IAP TCP-forwarding range (Google's documented source of IAP tunnels).
 const IAP_RANGE: &str = "35.235.240.0/20";
 
@@ -191,6 +326,7 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
         .then(|| parts[parts.len() - 2..].join("-"))
         .filter(|r| crate::spec::gcp::check_region(r).is_ok())
         .unwrap_or_else(|| region.clone());
+    let bucket_location = storage_location(&bucket_region);
     let controller = account(fleet, "controller");
     let worker = account(fleet, "worker");
     let sa = |email: &str| format!("serviceAccount:{email}");
@@ -206,10 +342,11 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
         request: Request::post(
             format!("https://serviceusage.googleapis.com/v1/projects/{p}/services:batchEnable"),
             json!({ "serviceIds": SERVICES }),
-        ),
+        )
+        .operation(600),
     }];
     steps.push(Step::Ensure {
-        what: format!("runner bucket gs://{bucket} in {bucket_region}"),
+        what: format!("runner bucket gs://{bucket} in {bucket_location}"),
         check: Request::get(format!(
             "https://storage.googleapis.com/storage/v1/b/{bucket}?fields=name"
         )),
@@ -217,7 +354,7 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
             format!("https://storage.googleapis.com/storage/v1/b?project={p}"),
             json!({
                 "name": bucket,
-                "location": bucket_region.to_uppercase(),
+                "location": bucket_location,
                 "iamConfiguration": {
                     "uniformBucketLevelAccess": {"enabled": true},
                     "publicAccessPrevention": "enforced"
@@ -242,7 +379,8 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
                     "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
                     "targetServiceAccounts": [worker],
                 }),
-            ),
+            )
+            .compute_operation(300),
         });
     }
     steps.push(Step::Ensure {
@@ -258,7 +396,8 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
                 "https://firestore.googleapis.com/v1/projects/{p}/databases?databaseId=(default)"
             ),
             json!({"locationId": fleet.firestore_location, "type": "FIRESTORE_NATIVE"}),
-        ),
+        )
+        .operation(600),
     });
     for (who, email) in [("controller", &controller), ("worker", &worker)] {
         steps.push(Step::Ensure {
@@ -296,7 +435,7 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
     steps.push(Step::Grant {
         what: "project: the controller's TPU role, Firestore on its database, log writing; the worker's log writing".into(),
         resource: format!("https://cloudresourcemanager.googleapis.com/v3/projects/{p}"),
-        storage: false,
+        iam: IamApi::ResourceManager,
         bindings: vec![
             Binding {
                 role: format!("projects/{p}/roles/{role}"),
@@ -337,7 +476,7 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
     steps.push(Step::Grant {
         what: "the worker account: the controller may create TPUs that run as it".into(),
         resource: format!("https://iam.googleapis.com/v1/projects/{p}/serviceAccounts/{worker}"),
-        storage: false,
+        iam: IamApi::ServiceAccount,
         bindings: vec![Binding {
             role: "roles/iam.serviceAccountUser".into(),
             member: sa(&controller),
@@ -349,7 +488,7 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
             "runner bucket gs://{bucket}: both accounts read (agent, startup script, fleet)"
         ),
         resource: format!("https://storage.googleapis.com/storage/v1/b/{bucket}"),
-        storage: true,
+        iam: IamApi::Storage,
         bindings: vec![
             Binding {
                 role: "roles/storage.objectViewer".into(),
@@ -368,7 +507,7 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
         steps.push(Step::Grant {
             what: format!("job bucket gs://{b}: workers write statuses, logs and checkpoints; the controller reads them"),
             resource: format!("https://storage.googleapis.com/storage/v1/b/{b}"),
-            storage: true,
+            iam: IamApi::Storage,
             bindings: vec![
                 Binding {
                     role: "roles/storage.objectUser".into(),
@@ -409,7 +548,7 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
     steps.push(Step::Grant {
         what: format!("secret {secret}: the controller reads it"),
         resource: format!("{secrets}/{secret}"),
-        storage: false,
+        iam: IamApi::SecretManager,
         bindings: vec![Binding {
             role: "roles/secretmanager.secretAccessor".into(),
             member: sa(&controller),
@@ -420,7 +559,7 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
         steps.push(Step::Grant {
             what: format!("worker secret {s}: the workers read it"),
             resource: format!("{secrets}/{s}"),
-            storage: false,
+            iam: IamApi::SecretManager,
             bindings: vec![Binding {
                 role: "roles/secretmanager.secretAccessor".into(),
                 member: sa(&worker),
@@ -466,7 +605,8 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
         create: Request::post(
             format!("https://artifactregistry.googleapis.com/v1/projects/{p}/locations/{region}/repositories?repositoryId={repo}"),
             json!({"format": "DOCKER"}),
-        ),
+        )
+        .operation(300),
     });
     steps.push(Step::Send {
         what: format!("build the controller image {image}"),
@@ -476,8 +616,11 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
                 "source": {"storageSource": {"bucket": bucket, "object": "artifacts/controller-image.tar.gz"}},
                 "steps": [{"name": "gcr.io/cloud-builders/docker", "args": ["build", "-t", image, "."]}],
                 "images": [image],
+                "timeout": format!("{BUILD_TIMEOUT_SECS}s"),
             }),
-        ),
+        )
+        // The build's own timeout, then time for Cloud Build to say so.
+        .operation(BUILD_TIMEOUT_SECS + 300),
     });
     steps.push(Step::SetEpoch {
         what: format!(
@@ -513,7 +656,7 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
     steps.push(Step::Ensure {
         what: format!("Cloud Run job {job}"),
         check: Request::get(format!("{jobs}/{job}")),
-        create: Request::post(format!("{jobs}?jobId={job}"), template.clone()),
+        create: Request::post(format!("{jobs}?jobId={job}"), template.clone()).operation(300),
     });
     steps.push(Step::Send {
         what: format!("point {job} at the new image and epoch"),
@@ -521,11 +664,15 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
             method: "PATCH",
             url: format!("{jobs}/{job}"),
             body: Some(template),
+            reply: Reply::Operation { deadline_secs: 300 },
         },
     });
     steps.push(Step::Send {
         what: format!("run {job} (it hands off from any older execution through the lease)"),
-        request: Request::post(format!("{jobs}/{job}:run"), json!({})),
+        request: Request {
+            reply: Reply::Started,
+            ..Request::post(format!("{jobs}/{job}:run"), json!({}))
+        },
     });
     steps
 }
@@ -541,6 +688,17 @@ fn duration_secs(text: &str) -> u64 {
     }
 }
 
+/// How the dry run says a call's operation is followed.
+fn awaits(reply: Reply) -> String {
+    match reply {
+        Reply::Resource => String::new(),
+        Reply::Operation { deadline_secs } | Reply::ComputeOperation { deadline_secs } => {
+            format!(" (an operation: waited for, {} min at most)", deadline_secs / 60)
+        }
+        Reply::Started => " (an operation: started, not waited for)".into(),
+    }
+}
+
 /// The plan as `--dry-run` prints it: one line per call, in order.
 pub fn render(steps: &[Step]) -> String {
     let mut out = String::new();
@@ -552,24 +710,21 @@ pub fn render(steps: &[Step]) -> String {
                 check,
                 create,
             } => out.push_str(&format!(
-                "{n:>2}. {what}\n    {} {}\n    if absent: {} {}\n",
-                check.method, check.url, create.method, create.url
+                "{n:>2}. {what}\n    {} {}\n    if absent: {} {}{}\n",
+                check.method,
+                check.url,
+                create.method,
+                create.url,
+                awaits(create.reply)
             )),
             Step::Grant {
                 what,
                 resource,
-                storage,
+                iam,
                 bindings,
             } => {
-                let (get, set) = if *storage {
-                    (format!("GET {resource}/iam"), format!("PUT {resource}/iam"))
-                } else {
-                    (
-                        format!("POST {resource}:getIamPolicy"),
-                        format!("POST {resource}:setIamPolicy"),
-                    )
-                };
-                out.push_str(&format!("{n:>2}. {what}\n    {get}\n"));
+                let (get, set) = (iam.read(resource), iam.write(resource, json!({})));
+                out.push_str(&format!("{n:>2}. {what}\n    {} {}\n", get.method, get.url));
                 for b in bindings {
                     out.push_str(&format!(
                         "      + {} → {}{}\n",
@@ -578,11 +733,16 @@ pub fn render(steps: &[Step]) -> String {
                         if b.condition.is_some() { " (conditional)" } else { "" }
                     ));
                 }
-                out.push_str(&format!("    if any is missing: {set}\n"));
+                out.push_str(&format!(
+                    "    if any is missing: {} {}\n",
+                    set.method, set.url
+                ));
             }
             Step::Send { what, request } => out.push_str(&format!(
-                "{n:>2}. {what}\n    {} {}\n",
-                request.method, request.url
+                "{n:>2}. {what}\n    {} {}{}\n",
+                request.method,
+                request.url,
+                awaits(request.reply)
             )),
             Step::SetEpoch { what, .. } => out.push_str(&format!(
                 "{n:>2}. {what}\n    through the Firestore store (`<runner>_lease_epochs/controller`)\n"

@@ -58,8 +58,8 @@ pub struct World {
     /// When the pass whose calls are being made started (its first read).
     pass_at: u64,
     next_operation: u64,
-    /// Finished operations by name (the most recent `KEPT` only).
-    operations: HashMap<String, serde_json::Value>,
+    /// Operations by name (the most recent `KEPT` only).
+    operations: HashMap<String, Operation>,
     operation_order: VecDeque<String>,
     /// `requestId` → the operation its first call produced.
     requests: HashMap<String, String>,
@@ -98,6 +98,47 @@ pub struct SshWorker {
 
 /// Operations and page tokens kept (older ones are forgotten: 404 / 400).
 const KEPT: usize = 10_000;
+
+/// Virtual time a long-running operation takes to be done (its effect on the simulated
+/// cloud is immediate: the inventory, not the operation, is what the controller reads).
+const OPERATION_MS: u64 = 2_000;
+
+/// A long-running operation of the TPU API.
+#[derive(Debug)]
+pub(crate) struct Operation {
+    name: String,
+    /// The resource it acts on (`metadata.target`), when known.
+    target: String,
+    verb: String,
+    created_ms: u64,
+    due_ms: u64,
+    reads: u32,
+    /// `response` once done (with its `@type`).
+    response: serde_json::Value,
+}
+
+impl Operation {
+    /// The operation in the API's shape (`google.longrunning.Operation` with the TPU API's
+    /// `OperationMetadata`); proto-JSON omits `done` and `endTime` until it is done.
+    fn json(&self, w: &World, done: bool) -> serde_json::Value {
+        let mut metadata = serde_json::json!({
+            "@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata",
+            "createTime": w.timestamp(self.created_ms),
+            "verb": self.verb,
+            "apiVersion": "v2",
+        });
+        if !self.target.is_empty() {
+            metadata["target"] = serde_json::json!(self.target);
+        }
+        let mut op = serde_json::json!({"name": self.name, "metadata": metadata});
+        if done {
+            op["metadata"]["endTime"] = serde_json::json!(w.timestamp(self.due_ms.min(w.now_ms())));
+            op["done"] = serde_json::json!(true);
+            op["response"] = self.response.clone();
+        }
+        op
+    }
+}
 
 /// The world shared by the server and, in tests, the simulator harness.
 pub type Shared = Arc<Mutex<World>>;
@@ -242,7 +283,9 @@ impl World {
         }
     }
 
-    /// Records a finished operation and returns it.
+    /// Starts an operation and returns it as its call replies: not done yet (proto-JSON
+    /// omits `done` while it is false). It is done once `OPERATION_MS` of virtual time have
+    /// passed, or from its second read on (so a poll on a virtual clock ends).
     pub(crate) fn operation(
         &mut self,
         zone: &str,
@@ -255,39 +298,42 @@ impl World {
             "projects/{}/locations/{zone}/operations/operation-{}",
             self.project, self.next_operation
         );
-        let op = serde_json::json!({
-            "name": name,
-            "metadata": {
-                "@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata",
-                "createTime": self.timestamp(self.now_ms()),
-                "endTime": self.timestamp(self.now_ms()),
-                "verb": verb,
-                "apiVersion": "v2",
+        let now = self.now_ms();
+        let op = Operation {
+            name: name.clone(),
+            target: match response["name"].as_str() {
+                Some(target) => target.to_owned(),
+                None => String::new(),
             },
-            "done": true,
-            "response": response,
-        });
+            verb: verb.to_owned(),
+            created_ms: now,
+            due_ms: now + OPERATION_MS,
+            reads: 0,
+            response,
+        };
         if let Some(id) = request_id.filter(|id| !id.is_empty()) {
             self.requests.insert(id.to_owned(), name.clone());
         }
-        keep(
-            &mut self.operations,
-            &mut self.operation_order,
-            name,
-            op.clone(),
-        );
-        op
+        let reply = op.json(self, false);
+        keep(&mut self.operations, &mut self.operation_order, name, op);
+        reply
     }
 
-    /// The operation a call with `request_id` already produced.
-    pub(crate) fn replayed(&self, request_id: Option<&str>) -> Option<serde_json::Value> {
-        let name = self.requests.get(request_id?)?;
-        self.operations.get(name).cloned()
+    /// The operation a call with `request_id` already produced, as it is now.
+    pub(crate) fn replayed(&mut self, request_id: Option<&str>) -> Option<serde_json::Value> {
+        let name = self.requests.get(request_id?)?.clone();
+        self.find_operation(&name)
     }
 
-    /// An operation by name.
-    pub(crate) fn find_operation(&self, name: &str) -> Option<serde_json::Value> {
-        self.operations.get(name).cloned()
+    /// An operation by name, as it is now (a read).
+    pub(crate) fn find_operation(&mut self, name: &str) -> Option<serde_json::Value> {
+        let now = self.now_ms();
+        let mut op = self.operations.remove(name)?;
+        let done = now >= op.due_ms || op.reads > 0;
+        op.reads += 1;
+        let reply = op.json(self, done);
+        self.operations.insert(name.to_owned(), op);
+        Some(reply)
     }
 
     /// One page of `items` (the rest kept under the returned token).

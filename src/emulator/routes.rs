@@ -22,6 +22,7 @@ use ustr::Ustr;
 use super::{Clock, Created, Shared, World, lock};
 use crate::backend::InFlight;
 use crate::backend::sim::api_refusal;
+use crate::gcp::discovery::{Api, query_pairs};
 use crate::spec::Name;
 
 /// A refusal in the API's error shape.
@@ -30,6 +31,8 @@ pub struct Fail {
     code: StatusCode,
     status: &'static str,
     message: String,
+    /// `error.details` (typed `Any` values), when Google gives them.
+    details: Option<Value>,
 }
 
 impl Fail {
@@ -38,6 +41,7 @@ impl Fail {
             code,
             status,
             message: message.into(),
+            details: None,
         }
     }
 
@@ -56,11 +60,14 @@ impl Fail {
 
 impl IntoResponse for Fail {
     fn into_response(self) -> Response {
-        let body = json!({"error": {
+        let mut body = json!({"error": {
             "code": self.code.as_u16(),
             "message": self.message,
             "status": self.status,
         }});
+        if let Some(details) = self.details {
+            body["error"]["details"] = details;
+        }
         (self.code, Json(body)).into_response()
     }
 }
@@ -80,6 +87,7 @@ fn api_fail(e: &ApiError, zone: &str, what: &str) -> Fail {
             _ => "INTERNAL",
         },
         message: e.message,
+        details: None,
     }
 }
 
@@ -141,7 +149,73 @@ pub fn router(shared: Shared) -> Router {
                 "the TPU API emulator does not serve this path",
             )
         })
+        .layer(axum::middleware::from_fn(front_end))
         .with_state(shared)
+}
+
+/// The TPU API v2 as Google describes it (the discovery document `tests/discovery/` vendors).
+fn tpu_api() -> &'static Api {
+    static API: std::sync::LazyLock<Api> = std::sync::LazyLock::new(|| {
+        Api::parse(include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/discovery/tpu.v2.json"
+        )))
+        .expect("the vendored TPU API document parses (a test reads it)")
+    });
+    &API
+}
+
+/// The largest request body the emulator reads.
+const BODY_LIMIT: usize = 4 << 20;
+
+/// Google's front end before every TPU API call: a path no method has is 404; a query
+/// parameter the method does not declare, a body field its request message does not have,
+/// or a value of the wrong type is 400 `INVALID_ARGUMENT` with a `BadRequest` detail, as
+/// Google's JSON transcoding refuses them. The emulator's own routes pass as they are.
+async fn front_end(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if !request.uri().path().starts_with("/v2/") {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, BODY_LIMIT).await else {
+        return Fail::invalid("the request body is too large").into_response();
+    };
+    let json = if bytes.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                return Fail::invalid(format!("Invalid JSON payload received. {e}"))
+                    .into_response();
+            }
+        }
+    };
+    let api = tpu_api();
+    let path = parts.uri.path();
+    if api.resolve(parts.method.as_str(), path).is_none() {
+        return Fail::new(
+            StatusCode::NOT_FOUND,
+            "NOT_FOUND",
+            format!("{} {path}: the TPU API v2 has no such method", parts.method),
+        )
+        .into_response();
+    }
+    let query = parts.uri.query().map(query_pairs).unwrap_or_default();
+    if let Err(problems) = api.check_request(parts.method.as_str(), path, &query, json.as_ref()) {
+        let violations: Vec<Value> = problems
+            .iter()
+            .map(|p| json!({"description": p}))
+            .collect();
+        let mut fail = Fail::invalid(problems.join("; "));
+        fail.details = Some(json!([{
+            "@type": "type.googleapis.com/google.rpc.BadRequest",
+            "fieldViolations": violations,
+        }]));
+        return fail.into_response();
+    }
+    next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
 }
 
 /// The world for a call on `project`, brought to the wall clock.
@@ -556,9 +630,9 @@ async fn delete_qr(
             let result = w.sim.cloud.delete_queued_resource(z, name);
             let full = &qr;
             match result {
-                Ok(()) => Ok(w.operation(&zone, "delete", q.request_id.as_deref(), json!({}))),
+                Ok(()) => Ok(w.operation(&zone, "delete", q.request_id.as_deref(), empty())),
                 Err(ApiError::Timeout) => {
-                    w.operation(&zone, "delete", q.request_id.as_deref(), json!({}));
+                    w.operation(&zone, "delete", q.request_id.as_deref(), empty());
                     Err(api_fail(&ApiError::Timeout, &zone, full))
                 }
                 Err(e) => Err(api_fail(&e, &zone, full)),
@@ -572,24 +646,20 @@ async fn delete_qr(
 async fn delete_node(
     State(shared): State<Shared>,
     Path((project, zone, node)): Path<(String, String, String)>,
-    Query(q): Query<MutationQuery>,
 ) -> Reply {
     let (wait, reply) = {
         let mut w = world(&shared, &project)?;
         let wait = w.timed_call(CallKind::Mutation);
         let reply = (|| {
-            if let Some(op) = w.replayed(q.request_id.as_deref()) {
-                return Ok(op);
-            }
             let result = w
                 .sim
                 .cloud
                 .delete_node(Ustr::from(&zone), Ustr::from(&node));
             let full = &node;
             match result {
-                Ok(()) => Ok(w.operation(&zone, "delete", q.request_id.as_deref(), json!({}))),
+                Ok(()) => Ok(w.operation(&zone, "delete", None, empty())),
                 Err(ApiError::Timeout) => {
-                    w.operation(&zone, "delete", q.request_id.as_deref(), json!({}));
+                    w.operation(&zone, "delete", None, empty());
                     Err(api_fail(&ApiError::Timeout, &zone, full))
                 }
                 Err(e) => Err(api_fail(&e, &zone, full)),
@@ -600,11 +670,16 @@ async fn delete_node(
     after(wait, reply).await
 }
 
+/// A finished delete's `response`: `google.protobuf.Empty`, typed.
+fn empty() -> Value {
+    json!({"@type": "type.googleapis.com/google.protobuf.Empty"})
+}
+
 async fn get_operation(
     State(shared): State<Shared>,
     Path((project, zone, op)): Path<(String, String, String)>,
 ) -> Reply {
-    let w = world(&shared, &project)?;
+    let mut w = world(&shared, &project)?;
     let name = format!("projects/{project}/locations/{zone}/operations/{op}");
     w.find_operation(&name)
         .map(Json)
@@ -689,18 +764,17 @@ async fn stockout(
     }
 }
 
-/// `POST …/nodes/N:getGuestAttributes {queryPath}`: what each registered worker publishes
-/// — its `hostkeys/ssh-ed25519` and its instance name (`guestInventory/hostname`, as a TPU
-/// VM worker's `t1v-n-…-w-I`) — those under `queryPath` (all when it is empty).
+/// `POST …/nodes/N:getGuestAttributes {queryPath, workerIds}`, as the API answers it: one
+/// `GuestAttributes` per worker asked (every worker, in worker order, when `workerIds` is
+/// empty), with no worker id in it (the schema has none: the order says which is which).
+/// Each registered worker publishes its `hostkeys/ssh-ed25519` and its instance name
+/// (`guestInventory/hostname`, as a TPU VM worker's `t1v-n-…-w-I`); those under `queryPath`
+/// (all when it is empty) are listed.
 async fn node_method(
     State(shared): State<Shared>,
     Path((project, zone, node)): Path<(String, String, String)>,
     body: axum::body::Bytes,
 ) -> Reply {
-    let query: String = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v["queryPath"].as_str().map(str::to_owned))
-        .unwrap_or_default();
     let Some(name) = node.strip_suffix(":getGuestAttributes") else {
         return Err(Fail::new(
             StatusCode::NOT_FOUND,
@@ -708,6 +782,15 @@ async fn node_method(
             format!("the TPU API emulator does not serve POST nodes/{node}"),
         ));
     };
+    // The front end checked the body against GetGuestAttributesRequest.
+    let request: Value = serde_json::from_slice(&body).unwrap_or_else(|_| json!({}));
+    let query = request["queryPath"].as_str().unwrap_or_default().to_owned();
+    let asked: Vec<String> = request["workerIds"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| v.as_str().unwrap_or_default().to_owned())
+        .collect();
     let (wait, reply) = {
         let mut w = world(&shared, &project)?;
         let wait = w.read_call();
@@ -721,33 +804,67 @@ async fn node_method(
             Ok(None) => Err(Fail::not_found(&format!(
                 "projects/{project}/locations/{zone}/nodes/{name}"
             ))),
-            Ok(Some(hosts)) => {
-                let attributes: Vec<Value> = (0..hosts.max(1))
-                    .filter_map(|i| {
-                        let ssh = w.ssh_workers.get(&(zone.clone(), name.to_owned(), i))?;
-                        let (kind, key) = ssh.host_key.trim().split_once(' ')?;
-                        let hostname = format!("t1v-n-{name}-w-{i}");
-                        let items: Vec<Value> = [
-                            ("hostkeys", kind, key),
-                            ("guestInventory", "hostname", hostname.as_str()),
-                        ]
-                        .into_iter()
-                        .filter(|(ns, k, _)| format!("{ns}/{k}").starts_with(&query))
-                        .map(|(ns, k, v)| json!({"namespace": ns, "key": k, "value": v}))
-                        .collect();
-                        Some(json!({
-                            "queryPath": query,
-                            "queryValue": {"items": items},
-                            "workerId": i.to_string(),
-                        }))
-                    })
-                    .collect();
-                Ok(Json(json!({"guestAttributes": attributes})))
-            }
+            Ok(Some(hosts)) => guest_attributes(&w, &zone, name, hosts.max(1), &query, &asked)
+                .map(|attributes| Json(json!({"guestAttributes": attributes}))),
         };
         (wait, reply)
     };
     after(wait, reply).await
+}
+
+fn guest_attributes(
+    w: &World,
+    zone: &str,
+    name: &str,
+    hosts: u32,
+    query: &str,
+    asked: &[String],
+) -> Result<Vec<Value>, Fail> {
+    let workers: Vec<u32> = if asked.is_empty() {
+        (0..hosts).collect()
+    } else {
+        asked
+            .iter()
+            .map(|id| {
+                id.parse::<u32>()
+                    .ok()
+                    .filter(|&i| i < hosts)
+                    .ok_or_else(|| Fail::invalid(format!("Invalid worker ID: {id:?} (the node has {hosts} workers)")))
+            })
+            .collect::<Result<_, _>>()?
+    };
+    Ok(workers
+        .into_iter()
+        .map(|i| {
+            let published = w
+                .ssh_workers
+                .get(&(zone.to_owned(), name.to_owned(), i))
+                .and_then(|ssh| ssh.host_key.trim().split_once(' '))
+                .map(|(kind, key)| (kind.to_owned(), key.to_owned()));
+            let hostname = format!("t1v-n-{name}-w-{i}");
+            let items: Vec<Value> = published
+                .iter()
+                .flat_map(|(kind, key)| {
+                    [
+                        ("hostkeys", kind.as_str(), key.as_str()),
+                        ("guestInventory", "hostname", hostname.as_str()),
+                    ]
+                })
+                .filter(|(ns, k, _)| format!("{ns}/{k}").starts_with(query))
+                .map(|(ns, k, v)| json!({"namespace": ns, "key": k, "value": v}))
+                .collect();
+            // Proto-JSON omits what is empty.
+            let mut value = json!({});
+            if !items.is_empty() {
+                value["items"] = json!(items);
+            }
+            let mut entry = json!({"queryValue": value});
+            if !query.is_empty() {
+                entry["queryPath"] = json!(query);
+            }
+            entry
+        })
+        .collect())
 }
 
 /// `POST /emulator/v1/…/nodes/N/workers/I {ipAddress, port, hostKey}`: worker I of node N is

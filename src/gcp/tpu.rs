@@ -1,7 +1,9 @@
 //! Cloud TPU API v2 REST client: nodes and queued resources listed per zone (paginated,
 //! several zones at once with a bound), nodes fetched by name, Spot queued resources created
-//! and queued resources and nodes deleted with a `requestId` (a retry after a lost reply is
-//! idempotent), long-running operations read. Proto-JSON is parsed tolerantly: unknown fields
+//! and deleted with a `requestId` (a retry after a lost reply is idempotent), nodes deleted
+//! (absent is success), guest attributes read per worker, long-running operations read.
+//! Every request carries only what its method declares in Google's discovery document
+//! (`tests/google_conformance.rs` checks it). Proto-JSON is parsed tolerantly: unknown fields
 //! and enum values, int64 as strings or numbers, omitted defaults, and the v2alpha1 shapes of
 //! `original-behaviour.md` §7 (a bare-string `state`, a `nodeSpec` object). Every call has a
 //! timeout, bounded retries with backoff and jitter (honouring `Retry-After`) and a
@@ -539,10 +541,11 @@ impl Client {
             .block_on(self.api().delete_queued_resource(zone, id, request_id))
     }
 
-    /// Deletes a node; absent is success.
-    pub fn delete_node(&self, zone: &str, id: &str, request_id: &str) -> Result<(), ApiError> {
-        self.rt
-            .block_on(self.api().delete_node(zone, id, request_id))
+    /// Deletes a node; absent is success. (`nodes.delete` takes no `requestId` in v2:
+    /// Google refuses undeclared parameters. A repeated delete is harmless: absent is
+    /// success.)
+    pub fn delete_node(&self, zone: &str, id: &str) -> Result<(), ApiError> {
+        self.rt.block_on(self.api().delete_node(zone, id))
     }
 
     /// The calls as futures, to run several at once on `block_on`.
@@ -556,31 +559,60 @@ impl Client {
     }
 
     /// A node's guest attributes under `query_path` (`hostkeys/`: each worker's SSH host
-    /// keys, published by the TPU VM's guest agent), as (worker id, namespace, key, value).
+    /// keys, published by the TPU VM's guest agent), as (worker id, namespace, key, value),
+    /// for a node of `workers` workers. The reply (`GuestAttributes`) names no worker: it
+    /// holds one entry per worker asked, in worker order. One call asks for every worker;
+    /// if its reply does not hold one entry per worker, each worker is asked alone
+    /// (`workerIds`), so no attribute is ever given to the wrong worker.
     pub fn guest_attributes(
         &self,
         zone: &str,
         node: &str,
         query_path: &str,
+        workers: u32,
     ) -> Result<Vec<GuestAttribute>, ApiError> {
         let inner = self.inner.clone();
         let url = inner.url(zone, &format!("nodes/{node}:getGuestAttributes"));
-        let body = serde_json::json!({ "queryPath": query_path });
+        let ask = |worker: Option<u32>| {
+            let mut body = json!({});
+            if !query_path.is_empty() {
+                body["queryPath"] = json!(query_path);
+            }
+            if let Some(w) = worker {
+                body["workerIds"] = json!([w.to_string()]);
+            }
+            let (inner, url) = (inner.clone(), url.clone());
+            async move {
+                let v = inner
+                    .call(reqwest::Method::POST, &url, Some(body), Kind::Read)
+                    .await?;
+                Ok::<_, ApiError>(
+                    v["guestAttributes"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default(),
+                )
+            }
+        };
         self.rt.block_on(async move {
-            let v = inner
-                .call(reqwest::Method::POST, &url, Some(body), Kind::Read)
-                .await?;
+            let all = ask(None).await?;
+            let entries: Vec<(u32, Value)> = if all.len() == workers as usize {
+                (0..workers).zip(all).collect()
+            } else {
+                let mut each = Vec::new();
+                for w in 0..workers {
+                    if let Some(entry) = ask(Some(w)).await?.into_iter().next() {
+                        each.push((w, entry));
+                    }
+                }
+                each
+            };
             let mut out = Vec::new();
-            for a in v["guestAttributes"].as_array().into_iter().flatten() {
-                let worker = match &a["workerId"] {
-                    Value::String(s) => s.clone(),
-                    Value::Number(n) => n.to_string(),
-                    _ => "0".to_owned(),
-                };
-                for item in a["queryValue"]["items"].as_array().into_iter().flatten() {
+            for (worker, entry) in entries {
+                for item in entry["queryValue"]["items"].as_array().into_iter().flatten() {
                     let text = |k: &str| item[k].as_str().unwrap_or_default().to_owned();
                     out.push(GuestAttribute {
-                        worker_id: worker.clone(),
+                        worker_id: worker,
                         namespace: text("namespace"),
                         key: text("key"),
                         value: text("value"),
@@ -607,8 +639,8 @@ impl Client {
 /// One guest attribute of one worker (`getGuestAttributes`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GuestAttribute {
-    /// The worker (`"0"`, `"1"` …).
-    pub worker_id: String,
+    /// The worker (0-based), by its entry's place in the reply.
+    pub worker_id: u32,
     /// `hostkeys` for SSH host keys.
     pub namespace: String,
     /// The key type (`ssh-ed25519`).
@@ -655,17 +687,9 @@ impl Api {
         self.delete(&url).await
     }
 
-    /// Deletes a node; absent is success.
-    pub async fn delete_node(
-        &self,
-        zone: &str,
-        id: &str,
-        request_id: &str,
-    ) -> Result<(), ApiError> {
-        let url = format!(
-            "{}?requestId={request_id}",
-            self.0.url(zone, &format!("nodes/{id}"))
-        );
+    /// Deletes a node; absent is success (no `requestId`: v2 does not declare one).
+    pub async fn delete_node(&self, zone: &str, id: &str) -> Result<(), ApiError> {
+        let url = self.0.url(zone, &format!("nodes/{id}"));
         self.delete(&url).await
     }
 
