@@ -112,13 +112,8 @@ fn trigger_controller(
     endpoint: Option<&str>,
 ) -> Result<String, Failure> {
     use crate::deploy::apply::Http;
-    let base = endpoint
-        .unwrap_or("https://run.googleapis.com")
-        .trim_end_matches('/');
-    let url = format!(
-        "{base}/v2/projects/{}/locations/{}/jobs/{}-controller:run",
-        fleet.project, fleet.controller_region, fleet.name
-    );
+    let run = crate::deploy::run_controller(fleet, endpoint.unwrap_or("https://run.googleapis.com"));
+    let url = run.url;
     let fail = |why: String| Failure {
         message: format!(
             "error: the jobs are queued, but the controller could not be started: {why}\n  = hint: run `tpu-runner controller`, or deploy the fleet (`tpu-runner deploy`)\n"
@@ -130,7 +125,7 @@ fn trigger_controller(
         None => Box::new(crate::deploy::apply::Google::connect().map_err(fail)?),
     };
     let (code, body) = http
-        .send("POST", &url, Some((b"{}", "application/json")))
+        .send(run.method, &url, Some((b"{}", "application/json")))
         .map_err(fail)?;
     if !(200..300).contains(&code) {
         return Err(fail(format!(

@@ -669,12 +669,28 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
     });
     steps.push(Step::Send {
         what: format!("run {job} (it hands off from any older execution through the lease)"),
-        request: Request {
-            reply: Reply::Started,
-            ..Request::post(format!("{jobs}/{job}:run"), json!({}))
-        },
+        request: run_controller(fleet, "https://run.googleapis.com"),
     });
     steps
+}
+
+/// `jobs.run` of the fleet's Cloud Run controller job at `base` (Cloud Run, or an
+/// emulator): its operation is the execution, done only when the controller stops, so it is
+/// started, not waited for. `deploy` ends with it; `submit` sends it to wake the controller.
+pub fn run_controller(fleet: &FleetSpec, base: &str) -> Request {
+    Request {
+        reply: Reply::Started,
+        ..Request::post(
+            format!(
+                "{}/v2/projects/{}/locations/{}/jobs/{}-controller:run",
+                base.trim_end_matches('/'),
+                fleet.project,
+                fleet.controller_region,
+                fleet.name
+            ),
+            json!({}),
+        )
+    }
 }
 
 /// Seconds of a validated duration (`168h`, `90m`, `3600s`).

@@ -170,15 +170,22 @@ impl Api {
         out
     }
 
-    /// A reply of `method`: what its response schema allows as Google writes it.
+    /// A reply of `method`: what its response schema allows as Google writes it. A
+    /// server-streaming method (Firestore's `batchGet`, `runQuery`) replies over REST with a
+    /// JSON list of its response messages, each checked.
     pub fn check_reply(&self, method: &Method, body: &Value) -> Vec<String> {
         let mut out = Vec::new();
-        match &method.response {
-            Some(schema) => self.check_value(schema, body, Direction::Reply, &mut out),
-            None if !is_empty_object(body) => {
+        match (&method.response, body) {
+            (Some(schema), Value::Array(messages)) => {
+                for m in messages {
+                    self.check_value(schema, m, Direction::Reply, &mut out);
+                }
+            }
+            (Some(schema), _) => self.check_value(schema, body, Direction::Reply, &mut out),
+            (None, _) if !is_empty_object(body) => {
                 out.push(format!("{}: replies with no body, but one came", method.id))
             }
-            None => {}
+            (None, _) => {}
         }
         out
     }
