@@ -506,6 +506,21 @@ fn a_first_deploy_creates_everything_in_order_and_a_second_changes_nothing() {
     }
     assert!(lines.iter().all(|l| !l.starts_with("ok")), "{lines:#?}");
 
+    // Every method a deploy calls, each checked against its document above.
+    let methods: BTreeSet<String> = fake
+        .log
+        .iter()
+        .map(|(m, u, _)| {
+            let (host, target) = google::split_url(u);
+            let api = google::api_at(host).unwrap();
+            api.resolve(m, without_query(target)).unwrap().id.clone()
+        })
+        .collect();
+    insta::assert_snapshot!(
+        "deploy_methods",
+        methods.into_iter().collect::<Vec<_>>().join("\n")
+    );
+
     // Again: everything is found as it is; only the always-sent calls write.
     fake.log.clear();
     fake.operations.clear();

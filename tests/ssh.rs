@@ -318,13 +318,30 @@ struct ApiRig {
 
 impl ApiRig {
     fn new(agent: &str) -> ApiRig {
+        ApiRig::with_hosts(agent, 1)
+    }
+
+    /// The rig with a TPU of `hosts` workers (a `v6e-8` pool of that many hosts).
+    fn with_hosts(agent: &str, hosts: u32) -> ApiRig {
         use tpu_runner::emulator::{self, Clock, World, lock};
         let dir = tempfile::tempdir().unwrap();
         let s = tpu_runner::simulate::scenario::load(
             &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/smoke.yaml"),
         )
         .unwrap();
-        let (sim, _) = tpu_runner::simulate::harness::world_of(&s, 1, None);
+        let (mut sim, _) = tpu_runner::simulate::harness::world_of(&s, 1, None);
+        if hosts > 1 {
+            let mut config = tpu_runner::simulate::harness::cloud_config(&s, 1, None);
+            for pool in &mut config.pools {
+                pool.hosts = hosts;
+            }
+            sim = tpu_runner::backend::sim::SimBackend::new(
+                tpu_runner_sim::SimCloud::new(config),
+                tpu_runner::simulate::harness::EPOCH,
+                "smoke",
+                true,
+            );
+        }
         let world = World::new(sim, &s.fleet.project, Clock::Virtual).shared();
         {
             let mut w = lock(&world);
@@ -372,6 +389,11 @@ impl ApiRig {
 
     /// Tells the emulator worker 0 of the TPU is at `port` with `host_key`.
     fn register(&self, port: u16, host_key: &str) {
+        self.register_worker(0, port, host_key);
+    }
+
+    /// Tells the emulator worker `worker` of the TPU is at `port` with `host_key`.
+    fn register_worker(&self, worker: u32, port: u16, host_key: &str) {
         let out = std::process::Command::new("curl")
             .args([
                 "-sf",
@@ -386,7 +408,7 @@ impl ApiRig {
                     .to_string(),
             )
             .arg(format!(
-                "{}/emulator/v1/projects/{}/locations/us-east1-d/nodes/{TPU}/workers/0",
+                "{}/emulator/v1/projects/{}/locations/us-east1-d/nodes/{TPU}/workers/{worker}",
                 self.running.url(),
                 self.project
             ))
@@ -487,6 +509,59 @@ fn host_keys_come_from_the_tpu_api_never_from_the_worker() {
     rig.register(impostor.port, &impostor.host_key);
     let workers = rig.workers(rig.tpu_ssh(rig.ssh.clone()));
     assert_eq!(rig.launch(&workers, "a-api-3").0, Outcome::Done);
+}
+
+/// A multi-host TPU: each worker's address and host key come from the TPU API, told apart
+/// by their place in the guest attributes' reply (Google's `GuestAttributes` names no
+/// worker). Every worker is reached with its own pinned key and runs its part.
+#[test]
+fn every_worker_of_a_multi_host_tpu_is_reached_with_its_own_published_key() {
+    if !sshd_available() {
+        return;
+    }
+    let rig = ApiRig::with_hosts(env!("CARGO_BIN_EXE_tpu-runner"), 2);
+    let mut servers = Vec::new();
+    for i in 0..2u32 {
+        let root = rig.dir.path().join(format!("roots/w-{i}"));
+        let server = start_sshd(
+            &rig.dir.path().join(format!("sshd-{i}")),
+            &rig.client_public,
+            &[
+                ("TPU_RUNNER_WORKER_ROOT", root.display().to_string()),
+                ("TPU_RUNNER_OBJECTS", rig.objects.display().to_string()),
+            ],
+        );
+        rig.register_worker(i, server.port, &server.host_key);
+        servers.push(server);
+    }
+    let workers = rig.workers(rig.tpu_ssh(rig.ssh.clone()));
+    let mut r = request("a-api-slice", 2, "echo worker $TPU_WORKER_ID");
+    r.tpu_type = TpuType::parse("v6e-8").unwrap();
+    assert_eq!(rig.rt.block_on(workers.launch(&r)), Outcome::Done);
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let f = InFlight {
+            attempt: r.attempt_id,
+            job: r.job_id,
+            bucket: Name::new(BUCKET),
+        };
+        let read = rig.rt.block_on(workers.reports(&[f])).unwrap();
+        let report = read.reports.get(&r.attempt_id).cloned().unwrap_or_default();
+        if report.statuses.len() == 2 {
+            assert!(
+                report.statuses.iter().all(|s| s.command_exit_code == Some(0)),
+                "{report:?}"
+            );
+            break;
+        }
+        assert!(Instant::now() < until, "not every worker ran: {report:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for i in 0..2 {
+        let root = rig.dir.path().join(format!("roots/w-{i}"));
+        tpu_runner::worker::agent::stop_all(&tpu_runner::worker::agent::Root::new(&root));
+    }
+    drop(servers);
 }
 
 fn sha256_hex(data: &[u8]) -> String {

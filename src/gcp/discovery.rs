@@ -82,6 +82,20 @@ impl Api {
         })
     }
 
+    /// Adds a URL binding of `method_id` the document does not carry (`template` from the
+    /// host's root, `{x}` one segment): the discovery format keeps one binding per method and
+    /// drops a method's additional ones, which Google's front end serves all the same.
+    /// False if there is no such method.
+    pub fn add_binding(&mut self, method_id: &str, template: &str) -> bool {
+        match self.methods.iter_mut().find(|m| m.id == method_id) {
+            Some(m) => {
+                m.templates.push(template.to_owned());
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The host it is served at (`tpu.googleapis.com`).
     pub fn host(&self) -> &str {
         self.root_url

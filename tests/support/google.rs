@@ -17,8 +17,18 @@ pub static APIS: LazyLock<BTreeMap<String, Api>> = LazyLock::new(|| {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "json") {
-            let api = Api::parse(&std::fs::read_to_string(&path).unwrap())
+            let mut api = Api::parse(&std::fs::read_to_string(&path).unwrap())
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            // Firestore's runQuery at the database root (`…/documents:runQuery`): the
+            // method's own description names this parent form ("projects/{project_id}/
+            // databases/{database_id}/documents or …/documents/{document_path}"), but the
+            // document keeps only the binding for a document path.
+            if api.name == "firestore" {
+                assert!(api.add_binding(
+                    "firestore.projects.databases.documents.runQuery",
+                    "/v1/projects/{projectsId}/databases/{databasesId}/documents:runQuery",
+                ));
+            }
             apis.insert(api.name.clone(), api);
         }
     }
