@@ -35,10 +35,30 @@ fn responses() -> Value {
 /// Cloud Storage's bucket locations (its documented regions and multi-regions); Google
 /// refuses any other with 400.
 const STORAGE_LOCATIONS: &[&str] = &[
-    "US", "EU", "ASIA", "NAM4", "EUR4", "ASIA1", "US-CENTRAL1", "US-EAST1", "US-EAST4",
-    "US-EAST5", "US-SOUTH1", "US-WEST1", "US-WEST2", "US-WEST3", "US-WEST4", "EUROPE-WEST1",
-    "EUROPE-WEST2", "EUROPE-WEST3", "EUROPE-WEST4", "EUROPE-WEST6", "ASIA-EAST1",
-    "ASIA-NORTHEAST1", "ASIA-SOUTHEAST1", "SOUTHAMERICA-EAST1",
+    "US",
+    "EU",
+    "ASIA",
+    "NAM4",
+    "EUR4",
+    "ASIA1",
+    "US-CENTRAL1",
+    "US-EAST1",
+    "US-EAST4",
+    "US-EAST5",
+    "US-SOUTH1",
+    "US-WEST1",
+    "US-WEST2",
+    "US-WEST3",
+    "US-WEST4",
+    "EUROPE-WEST1",
+    "EUROPE-WEST2",
+    "EUROPE-WEST3",
+    "EUROPE-WEST4",
+    "EUROPE-WEST6",
+    "ASIA-EAST1",
+    "ASIA-NORTHEAST1",
+    "ASIA-SOUTHEAST1",
+    "SOUTHAMERICA-EAST1",
 ];
 
 /// An operation the fake is running: read again at its poll URL until `reads` is 0.
@@ -100,7 +120,10 @@ impl Fake {
             shapes: responses(),
             log: Vec::new(),
             existing: BTreeSet::new(),
-            planned: creates.values().map(|u| without_query(u).to_owned()).collect(),
+            planned: creates
+                .values()
+                .map(|u| without_query(u).to_owned())
+                .collect(),
             creates,
             operations: BTreeMap::new(),
             next_operation: 0,
@@ -129,11 +152,20 @@ impl Fake {
     }
 
     fn error(code: u16, status: &str, message: &str) -> (u16, Value) {
-        (code, json!({"error": {"code": code, "message": message, "status": status}}))
+        (
+            code,
+            json!({"error": {"code": code, "message": message, "status": status}}),
+        )
     }
 
     /// Starts an operation for a call to `url` (named as that API names its operations).
-    fn start(&mut self, url: &str, makes: Option<String>, response: Value, forever: bool) -> (u16, Value) {
+    fn start(
+        &mut self,
+        url: &str,
+        makes: Option<String>,
+        response: Value,
+        forever: bool,
+    ) -> (u16, Value) {
         self.next_operation += 1;
         let n = self.next_operation;
         let (host, target) = google::split_url(url);
@@ -158,7 +190,16 @@ impl Fake {
             let mut finished = pending.clone();
             finished["status"] = json!("DONE");
             finished["progress"] = json!(100);
-            self.operations.insert(link, Running { reads, pending: pending.clone(), finished, makes, enables: false });
+            self.operations.insert(
+                link,
+                Running {
+                    reads,
+                    pending: pending.clone(),
+                    finished,
+                    makes,
+                    enables: false,
+                },
+            );
             return (200, pending);
         }
         let project = "local-project";
@@ -167,7 +208,11 @@ impl Fake {
         } else if host == "firestore.googleapis.com" {
             format!("projects/{project}/databases/(default)/operations/ASA3NDEw{n:04}")
         } else {
-            let location = target.split("/locations/").nth(1).and_then(|r| r.split('/').next()).unwrap();
+            let location = target
+                .split("/locations/")
+                .nth(1)
+                .and_then(|r| r.split('/').next())
+                .unwrap();
             format!("projects/{project}/locations/{location}/operations/operation-{n:04}")
         };
         let pending = json!({"name": name, "metadata": {"@type": "type.googleapis.com/google.protobuf.Empty"}});
@@ -178,20 +223,43 @@ impl Fake {
             None => finished["response"] = response,
         }
         let enables = host == "serviceusage.googleapis.com";
-        self.operations.insert(format!("https://{host}/{version}/{name}"), Running { reads, pending: pending.clone(), finished, makes, enables });
+        self.operations.insert(
+            format!("https://{host}/{version}/{name}"),
+            Running {
+                reads,
+                pending: pending.clone(),
+                finished,
+                makes,
+                enables,
+            },
+        );
         (200, pending)
     }
 
-    fn answer(&mut self, method: &str, url: &str, body: &Value, bytes: Option<&[u8]>) -> (u16, Value) {
+    fn answer(
+        &mut self,
+        method: &str,
+        url: &str,
+        body: &Value,
+        bytes: Option<&[u8]>,
+    ) -> (u16, Value) {
         let (host, _) = google::split_url(url);
         if !self.services_enabled && host != "serviceusage.googleapis.com" {
-            return Fake::error(403, "PERMISSION_DENIED", &format!("{host} has not been used in project local-project before or it is disabled (SERVICE_DISABLED)"));
+            return Fake::error(
+                403,
+                "PERMISSION_DENIED",
+                &format!(
+                    "{host} has not been used in project local-project before or it is disabled (SERVICE_DISABLED)"
+                ),
+            );
         }
         if let Some(op) = self.operations.get_mut(url) {
             return match &mut op.reads {
                 Some(0) => {
                     let finished = op.finished.clone();
-                    if finished.get("error").is_none() && (finished["done"] == true || finished["status"] == "DONE") {
+                    if finished.get("error").is_none()
+                        && (finished["done"] == true || finished["status"] == "DONE")
+                    {
                         if let Some(makes) = op.makes.take() {
                             self.existing.insert(makes);
                         }
@@ -242,26 +310,42 @@ impl Fake {
         }
         // IAM policies: of a resource the plan makes only once it exists.
         if url.contains(":getIamPolicy") || (method == "GET" && url.contains("/iam?")) {
-            let resource = without_query(url).trim_end_matches(":getIamPolicy").trim_end_matches("/iam");
-            if self.planned.contains(resource) && !self.existing.iter().any(|e| without_query(e) == resource) {
+            let resource = without_query(url)
+                .trim_end_matches(":getIamPolicy")
+                .trim_end_matches("/iam");
+            if self.planned.contains(resource)
+                && !self.existing.iter().any(|e| without_query(e) == resource)
+            {
                 return (404, self.shape("not_found"));
             }
             let bucket = url.contains("/iam?");
             let policy = self.policies.get(resource).cloned().unwrap_or_else(|| {
-                self.shape(if bucket { "empty_bucket_policy" } else { "empty_policy" })
+                self.shape(if bucket {
+                    "empty_bucket_policy"
+                } else {
+                    "empty_policy"
+                })
             });
             return (200, policy);
         }
         if url.ends_with(":setIamPolicy") || (method == "PUT" && url.ends_with("/iam")) {
-            let resource = url.trim_end_matches(":setIamPolicy").trim_end_matches("/iam");
+            let resource = url
+                .trim_end_matches(":setIamPolicy")
+                .trim_end_matches("/iam");
             let policy = body.get("policy").cloned().unwrap_or(body.clone());
-            assert!(policy.get("etag").is_some(), "a policy written without the etag read: {url}");
+            assert!(
+                policy.get("etag").is_some(),
+                "a policy written without the etag read: {url}"
+            );
             self.policies.insert(resource.to_owned(), policy.clone());
             return (200, policy);
         }
         if method == "GET" {
             return if self.existing.contains(url) {
-                (200, json!({"name": format!("resource at {}", without_query(url))}))
+                (
+                    200,
+                    json!({"name": format!("resource at {}", without_query(url))}),
+                )
             } else {
                 (404, self.shape("not_found"))
             };
@@ -269,12 +353,28 @@ impl Fake {
         if url.starts_with("https://storage.googleapis.com/storage/v1/b?") {
             let location = body["location"].as_str().unwrap_or_default();
             if !STORAGE_LOCATIONS.contains(&location) {
-                return Fake::error(400, "INVALID_ARGUMENT", &format!("Invalid location: {location}"));
+                return Fake::error(
+                    400,
+                    "INVALID_ARGUMENT",
+                    &format!("Invalid location: {location}"),
+                );
             }
         }
-        let built = self.operations.iter().any(|(_, o)| o.finished["response"]["@type"].as_str().is_some_and(|t| t.ends_with(".Build")) && o.reads == Some(0));
-        if url.starts_with("https://run.googleapis.com/") && (method == "PATCH" || url.contains("jobId=")) && !built {
-            return Fake::error(400, "INVALID_ARGUMENT", "Image 'us-central1-docker.pkg.dev/local-project/local-stack/controller:e-test-1' not found.");
+        let built = self.operations.iter().any(|(_, o)| {
+            o.finished["response"]["@type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with(".Build"))
+                && o.reads == Some(0)
+        });
+        if url.starts_with("https://run.googleapis.com/")
+            && (method == "PATCH" || url.contains("jobId="))
+            && !built
+        {
+            return Fake::error(
+                400,
+                "INVALID_ARGUMENT",
+                "Image 'us-central1-docker.pkg.dev/local-project/local-stack/controller:e-test-1' not found.",
+            );
         }
         let key = (url.to_owned(), create_key(url, Some(body)));
         let makes = self.creates.get(&key).cloned();
@@ -282,7 +382,9 @@ impl Fake {
         let api = google::api_at(host).unwrap();
         let method_info = api.resolve(method, without_query(target)).unwrap();
         match method_info.response.as_deref() {
-            Some("Operation" | "GoogleLongrunningOperation") if host == "compute.googleapis.com" => {
+            Some("Operation" | "GoogleLongrunningOperation")
+                if host == "compute.googleapis.com" =>
+            {
                 self.start(url, makes, Value::Null, false)
             }
             Some("Operation" | "GoogleLongrunningOperation") => {
@@ -299,7 +401,10 @@ impl Fake {
                 if let Some(check) = makes {
                     self.existing.insert(check);
                 }
-                (200, json!({"name": format!("made by {}", without_query(url))}))
+                (
+                    200,
+                    json!({"name": format!("made by {}", without_query(url))}),
+                )
             }
         }
     }
@@ -315,7 +420,9 @@ fn create_key(url: &str, body: Option<&Value>) -> String {
     if url.ends_with(":addVersion") {
         return String::new();
     }
-    body.filter(|b| !b.is_null()).map(Value::to_string).unwrap_or_default()
+    body.filter(|b| !b.is_null())
+        .map(Value::to_string)
+        .unwrap_or_default()
 }
 
 const STORAGE_OBJECTS: &str = "https://storage.googleapis.com/storage/v1/b/";
@@ -342,7 +449,8 @@ impl Http for Fake {
         // Google's front end first: a request its document does not define is refused.
         let (host, target) = google::split_url(url);
         let Some(api) = google::api_at(host) else {
-            self.violations.push(format!("{method} {url}: no vendored document for {host}"));
+            self.violations
+                .push(format!("{method} {url}: no vendored document for {host}"));
             return Ok((404, b"{}".to_vec()));
         };
         let sent = google::Sent {
@@ -425,7 +533,10 @@ fn try_deploy(fake: &mut Fake, store: &mut dyn StateStore) -> Result<Vec<String>
 
 fn deploy(fake: &mut Fake, store: &mut dyn StateStore) -> Vec<String> {
     let lines = try_deploy(fake, store).unwrap_or_else(|e| {
-        panic!("deploy failed: {e}\nwhat Google would refuse: {:#?}", fake.violations)
+        panic!(
+            "deploy failed: {e}\nwhat Google would refuse: {:#?}",
+            fake.violations
+        )
     });
     assert!(
         fake.violations.is_empty(),
@@ -457,7 +568,10 @@ fn a_first_deploy_creates_everything_in_order_and_a_second_changes_nothing() {
         .map(|(u, _)| u)
         .collect();
     assert_eq!(unfinished.len(), 1, "{unfinished:?}");
-    assert!(unfinished[0].contains("run.googleapis.com"), "{unfinished:?}");
+    assert!(
+        unfinished[0].contains("run.googleapis.com"),
+        "{unfinished:?}"
+    );
     assert!(fake.waited >= Duration::from_secs(3), "{:?}", fake.waited);
     let sequence: Vec<String> = fake
         .log
@@ -554,7 +668,10 @@ fn a_refusal_names_its_step_and_stops() {
                 return Ok((403, br#"{"error":{"code":403,"message":"Permission denied on project local-project","status":"PERMISSION_DENIED"}}"#.to_vec()));
             }
             // Every call succeeds, every operation at once.
-            Ok((200, br#"{"name": "operations/op-1", "done": true}"#.to_vec()))
+            Ok((
+                200,
+                br#"{"name": "operations/op-1", "done": true}"#.to_vec(),
+            ))
         }
     }
     let (_dir, mut store) = store();
@@ -617,7 +734,10 @@ fn a_failed_operation_stops_the_deploy_with_its_reason() {
     assert!(e.starts_with("build the controller image"), "{e}");
     assert!(e.contains("failed: INVALID_ARGUMENT Build step 0"), "{e}");
     assert!(
-        !fake.log.iter().any(|(_, u, _)| u.contains("run.googleapis.com")),
+        !fake
+            .log
+            .iter()
+            .any(|(_, u, _)| u.contains("run.googleapis.com")),
         "nothing after the failed build ran"
     );
     assert_eq!(store.lease().unwrap().1, None);

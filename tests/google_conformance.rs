@@ -174,7 +174,8 @@ fn judge(api: &'static Api, exchanges: &[Exchange], replies: bool) -> BTreeSet<S
 /// Google's error reply: `{"error": {code, message, status, details?}}` with the HTTP
 /// status as `code`, a `google.rpc.Code` name as `status`, typed details.
 fn error_shape(status: u16, body: &[u8]) -> Result<(), String> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("an error that is not JSON: {e}"))?;
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| format!("an error that is not JSON: {e}"))?;
     let e = v["error"].as_object().ok_or("no `error` object")?;
     let known: BTreeSet<&str> = ["code", "message", "status", "details"].into();
     if let Some(k) = e.keys().find(|k| !known.contains(k.as_str())) {
@@ -184,15 +185,36 @@ fn error_shape(status: u16, body: &[u8]) -> Result<(), String> {
         return Err(format!("error.code is not the HTTP status {status}: {v}"));
     }
     const CODES: [&str; 16] = [
-        "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-        "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-        "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
         "UNAUTHENTICATED",
     ];
-    if !e.get("status").and_then(Value::as_str).is_some_and(|s| CODES.contains(&s)) {
+    if !e
+        .get("status")
+        .and_then(Value::as_str)
+        .is_some_and(|s| CODES.contains(&s))
+    {
         return Err(format!("error.status is not a google.rpc.Code: {v}"));
     }
-    for d in e.get("details").and_then(Value::as_array).into_iter().flatten() {
+    for d in e
+        .get("details")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         if !d["@type"].is_string() {
             return Err(format!("an error detail without its @type: {v}"));
         }
@@ -274,17 +296,26 @@ fn the_tpu_client_and_the_emulator_speak_the_tpu_api_v2_document() {
     let c = client(&proxy.url);
 
     let op = c
-        .create_queued_resource(&request("conf-big", "v6e-16"), "6f1c1b3e-0000-4000-8000-000000000001")
+        .create_queued_resource(
+            &request("conf-big", "v6e-16"),
+            "6f1c1b3e-0000-4000-8000-000000000001",
+        )
         .unwrap();
     assert!(!op.done, "an operation takes time: {op:?}");
-    c.create_queued_resource(&request("conf-small", "v6e-8"), "6f1c1b3e-0000-4000-8000-000000000002")
-        .unwrap();
+    c.create_queued_resource(
+        &request("conf-small", "v6e-8"),
+        "6f1c1b3e-0000-4000-8000-000000000002",
+    )
+    .unwrap();
     let read = c.operation(&op.name).unwrap();
     let again = c.operation(&op.name).unwrap();
     assert!(again.done, "{read:?} {again:?}");
     lock(&world).sim.cloud.advance_to(3_600_000);
 
-    let qrs = c.list_queued_resources(&[EAST.to_owned()]).remove(0).unwrap();
+    let qrs = c
+        .list_queued_resources(&[EAST.to_owned()])
+        .remove(0)
+        .unwrap();
     assert_eq!(qrs.len(), 2);
     let nodes = c.list_nodes(&[EAST.to_owned()]).remove(0).unwrap();
     assert_eq!(nodes.len(), 2, "{nodes:?}");
@@ -310,9 +341,17 @@ fn the_tpu_client_and_the_emulator_speak_the_tpu_api_v2_document() {
             );
         }
     }
-    let keys = c.guest_attributes(EAST, "conf-big", "hostkeys/", 4).unwrap();
-    let by_worker: Vec<(u32, &str)> = keys.iter().map(|a| (a.worker_id, a.value.as_str())).collect();
-    assert_eq!(by_worker, [(1, "AAAAKEYOFWORKER1"), (3, "AAAAKEYOFWORKER3")]);
+    let keys = c
+        .guest_attributes(EAST, "conf-big", "hostkeys/", 4)
+        .unwrap();
+    let by_worker: Vec<(u32, &str)> = keys
+        .iter()
+        .map(|a| (a.worker_id, a.value.as_str()))
+        .collect();
+    assert_eq!(
+        by_worker,
+        [(1, "AAAAKEYOFWORKER1"), (3, "AAAAKEYOFWORKER3")]
+    );
     let all = c.guest_attributes(EAST, "conf-big", "", 4).unwrap();
     assert!(
         all.iter()
@@ -402,8 +441,14 @@ fn a_controller_on_the_emulator_sends_and_receives_only_what_the_document_define
     );
     backend.inventory(&scope, now, &mut inventory).unwrap();
     let reached = judge(&google::APIS["tpu"], &proxy.exchanges(), true);
-    assert!(reached.contains("tpu.projects.locations.nodes.delete"), "{reached:?}");
-    assert!(reached.contains("tpu.projects.locations.nodes.get"), "adopted TPUs are read by name: {reached:?}");
+    assert!(
+        reached.contains("tpu.projects.locations.nodes.delete"),
+        "{reached:?}"
+    );
+    assert!(
+        reached.contains("tpu.projects.locations.nodes.get"),
+        "adopted TPUs are read by name: {reached:?}"
+    );
 }
 
 /// One raw HTTP call: its status and JSON reply.
@@ -435,14 +480,17 @@ fn the_emulator_refuses_unknown_parameters_and_fields_as_google_does() {
         error_shape(400, &serde_json::to_vec(&body).unwrap()).unwrap();
         assert_eq!(body["error"]["status"], "INVALID_ARGUMENT", "{body}");
         assert_eq!(
-            body["error"]["details"][0]["@type"],
-            "type.googleapis.com/google.rpc.BadRequest",
+            body["error"]["details"][0]["@type"], "type.googleapis.com/google.rpc.BadRequest",
             "{body}"
         );
         body
     };
     // The v2alpha1 parameter on v2's nodes.delete: the defect that would leave nodes billing.
-    let body = refused(call("DELETE", &format!("{base}/nodes/conf-small?requestId=r-1"), None));
+    let body = refused(call(
+        "DELETE",
+        &format!("{base}/nodes/conf-small?requestId=r-1"),
+        None,
+    ));
     let message = body["error"]["message"].as_str().unwrap();
     assert!(
         message.contains("Unknown name \"requestId\": Cannot bind query parameter"),
@@ -483,16 +531,17 @@ fn the_emulator_refuses_unknown_parameters_and_fields_as_google_does() {
     );
 }
 
-/// The GCS emulator's endpoint, if one runs.
-fn storage_emulator() -> Option<String> {
-    match std::env::var("STORAGE_EMULATOR_HOST") {
+/// The emulator `var` names (`STORAGE_EMULATOR_HOST`, `FIRESTORE_EMULATOR_HOST`), if one
+/// runs; without one the test says so and skips (and fails where CI requires emulators).
+fn emulator_at(var: &str) -> Option<String> {
+    match std::env::var(var) {
         Ok(host) if !host.trim().is_empty() => Some(Endpoint::emulator(host.trim()).base),
         _ => {
             assert!(
                 std::env::var("TPU_RUNNER_REQUIRE_EMULATORS").as_deref() != Ok("1"),
-                "STORAGE_EMULATOR_HOST is not set: start fake-gcs-server (.ci/run does)"
+                "{var} is not set: start its emulator (.ci/run does)"
             );
-            eprintln!("skipped: set STORAGE_EMULATOR_HOST (README, Development)");
+            eprintln!("skipped: set {var} (README, Development)");
             None
         }
     }
@@ -503,23 +552,34 @@ fn storage_emulator() -> Option<String> {
 #[test]
 fn the_cloud_storage_client_speaks_the_storage_v1_document() {
     use tpu_runner::gcp::storage::Storage;
-    let Some(upstream) = storage_emulator() else {
+    let Some(upstream) = emulator_at("STORAGE_EMULATOR_HOST") else {
         return;
     };
     let proxy = Proxy::to(&upstream);
     let s = Storage::new(Endpoint::emulator(&proxy.url), RetryPolicy::default()).unwrap();
     let bucket = format!("conf-{}", std::process::id());
-    s.create_bucket("conf-project", &bucket, "US-EAST1").unwrap();
+    s.create_bucket("conf-project", &bucket, "US-EAST1")
+        .unwrap();
     // (fake-gcs-server keeps its own location: only the call is judged.)
     assert!(s.bucket_location(&bucket).unwrap().is_some());
     let name = "jobs/j 1/status/w-0.json";
-    s.put(&bucket, name, b"{}", "application/json", true).unwrap();
-    let e = s.put(&bucket, name, b"{}", "application/json", true).unwrap_err();
+    s.put(&bucket, name, b"{}", "application/json", true)
+        .unwrap();
+    let e = s
+        .put(&bucket, name, b"{}", "application/json", true)
+        .unwrap_err();
     assert_eq!(e.status, "FAILED_PRECONDITION", "create-only: {e}");
-    s.put(&bucket, name, b"{\"a\":1}", "application/json", false).unwrap();
-    assert_eq!(s.get(&bucket, name, 1 << 20).unwrap().unwrap(), b"{\"a\":1}");
+    s.put(&bucket, name, b"{\"a\":1}", "application/json", false)
+        .unwrap();
+    assert_eq!(
+        s.get(&bucket, name, 1 << 20).unwrap().unwrap(),
+        b"{\"a\":1}"
+    );
     let dir = tempfile::tempdir().unwrap();
-    assert!(s.download(&bucket, name, &dir.path().join("f"), 1 << 20).unwrap());
+    assert!(
+        s.download(&bucket, name, &dir.path().join("f"), 1 << 20)
+            .unwrap()
+    );
     assert_eq!(s.list(&bucket, "jobs/").unwrap().len(), 1);
     s.delete(&bucket, name).unwrap();
     assert!(s.get(&bucket, name, 1 << 20).unwrap().is_none());
@@ -537,21 +597,6 @@ fn the_cloud_storage_client_speaks_the_storage_v1_document() {
     );
 }
 
-/// The Firestore emulator's address, if one runs.
-fn firestore_emulator() -> Option<String> {
-    match std::env::var("FIRESTORE_EMULATOR_HOST") {
-        Ok(host) if !host.trim().is_empty() => Some(Endpoint::emulator(host.trim()).base),
-        _ => {
-            assert!(
-                std::env::var("TPU_RUNNER_REQUIRE_EMULATORS").as_deref() != Ok("1"),
-                "FIRESTORE_EMULATOR_HOST is not set: start the Firestore emulator (.ci/run does)"
-            );
-            eprintln!("skipped: set FIRESTORE_EMULATOR_HOST (README, Development)");
-            None
-        }
-    }
-}
-
 /// The Firestore store (lease, epoch, loads, commits with preconditions, history queries
 /// with cursors) sends what Firestore's document defines, and Google's own Firestore
 /// emulator answers in its response schemas.
@@ -560,17 +605,24 @@ fn the_firestore_store_speaks_the_firestore_v1_document() {
     use tpu_runner::engine::Timestamp;
     use tpu_runner::store::StateStore;
     use tpu_runner::store::firestore::FirestoreStore;
-    let Some(upstream) = firestore_emulator() else {
+    let Some(upstream) = emulator_at("FIRESTORE_EMULATOR_HOST") else {
         return;
     };
     let proxy = Proxy::to(&upstream);
     let runner = format!("conf{}", std::process::id());
-    let mut store =
-        FirestoreStore::open("demo-tpu-runner", "(default)", &runner, Endpoint::emulator(&proxy.url))
-            .unwrap();
+    let mut store = FirestoreStore::open(
+        "demo-tpu-runner",
+        "(default)",
+        &runner,
+        Endpoint::emulator(&proxy.url),
+    )
+    .unwrap();
     let now = Timestamp::from_secs(1_767_225_600);
     store.set_epoch("e-1", now).unwrap();
-    store.acquire_lease("controller-a", "e-1", 60, now).unwrap().unwrap();
+    store
+        .acquire_lease("controller-a", "e-1", 60, now)
+        .unwrap()
+        .unwrap();
     store.lease().unwrap();
     let loaded = store.load_active().unwrap();
     let _ = loaded;
@@ -611,14 +663,43 @@ fn a_call_the_documents_do_not_define_is_refused() {
     };
     let p = "/v2/projects/p/locations/z";
     for (s, why) in [
-        (sent("DELETE", &format!("{p}/nodes/n?requestId=1"), ""), "Unknown name \"requestId\""),
-        (sent("POST", &format!("{p}/nodes/n:getGuestAttributes"), r#"{"workerId": "1"}"#), "Unknown name \"workerId\""),
-        (sent("POST", &format!("{p}/nodes/n:reboot"), "{}"), "no method"),
+        (
+            sent("DELETE", &format!("{p}/nodes/n?requestId=1"), ""),
+            "Unknown name \"requestId\"",
+        ),
+        (
+            sent(
+                "POST",
+                &format!("{p}/nodes/n:getGuestAttributes"),
+                r#"{"workerId": "1"}"#,
+            ),
+            "Unknown name \"workerId\"",
+        ),
+        (
+            sent("POST", &format!("{p}/nodes/n:reboot"), "{}"),
+            "no method",
+        ),
         (sent("PUT", &format!("{p}/nodes/n"), "{}"), "no method"),
-        (sent("GET", &format!("{p}/queuedResources?pageSize=x"), ""), "TYPE_INTEGER"),
-        (sent("DELETE", &format!("{p}/queuedResources/q?force=maybe"), ""), "TYPE_BOOLEAN"),
-        (sent("GET", &format!("{p}/nodes/n"), r#"{"a": 1}"#), "takes no request body"),
-        (sent("POST", &format!("{p}/queuedResources?queuedResourceId=q"), r#"{"tpu": {"nodeSpec": [{"node": {"state": "SLEEPING"}}]}}"#), "not a value of the enum"),
+        (
+            sent("GET", &format!("{p}/queuedResources?pageSize=x"), ""),
+            "TYPE_INTEGER",
+        ),
+        (
+            sent("DELETE", &format!("{p}/queuedResources/q?force=maybe"), ""),
+            "TYPE_BOOLEAN",
+        ),
+        (
+            sent("GET", &format!("{p}/nodes/n"), r#"{"a": 1}"#),
+            "takes no request body",
+        ),
+        (
+            sent(
+                "POST",
+                &format!("{p}/queuedResources?queuedResourceId=q"),
+                r#"{"tpu": {"nodeSpec": [{"node": {"state": "SLEEPING"}}]}}"#,
+            ),
+            "not a value of the enum",
+        ),
     ] {
         let e = google::check_request(tpu, &s).unwrap_err();
         assert!(e.contains(why), "{why}: {e}");
@@ -627,7 +708,11 @@ fn a_call_the_documents_do_not_define_is_refused() {
     let secrets = &google::APIS["secretmanager"];
     let e = google::check_request(
         secrets,
-        &sent("POST", "/v1/projects/p/secrets/s:getIamPolicy", r#"{"options": {"requestedPolicyVersion": 3}}"#),
+        &sent(
+            "POST",
+            "/v1/projects/p/secrets/s:getIamPolicy",
+            r#"{"options": {"requestedPolicyVersion": 3}}"#,
+        ),
     )
     .unwrap_err();
     assert!(e.contains("no method"), "{e}");
@@ -635,8 +720,14 @@ fn a_call_the_documents_do_not_define_is_refused() {
     let op = tpu.method("tpu.projects.locations.operations.get").unwrap();
     for (reply, why) in [
         (json!({"name": "o", "done": false}), "Google omits defaults"),
-        (json!({"name": "o", "done": true, "response": {}}), "Any without its @type"),
-        (json!({"name": "o", "workerId": "0"}), "Unknown name \"workerId\""),
+        (
+            json!({"name": "o", "done": true, "response": {}}),
+            "Any without its @type",
+        ),
+        (
+            json!({"name": "o", "workerId": "0"}),
+            "Unknown name \"workerId\"",
+        ),
     ] {
         let e = google::check_reply(tpu, op, &serde_json::to_vec(&reply).unwrap()).unwrap_err();
         assert!(e.contains(why), "{why}: {e}");
@@ -644,7 +735,8 @@ fn a_call_the_documents_do_not_define_is_refused() {
     let node = tpu.method("tpu.projects.locations.nodes.get").unwrap();
     let e = google::check_reply(tpu, node, br#"{"name": "n", "id": 7}"#).unwrap_err();
     assert!(e.contains("expected a string (int64)"), "{e}");
-    let e = google::check_reply(tpu, node, br#"{"name": "n", "createTime": "yesterday"}"#).unwrap_err();
+    let e =
+        google::check_reply(tpu, node, br#"{"name": "n", "createTime": "yesterday"}"#).unwrap_err();
     assert!(e.contains("is not a google-datetime"), "{e}");
 }
 
@@ -655,8 +747,17 @@ fn every_vendored_document_is_read() {
     assert_eq!(
         names,
         [
-            "artifactregistry", "cloudbuild", "cloudresourcemanager", "compute", "firestore",
-            "iam", "run", "secretmanager", "serviceusage", "storage", "tpu",
+            "artifactregistry",
+            "cloudbuild",
+            "cloudresourcemanager",
+            "compute",
+            "firestore",
+            "iam",
+            "run",
+            "secretmanager",
+            "serviceusage",
+            "storage",
+            "tpu",
         ]
     );
     for api in google::APIS.values() {

@@ -451,6 +451,11 @@ impl ApiRig {
 
     /// Waits for the attempt's status: it must have succeeded.
     fn succeeded(&self, workers: &AgentWorkers, r: &LaunchRequest) {
+        self.succeeded_on(workers, r, 1);
+    }
+
+    /// Waits for the statuses of `n` workers: each must have succeeded.
+    fn succeeded_on(&self, workers: &AgentWorkers, r: &LaunchRequest, n: usize) {
         let until = Instant::now() + Duration::from_secs(30);
         loop {
             let f = InFlight {
@@ -460,11 +465,17 @@ impl ApiRig {
             };
             let read = self.rt.block_on(workers.reports(&[f])).unwrap();
             let report = read.reports.get(&r.attempt_id).cloned().unwrap_or_default();
-            if let Some(status) = report.statuses.first() {
-                assert_eq!(status.command_exit_code, Some(0), "{report:?}");
+            if report.statuses.len() >= n {
+                assert!(
+                    report
+                        .statuses
+                        .iter()
+                        .all(|s| s.command_exit_code == Some(0)),
+                    "{report:?}"
+                );
                 return;
             }
-            assert!(Instant::now() < until, "no status: {report:?}");
+            assert!(Instant::now() < until, "not every worker ran: {report:?}");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -538,25 +549,7 @@ fn every_worker_of_a_multi_host_tpu_is_reached_with_its_own_published_key() {
     let mut r = request("a-api-slice", 2, "echo worker $TPU_WORKER_ID");
     r.tpu_type = TpuType::parse("v6e-8").unwrap();
     assert_eq!(rig.rt.block_on(workers.launch(&r)), Outcome::Done);
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        let f = InFlight {
-            attempt: r.attempt_id,
-            job: r.job_id,
-            bucket: Name::new(BUCKET),
-        };
-        let read = rig.rt.block_on(workers.reports(&[f])).unwrap();
-        let report = read.reports.get(&r.attempt_id).cloned().unwrap_or_default();
-        if report.statuses.len() == 2 {
-            assert!(
-                report.statuses.iter().all(|s| s.command_exit_code == Some(0)),
-                "{report:?}"
-            );
-            break;
-        }
-        assert!(Instant::now() < until, "not every worker ran: {report:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    rig.succeeded_on(&workers, &r, 2);
     for i in 0..2 {
         let root = rig.dir.path().join(format!("roots/w-{i}"));
         tpu_runner::worker::agent::stop_all(&tpu_runner::worker::agent::Root::new(&root));

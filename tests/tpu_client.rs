@@ -374,8 +374,7 @@ fn deleting_what_is_gone_succeeds() {
         "/v2/projects/p/locations/us-east1-d/queuedResources/q?force=true&requestId=r-1"
     );
     assert_eq!(
-        seen[1].target,
-        "/v2/projects/p/locations/us-east1-d/nodes/n",
+        seen[1].target, "/v2/projects/p/locations/us-east1-d/nodes/n",
         "nodes.delete declares no requestId in v2: Google refuses it"
     );
 }
@@ -396,7 +395,10 @@ fn guest_attributes_are_told_apart_by_their_place_in_the_reply() {
         .collect();
     assert_eq!(
         keys,
-        [(0, "AAAAC3NzaC1lZDI1NTE5AAAAIWORKER0"), (1, "AAAAC3NzaC1lZDI1NTE5AAAAIWORKER1")]
+        [
+            (0, "AAAAC3NzaC1lZDI1NTE5AAAAIWORKER0"),
+            (1, "AAAAC3NzaC1lZDI1NTE5AAAAIWORKER1")
+        ]
     );
     let seen = seen.lock().unwrap();
     assert_eq!(

@@ -112,7 +112,8 @@ fn trigger_controller(
     endpoint: Option<&str>,
 ) -> Result<String, Failure> {
     use crate::deploy::apply::Http;
-    let run = crate::deploy::run_controller(fleet, endpoint.unwrap_or("https://run.googleapis.com"));
+    let run =
+        crate::deploy::run_controller(fleet, endpoint.unwrap_or("https://run.googleapis.com"));
     let url = run.url;
     let fail = |why: String| Failure {
         message: format!(

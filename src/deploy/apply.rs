@@ -131,25 +131,22 @@ fn send(
         return Err(refused(what, r.method, &r.url, code, &reply));
     }
     let reply = parse(&reply);
-    match r.reply {
-        Reply::Resource | Reply::Started => Ok(reply),
-        Reply::Operation { deadline_secs } => follow(
-            http,
-            what,
-            reply,
-            Duration::from_secs(deadline_secs),
-            &|op| poll_url(&r.url, op["name"].as_str()?),
-            &operation_state,
-        ),
-        Reply::ComputeOperation { deadline_secs } => follow(
-            http,
-            what,
-            reply,
-            Duration::from_secs(deadline_secs),
-            &|op| compute_poll_url(&r.url, op["name"].as_str()?),
-            &compute_operation_state,
-        ),
-    }
+    type PollUrl = fn(&str, &str) -> Option<String>;
+    let (deadline, at, state): (u64, PollUrl, fn(&Value) -> OpState) = match r.reply {
+        Reply::Resource | Reply::Started => return Ok(reply),
+        Reply::Operation { deadline_secs } => (deadline_secs, poll_url, operation_state),
+        Reply::ComputeOperation { deadline_secs } => {
+            (deadline_secs, compute_poll_url, compute_operation_state)
+        }
+    };
+    follow(
+        http,
+        what,
+        reply,
+        Duration::from_secs(deadline),
+        &|op| at(&r.url, op["name"].as_str()?),
+        &state,
+    )
 }
 
 /// Where a `google.longrunning.Operation` named `name` is read: `/VERSION/<name>` of the
@@ -187,12 +184,20 @@ fn operation_state(op: &Value) -> OpState {
     if let Some(e) = op.get("error") {
         return OpState::Failed(format!(
             "{} {}",
-            e["status"].as_str().or(e["code"].as_i64().map(grpc_status)).unwrap_or("UNKNOWN"),
+            e["status"]
+                .as_str()
+                .or(e["code"].as_i64().map(grpc_status))
+                .unwrap_or("UNKNOWN"),
             e["message"].as_str().unwrap_or_default()
         ));
     }
     match op["response"]["status"].as_str() {
-        Some(status) if op["response"]["@type"].as_str().is_some_and(|t| t.ends_with(".Build")) && status != "SUCCESS" => {
+        Some(status)
+            if op["response"]["@type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with(".Build"))
+                && status != "SUCCESS" =>
+        {
             OpState::Failed(format!(
                 "the build ended {status}: {}",
                 op["response"]["statusDetail"].as_str().unwrap_or_default()
@@ -264,7 +269,9 @@ fn follow(
     loop {
         match state(&reply) {
             OpState::Done => return Ok(reply),
-            OpState::Failed(why) => return Err(format!("{what}: the operation {url} failed: {why}")),
+            OpState::Failed(why) => {
+                return Err(format!("{what}: the operation {url} failed: {why}"));
+            }
             OpState::Running if waited >= deadline => {
                 return Err(format!(
                     "{what}: the operation {url} was not done after {} s (it may still finish: deploy again to carry on)",

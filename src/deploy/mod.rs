@@ -709,7 +709,10 @@ fn awaits(reply: Reply) -> String {
     match reply {
         Reply::Resource => String::new(),
         Reply::Operation { deadline_secs } | Reply::ComputeOperation { deadline_secs } => {
-            format!(" (an operation: waited for, {} min at most)", deadline_secs / 60)
+            format!(
+                " (an operation: waited for, {} min at most)",
+                deadline_secs / 60
+            )
         }
         Reply::Started => " (an operation: started, not waited for)".into(),
     }

@@ -203,10 +203,7 @@ async fn front_end(request: axum::extract::Request, next: axum::middleware::Next
     }
     let query = parts.uri.query().map(query_pairs).unwrap_or_default();
     if let Err(problems) = api.check_request(parts.method.as_str(), path, &query, json.as_ref()) {
-        let violations: Vec<Value> = problems
-            .iter()
-            .map(|p| json!({"description": p}))
-            .collect();
+        let violations: Vec<Value> = problems.iter().map(|p| json!({"description": p})).collect();
         let mut fail = Fail::invalid(problems.join("; "));
         fail.details = Some(json!([{
             "@type": "type.googleapis.com/google.rpc.BadRequest",
@@ -214,8 +211,11 @@ async fn front_end(request: axum::extract::Request, next: axum::middleware::Next
         }]));
         return fail.into_response();
     }
-    next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes)))
-        .await
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+    .await
 }
 
 /// The world for a call on `project`, brought to the wall clock.
@@ -650,21 +650,18 @@ async fn delete_node(
     let (wait, reply) = {
         let mut w = world(&shared, &project)?;
         let wait = w.timed_call(CallKind::Mutation);
-        let reply = (|| {
-            let result = w
-                .sim
-                .cloud
-                .delete_node(Ustr::from(&zone), Ustr::from(&node));
-            let full = &node;
-            match result {
-                Ok(()) => Ok(w.operation(&zone, "delete", None, empty())),
-                Err(ApiError::Timeout) => {
-                    w.operation(&zone, "delete", None, empty());
-                    Err(api_fail(&ApiError::Timeout, &zone, full))
-                }
-                Err(e) => Err(api_fail(&e, &zone, full)),
+        let result = w
+            .sim
+            .cloud
+            .delete_node(Ustr::from(&zone), Ustr::from(&node));
+        let reply = match result {
+            Ok(()) => Ok(w.operation(&zone, "delete", None, empty())),
+            Err(ApiError::Timeout) => {
+                w.operation(&zone, "delete", None, empty());
+                Err(api_fail(&ApiError::Timeout, &zone, &node))
             }
-        })();
+            Err(e) => Err(api_fail(&e, &zone, &node)),
+        };
         (wait, reply.map(Json))
     };
     after(wait, reply).await
@@ -829,7 +826,11 @@ fn guest_attributes(
                 id.parse::<u32>()
                     .ok()
                     .filter(|&i| i < hosts)
-                    .ok_or_else(|| Fail::invalid(format!("Invalid worker ID: {id:?} (the node has {hosts} workers)")))
+                    .ok_or_else(|| {
+                        Fail::invalid(format!(
+                            "Invalid worker ID: {id:?} (the node has {hosts} workers)"
+                        ))
+                    })
             })
             .collect::<Result<_, _>>()?
     };

@@ -152,11 +152,7 @@ impl Api {
             )),
             _ => {}
         }
-        if out.is_empty() {
-            Ok(method)
-        } else {
-            Err(out)
-        }
+        if out.is_empty() { Ok(method) } else { Err(out) }
     }
 
     /// The query parameters of a call of `method`: each declared (by the method or for every
@@ -205,7 +201,13 @@ impl Api {
     }
 
     /// Checks `value` against the schema `id`, adding what does not fit to `out`.
-    pub fn check_value(&self, id: &str, value: &Value, direction: Direction, out: &mut Vec<String>) {
+    pub fn check_value(
+        &self,
+        id: &str,
+        value: &Value,
+        direction: Direction,
+        out: &mut Vec<String>,
+    ) {
         let schema = Value::Object(
             [("$ref".to_owned(), Value::String(id.to_owned()))]
                 .into_iter()
@@ -221,7 +223,11 @@ impl Api {
 }
 
 fn collect_methods(resource: &Value, service_path: &str, out: &mut Vec<Method>) {
-    for m in resource["methods"].as_object().into_iter().flat_map(|m| m.values()) {
+    for m in resource["methods"]
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.values())
+    {
         let text = |k: &str| m[k].as_str().map(str::to_owned);
         let params = m["parameters"].as_object().cloned().unwrap_or_default();
         let mut templates = Vec::new();
@@ -329,7 +335,9 @@ fn pattern_fits(pattern: &str, value: &str) -> bool {
             return (1..=end).any(|n| fit(rest, &v[n..]));
         }
         if let Some(rest) = p.strip_prefix(".*") {
-            return (0..=v.len()).filter(|&n| v.is_char_boundary(n)).any(|n| fit(rest, &v[n..]));
+            return (0..=v.len())
+                .filter(|&n| v.is_char_boundary(n))
+                .any(|n| fit(rest, &v[n..]));
         }
         let c = p.chars().next().expect("not empty");
         if matches!(c, '[' | '(' | '\\' | '+' | '?' | '*' | '|') {
@@ -356,7 +364,12 @@ fn scalar_text_problem(param: &Value, value: &str) -> Option<String> {
         (Some("number"), _) => value.parse::<f64>().is_ok(),
         _ => true,
     };
-    (!ok).then(|| format!("TYPE_{}", param["type"].as_str().unwrap_or("?").to_uppercase()))
+    (!ok).then(|| {
+        format!(
+            "TYPE_{}",
+            param["type"].as_str().unwrap_or("?").to_uppercase()
+        )
+    })
 }
 
 /// One walk over a value.
@@ -437,16 +450,18 @@ impl Check<'_> {
         if let Some(properties) = schema["properties"].as_object() {
             for (k, x) in fields {
                 // Google's parser takes a field's proto name (snake_case) as well.
-                let property = properties
-                    .get(k)
-                    .or_else(|| match self.direction {
-                        Direction::Request => properties.get(&camel(k)),
-                        Direction::Reply => None,
-                    });
+                let property = properties.get(k).or_else(|| match self.direction {
+                    Direction::Request => properties.get(&camel(k)),
+                    Direction::Reply => None,
+                });
                 match property {
                     Some(p) => self.value(p, x, &join(k), depth + 1),
                     None => {
-                        let at = if path.is_empty() { String::new() } else { format!(" at '{path}'") };
+                        let at = if path.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" at '{path}'")
+                        };
                         self.out.push(format!(
                             "Invalid JSON payload received. Unknown name \"{k}\"{at}: Cannot find field."
                         ));
@@ -497,7 +512,10 @@ impl Check<'_> {
         if !fits {
             self.fail(
                 path,
-                format!("expected a {} number, got {v}", if format.is_empty() { "JSON" } else { format }),
+                format!(
+                    "expected a {} number, got {v}",
+                    if format.is_empty() { "JSON" } else { format }
+                ),
             );
         } else if reply && v.as_f64() == Some(0.0) {
             self.fail(path, "0 (Google omits defaults)".into());
@@ -512,12 +530,23 @@ impl Check<'_> {
             // 64-bit integers: Google's printer writes strings; its parser takes numbers.
             Value::Number(n)
                 if !reply
-                    && ((format == "int64" && n.is_i64()) || (format == "uint64" && n.is_u64())) =>
+                    && ((format == "int64" && n.is_i64())
+                        || (format == "uint64" && n.is_u64())) =>
             {
                 return;
             }
             _ => {
-                self.fail(path, format!("expected a string ({}), got {v}", if format.is_empty() { "TYPE_STRING" } else { format }));
+                self.fail(
+                    path,
+                    format!(
+                        "expected a string ({}), got {v}",
+                        if format.is_empty() {
+                            "TYPE_STRING"
+                        } else {
+                            format
+                        }
+                    ),
+                );
                 return;
             }
         };
@@ -541,8 +570,12 @@ impl Check<'_> {
             "byte" => {
                 use base64::Engine as _;
                 let t = text.trim_end_matches('=');
-                base64::engine::general_purpose::STANDARD_NO_PAD.decode(t).is_ok()
-                    || base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(t).is_ok()
+                base64::engine::general_purpose::STANDARD_NO_PAD
+                    .decode(t)
+                    .is_ok()
+                    || base64::engine::general_purpose::URL_SAFE_NO_PAD
+                        .decode(t)
+                        .is_ok()
             }
             _ => true,
         };
@@ -574,7 +607,11 @@ fn camel(name: &str) -> String {
 /// Decoded `(name, value)` pairs of a URL's query (`a=1&b=x%20y`).
 pub fn query_pairs(query: &str) -> Vec<(String, String)> {
     reqwest::Url::parse(&format!("http://h/?{query}"))
-        .map(|u| u.query_pairs().map(|(k, v)| (k.into_owned(), v.into_owned())).collect())
+        .map(|u| {
+            u.query_pairs()
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -587,7 +624,11 @@ mod tests {
         let none = BTreeMap::new();
         let node = "/v2/projects/{projectsId}/locations/{locationsId}/nodes/{nodesId}";
         assert!(matches(node, "/v2/projects/p/locations/z/nodes/n", &none));
-        assert!(!matches(node, "/v2/projects/p/locations/z/nodes/n:getGuestAttributes", &none));
+        assert!(!matches(
+            node,
+            "/v2/projects/p/locations/z/nodes/n:getGuestAttributes",
+            &none
+        ));
         assert!(matches(
             &format!("{node}:getGuestAttributes"),
             "/v2/projects/p/locations/z/nodes/n:getGuestAttributes",
@@ -595,15 +636,29 @@ mod tests {
         ));
         assert!(!matches(node, "/v2/projects/p/locations/z/nodes", &none));
         let patterns = BTreeMap::from([("name".to_owned(), "^operations/.*$".to_owned())]);
-        assert!(matches("/v1/{+name}", "/v1/operations/build/p/123", &patterns));
+        assert!(matches(
+            "/v1/{+name}",
+            "/v1/operations/build/p/123",
+            &patterns
+        ));
         assert!(!matches("/v1/{+name}", "/v1/projects/p/builds", &patterns));
-        assert!(matches("/v1/projects/{projectsId}/services:batchEnable", "/v1/projects/p/services:batchEnable", &none));
+        assert!(matches(
+            "/v1/projects/{projectsId}/services:batchEnable",
+            "/v1/projects/p/services:batchEnable",
+            &none
+        ));
     }
 
     #[test]
     fn patterns_of_the_documents() {
-        assert!(pattern_fits("^projects/[^/]+/locations/[^/]+/operations/[^/]+$", "projects/p/locations/l/operations/o"));
-        assert!(!pattern_fits("^projects/[^/]+/locations/[^/]+/operations/[^/]+$", "projects/p/locations/l/operations/o/x"));
+        assert!(pattern_fits(
+            "^projects/[^/]+/locations/[^/]+/operations/[^/]+$",
+            "projects/p/locations/l/operations/o"
+        ));
+        assert!(!pattern_fits(
+            "^projects/[^/]+/locations/[^/]+/operations/[^/]+$",
+            "projects/p/locations/l/operations/o/x"
+        ));
         assert!(pattern_fits("^operations/.*$", "operations/a/b"));
         assert!(!pattern_fits("^operations/.*$", "projects/a"));
     }

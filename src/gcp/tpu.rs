@@ -586,12 +586,7 @@ impl Client {
                 let v = inner
                     .call(reqwest::Method::POST, &url, Some(body), Kind::Read)
                     .await?;
-                Ok::<_, ApiError>(
-                    v["guestAttributes"]
-                        .as_array()
-                        .cloned()
-                        .unwrap_or_default(),
-                )
+                Ok::<_, ApiError>(v["guestAttributes"].as_array().cloned().unwrap_or_default())
             }
         };
         self.rt.block_on(async move {
@@ -609,7 +604,11 @@ impl Client {
             };
             let mut out = Vec::new();
             for (worker, entry) in entries {
-                for item in entry["queryValue"]["items"].as_array().into_iter().flatten() {
+                for item in entry["queryValue"]["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
                     let text = |k: &str| item[k].as_str().unwrap_or_default().to_owned();
                     out.push(GuestAttribute {
                         worker_id: worker,

@@ -111,7 +111,8 @@ pub fn check_reply(api: &Api, method: &Method, body: &[u8]) -> Result<(), String
     let value: Value = if body.iter().all(u8::is_ascii_whitespace) {
         Value::Object(Default::default())
     } else {
-        serde_json::from_slice(body).map_err(|e| format!("{}: a reply that is not JSON: {e}", method.id))?
+        serde_json::from_slice(body)
+            .map_err(|e| format!("{}: a reply that is not JSON: {e}", method.id))?
     };
     let problems = api.check_reply(method, &value);
     if problems.is_empty() {
