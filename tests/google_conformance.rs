@@ -311,14 +311,42 @@ fn the_tpu_client_and_the_emulator_speak_the_tpu_api_v2_document() {
     let again = c.operation(&op.name).unwrap();
     assert!(again.done, "{read:?} {again:?}");
     lock(&world).sim.cloud.advance_to(3_600_000);
+    // Every state a reply can show: a request waiting in a stocked-out pool, a preempted
+    // Spot node (its queued resource suspended), ready ones.
+    lock(&world).sim.cloud.set_stockout(EAST, true);
+    c.create_queued_resource(
+        &request("conf-waiting", "v6e-8"),
+        "6f1c1b3e-0000-4000-8000-000000000005",
+    )
+    .unwrap();
+    c.create_queued_resource(
+        &request("conf-spot", "v6e-8"),
+        "6f1c1b3e-0000-4000-8000-000000000006",
+    )
+    .unwrap();
+    lock(&world).sim.cloud.set_stockout(EAST, false);
+    lock(&world).sim.cloud.advance_to(7_200_000);
+    assert!(lock(&world).sim.cloud.preempt_now(EAST, "conf-spot"));
+    lock(&world).sim.cloud.set_stockout(EAST, true);
+    c.create_queued_resource(
+        &request("conf-stuck", "v6e-8"),
+        "6f1c1b3e-0000-4000-8000-000000000007",
+    )
+    .unwrap();
+    lock(&world).sim.cloud.advance_to(7_300_000);
 
     let qrs = c
         .list_queued_resources(&[EAST.to_owned()])
         .remove(0)
         .unwrap();
-    assert_eq!(qrs.len(), 2);
+    let states: BTreeSet<&str> = qrs.iter().map(|q| q.state.state.as_str()).collect();
+    assert!(
+        states.contains("WAITING_FOR_RESOURCES") && states.contains("SUSPENDED"),
+        "{states:?}"
+    );
     let nodes = c.list_nodes(&[EAST.to_owned()]).remove(0).unwrap();
-    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    let states: BTreeSet<&str> = nodes.iter().map(|n| n.state.as_str()).collect();
+    assert!(states.contains("PREEMPTED"), "{states:?}");
     let got = c.get_nodes(&[
         (EAST.to_owned(), "conf-big".to_owned()),
         (EAST.to_owned(), "absent".to_owned()),
