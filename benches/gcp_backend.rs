@@ -21,7 +21,7 @@ use tpu_runner::backend::{CloudBackend, Inventory};
 use tpu_runner::emulator::{self, Clock, Running, World};
 use tpu_runner::engine::observe::{LABEL_FLEET_ENTRY, LABEL_MANAGED_BY};
 use tpu_runner::engine::state::State;
-use tpu_runner::engine::{Action, Engine, policy};
+use tpu_runner::engine::{Action, Engine};
 use tpu_runner::gcp::http::{Endpoint, RetryPolicy};
 use tpu_runner::gcp::tpu::{Client, Quotas};
 use tpu_runner::simulate::harness::{self, EPOCH};
@@ -90,11 +90,7 @@ fn backend(running: &Running, s: &Scenario, concurrency: usize) -> GcpBackend {
 
 fn gcp_backend(c: &mut Criterion) {
     let s = scale();
-    let engine = Engine::new(
-        s.fleet.clone(),
-        s.engine,
-        policy::by_name("classic").unwrap(),
-    );
+    let engine = Engine::of_fleet(s.fleet.clone());
     let state = State::new();
     let scope = engine.inventory_scope(&state);
 

@@ -103,6 +103,8 @@ pub enum Pass {
 /// next pass). All of it but the store's content may be lost at any time.
 pub struct Controller {
     engine: Engine,
+    /// The policy the engine runs, as every pass record names it (name and digest).
+    policy: (&'static str, String),
     store: Box<dyn StateStore>,
     backend: Box<dyn CloudBackend>,
     settings: Settings,
@@ -119,7 +121,9 @@ impl Controller {
         backend: Box<dyn CloudBackend>,
         settings: Settings,
     ) -> Controller {
+        let spec = &engine.index().fleet.policy;
         Controller {
+            policy: (spec.name.as_str(), spec.digest()),
             engine,
             store,
             backend,
@@ -222,6 +226,10 @@ impl Controller {
         stop: &AtomicBool,
         on_pass: &mut dyn FnMut(&Pass),
     ) -> Result<Exit, ControllerError> {
+        tracing::info!(
+            policy = %self.engine.index().fleet.policy.describe(),
+            "controller starting"
+        );
         loop {
             match self.acquire(clock())? {
                 Ok(()) => break,
@@ -263,6 +271,8 @@ impl Controller {
                     events = events.len(),
                     busy,
                     jobs = self.state.jobs.len(),
+                    policy = self.policy.0,
+                    policy_digest = %self.policy.1,
                     "pass"
                 ),
                 Pass::CloudError(e) => {

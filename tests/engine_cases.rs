@@ -7,8 +7,7 @@ mod support;
 use std::fmt::Write;
 
 use tpu_runner::engine::observe::Action;
-use tpu_runner::engine::policy::by_name;
-use tpu_runner::engine::{Engine, EngineConfig, FleetIndex, PassOutput, State};
+use tpu_runner::engine::{Engine, FleetIndex, PassOutput, State};
 
 fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64) -> String {
     let mut s = String::new();
@@ -124,11 +123,7 @@ fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64)
 fn engine_cases() {
     insta::glob!("engine_cases/*.yaml", |path| {
         let case = support::read_case(&std::fs::read_to_string(path).unwrap());
-        let engine = Engine::new(
-            support::case_fleet(&case),
-            EngineConfig::default(),
-            by_name("classic").unwrap(),
-        );
+        let engine = Engine::of_fleet(support::case_fleet(&case));
         let naming = support::naming_index(&case);
         let (mut state, obs) = support::build(&case, &naming);
         let out = engine.reconcile(&mut state, &obs, support::at(case.now));
@@ -189,11 +184,7 @@ fn a_pass_with_memory_decides_as_one_without() {
         let path = path.unwrap().path();
         let case = support::read_case(&std::fs::read_to_string(&path).unwrap());
         for (what, damage) in damages {
-            let engine = Engine::new(
-                support::case_fleet(&case),
-                EngineConfig::default(),
-                by_name("classic").unwrap(),
-            );
+            let engine = Engine::of_fleet(support::case_fleet(&case));
             let (mut state, obs) = support::build(&case, &support::naming_index(&case));
             engine.reconcile(&mut state, &obs, support::at(case.now));
             engine.reconcile(&mut state, &obs, support::at(case.now + 30));

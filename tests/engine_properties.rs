@@ -404,8 +404,8 @@ proptest! {
             }
         }
         // Every registered policy stays within counts and never asks more than classic.
-        for name in tpu_runner::engine::policy::NAMES {
-            let policy = tpu_runner::engine::policy::by_name(name).unwrap();
+        for name in spec::PolicyName::ALL {
+            let policy = tpu_runner::engine::policy::of_spec(&spec::PolicySpec::named(name));
             let other = policy.desired_counts(&CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[], now: support::at(100) });
             for (e, entry) in index.fleet.tpus.iter().enumerate() {
                 if let spec::EntryKind::Managed { count } = entry.kind {
@@ -531,7 +531,9 @@ fn frugal_races_after_waiting() {
         }],
     );
     let demand = Demand::build(&index, [&job], support::at(0));
-    let frugal = tpu_runner::engine::policy::by_name("frugal").unwrap();
+    let frugal = tpu_runner::engine::policy::of_spec(&tpu_runner::spec::PolicySpec::named(
+        tpu_runner::spec::PolicyName::Frugal,
+    ));
     let desired = |now| {
         frugal.desired_counts(&CapacityInput {
             index: &index,

@@ -90,7 +90,7 @@ fn skipping_idle_passes_changes_nothing() {
     ];
     // Every policy: a decision that changes with time alone (frugal racing a job that waited
     // long enough) must ask for its wake-up, or a skipped pass would have decided it.
-    for policy in tpu_runner::engine::policy::NAMES {
+    for policy in tpu_runner::spec::PolicyName::ALL.map(|p| p.as_str()) {
         for (rel, seeds, read_secs, api_faults) in cases.clone() {
             let mut s = load(rel);
             if let Some(median_secs) = read_secs {
@@ -266,7 +266,7 @@ fn goodput_never_exceeds_the_bound() {
     }
     for rel in files {
         let s = load_traced(rel);
-        for policy in tpu_runner::engine::policy::NAMES {
+        for policy in tpu_runner::spec::PolicyName::ALL.map(|p| p.as_str()) {
             for seed in 1..=2 {
                 let r = harness::run(&s, policy, seed, RunOptions::default(), Default::default())
                     .unwrap();

@@ -17,7 +17,7 @@ use crate::backend::CloudBackend;
 use crate::backend::gcp::{CreateSettings, GcpBackend};
 use crate::backend::workers::AgentWorkers;
 use crate::controller::{Controller, Exit, Pass, Settings, wall_clock};
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::Engine;
 use crate::gcp::http::RetryPolicy;
 use crate::gcp::tpu::{Client, Quotas};
 use crate::objects::{LocalDir, ObjectStore};
@@ -30,8 +30,8 @@ pub(crate) struct ControllerArgs<'a> {
     pub stack: &'a StackOpts,
     /// Worker roots of local workers (an emulator started with `--workers DIR`).
     pub local_workers: Option<&'a Path>,
-    /// Seconds between passes.
-    pub interval: f64,
+    /// Seconds between passes (default: the fleet's `policy.engine.reconcile_interval`).
+    pub interval: Option<f64>,
     /// Lease time-to-live, seconds.
     pub lease_ttl: i64,
     /// Stop when idle.
@@ -46,8 +46,6 @@ pub(crate) struct ControllerArgs<'a> {
     pub owner: Option<&'a str>,
     /// Deployment epoch.
     pub epoch: &'a str,
-    /// Policy name.
-    pub policy: &'a str,
 }
 
 fn fail(status: ExitStatus, message: String) -> Failure {
@@ -398,30 +396,25 @@ fn run_controller(
     args: &ControllerArgs<'_>,
     stop: &AtomicBool,
 ) -> Result<ExitStatus, Failure> {
-    if !(args.interval.is_finite() && args.interval > 0.0) || args.lease_ttl < 5 {
+    if args.interval.is_some_and(|i| !(i.is_finite() && i > 0.0)) || args.lease_ttl < 5 {
         return Err(fail(
             ExitStatus::Usage,
             "error: --interval must be a positive number of seconds and --lease-ttl at least 5\n"
                 .into(),
         ));
     }
-    let policy = crate::engine::policy::by_name(args.policy).ok_or_else(|| {
-        fail(
-            ExitStatus::Usage,
-            format!(
-                "error: unknown policy `{}` (classic, frugal)\n",
-                args.policy
-            ),
-        )
-    })?;
-    let engine = Engine::new(stack.fleet.clone(), EngineConfig::default(), policy);
+    // The fleet's `policy:` decides: the very configuration `plan` and `simulate` read.
+    let engine = Engine::of_fleet(stack.fleet.clone());
+    let interval = args
+        .interval
+        .unwrap_or(stack.fleet.policy.engine.reconcile_interval_secs as f64);
     let store = stack.open_store(true)?;
     let backend = backend(stack, args.local_workers, &args.ssh)?;
     let settings = Settings {
         owner: owner(args.owner),
         epoch: args.epoch.to_owned(),
         lease_ttl_secs: args.lease_ttl,
-        interval: Duration::from_secs_f64(args.interval),
+        interval: Duration::from_secs_f64(interval),
         exit_when_idle: args.exit_when_idle,
         wait_for_lease: args.wait_for_lease,
     };
@@ -577,7 +570,7 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
         &ControllerArgs {
             stack: &opts,
             local_workers: None,
-            interval: args.interval,
+            interval: Some(args.interval),
             lease_ttl: 30,
             exit_when_idle: false,
             wait_for_lease: true,
@@ -590,7 +583,6 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
             },
             owner: None,
             epoch: "local",
-            policy: "classic",
         },
         &stop,
     );

@@ -115,9 +115,10 @@ enum Command {
         /// The pass's time (RFC 3339); default: now.
         #[arg(long)]
         now: Option<String>,
-        /// Assignment and capacity policy.
-        #[arg(long, default_value = "classic")]
-        policy: String,
+        /// Decide with this policy (its defaults, the fleet's timings) instead of the fleet's
+        /// `policy:`: a what-if.
+        #[arg(long, value_name = "NAME")]
+        policy: Option<String>,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -341,9 +342,10 @@ enum Command {
         /// Run jobs on local worker agents under DIR (an emulator started with --workers DIR).
         #[arg(long, value_name = "DIR")]
         local_workers: Option<PathBuf>,
-        /// Seconds between passes.
-        #[arg(long, default_value_t = 30.0, value_name = "SECS")]
-        interval: f64,
+        /// Seconds between passes (default: the fleet's `policy.engine.reconcile_interval`,
+        /// 30 s unless it says otherwise).
+        #[arg(long, value_name = "SECS")]
+        interval: Option<f64>,
         /// Seconds the lease lasts unless renewed (every pass renews it).
         #[arg(long, default_value_t = 900, value_name = "SECS")]
         lease_ttl: i64,
@@ -365,9 +367,6 @@ enum Command {
         /// This deployment's epoch (a newer one fences this controller).
         #[arg(long, env = "TPU_RUNNER_CONTROLLER_EPOCH", default_value = "local")]
         epoch: String,
-        /// Decision policy.
-        #[arg(long, default_value = "classic")]
-        policy: String,
     },
     /// Set up the fleet's project: services, runner bucket, Firestore, service accounts with
     /// least-privilege grants, the SSH key secret, artifacts, the controller image and its
@@ -701,7 +700,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             store: store.as_deref(),
             observation: observation.as_deref(),
             now: now.as_deref(),
-            policy: &policy,
+            policy: policy.as_deref(),
             json,
             write_state: write_state.as_deref(),
         }),
@@ -837,7 +836,6 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             log_json,
             owner,
             epoch,
-            policy,
         } => controller::controller(&controller::ControllerArgs {
             stack: &stack,
             local_workers: local_workers.as_deref(),
@@ -849,7 +847,6 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             ssh: ssh.args(),
             owner: owner.as_deref(),
             epoch: &epoch,
-            policy: &policy,
         }),
         Command::Deploy {
             fleet,

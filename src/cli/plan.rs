@@ -15,10 +15,10 @@ use crate::engine::explain::{Explanation, explain};
 use crate::engine::observe::{
     Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo,
 };
-use crate::engine::policy;
+use crate::spec::{PolicyName, PolicySpec};
 use crate::engine::state::{ResourceStatus, SCHEMA_VERSION};
 use crate::engine::{
-    Action, Engine, EngineConfig, Event, FleetIndex, Observation, State, Timestamp,
+    Action, Engine, Event, FleetIndex, Observation, State, Timestamp,
 };
 use crate::spec::names;
 
@@ -29,7 +29,7 @@ pub(crate) struct PlanArgs<'a> {
     pub store: Option<&'a str>,
     pub observation: Option<&'a Path>,
     pub now: Option<&'a str>,
-    pub policy: &'a str,
+    pub policy: Option<&'a str>,
     pub json: bool,
     pub write_state: Option<&'a Path>,
 }
@@ -247,15 +247,24 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
             (stack.fleet, state)
         }
     };
-    let Some(policy) = policy::by_name(args.policy) else {
-        return Err(Failure {
-            message: format!(
-                "error: unknown policy `{}`\n  = hint: known policies: {}\n",
-                args.policy,
-                policy::NAMES.join(", ")
-            ),
-            status: ExitStatus::Usage,
-        });
+    let spec = match args.policy {
+        None => fleet.policy.clone(),
+        Some(text) => match PolicyName::parse(text) {
+            Some(name) if name == fleet.policy.name => fleet.policy.clone(),
+            Some(name) => PolicySpec {
+                engine: fleet.policy.engine,
+                ..PolicySpec::named(name)
+            },
+            None => {
+                return Err(Failure {
+                    message: format!(
+                        "error: unknown policy `{text}`\n  = hint: known policies: {}\n",
+                        PolicyName::list()
+                    ),
+                    status: ExitStatus::Usage,
+                });
+            }
+        },
     };
     let now = match args.now {
         Some(text) => Timestamp::parse(text).map_err(|e| Failure {
@@ -269,7 +278,7 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
             Timestamp(ms)
         }
     };
-    let engine = Engine::new(fleet, EngineConfig::default(), policy);
+    let engine = Engine::with_policy(spec, fleet);
     let observation = match args.observation {
         Some(path) => {
             let text = read_text(path, crate::files::DATA_LIMIT, None)?;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::exit_codes::ExitStatus;
 use super::{Failure, print_stdout};
-use crate::engine::policy;
+use crate::spec::PolicyName;
 use crate::simulate::harness::{self, RunOptions, RunResult, Violation};
 use crate::simulate::report;
 use crate::simulate::scenario::{self, ChaosSpec, Scenario, ScenarioError, WorkloadSpec};
@@ -186,7 +186,7 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
                 return Err(Failure {
                     message: format!(
                         "error: --policy names no policy\n  = hint: known policies: {}\n",
-                        policy::NAMES.join(", ")
+                        PolicyName::list()
                     ),
                     status: ExitStatus::Usage,
                 });
@@ -201,14 +201,18 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
                     status: ExitStatus::Usage,
                 });
             }
-            if let Some(bad) = names.iter().find(|n| policy::by_name(n).is_none()) {
-                return Err(Failure {
-                    message: format!(
-                        "error: unknown policy `{bad}`\n  = hint: known policies: {}\n",
-                        policy::NAMES.join(", ")
-                    ),
-                    status: ExitStatus::Usage,
-                });
+            // Each label must be a policy name or a variant of every scenario run.
+            for s in &scenarios {
+                if let Some(bad) = names.iter().find(|n| s.policy(n).is_none()) {
+                    return Err(Failure {
+                        message: format!(
+                            "error: unknown policy `{bad}` for scenario `{}`\n  = hint: its policies: {}\n",
+                            s.name,
+                            s.labels().join(", ")
+                        ),
+                        status: ExitStatus::Usage,
+                    });
+                }
             }
             Some(names)
         }
@@ -450,7 +454,9 @@ fn shrink(job: &Job<'_>, v: &Violation) -> Option<(f64, Option<usize>, Violation
     let kind = |m: &str| m.split(':').next().unwrap_or(m).to_owned();
     let target = kind(&v.message);
     let hours =
-        ((v.at_s + job.scenario.reconcile_interval_secs as f64) / 3600.0 * 100.0).ceil() / 100.0;
+        ((v.at_s + job.scenario.fleet.policy.engine.reconcile_interval_secs as f64) / 3600.0 * 100.0)
+            .ceil()
+            / 100.0;
     let mut scenario = job.scenario.clone();
     apply_limits(&mut scenario, Some(hours), None);
     let mut best = match run_one(&scenario, &job.policy, job.seed, None) {

@@ -58,6 +58,20 @@ struct Caches {
 }
 
 impl Engine {
+    /// An engine running what `fleet`'s `policy:` section says (policy, parameters, timings).
+    pub fn of_fleet(fleet: FleetSpec) -> Engine {
+        Engine::with_policy(fleet.policy.clone(), fleet)
+    }
+
+    /// An engine for `fleet` running `spec` instead of the fleet's own policy (a what-if in
+    /// `plan`, a variant in `simulate`).
+    pub fn with_policy(spec: crate::spec::PolicySpec, mut fleet: FleetSpec) -> Engine {
+        let policy = policy::of_spec(&spec);
+        let config = spec.engine;
+        fleet.policy = spec;
+        Engine::new(fleet, config, policy)
+    }
+
     /// An engine for `fleet` with `policy`.
     pub fn new(fleet: FleetSpec, config: EngineConfig, policy: Box<dyn Policy>) -> Engine {
         Engine {

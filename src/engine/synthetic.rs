@@ -89,6 +89,7 @@ pub fn fleet(n_entries: usize, count_per_entry: u32) -> FleetSpec {
         idle_timeout_seconds: 600,
         worker_secrets: vec![],
         tpus,
+        policy: Default::default(),
     }
 }
 

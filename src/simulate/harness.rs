@@ -18,7 +18,7 @@ use crate::backend::sim::SimBackend;
 use crate::driver::{self, Feedback};
 use crate::emulator::{Clock, Shared, World, lock};
 use crate::engine::state::{BucketRegion, Job, JobStatus};
-use crate::engine::{Engine, Event, Observation, PassOutput, State, Timestamp, lease, policy};
+use crate::engine::{Engine, Event, Observation, PassOutput, State, Timestamp, lease};
 use crate::spec::fleet::SshTransport;
 use crate::spec::{EntryKind, JobSpec, Name, Priority, TpuRequest, gcp};
 use crate::store::{Base, CommitOutcome, CreateResult, Fence, StateStore, StoreError};
@@ -446,8 +446,11 @@ pub fn run(
             .map_err(|e| StoreLink::fail(e, 0))?;
     }
     let started = std::time::Instant::now();
-    let policy = policy::by_name(policy_name).unwrap_or_else(|| Box::new(policy::Classic));
-    let engine = Engine::new(scenario.fleet.clone(), scenario.engine, policy);
+    let spec = scenario
+        .policy(policy_name)
+        .unwrap_or_else(|| scenario.fleet.policy.clone());
+    let tick_ms = spec.engine.reconcile_interval_secs.max(1) as u64 * 1000;
+    let engine = Engine::with_policy(spec, scenario.fleet.clone());
     let chaos = options.chaos;
     let mut chaos_rng = SimRng::new(seed, "chaos");
     let mut invariants = (chaos.is_some() || options.check_invariants).then(|| {
@@ -478,7 +481,6 @@ pub fn run(
     arrivals.shrink_to_fit();
     let jobs_skipped = (listed - arrivals.len()) as u64;
 
-    let tick_ms = scenario.reconcile_interval_secs * 1000;
     let horizon_ms = scenario.horizon_secs * 1000;
     // Nothing at or after the horizon counts (the last pass's calls may end past it).
     lock(&world).sim.cloud.set_horizon(horizon_ms);
@@ -969,7 +971,7 @@ pub fn run(
     metrics.wall_s = started.elapsed().as_secs_f64();
     Ok(RunResult {
         scenario: scenario.name.clone(),
-        policy: engine.policy().name().to_owned(),
+        policy: policy_name.to_owned(),
         seed,
         metrics,
         series,

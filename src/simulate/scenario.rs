@@ -10,10 +10,8 @@ use std::sync::Arc;
 use tpu_runner_sim::workload::{Dist, Regions, Synthetic, TraceReplay, read_column};
 use tpu_runner_sim::{ApiConfig, ApiLatency, ApiQuota, Capacity, Latency, SpotTrace, WorkerConfig};
 
-use crate::engine::EngineConfig;
-use crate::engine::policy;
 use crate::spec::yaml::{self, Checker, Fields, Node, Value};
-use crate::spec::{EntryKind, FleetSpec, SpecErrors, TpuType, gcp, parse_fleet};
+use crate::spec::{EntryKind, FleetSpec, PolicyName, PolicySpec, SpecErrors, TpuType, gcp, parse_fleet};
 
 /// A validated scenario.
 #[derive(Clone, Debug)]
@@ -30,12 +28,13 @@ pub struct Scenario {
     pub horizon_secs: u64,
     /// Seeds run when the command line gives none.
     pub seeds: Vec<u64>,
-    /// Policies compared when the command line gives none.
+    /// Policies compared when the command line gives none, by label: a policy name (the
+    /// fleet's own policy when it is the fleet's, else that policy's defaults) or a variant
+    /// of `variants`.
     pub policies: Vec<String>,
-    /// Seconds between controller passes.
-    pub reconcile_interval_secs: u64,
-    /// Engine constants.
-    pub engine: EngineConfig,
+    /// Policy variants the scenario names (`policies: {frugal-5m: {name: frugal,
+    /// race_after: 5m}}`), each laid over the fleet's policy.
+    pub variants: BTreeMap<String, PolicySpec>,
     /// Cloud model.
     pub cloud: CloudSpec,
     /// Workloads (concatenated).
@@ -246,8 +245,6 @@ const TOP: &[&str] = &[
     "horizon_hours",
     "seeds",
     "policies",
-    "reconcile_interval_secs",
-    "engine",
     "cloud",
     "workload",
     "types_by_width",
@@ -319,7 +316,17 @@ fn read(
         );
         return None;
     }
-    let f = c.mapping(root, "", "a scenario", TOP, &[])?;
+    let moved = [
+        (
+            "engine",
+            "the engine's timings are part of the fleet's policy, read alike by the simulator and the controller: set `policy: {engine: {…}}` in the fleet (durations such as `15m`)",
+        ),
+        (
+            "reconcile_interval_secs",
+            "the pass interval is part of the fleet's policy: set `policy: {engine: {reconcile_interval: 30s}}` in the fleet",
+        ),
+    ];
+    let f = c.mapping(root, "", "a scenario", TOP, &moved)?;
     let name = match f.get("name") {
         Some(n) => c.nonempty_string(n, "name", "a scenario name")?,
         None => path
@@ -365,46 +372,15 @@ fn read(
         }),
         None => Some(vec![1]),
     };
-    let policies = match f.get("policies") {
-        Some(n) => c
-            .list(n, "policies", "a list of policy names", false)
-            .map(|items| {
-                let mut out = Vec::new();
-                for (i, p) in items.iter().enumerate() {
-                    let path = yaml::index("policies", i);
-                    if let Some(name) = c.nonempty_string(p, &path, "a policy name") {
-                        if policy::by_name(&name).is_some() {
-                            out.push(name);
-                        } else {
-                            c.error_hint(
-                                p,
-                                &path,
-                                format!("unknown policy `{name}`"),
-                                format!("known policies: {}", policy::NAMES.join(", ")),
-                            );
-                        }
-                    }
-                }
-                out
-            }),
-        None => Some(vec!["classic".to_owned()]),
-    };
-    let reconcile_interval_secs = match f.get("reconcile_interval_secs") {
-        Some(n) => c
-            .integer(
-                n,
-                "reconcile_interval_secs",
-                1,
-                3600,
-                "an integer from 1 to 3600",
-            )
-            .map(|v| v as u64),
-        None => Some(30),
-    };
-    let engine = match f.get("engine") {
-        Some(n) => read_engine(c, n),
-        None => Some(EngineConfig::default()),
-    };
+    // Variants are laid over the fleet's policy (checked even when the fleet is not
+    // readable, over the default one, so every problem is reported at once).
+    let default_policy = PolicySpec::default();
+    let base = fleet.as_ref().map_or(&default_policy, |f| &f.policy);
+    let (policies, variants) = match f.get("policies") {
+        Some(n) => read_policies(c, n, base),
+        None => Some((vec![base.name.as_str().to_owned()], BTreeMap::new())),
+    }
+    .unzip();
     let types_by_width = f
         .required(
             c,
@@ -476,8 +452,7 @@ fn read(
         horizon_secs: horizon_secs?,
         seeds: seeds?,
         policies: policies?,
-        reconcile_interval_secs: reconcile_interval_secs?,
-        engine: engine?,
+        variants: variants?,
         cloud: cloud?,
         workloads: workloads?,
         types_by_width: types_by_width?,
@@ -620,37 +595,122 @@ fn read_fleet(
     }
 }
 
-/// Engine overrides: the fields of [`EngineConfig`] (named by its serialised default), each
-/// a whole number, every problem reported at its field.
-fn read_engine(c: &mut Checker<'_>, node: &Node) -> Option<EngineConfig> {
-    let Ok(serde_json::Value::Object(mut fields)) = serde_json::to_value(EngineConfig::default())
-    else {
-        return None;
-    };
-    let names: Vec<String> = fields.keys().cloned().collect();
-    let allowed: Vec<&str> = names.iter().map(String::as_str).collect();
-    let f = c.mapping(node, "engine", "engine settings", &allowed, &[])?;
-    let mut ok = true;
-    for name in &allowed {
-        if let Some(n) = f.get(name) {
-            match c.integer(
-                n,
-                &f.path(name),
-                0,
-                i64::from(u32::MAX),
-                "a whole number, 0 or more",
-            ) {
-                Some(v) => {
-                    fields.insert((*name).to_owned(), v.into());
+/// `policies:`: a list of labels (policy names, compared under the fleet's timings), or a
+/// mapping of label → policy variant laid over the fleet's policy (`name` defaults to the
+/// label when the label is a policy name).
+fn read_policies(
+    c: &mut Checker<'_>,
+    node: &Node,
+    base: &PolicySpec,
+) -> Option<(Vec<String>, BTreeMap<String, PolicySpec>)> {
+    const EXPECTED: &str =
+        "a list of policy names, or a mapping of labels to policies (`{frugal-5m: {name: frugal, race_after: 5m}, classic: {}}`)";
+    match &node.value {
+        Value::Seq(_) => {
+            let items = c.list(node, "policies", EXPECTED, false)?;
+            let mut out = Vec::new();
+            for (i, p) in items.iter().enumerate() {
+                let path = yaml::index("policies", i);
+                let Some(name) = c.nonempty_string(p, &path, "a policy name") else {
+                    continue;
+                };
+                if PolicyName::parse(&name).is_none() {
+                    c.error_hint(
+                        p,
+                        &path,
+                        format!("unknown policy `{name}`"),
+                        format!("known policies: {} (a variant with parameters is a mapping: `policies: {{{name}: {{name: frugal, race_after: 5m}}}}`)", PolicyName::list()),
+                    );
+                } else if out.contains(&name) {
+                    c.error(p, &path, format!("policy `{name}` is listed twice"));
+                } else {
+                    out.push(name);
                 }
-                None => ok = false,
             }
+            Some((out, BTreeMap::new()))
+        }
+        Value::Map(pairs) => {
+            let mut labels = Vec::new();
+            let mut variants = BTreeMap::new();
+            for (key, value) in pairs {
+                let Some(label) = key.as_str().map(str::to_owned) else {
+                    c.expected(key, "policies", "a label (a string key)");
+                    continue;
+                };
+                let path = format!("policies.{label}");
+                let ok_label = !label.is_empty()
+                    && label.len() <= 40
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+                if !ok_label {
+                    c.expected(key, &path, "a label of letters, digits, `-`, `_` and `.` (at most 40)");
+                    continue;
+                }
+                let spec = match &value.value {
+                    Value::Null => PolicyName::parse(&label).map(|name| variant_of(base, name)),
+                    _ => crate::spec::policy::read_policy(c, value, &path, base, PolicyName::parse(&label)),
+                };
+                match spec {
+                    Some(spec) => {
+                        labels.push(label.clone());
+                        variants.insert(label, spec);
+                    }
+                    None if matches!(value.value, Value::Null) => c.error_hint(
+                        key,
+                        &path,
+                        format!("`{label}` is not a policy name"),
+                        format!("give it a policy: `{label}: {{name: frugal, race_after: 5m}}` (known policies: {})", PolicyName::list()),
+                    ),
+                    None => {}
+                }
+            }
+            if labels.is_empty() && pairs.is_empty() {
+                c.expected(node, "policies", EXPECTED);
+                return None;
+            }
+            Some((labels, variants))
+        }
+        _ => {
+            c.expected(node, "policies", EXPECTED);
+            None
         }
     }
-    if !ok {
-        return None;
+}
+
+/// `name` as the fleet would run it: the fleet's own policy when it is `name`, else `name`'s
+/// defaults under the fleet's timings.
+fn variant_of(base: &PolicySpec, name: PolicyName) -> PolicySpec {
+    if base.name == name {
+        base.clone()
+    } else {
+        PolicySpec {
+            engine: base.engine,
+            ..PolicySpec::named(name)
+        }
     }
-    serde_json::from_value(serde_json::Value::Object(fields)).ok()
+}
+
+impl Scenario {
+    /// The policy a run labelled `label` runs: a variant the scenario names, or a policy
+    /// name as the fleet would run it.
+    pub fn policy(&self, label: &str) -> Option<PolicySpec> {
+        match self.variants.get(label) {
+            Some(spec) => Some(spec.clone()),
+            None => PolicyName::parse(label).map(|name| variant_of(&self.fleet.policy, name)),
+        }
+    }
+
+    /// Every label a run may be given here.
+    pub fn labels(&self) -> Vec<String> {
+        let mut labels: Vec<String> = self.variants.keys().cloned().collect();
+        for name in PolicyName::ALL {
+            if !labels.iter().any(|l| l == name.as_str()) {
+                labels.push(name.as_str().to_owned());
+            }
+        }
+        labels
+    }
 }
 
 fn read_types_by_width(c: &mut Checker<'_>, node: &Node) -> Option<BTreeMap<u32, Vec<TpuType>>> {

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::diagnostic::SpecErrors;
 use super::gcp::{self, ProvisioningModel, TpuType};
 use super::names::{self, Name};
+use super::policy::{self, PolicySpec};
 use super::yaml::{self, Checker, Node, Value};
 
 /// The most TPUs one managed entry may declare (every ordinal has a name the controller
@@ -46,6 +47,10 @@ pub struct FleetSpec {
     pub worker_secrets: Vec<String>,
     /// TPU entries, in file order.
     pub tpus: Vec<TpuEntry>,
+    /// The policy the controller runs, its parameters and the engine's timings (`policy:`;
+    /// `classic` with the default timings when absent).
+    #[serde(default)]
+    pub policy: PolicySpec,
 }
 
 /// How the controller reaches workers.
@@ -193,6 +198,7 @@ const TOP_LEVEL: &[&str] = &[
     "ssh_transport",
     "idle_timeout_seconds",
     "worker_secrets",
+    "policy",
 ];
 
 const ENTRY_FIELDS: &[&str] = &[
@@ -421,6 +427,11 @@ fn read_fleet(c: &mut Checker<'_>, root: &Node) -> Option<FleetSpec> {
         None => Some(Vec::new()),
     };
 
+    let policy = match f.get("policy") {
+        Some(n) => policy::read_policy(c, n, "policy", &PolicySpec::default(), Some(policy::PolicyName::Classic)),
+        None => Some(PolicySpec::default()),
+    };
+
     let entries = tpus_list
         .map(|items| read_entries(c, items))
         .unwrap_or_default();
@@ -440,6 +451,7 @@ fn read_fleet(c: &mut Checker<'_>, root: &Node) -> Option<FleetSpec> {
         idle_timeout_seconds: idle_timeout_seconds?,
         worker_secrets: worker_secrets?,
         tpus: entries.into_iter().map(|(e, _, _)| e).collect(),
+        policy: policy?,
     })
 }
 

@@ -7,6 +7,7 @@ pub mod fleet;
 pub mod gcp;
 pub mod job;
 pub mod names;
+pub mod policy;
 pub mod yaml;
 
 pub use diagnostic::{Diagnostic, SpecErrors};
@@ -14,6 +15,7 @@ pub use fleet::{EntryKind, FleetSpec, QuotaKey, TpuEntry, parse_fleet};
 pub use gcp::{ProvisioningModel, TpuType};
 pub use job::{Cache, JobSpec, Priority, TpuRequest, parse_jobs};
 pub use names::{Name, NameMap, NameSet};
+pub use policy::{EngineConfig, PolicyName, PolicySpec};
 
 /// The error for a file that raised no diagnostic yet could not be built (a bug, reported
 /// as an error rather than a panic).

@@ -1,7 +1,7 @@
 //! Assignment and capacity policies behind one trait, so the simulator can compare them on
 //! the same workload. `classic` reproduces tpu-runner 0.1.12's decisions; `frugal` requests
-//! capacity in one entry per job instead of racing all. Registered in [`by_name`]. Policies
-//! are pure functions of their inputs.
+//! capacity in one entry per job instead of racing all. Built from the fleet's `policy:`
+//! section by [`of_spec`]. Policies are pure functions of their inputs.
 
 mod classic;
 mod frugal;
@@ -16,6 +16,7 @@ use super::demand::Demand;
 use super::fleet_index::FleetIndex;
 use super::state::Resource;
 use super::time::Timestamp;
+use crate::spec::{PolicyName, PolicySpec};
 
 /// What a policy sees when assigning: pending jobs (by class) and the idle TPUs.
 #[derive(Clone, Copy, Debug)]
@@ -68,14 +69,12 @@ pub trait Policy: fmt::Debug + Send + Sync {
     }
 }
 
-/// Names of every registered policy.
-pub const NAMES: &[&str] = &["classic", "frugal"];
-
-/// The policy called `name`.
-pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
-    match name {
-        "classic" => Some(Box::new(Classic)),
-        "frugal" => Some(Box::new(Frugal)),
-        _ => None,
+/// The policy `spec` names, with its parameters.
+pub fn of_spec(spec: &PolicySpec) -> Box<dyn Policy> {
+    match spec.name {
+        PolicyName::Classic => Box::new(Classic),
+        PolicyName::Frugal => Box::new(Frugal {
+            race_after_secs: spec.race_after_secs,
+        }),
     }
 }

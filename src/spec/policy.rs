@@ -1,0 +1,387 @@
+//! The fleet's `policy:` section: which assignment and capacity policy the controller runs,
+//! its parameters, and the engine's timings — one piece of configuration read alike by
+//! `plan`, `simulate`, the controller, `local up` and `deploy`, so what was measured in the
+//! simulator is what runs. Strictly validated like every other field. Plain data: the engine
+//! turns it into a policy; nothing here decides.
+
+use serde::{Deserialize, Serialize};
+
+use super::yaml::{self, Checker, Node, Value};
+
+/// Timing and limits of the reconcile engine (the original's §3.11 values and the limits the
+/// rewrite added). Every `…_secs` field is a number of seconds, the rest counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Seconds between passes in production (the original's loop, 30 s).
+    pub reconcile_interval_secs: i64,
+    /// A provisioning node seen before and now missing is recycled after this (300 s).
+    pub orphan_grace_secs: i64,
+    /// After one worker fails, wait this long for the others (60 s).
+    pub partial_failure_grace_secs: i64,
+    /// After some workers succeed, silent ones are lost after this (new; 600 s).
+    pub partial_success_grace_secs: i64,
+    /// A launch still failing after this long ends the attempt (1800 s).
+    pub stale_launch_secs: i64,
+    /// A running attempt whose heartbeat is older than this is lost (new; 900 s).
+    pub heartbeat_timeout_secs: i64,
+    /// Launch failures of one attempt before it is ended as lost (new; 5).
+    pub max_launch_failures: u32,
+    /// Failed cleanups of a failed launch before it is ended anyway (new; 5).
+    pub max_cleanup_failures: u32,
+    /// Retryable infrastructure failures of one job before it fails (new; 6).
+    pub max_infra_retries: u32,
+    /// First backoff after an infrastructure failure, doubled each time (new; 60 s).
+    pub infra_backoff_secs: i64,
+    /// Longest infrastructure backoff (new; 1800 s).
+    pub infra_backoff_max_secs: i64,
+    /// Failed cancels of one attempt before escalation (2).
+    pub cancel_escalation: u32,
+    /// Retryable failures of one job on one managed Spot TPU before it is replaced (2).
+    pub recycle_threshold: u32,
+    /// First pause of an entry's capacity requests after a refusal, doubled each time (new; 60 s).
+    pub create_backoff_secs: i64,
+    /// Longest pause of an entry's capacity requests (new; 900 s).
+    pub create_backoff_max_secs: i64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            reconcile_interval_secs: 30,
+            orphan_grace_secs: 300,
+            partial_failure_grace_secs: 60,
+            partial_success_grace_secs: 600,
+            stale_launch_secs: 1800,
+            heartbeat_timeout_secs: 900,
+            max_launch_failures: 5,
+            max_cleanup_failures: 5,
+            max_infra_retries: 6,
+            infra_backoff_secs: 60,
+            infra_backoff_max_secs: 1800,
+            cancel_escalation: 2,
+            recycle_threshold: 2,
+            create_backoff_secs: 60,
+            create_backoff_max_secs: 900,
+        }
+    }
+}
+
+/// A policy by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyName {
+    /// tpu-runner 0.1.12's decisions: every compatible entry races for a waiting job.
+    Classic,
+    /// One capacity request per waiting job; it races after `race_after`.
+    Frugal,
+}
+
+impl PolicyName {
+    /// Every policy, as written.
+    pub const ALL: [PolicyName; 2] = [PolicyName::Classic, PolicyName::Frugal];
+
+    /// As written in a file and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::Classic => "classic",
+            PolicyName::Frugal => "frugal",
+        }
+    }
+
+    /// The policy written `text`.
+    pub fn parse(text: &str) -> Option<PolicyName> {
+        PolicyName::ALL.into_iter().find(|p| p.as_str() == text)
+    }
+
+    /// Every name, for messages (`classic, frugal`).
+    pub fn list() -> String {
+        PolicyName::ALL.map(PolicyName::as_str).join(", ")
+    }
+}
+
+impl std::fmt::Display for PolicyName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `frugal`'s `race_after` when the file does not set it: 15 min (a stockout in the zone a
+/// job's one request went to delays it by at most this before it races every entry).
+pub const DEFAULT_RACE_AFTER_SECS: i64 = 900;
+
+/// The policy a fleet runs: its name, its parameters and the engine's timings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PolicySpec {
+    /// Which policy.
+    pub name: PolicyName,
+    /// `frugal`: seconds a waiting job's demand stays in one entry before it races every
+    /// compatible entry.
+    pub race_after_secs: i64,
+    /// The engine's timings.
+    pub engine: EngineConfig,
+}
+
+impl Default for PolicySpec {
+    fn default() -> Self {
+        PolicySpec::named(PolicyName::Classic)
+    }
+}
+
+impl PolicySpec {
+    /// `name` with its default parameters and the default timings.
+    pub fn named(name: PolicyName) -> PolicySpec {
+        PolicySpec {
+            name,
+            race_after_secs: DEFAULT_RACE_AFTER_SECS,
+            engine: EngineConfig::default(),
+        }
+    }
+
+    /// A short digest of everything that decides (name, parameters, timings): 12 hex
+    /// digits of the SHA-256 of its canonical JSON. Two passes with the same digest ran the
+    /// same policy.
+    pub fn digest(&self) -> String {
+        use sha2::Digest;
+        let json = serde_json::to_vec(&self.canonical()).expect("plain data serialises");
+        hex::encode(&sha2::Sha256::digest(&json)[..6])
+    }
+
+    /// What decides, only: a parameter the policy does not read is left out (so
+    /// `classic`'s digest does not change with `race_after`).
+    fn canonical(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({"name": self.name, "engine": self.engine});
+        if self.name == PolicyName::Frugal {
+            v["race_after_secs"] = self.race_after_secs.into();
+        }
+        v
+    }
+
+    /// `frugal (race_after 10m) 3f2a…`: the name, its parameters that differ from their
+    /// defaults, the engine timings that do, and the digest.
+    pub fn describe(&self) -> String {
+        let mut changed = Vec::new();
+        if self.name == PolicyName::Frugal && self.race_after_secs != DEFAULT_RACE_AFTER_SECS {
+            changed.push(format!("race_after {}", show_secs(self.race_after_secs)));
+        }
+        let defaults = serde_json::to_value(EngineConfig::default()).expect("plain data");
+        let ours = serde_json::to_value(self.engine).expect("plain data");
+        for (k, v) in ours.as_object().into_iter().flatten() {
+            if defaults[k] != *v {
+                let key = k.strip_suffix("_secs").unwrap_or(k);
+                match (k.ends_with("_secs"), v.as_i64()) {
+                    (true, Some(s)) => changed.push(format!("{key} {}", show_secs(s))),
+                    _ => changed.push(format!("{key} {v}")),
+                }
+            }
+        }
+        let params = if changed.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", changed.join(", "))
+        };
+        format!("{}{params} {}", self.name.as_str(), self.digest())
+    }
+}
+
+/// Seconds as the shortest exact duration (`15m`, `90s`, `2h`).
+pub fn show_secs(secs: i64) -> String {
+    match secs {
+        s if s != 0 && s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s != 0 && s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// Fields of `policy:`.
+const POLICY_FIELDS: &[&str] = &["name", "race_after", "engine"];
+
+/// What a duration may be written as.
+const DURATION: &str = "a duration such as `15m`, `90s` or `2h` (or whole seconds)";
+
+/// A duration: whole seconds, or a positive integer followed by `s`, `m` or `h`.
+pub fn parse_duration(text: &str) -> Option<i64> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().last()? {
+        (i, 's' | 'm' | 'h') => (&text[..i], &text[i..]),
+        _ => (text, "s"),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || digits.len() > 12 {
+        return None;
+    }
+    let n: i64 = digits.parse().ok()?;
+    Some(match unit {
+        "h" => n * 3600,
+        "m" => n * 60,
+        _ => n,
+    })
+}
+
+/// Reads a duration field (a string with a unit, or an integer of seconds) in
+/// `min..=max` seconds.
+fn duration(c: &mut Checker<'_>, node: &Node, path: &str, min: i64, max: i64) -> Option<i64> {
+    let secs = match &node.value {
+        Value::Int(i) => Some(*i),
+        Value::Str(s) => parse_duration(s),
+        _ => None,
+    };
+    match secs {
+        Some(s) if (min..=max).contains(&s) => Some(s),
+        Some(_) => {
+            c.expected(
+                node,
+                path,
+                &format!("{DURATION} from {} to {}", show_secs(min), show_secs(max)),
+            );
+            None
+        }
+        None => {
+            c.expected(node, path, DURATION);
+            None
+        }
+    }
+}
+
+/// The engine's fields as a fleet file names them: a `…_secs` field without its suffix
+/// (a duration), the rest as they are (counts).
+fn engine_keys() -> Vec<(String, String)> {
+    let fields = serde_json::to_value(EngineConfig::default()).expect("plain data");
+    fields
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| (k.strip_suffix("_secs").unwrap_or(k).to_owned(), k.clone()))
+        .collect()
+}
+
+/// Reads a `policy:` mapping at `path` (the fleet's, or a scenario's variant laid over
+/// `base`): `name`, `race_after` (frugal only) and `engine` (timings by name, each laid over
+/// `base`'s). `default_name` applies when `name` is absent.
+pub fn read_policy(
+    c: &mut Checker<'_>,
+    node: &Node,
+    path: &str,
+    base: &PolicySpec,
+    default_name: Option<PolicyName>,
+) -> Option<PolicySpec> {
+    let f = c.mapping(node, path, "the policy", POLICY_FIELDS, &[])?;
+    // An unknown name is reported, and the rest is still checked (as `classic`'s).
+    let name = match f.get("name") {
+        Some(n) => c
+            .nonempty_string(n, &f.path("name"), "a policy name")
+            .and_then(|text| match PolicyName::parse(&text) {
+                Some(p) => Some(p),
+                None => {
+                    c.error_hint(
+                        n,
+                        &f.path("name"),
+                        format!("unknown policy {}", yaml::quote(&text)),
+                        format!("known policies: {}", PolicyName::list()),
+                    );
+                    None
+                }
+            }),
+        None => {
+            if default_name.is_none() {
+                f.required(c, "name", &format!("one of {}", PolicyName::list()));
+            }
+            default_name
+        }
+    };
+    let mut ok = name.is_some();
+    let name = name.unwrap_or(PolicyName::Classic);
+    // A variant of another policy starts from that policy's defaults, keeping the timings.
+    let mut spec = if name == base.name {
+        base.clone()
+    } else {
+        PolicySpec {
+            engine: base.engine,
+            ..PolicySpec::named(name)
+        }
+    };
+    if let Some(n) = f.get("race_after") {
+        if name != PolicyName::Frugal && ok {
+            c.error_hint(
+                n,
+                &f.path("race_after"),
+                format!("`race_after` is a parameter of `frugal`, not of `{}`", name.as_str()),
+                "remove it, or set `name: frugal`",
+            );
+            ok = false;
+        } else if name == PolicyName::Frugal {
+            match duration(c, n, &f.path("race_after"), 0, 7 * 86_400) {
+                Some(s) => spec.race_after_secs = s,
+                None => ok = false,
+            }
+        }
+    }
+    if let Some(n) = f.get("engine") {
+        match read_engine(c, n, &f.path("engine"), spec.engine) {
+            Some(e) => spec.engine = e,
+            None => ok = false,
+        }
+    }
+    ok.then_some(spec)
+}
+
+/// Engine timings laid over `base`: durations for `…_secs` fields, whole numbers for counts.
+fn read_engine(c: &mut Checker<'_>, node: &Node, path: &str, base: EngineConfig) -> Option<EngineConfig> {
+    let keys = engine_keys();
+    let allowed: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+    let f = c.mapping(node, path, "engine timings", &allowed, &[])?;
+    let mut fields = serde_json::to_value(base).expect("plain data");
+    let mut ok = true;
+    for (key, field) in &keys {
+        let Some(n) = f.get(key) else { continue };
+        let value = if field.ends_with("_secs") {
+            let min = if field == "reconcile_interval_secs" { 1 } else { 0 };
+            duration(c, n, &f.path(key), min, 30 * 86_400)
+        } else {
+            c.integer(n, &f.path(key), 0, 1000, "a whole number")
+        };
+        match value {
+            Some(v) => fields[field] = v.into(),
+            None => ok = false,
+        }
+    }
+    if !ok {
+        return None;
+    }
+    serde_json::from_value(fields).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_read_with_their_units() {
+        assert_eq!(parse_duration("15m"), Some(900));
+        assert_eq!(parse_duration("90s"), Some(90));
+        assert_eq!(parse_duration("2h"), Some(7200));
+        assert_eq!(parse_duration("600"), Some(600));
+        for bad in ["", "m", "-5m", "1.5h", "10d", "1e3", "9999999999999m"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+        assert_eq!(show_secs(900), "15m");
+        assert_eq!(show_secs(7200), "2h");
+        assert_eq!(show_secs(45), "45s");
+    }
+
+    #[test]
+    fn the_digest_follows_what_decides() {
+        let classic = PolicySpec::default();
+        let mut other = classic.clone();
+        other.race_after_secs = 60;
+        assert_eq!(classic.digest(), other.digest(), "classic does not read race_after");
+        let frugal = PolicySpec::named(PolicyName::Frugal);
+        let mut quick = frugal.clone();
+        quick.race_after_secs = 300;
+        assert_ne!(frugal.digest(), quick.digest());
+        assert_eq!(quick.describe(), format!("frugal (race_after 5m) {}", quick.digest()));
+        let mut timed = classic.clone();
+        timed.engine.heartbeat_timeout_secs = 1800;
+        assert_eq!(timed.describe(), format!("classic (heartbeat_timeout 30m) {}", timed.digest()));
+    }
+}
