@@ -29,6 +29,8 @@ struct Rig {
     controllers: Vec<Child>,
     /// The state store's URL.
     store: String,
+    /// The fleet file.
+    fleet: PathBuf,
 }
 
 /// The stores to run the lifecycle on: SQLite, and Firestore through Google's emulator when
@@ -102,6 +104,7 @@ impl Rig {
             url,
             controllers: Vec::new(),
             store,
+            fleet: fixture("deployment.yaml"),
         }
     }
 
@@ -110,7 +113,7 @@ impl Rig {
         let mut c = Command::new(BIN);
         c.args(args)
             .current_dir(self.dir.path())
-            .env("TPU_RUNNER_DEPLOYMENT", fixture("deployment.yaml"))
+            .env("TPU_RUNNER_DEPLOYMENT", &self.fleet)
             .env("TPU_RUNNER_STORE", &self.store)
             .env("TPU_RUNNER_TPU_ENDPOINT", &self.url)
             .env("TPU_RUNNER_OBJECTS", self.dir.path().join("objects"));
@@ -554,4 +557,111 @@ fn submit_starts_the_cloud_run_controller() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("the jobs are queued"));
     assert_eq!(rig.jobs()["two"]["status"], "pending");
+}
+
+/// The fleet's `policy:` is what decides, alike in `plan` and in the controller: with
+/// `frugal` and a long `race_after`, a job that may run in either region gets one capacity
+/// request, in `plan` and in the controller's first pass on the emulator (whose pass record
+/// names the same policy digest `plan` reports); with `race_after: 0s` the same file's plan
+/// races both regions.
+#[test]
+fn the_fleets_policy_decides_alike_in_plan_and_in_the_controllers_first_pass() {
+    let mut rig = Rig::new(None);
+    let dir = rig.dir.path().to_path_buf();
+    let fleet = |race_after: &str| {
+        let text = std::fs::read_to_string(fixture("deployment.yaml")).unwrap().replace(
+            "tpus:",
+            &format!("policy: {{name: frugal, race_after: {race_after}, engine: {{heartbeat_timeout: 20m}}}}\ntpus:"),
+        );
+        let path = dir.join(format!("deployment-{race_after}.yaml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    rig.fleet = fleet("1h");
+    std::fs::create_dir_all(dir.join("bundle")).unwrap();
+    std::fs::write(
+        dir.join("job.yaml"),
+        "jobs:\n  - id: either\n    tpu: v6e-8\n    bundle: bundle\n    buckets: [gs://e2e-us-east1, gs://e2e-us-central1]\n    command: sleep 30\n",
+    )
+    .unwrap();
+    let (code, out) = rig.run(&["submit", "job.yaml"]);
+    assert_eq!(code, 0, "{out}");
+
+    let creates = |plan: &Value| -> Vec<String> {
+        plan["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["action"] == "create_queued_resource")
+            .map(|a| a["zone"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (code, out) = rig.run(&["plan", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let plan: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(plan["policy"], "frugal");
+    let planned = creates(&plan);
+    assert_eq!(planned.len(), 1, "frugal asks one entry: {plan}");
+
+    // The controller's first pass, on the same file and store.
+    let log = std::fs::File::create(dir.join("controller.log")).unwrap();
+    let child = rig
+        .command(&[
+            "controller",
+            "--local-workers",
+            &dir.join("workers").display().to_string(),
+            "--interval",
+            "600",
+            "--log-json",
+        ])
+        .stderr(log)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    rig.controllers.push(child);
+    let zones = ["us-east1-d", "us-central1-b"];
+    let listed = |rig: &Rig| -> Vec<String> {
+        zones
+            .iter()
+            .filter(|z| {
+                let v = rig.curl(
+                    "GET",
+                    &format!("/v2/projects/e2e-project/locations/{z}/queuedResources"),
+                );
+                !v["queuedResources"].as_array().is_none_or(|q| q.is_empty())
+            })
+            .map(|z| z.to_string())
+            .collect()
+    };
+    rig.wait_for("the controller's first pass", 60, || {
+        std::fs::read_to_string(dir.join("controller.log"))
+            .is_ok_and(|t| t.contains("\"message\":\"pass\""))
+    });
+    assert_eq!(
+        listed(&rig),
+        planned,
+        "the controller asked where plan said it would"
+    );
+    let record: Value = std::fs::read_to_string(dir.join("controller.log"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["message"] == "pass")
+        .unwrap();
+    assert_eq!(record["policy"], "frugal");
+    assert_eq!(record["policy_digest"], plan["policy_digest"], "{record}");
+
+    // The same state under the same file with `race_after: 0s`: every region races.
+    rig.fleet = fleet("0s");
+    let (code, out) = rig.run(&["plan", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let plan: Value = serde_json::from_str(&out).unwrap();
+    assert_ne!(plan["policy_digest"], record["policy_digest"]);
+    let raced = creates(&plan);
+    assert_eq!(
+        raced.len(),
+        1,
+        "one left to race: the other is asked already: {plan}"
+    );
+    assert_ne!(raced, planned);
 }

@@ -767,3 +767,45 @@ proptest! {
         prop_assert!(m.simulated_s <= f64::from(hours) * 3600.0, "{replay}: simulated {} s", m.simulated_s);
     }
 }
+
+/// A scenario compares policy variants with their own parameters, laid over the fleet's
+/// policy: each row is labelled with its variant, `race_after` decides (5 min and 15 min
+/// give different runs), and `frugal` that races at once decides exactly as `classic`.
+#[test]
+fn policy_variants_with_parameters_are_compared_by_label() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("scenarios/regional-stockout.yaml"))
+        .unwrap()
+        .replace(
+            "fleet: fleets/multi-region.yaml",
+            &format!(
+                "fleet: {}",
+                root().join("scenarios/fleets/multi-region.yaml").display()
+            ),
+        )
+        .replace(
+            "policies: [classic, frugal]",
+            "policies:\n  classic: {}\n  frugal: {}\n  frugal-5m: {name: frugal, race_after: 5m}\n  frugal-0s: {name: frugal, race_after: 0s}",
+        );
+    let path = dir.path().join("variants.yaml");
+    std::fs::write(&path, text).unwrap();
+    let s = scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.policies, ["classic", "frugal", "frugal-5m", "frugal-0s"]);
+    assert_eq!(s.policy("frugal-5m").unwrap().race_after_secs, 300);
+    assert!(s.policy("frugal-1m").is_none());
+    let run = |label: &str| {
+        harness::run(&s, label, 1, RunOptions::default(), Default::default()).unwrap()
+    };
+    let (classic, frugal, quick, at_once) = (
+        run("classic"),
+        run("frugal"),
+        run("frugal-5m"),
+        run("frugal-0s"),
+    );
+    assert_eq!(quick.policy, "frugal-5m");
+    assert_ne!(frugal.event_hash, quick.event_hash, "race_after decides");
+    assert_eq!(
+        classic.event_hash, at_once.event_hash,
+        "frugal racing at once is classic"
+    );
+}

@@ -15,12 +15,10 @@ use crate::engine::explain::{Explanation, explain};
 use crate::engine::observe::{
     Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo,
 };
-use crate::spec::{PolicyName, PolicySpec};
 use crate::engine::state::{ResourceStatus, SCHEMA_VERSION};
-use crate::engine::{
-    Action, Engine, Event, FleetIndex, Observation, State, Timestamp,
-};
+use crate::engine::{Action, Engine, Event, FleetIndex, Observation, State, Timestamp};
 use crate::spec::names;
+use crate::spec::{PolicyName, PolicySpec};
 
 /// Options of `plan`.
 pub(crate) struct PlanArgs<'a> {
@@ -39,6 +37,9 @@ struct PlanReport<'a> {
     schema_version: u32,
     now: Timestamp,
     policy: &'a str,
+    /// The digest of everything that decides (name, parameters, timings), as the
+    /// controller's pass records give it.
+    policy_digest: String,
     actions: &'a [Action],
     events: &'a [Event],
     waiting: &'a [Explanation],
@@ -297,6 +298,7 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
             schema_version: SCHEMA_VERSION,
             now,
             policy: engine.policy().name(),
+            policy_digest: engine.index().fleet.policy.digest(),
             actions: &out.actions,
             events: &out.events,
             waiting: &waiting,
@@ -325,7 +327,10 @@ fn render(
     waiting: &[Explanation],
     now: Timestamp,
 ) -> String {
-    let mut s = format!("plan at {now} with policy `{}`\n\n", engine.policy().name());
+    let mut s = format!(
+        "plan at {now} with policy {}\n\n",
+        engine.index().fleet.policy.describe()
+    );
     s.push_str(&format!("actions ({}):\n", out.actions.len()));
     let rows: Vec<Vec<String>> = out
         .actions

@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::exit_codes::ExitStatus;
 use super::{Failure, print_stdout};
-use crate::spec::PolicyName;
 use crate::simulate::harness::{self, RunOptions, RunResult, Violation};
 use crate::simulate::report;
 use crate::simulate::scenario::{self, ChaosSpec, Scenario, ScenarioError, WorkloadSpec};
+use crate::spec::PolicyName;
 
 /// Options of `simulate`.
 pub(crate) struct SimulateArgs<'a> {
@@ -453,10 +453,11 @@ fn run_one(
 fn shrink(job: &Job<'_>, v: &Violation) -> Option<(f64, Option<usize>, Violation)> {
     let kind = |m: &str| m.split(':').next().unwrap_or(m).to_owned();
     let target = kind(&v.message);
-    let hours =
-        ((v.at_s + job.scenario.fleet.policy.engine.reconcile_interval_secs as f64) / 3600.0 * 100.0)
-            .ceil()
-            / 100.0;
+    let hours = ((v.at_s + job.scenario.fleet.policy.engine.reconcile_interval_secs as f64)
+        / 3600.0
+        * 100.0)
+        .ceil()
+        / 100.0;
     let mut scenario = job.scenario.clone();
     apply_limits(&mut scenario, Some(hours), None);
     let mut best = match run_one(&scenario, &job.policy, job.seed, None) {

@@ -583,7 +583,10 @@ pub fn plan(fleet: &FleetSpec, inputs: &Inputs) -> Vec<Step> {
         source: "startup".into(),
     });
     steps.push(Step::Upload {
-        what: "the fleet the controller reads".into(),
+        what: format!(
+            "the fleet the controller reads, with its policy: {}",
+            fleet.policy.describe()
+        ),
         uri: format!("gs://{bucket}/specs/deployment.yaml"),
         source: "deployment".into(),
     });

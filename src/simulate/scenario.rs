@@ -11,7 +11,9 @@ use tpu_runner_sim::workload::{Dist, Regions, Synthetic, TraceReplay, read_colum
 use tpu_runner_sim::{ApiConfig, ApiLatency, ApiQuota, Capacity, Latency, SpotTrace, WorkerConfig};
 
 use crate::spec::yaml::{self, Checker, Fields, Node, Value};
-use crate::spec::{EntryKind, FleetSpec, PolicyName, PolicySpec, SpecErrors, TpuType, gcp, parse_fleet};
+use crate::spec::{
+    EntryKind, FleetSpec, PolicyName, PolicySpec, SpecErrors, TpuType, gcp, parse_fleet,
+};
 
 /// A validated scenario.
 #[derive(Clone, Debug)]
@@ -603,8 +605,7 @@ fn read_policies(
     node: &Node,
     base: &PolicySpec,
 ) -> Option<(Vec<String>, BTreeMap<String, PolicySpec>)> {
-    const EXPECTED: &str =
-        "a list of policy names, or a mapping of labels to policies (`{frugal-5m: {name: frugal, race_after: 5m}, classic: {}}`)";
+    const EXPECTED: &str = "a list of policy names, or a mapping of labels to policies (`{frugal-5m: {name: frugal, race_after: 5m}, classic: {}}`)";
     match &node.value {
         Value::Seq(_) => {
             let items = c.list(node, "policies", EXPECTED, false)?;
@@ -644,12 +645,22 @@ fn read_policies(
                         .bytes()
                         .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
                 if !ok_label {
-                    c.expected(key, &path, "a label of letters, digits, `-`, `_` and `.` (at most 40)");
+                    c.expected(
+                        key,
+                        &path,
+                        "a label of letters, digits, `-`, `_` and `.` (at most 40)",
+                    );
                     continue;
                 }
                 let spec = match &value.value {
                     Value::Null => PolicyName::parse(&label).map(|name| variant_of(base, name)),
-                    _ => crate::spec::policy::read_policy(c, value, &path, base, PolicyName::parse(&label)),
+                    _ => crate::spec::policy::read_policy(
+                        c,
+                        value,
+                        &path,
+                        base,
+                        PolicyName::parse(&label),
+                    ),
                 };
                 match spec {
                     Some(spec) => {

@@ -428,7 +428,13 @@ fn read_fleet(c: &mut Checker<'_>, root: &Node) -> Option<FleetSpec> {
     };
 
     let policy = match f.get("policy") {
-        Some(n) => policy::read_policy(c, n, "policy", &PolicySpec::default(), Some(policy::PolicyName::Classic)),
+        Some(n) => policy::read_policy(
+            c,
+            n,
+            "policy",
+            &PolicySpec::default(),
+            Some(policy::PolicyName::Classic),
+        ),
         None => Some(PolicySpec::default()),
     };
 

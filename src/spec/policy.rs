@@ -305,7 +305,10 @@ pub fn read_policy(
             c.error_hint(
                 n,
                 &f.path("race_after"),
-                format!("`race_after` is a parameter of `frugal`, not of `{}`", name.as_str()),
+                format!(
+                    "`race_after` is a parameter of `frugal`, not of `{}`",
+                    name.as_str()
+                ),
                 "remove it, or set `name: frugal`",
             );
             ok = false;
@@ -326,7 +329,12 @@ pub fn read_policy(
 }
 
 /// Engine timings laid over `base`: durations for `…_secs` fields, whole numbers for counts.
-fn read_engine(c: &mut Checker<'_>, node: &Node, path: &str, base: EngineConfig) -> Option<EngineConfig> {
+fn read_engine(
+    c: &mut Checker<'_>,
+    node: &Node,
+    path: &str,
+    base: EngineConfig,
+) -> Option<EngineConfig> {
     let keys = engine_keys();
     let allowed: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
     let f = c.mapping(node, path, "engine timings", &allowed, &[])?;
@@ -335,7 +343,11 @@ fn read_engine(c: &mut Checker<'_>, node: &Node, path: &str, base: EngineConfig)
     for (key, field) in &keys {
         let Some(n) = f.get(key) else { continue };
         let value = if field.ends_with("_secs") {
-            let min = if field == "reconcile_interval_secs" { 1 } else { 0 };
+            let min = if field == "reconcile_interval_secs" {
+                1
+            } else {
+                0
+            };
             duration(c, n, &f.path(key), min, 30 * 86_400)
         } else {
             c.integer(n, &f.path(key), 0, 1000, "a whole number")
@@ -374,14 +386,24 @@ mod tests {
         let classic = PolicySpec::default();
         let mut other = classic.clone();
         other.race_after_secs = 60;
-        assert_eq!(classic.digest(), other.digest(), "classic does not read race_after");
+        assert_eq!(
+            classic.digest(),
+            other.digest(),
+            "classic does not read race_after"
+        );
         let frugal = PolicySpec::named(PolicyName::Frugal);
         let mut quick = frugal.clone();
         quick.race_after_secs = 300;
         assert_ne!(frugal.digest(), quick.digest());
-        assert_eq!(quick.describe(), format!("frugal (race_after 5m) {}", quick.digest()));
+        assert_eq!(
+            quick.describe(),
+            format!("frugal (race_after 5m) {}", quick.digest())
+        );
         let mut timed = classic.clone();
         timed.engine.heartbeat_timeout_secs = 1800;
-        assert_eq!(timed.describe(), format!("classic (heartbeat_timeout 30m) {}", timed.digest()));
+        assert_eq!(
+            timed.describe(),
+            format!("classic (heartbeat_timeout 30m) {}", timed.digest())
+        );
     }
 }
