@@ -38,6 +38,8 @@ pub struct TpuSsh {
     adopted: Option<AdoptedAgent>,
     /// Adopted workers (host names) whose agent was checked since their TPU was resolved.
     installed: Mutex<HashSet<String>>,
+    /// The private folder of the key file the transport uses, removed with it.
+    _key_dir: Option<tempfile::TempDir>,
 }
 
 /// IAP TCP forwarding through `gcloud` (the tunnel only: SSH itself stays OpenSSH with the
@@ -94,7 +96,15 @@ impl TpuSsh {
             iap: None,
             adopted: None,
             installed: Mutex::default(),
+            _key_dir: None,
         }
+    }
+
+    /// Keeps `dir` (the private folder of the key file) as long as the transport, and
+    /// removes it with the transport.
+    pub fn keeping(mut self, dir: tempfile::TempDir) -> TpuSsh {
+        self._key_dir = Some(dir);
+        self
     }
 
     /// Every connection through an IAP tunnel.

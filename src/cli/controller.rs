@@ -3,7 +3,7 @@
 //! the SQLite store, worker agents as local processes, and the controller). Wiring only:
 //! the loop is `crate::controller`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -155,6 +155,7 @@ fn ssh_workers(
 /// job gets it), written to a private file.
 fn tpu_ssh(stack: &Stack, args: &SshArgs<'_>) -> Result<crate::backend::ssh::TpuSsh, Failure> {
     let fleet = &stack.fleet;
+    let mut key_dir = None;
     let key = match args.key_file {
         Some(path) => path.to_path_buf(),
         None => {
@@ -164,7 +165,9 @@ fn tpu_ssh(stack: &Stack, args: &SshArgs<'_>) -> Result<crate::backend::ssh::Tpu
                     "error: no SSH key to reach the TPU VMs: pass --ssh-key FILE or set TPU_RUNNER_SSH_PRIVATE_KEY (deploy puts it in the Cloud Run job)\n  = hint: to run jobs on this machine instead, run `tpu-runner local up`\n".into(),
                 )
             })?;
-            private_key_file(&text)?
+            let (dir, path) = private_key_file(&text, &std::env::temp_dir())?;
+            key_dir = Some(dir);
+            path
         }
     };
     let client = tpu_client(stack)?;
@@ -178,6 +181,9 @@ fn tpu_ssh(stack: &Stack, args: &SshArgs<'_>) -> Result<crate::backend::ssh::Tpu
     ssh.extra_args.extend(shm.clone());
     let iap = fleet.ssh_transport == crate::spec::fleet::SshTransport::Iap;
     let mut transport = crate::backend::ssh::TpuSsh::new(Arc::new(ssh), client, !iap, emulator);
+    if let Some(dir) = key_dir {
+        transport = transport.keeping(dir);
+    }
     if iap {
         transport = transport.with_iap(crate::backend::ssh::Iap {
             gcloud: args.gcloud.to_owned(),
@@ -322,34 +328,37 @@ fn parse_probe(out: &str) -> Option<(String, Vec<i64>)> {
     })
 }
 
-/// Writes a private key to a 0600 file in a 0700 folder that lives as long as the process.
-fn private_key_file(text: &str) -> Result<std::path::PathBuf, Failure> {
+/// Writes a private key where no one else can reach it: a folder created fresh under `base`
+/// with a random name (mode 0700; an existing path is never reused, so no one can
+/// pre-create it or plant a link in it), and in it a new file (0600, `O_EXCL|O_NOFOLLOW`).
+/// The folder and the key go when the returned guard is dropped (every exit but SIGKILL).
+fn private_key_file(text: &str, base: &Path) -> Result<(tempfile::TempDir, PathBuf), Failure> {
     use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let io = |e: std::io::Error| {
         fail(
             ExitStatus::Io,
             format!("error: cannot keep the SSH key: {e}\n"),
         )
     };
-    let dir = std::env::temp_dir().join(format!("tpu-runner-key-{}", std::process::id()));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
+    let dir = tempfile::Builder::new()
+        .prefix("tpu-runner-key-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir_in(base)
         .map_err(io)?;
-    let path = dir.join("id_ed25519");
+    let path = dir.path().join("id_ed25519");
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
         .open(&path)
         .map_err(io)?;
     file.write_all(text.trim_end().as_bytes())
         .and_then(|()| file.write_all(b"\n"))
+        .and_then(|()| file.sync_all())
         .map_err(io)?;
-    Ok(path)
+    Ok((dir, path))
 }
 
 fn owner(given: Option<&str>) -> String {
@@ -592,4 +601,101 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
     drop(running);
     stop.store(true, Ordering::SeqCst);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// A shared folder like `/tmp`: anyone may create in it, only owners remove.
+    fn shared_tmp() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        dir
+    }
+
+    #[test]
+    fn the_key_lives_in_a_fresh_private_folder_that_goes_with_its_guard() {
+        let base = shared_tmp();
+        let (guard, path) = private_key_file("KEY\n\n", base.path()).unwrap();
+        let dir = path.parent().unwrap().to_path_buf();
+        assert!(dir.starts_with(base.path()));
+        assert!(
+            dir.file_name().unwrap().to_string_lossy()
+                != format!("tpu-runner-key-{}", std::process::id()),
+            "a name another user could guess"
+        );
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "KEY\n");
+        // A second key never shares the folder.
+        let (other, other_path) = private_key_file("OTHER", base.path()).unwrap();
+        assert_ne!(other_path.parent(), path.parent());
+        drop((guard, other));
+        assert!(!dir.exists(), "the key is left on disk");
+    }
+
+    /// The old attack: another user pre-creates the folder the key used to go to (its name
+    /// was the controller's pid) with a link to a file of theirs. Run as that second user
+    /// when the test runs as root; the key never reaches them, nor can they read it.
+    #[test]
+    fn another_user_cannot_receive_or_read_the_key() {
+        let base = shared_tmp();
+        let old = base
+            .path()
+            .join(format!("tpu-runner-key-{}", std::process::id()));
+        let theirs = base.path().join("theirs");
+        let as_nobody = nix::unistd::Uid::effective().is_root()
+            && std::process::Command::new("setpriv")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success());
+        let shell = |script: &str| {
+            let mut c = if as_nobody {
+                let mut c = std::process::Command::new("setpriv");
+                c.args([
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    "sh",
+                    "-c",
+                ]);
+                c
+            } else {
+                let mut c = std::process::Command::new("sh");
+                c.arg("-c");
+                c
+            };
+            c.arg(script).output().unwrap()
+        };
+        let plant = shell(&format!(
+            "mkdir -m 777 '{o}' && touch '{t}' && chmod 666 '{t}' && ln -s '{t}' '{o}/id_ed25519'",
+            o = old.display(),
+            t = theirs.display()
+        ));
+        assert!(plant.status.success(), "{plant:?}");
+        let (_guard, path) = private_key_file("SECRET-KEY", base.path()).unwrap();
+        assert!(!path.starts_with(&old), "the planted folder was used");
+        assert_eq!(
+            std::fs::read_to_string(&theirs).unwrap(),
+            "",
+            "the key went to their file"
+        );
+        if as_nobody {
+            let meta = std::fs::metadata(&path).unwrap();
+            assert_eq!(meta.uid(), 0);
+            let read = shell(&format!("cat '{}'", path.display()));
+            assert!(
+                !read.status.success(),
+                "the second user read the key: {read:?}"
+            );
+            let list = shell(&format!("ls '{}'", path.parent().unwrap().display()));
+            assert!(
+                !list.status.success(),
+                "the second user listed the key's folder"
+            );
+        }
+    }
 }

@@ -354,15 +354,11 @@ pub fn launch(
     let r = &spec.request;
     let attempt = r.attempt_id.as_str();
     let job = r.job_id.as_str();
+    // The one rule for ids, as `validate-jobs` and `submit` apply it (a path segment that is
+    // never `.` or `..`: it starts with a letter or digit).
     for (what, id) in [("job id", job), ("attempt id", attempt)] {
-        if id.is_empty()
-            || id.len() > 128
-            || !id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return Err(format!("the {what} {id:?} is not [A-Za-z0-9_-]{{1,128}}"));
-        }
+        crate::spec::job::check_job_id(id)
+            .map_err(|rule| format!("the {what} {id:?} is not {rule}"))?;
     }
     let _lock = lock(root)?;
     let dirs = root.dirs(job, attempt);
