@@ -665,6 +665,37 @@ fn bundles_are_verified_and_cannot_write_outside_the_job_directory() {
             );
             assert!(!rig.root("tpu-f", 0).join("outside").exists());
         }
+
+        // Links that escape by chaining: `d -> .` and `d/d/d/c -> ../../..`, each inside
+        // when judged alone; `c` really sits at the top of the job directory and leads three
+        // levels up, beside the worker's root, where a cache declared at `c/victim` would
+        // have had its folder emptied and replaced by a link.
+        let victim = rig.root("tpu-f", 0).parent().unwrap().join("victim");
+        std::fs::create_dir_all(&victim).unwrap();
+        std::fs::write(victim.join("keep.txt"), "mine").unwrap();
+        let data = tarball(&[("d", "->."), ("d/d/d/c", "->../../..")]);
+        let uri = format!("{}/bundles/{}.tar.gz", rig.bucket, sha256(&data));
+        rig.objects.put(&uri, &data, true).unwrap();
+        let mut r = rig.request("a-chain", "job-chain", "tpu-f", 1, "true");
+        r.bundle = Some(uri);
+        r.caches = vec![Cache {
+            key: "k".into(),
+            path: "c/victim".into(),
+        }];
+        assert_eq!(rig.launch(&r), Outcome::Done);
+        let report = rig.wait(&r, "the refusal", |rep| finished(rep, 1));
+        assert_eq!(report.statuses[0].state, WorkerState::FailedSetup);
+        let status = rig.object("jobs/job-chain/attempts/a-chain/status/tpu-f-w-0.json");
+        assert!(
+            status.contains("leads outside the job directory"),
+            "{status}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(victim.join("keep.txt")).unwrap(),
+            "mine",
+            "a folder outside the worker's root was emptied"
+        );
+        assert!(!std::fs::symlink_metadata(&victim).unwrap().is_symlink());
     }
 }
 

@@ -258,20 +258,28 @@ fn prepare_caches(spec: &LaunchSpec, dirs: &Dirs, floor: u64) -> Result<Vec<Stri
         let target = dirs.cache_root.join(&cache.key);
         std::fs::create_dir_all(&target).map_err(|e| format!("cache {}: {e}", cache.key))?;
         let rel = Path::new(&cache.path);
+        let outside = || {
+            format!(
+                "cache path `{}` is not inside the job directory",
+                cache.path
+            )
+        };
         if rel.is_absolute()
             || rel
                 .components()
                 .any(|c| matches!(c, std::path::Component::ParentDir))
         {
-            return Err(format!(
-                "cache path `{}` is not inside the job directory",
-                cache.path
-            ));
+            return Err(outside());
         }
-        let link = dirs.job.join(rel);
-        if let Some(parent) = link.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| format!("cache {}: {e}", cache.key))?;
-        }
+        // Where the link goes once the bundle's links on the way are followed: nothing is
+        // removed or linked through a path that leaves the job directory.
+        let name = rel.file_name().ok_or_else(outside)?;
+        let parent =
+            super::bundle::resolve_beneath(&dirs.job, rel.parent().unwrap_or(Path::new("")))
+                .ok_or_else(outside)?;
+        let parent = dirs.job.join(parent);
+        std::fs::create_dir_all(&parent).map_err(|e| format!("cache {}: {e}", cache.key))?;
+        let link = parent.join(name);
         let _ = remove_any(&link);
         std::os::unix::fs::symlink(&target, &link)
             .map_err(|e| format!("cache {}: {e}", cache.key))?;

@@ -1,10 +1,13 @@
 //! A job's content bundle on a worker: fetched from the object store, its SHA-256 checked
 //! against the digest its name carries (`bundles/<sha256>.tar.gz`), and unpacked into the job
-//! directory so that no entry can write outside it (no `..`, no absolute paths, no links
-//! that lead out, no devices). Must not run anything from the bundle.
+//! directory so that no entry can write outside it (no `..`, no absolute paths, no devices,
+//! and no link that leads out once every link of the unpacked tree is followed as the
+//! kernel would: `resolve_beneath`). Must not run anything from the bundle.
 
+use std::collections::VecDeque;
+use std::ffi::OsString;
 use std::io::Read;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
@@ -147,7 +150,94 @@ pub fn unpack(reader: impl Read, into: &Path) -> Result<(), String> {
             ));
         }
     }
+    // Each link was judged alone above; links chain (`d -> .` makes `d/d/d/c -> ../..` climb
+    // from the top): judge every link where it leads in the tree as unpacked.
+    check_links(into, Path::new(""), 0)
+}
+
+/// How deep a bundle's folders may nest.
+const MAX_DEPTH: usize = 256;
+
+/// Every link under `root/rel` must resolve beneath `root`, links followed as the kernel
+/// follows them.
+fn check_links(root: &Path, rel: &Path, depth: usize) -> Result<(), String> {
+    if depth > MAX_DEPTH {
+        return Err(format!(
+            "the bundle nests folders deeper than {MAX_DEPTH} at `{}`",
+            rel.display()
+        ));
+    }
+    let dir = root.join(rel);
+    let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = rel.join(entry.file_name());
+        let kind = entry
+            .file_type()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if kind.is_symlink() {
+            if resolve_beneath(root, &path).is_none() {
+                let target = std::fs::read_link(root.join(&path)).unwrap_or_default();
+                return Err(format!(
+                    "the bundle link `{}` → `{}` leads outside the job directory once the links before it are followed",
+                    path.display(),
+                    target.display()
+                ));
+            }
+        } else if kind.is_dir() {
+            check_links(root, &path, depth + 1)?;
+        }
+    }
     Ok(())
+}
+
+/// Where `rel` leads beneath `root` as the kernel resolves it — every link on the way
+/// followed, `..` applied to where the path really is — as a path relative to `root` free of
+/// links; `None` if it leaves `root` at any step, goes through an absolute link, or loops (40
+/// links, the kernel's own bound). What does not exist yet is taken as written (a folder to
+/// be made). The one rule for paths in the job directory: the bundle's links and the caches
+/// the agent links there are both judged by it.
+pub fn resolve_beneath(root: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut pending: VecDeque<OsString> = VecDeque::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(n) => pending.push_back(n.to_owned()),
+            Component::ParentDir => pending.push_back("..".into()),
+            Component::CurDir => {}
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    let mut real: Vec<OsString> = Vec::new();
+    let mut links = 0;
+    while let Some(name) = pending.pop_front() {
+        if name == ".." {
+            real.pop()?;
+            continue;
+        }
+        let here: PathBuf = root.join(real.iter().collect::<PathBuf>()).join(&name);
+        match std::fs::symlink_metadata(&here) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                links += 1;
+                if links > 40 {
+                    return None;
+                }
+                let target = std::fs::read_link(&here).ok()?;
+                let mut front = VecDeque::new();
+                for c in target.components() {
+                    match c {
+                        Component::Normal(n) => front.push_back(n.to_owned()),
+                        Component::ParentDir => front.push_back("..".into()),
+                        Component::CurDir => {}
+                        Component::RootDir | Component::Prefix(_) => return None,
+                    }
+                }
+                front.extend(pending.drain(..));
+                pending = front;
+            }
+            _ => real.push(name),
+        }
+    }
+    Some(real.iter().collect())
 }
 
 #[cfg(test)]
@@ -163,6 +253,40 @@ mod tests {
         );
         assert_eq!(sha256_of_uri(&format!("gs://b/other/{hex}.tar.gz")), None);
         assert_eq!(sha256_of_uri("gs://b/bundles/short.tar.gz"), None);
+    }
+
+    /// `d -> .` then `d/d/d/d/d/d/d/d/c -> ../../../../../../../..`: each link alone stays
+    /// inside; `c` lands at the top and climbs eight levels out.
+    #[test]
+    fn links_that_escape_by_chaining_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tar = tar::Builder::new(Vec::new());
+        let link = |tar: &mut tar::Builder<Vec<u8>>, path: &str, target: &str| {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            h.set_mode(0o777);
+            tar.append_link(&mut h, path, target).unwrap();
+        };
+        link(&mut tar, "d", ".");
+        link(&mut tar, "d/d/d/d/d/d/d/d/c", "../../../../../../../..");
+        let bytes = tar.into_inner().unwrap();
+        let job = dir.path().join("root/job");
+        let e = unpack(&bytes[..], &job).unwrap_err();
+        assert!(e.contains("`c`") && e.contains("leads outside"), "{e}");
+        // Links that stay inside however they chain are kept.
+        let mut tar = tar::Builder::new(Vec::new());
+        link(&mut tar, "d", ".");
+        link(&mut tar, "d/d/e", "d/f");
+        let ok = dir.path().join("ok");
+        unpack(&tar.into_inner().unwrap()[..], &ok).unwrap();
+        assert_eq!(
+            resolve_beneath(&ok, Path::new("e/x")),
+            Some(PathBuf::from("f/x"))
+        );
+        assert_eq!(resolve_beneath(&ok, Path::new("d/d/../..")), None);
+        std::os::unix::fs::symlink("loop", ok.join("loop")).unwrap();
+        assert_eq!(resolve_beneath(&ok, Path::new("loop")), None);
     }
 
     #[test]
