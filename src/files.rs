@@ -1,6 +1,7 @@
 //! Bounded reads of the files users hand in (fleets, job manifests, scenarios, traces, state
-//! snapshots): only regular files, at most a stated size, so `/dev/zero`, a FIFO or a
-//! runaway file is a clear error instead of an exhausted memory or a hang. No parsing here.
+//! snapshots, bundle files): only regular files, opened without blocking and checked as
+//! opened, at most a stated size, so `/dev/zero`, a FIFO or a runaway file is a clear error
+//! instead of an exhausted memory or a hang. No parsing here.
 
 use std::io::Read;
 use std::path::Path;
@@ -55,13 +56,27 @@ pub fn read_text(path: &Path, limit: u64) -> Result<String, ReadError> {
     String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8(e.utf8_error().valid_up_to()))
 }
 
-/// Reads `path` if it is a regular file of at most `limit` bytes.
-pub fn read_bytes(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
-    let file = std::fs::File::open(path).map_err(ReadError::Io)?;
+/// Opens `path` for reading if it is a regular file, and its metadata as opened. The open
+/// never blocks (`O_NONBLOCK`: a FIFO with no writer would hold a plain open forever), and
+/// the check is of the file opened, not of the name (`fstat`), so nothing swapped in
+/// between is read.
+pub fn open_regular(path: &Path) -> Result<(std::fs::File, std::fs::Metadata), ReadError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+        .map_err(ReadError::Io)?;
     let meta = file.metadata().map_err(ReadError::Io)?;
     if !meta.is_file() {
         return Err(ReadError::NotAFile);
     }
+    Ok((file, meta))
+}
+
+/// Reads `path` if it is a regular file of at most `limit` bytes.
+pub fn read_bytes(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
+    let (file, meta) = open_regular(path)?;
     if meta.len() > limit {
         return Err(ReadError::TooLarge(limit));
     }
@@ -90,9 +105,8 @@ mod tests {
             read_text(Path::new("/"), SPEC_LIMIT),
             Err(ReadError::NotAFile)
         ));
-        let dir = std::env::temp_dir().join(format!("tpu-runner-files-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let big = dir.join("big.yaml");
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.yaml");
         std::fs::write(&big, vec![b'a'; 2048]).unwrap();
         assert!(matches!(
             read_text(&big, 1024),
@@ -101,6 +115,26 @@ mod tests {
         assert_eq!(read_text(&big, 4096).unwrap().len(), 2048);
         std::fs::write(&big, [0xff, 0xfe]).unwrap();
         assert!(matches!(read_text(&big, 4096), Err(ReadError::NotUtf8(0))));
-        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A FIFO with no writer: a plain open waits for one forever; this one is refused at
+    /// once (the read runs in a thread so that a hang fails the test instead of holding it).
+    #[test]
+    fn a_fifo_is_refused_without_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("deployment.yaml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(matches!(
+                read_text(&path, SPEC_LIMIT),
+                Err(ReadError::NotAFile)
+            ));
+        });
+        let refused = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("reading a FIFO hung");
+        assert!(refused);
     }
 }

@@ -90,7 +90,14 @@ pub(crate) fn run(args: &DeployArgs<'_>) -> Result<ExitStatus, Failure> {
             )
         })?;
     let deployment =
-        std::fs::read(args.fleet).map_err(|e| Failure::io("read", args.fleet, &e, None))?;
+        crate::files::read_bytes(args.fleet, crate::files::SPEC_LIMIT).map_err(|e| {
+            Failure::io(
+                "read",
+                args.fleet,
+                &std::io::Error::new(e.kind(), e.to_string()),
+                None,
+            )
+        })?;
     let mut materials = deploy::apply::Materials {
         agent,
         deployment,

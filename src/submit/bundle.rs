@@ -164,8 +164,10 @@ pub fn of_directory(dir: &Path) -> Result<Bundle, String> {
         } else if kind.is_file() {
             header.set_entry_type(tar::EntryType::Regular);
             header.set_size(meta.len());
-            let file =
-                std::fs::File::open(&full).map_err(|e| format!("{}: {e}", full.display()))?;
+            // Opened without blocking and checked as opened: a file swapped for a FIFO
+            // after the walk saw it is refused, not waited on.
+            let (file, _) = crate::files::open_regular(&full)
+                .map_err(|e| format!("{}: {e}", full.display()))?;
             tar.append_data(&mut header, text, file)
         } else {
             return Err(format!(
