@@ -347,6 +347,7 @@ fn the_tpu_client_and_the_emulator_speak_the_tpu_api_v2_document() {
     let nodes = c.list_nodes(&[EAST.to_owned()]).remove(0).unwrap();
     let states: BTreeSet<&str> = nodes.iter().map(|n| n.state.as_str()).collect();
     assert!(states.contains("PREEMPTED"), "{states:?}");
+
     let got = c.get_nodes(&[
         (EAST.to_owned(), "conf-big".to_owned()),
         (EAST.to_owned(), "absent".to_owned()),
@@ -549,6 +550,23 @@ fn the_emulator_refuses_unknown_parameters_and_fields_as_google_does() {
     assert_eq!(status, 404, "the node does not exist yet");
     // A path no method has is 404.
     assert_eq!(call("GET", &format!("{base}/nodes/a/b"), None).0, 404);
+    // Two nodes of one type in one zone are two live nodes in the emulator's status (it
+    // counted (zone, type) pairs).
+    let c = client(&running.url());
+    for id in ["conf-a", "conf-b"] {
+        c.create_queued_resource(
+            &request(id, "v6e-8"),
+            &format!("00000000-0000-4000-8000-0000000{id}"),
+        )
+        .unwrap();
+    }
+    lock(&world).sim.cloud.advance_to(3_600_000);
+    let (_, status) = call(
+        "GET",
+        &format!("{}/emulator/v1/status", running.url()),
+        None,
+    );
+    assert_eq!(status["liveNodes"], 2, "{status}");
     // Nothing refused reached the simulated cloud.
     assert!(
         lock(&world)

@@ -608,9 +608,13 @@ mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-    /// A shared folder like `/tmp`: anyone may create in it, only owners remove.
+    /// A shared folder like `/tmp`: anyone may create in it, only owners remove. Made in
+    /// `/tmp` itself (random name), so another user can reach it whatever `TMPDIR` is.
     fn shared_tmp() -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("tpu-runner-shared-")
+            .tempdir_in("/tmp")
+            .unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
         dir
     }

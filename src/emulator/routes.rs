@@ -700,7 +700,7 @@ async fn status(State(shared): State<Shared>) -> Json<Value> {
         "now": w.timestamp(w.now_ms()),
         "virtualSeconds": w.now_ms() as f64 / 1000.0,
         "zones": w.zones(),
-        "liveNodes": w.sim.cloud.live_nodes().len(),
+        "liveNodes": w.sim.cloud.live_nodes().values().sum::<u32>(),
         "allocatedChips": w.sim.cloud.allocated_chips(),
         "apiCalls": acc.api_calls,
         "apiErrors": acc.api_errors,
