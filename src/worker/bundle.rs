@@ -191,6 +191,20 @@ fn check_links(root: &Path, rel: &Path, depth: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// The steps of a relative path (`..` kept, `.` dropped); `None` for an absolute one.
+fn relative_steps(path: &Path) -> Option<VecDeque<OsString>> {
+    let mut steps = VecDeque::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(n) => steps.push_back(n.to_owned()),
+            Component::ParentDir => steps.push_back("..".into()),
+            Component::CurDir => {}
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(steps)
+}
+
 /// Where `rel` leads beneath `root` as the kernel resolves it — every link on the way
 /// followed, `..` applied to where the path really is — as a path relative to `root` free of
 /// links; `None` if it leaves `root` at any step, goes through an absolute link, or loops (40
@@ -198,15 +212,7 @@ fn check_links(root: &Path, rel: &Path, depth: usize) -> Result<(), String> {
 /// be made). The one rule for paths in the job directory: the bundle's links and the caches
 /// the agent links there are both judged by it.
 pub fn resolve_beneath(root: &Path, rel: &Path) -> Option<PathBuf> {
-    let mut pending: VecDeque<OsString> = VecDeque::new();
-    for c in rel.components() {
-        match c {
-            Component::Normal(n) => pending.push_back(n.to_owned()),
-            Component::ParentDir => pending.push_back("..".into()),
-            Component::CurDir => {}
-            Component::RootDir | Component::Prefix(_) => return None,
-        }
-    }
+    let mut pending = relative_steps(rel)?;
     let mut real: Vec<OsString> = Vec::new();
     let mut links = 0;
     while let Some(name) = pending.pop_front() {
@@ -221,16 +227,7 @@ pub fn resolve_beneath(root: &Path, rel: &Path) -> Option<PathBuf> {
                 if links > 40 {
                     return None;
                 }
-                let target = std::fs::read_link(&here).ok()?;
-                let mut front = VecDeque::new();
-                for c in target.components() {
-                    match c {
-                        Component::Normal(n) => front.push_back(n.to_owned()),
-                        Component::ParentDir => front.push_back("..".into()),
-                        Component::CurDir => {}
-                        Component::RootDir | Component::Prefix(_) => return None,
-                    }
-                }
+                let mut front = relative_steps(&std::fs::read_link(&here).ok()?)?;
                 front.extend(pending.drain(..));
                 pending = front;
             }
