@@ -63,8 +63,8 @@ pub struct World {
     operation_order: VecDeque<String>,
     /// `requestId` → the operation its first call produced.
     requests: HashMap<String, String>,
-    /// Page tokens → the rest of a listing.
-    pages: HashMap<String, Vec<serde_json::Value>>,
+    /// Page tokens → the rest of a listing, as (zone, name) (the most recent `KEPT_PAGES`).
+    pages: HashMap<String, Vec<(ustr::Ustr, ustr::Ustr)>>,
     page_order: VecDeque<String>,
     next_page: u64,
     /// Per node id: what its create asked for.
@@ -96,8 +96,12 @@ pub struct SshWorker {
     pub host_key: String,
 }
 
-/// Operations and page tokens kept (older ones are forgotten: 404 / 400).
+/// Operations kept (older ones are forgotten: 404).
 const KEPT: usize = 10_000;
+
+/// Page tokens kept (older ones are forgotten: 400). Each keeps a name per listed object
+/// (16 bytes): 1,000 unfinished listings of 10,000 objects hold 160 MB at most.
+const KEPT_PAGES: usize = 1_000;
 
 /// Virtual time a long-running operation takes to be done (its effect on the simulated
 /// cloud is immediate: the inventory, not the operation, is what the controller reads).
@@ -315,7 +319,13 @@ impl World {
             self.requests.insert(id.to_owned(), name.clone());
         }
         let reply = op.json(self, false);
-        keep(&mut self.operations, &mut self.operation_order, name, op);
+        keep(
+            &mut self.operations,
+            &mut self.operation_order,
+            name,
+            op,
+            KEPT,
+        );
         reply
     }
 
@@ -339,21 +349,27 @@ impl World {
     /// One page of `items` (the rest kept under the returned token).
     pub(crate) fn page(
         &mut self,
-        mut items: Vec<serde_json::Value>,
+        mut items: Vec<(ustr::Ustr, ustr::Ustr)>,
         size: usize,
-    ) -> (Vec<serde_json::Value>, Option<String>) {
+    ) -> (Vec<(ustr::Ustr, ustr::Ustr)>, Option<String>) {
         if items.len() <= size {
             return (items, None);
         }
         let rest = items.split_off(size);
         self.next_page += 1;
         let token = format!("page-{}", self.next_page);
-        keep(&mut self.pages, &mut self.page_order, token.clone(), rest);
+        keep(
+            &mut self.pages,
+            &mut self.page_order,
+            token.clone(),
+            rest,
+            KEPT_PAGES,
+        );
         (items, Some(token))
     }
 
     /// The rest of a listing a page token names (it can be used once).
-    pub(crate) fn take_page(&mut self, token: &str) -> Option<Vec<serde_json::Value>> {
+    pub(crate) fn take_page(&mut self, token: &str) -> Option<Vec<(ustr::Ustr, ustr::Ustr)>> {
         self.pages.remove(token)
     }
 
@@ -382,10 +398,16 @@ fn scaled(ms: u64, speed: f64) -> Duration {
     Duration::from_secs_f64(ms as f64 / 1000.0 / speed.max(1e-9)).min(Duration::from_secs(60))
 }
 
-fn keep<V>(map: &mut HashMap<String, V>, order: &mut VecDeque<String>, key: String, value: V) {
+fn keep<V>(
+    map: &mut HashMap<String, V>,
+    order: &mut VecDeque<String>,
+    key: String,
+    value: V,
+    most: usize,
+) {
     order.push_back(key.clone());
     map.insert(key, value);
-    while order.len() > KEPT {
+    while order.len() > most {
         if let Some(old) = order.pop_front() {
             map.remove(&old);
         }

@@ -335,22 +335,32 @@ struct ListQuery {
 }
 
 /// One page of a listing: the first page is the call (it counts, uses quota and may fail);
-/// later pages are served from what it listed.
+/// later pages come from the names it listed, each object shown as it is when its page is
+/// read (one that went meanwhile is left out), so a kept listing costs a name per object,
+/// not its JSON.
 fn list_page(
     w: &mut World,
     q: &ListQuery,
     key: &str,
-    list: impl FnOnce(&mut World) -> Result<Vec<Value>, Fail>,
+    list: impl FnOnce(&mut World) -> Result<Vec<(Ustr, Ustr)>, Fail>,
+    render: impl Fn(&World, Ustr, Ustr) -> Option<Value>,
 ) -> Result<Value, Fail> {
     let size = q.page_size.filter(|&s| s > 0).unwrap_or(1000).min(1000);
-    let items = match q.page_token.as_deref().filter(|t| !t.is_empty()) {
+    let names = match q.page_token.as_deref().filter(|t| !t.is_empty()) {
         Some(token) => w
             .take_page(token)
             .ok_or_else(|| Fail::invalid(format!("invalid page token {token:?}")))?,
         None => list(w)?,
     };
-    let (page, next) = w.page(items, size);
-    let mut reply = json!({ key: page });
+    let (page, next) = w.page(names, size);
+    let items: Vec<Value> = page
+        .into_iter()
+        .filter_map(|(zone, name)| render(w, zone, name))
+        .collect();
+    let mut reply = json!({});
+    if !items.is_empty() {
+        reply[key] = json!(items);
+    }
     if let Some(next) = next {
         reply["nextPageToken"] = json!(next);
     }
@@ -365,22 +375,20 @@ async fn list_nodes(
     let (wait, reply) = {
         let mut w = world(&shared, &project)?;
         let wait = w.read_call();
-        let reply = list_page(&mut w, &q, "nodes", |w| {
-            let views: Vec<_> = w
-                .sim
-                .cloud
-                .list_zone_nodes(&zone)
-                .map_err(|e| api_fail(&e, &zone, &zone))?
-                .map(|n| (n.name, n.zone))
-                .collect();
-            Ok(views
-                .into_iter()
-                .filter_map(|(name, zone)| {
-                    let n = w.sim.cloud.peek_node(zone, name)?;
-                    Some(node_json(w, &n))
-                })
-                .collect())
-        });
+        let reply = list_page(
+            &mut w,
+            &q,
+            "nodes",
+            |w| {
+                Ok(w.sim
+                    .cloud
+                    .list_zone_nodes(&zone)
+                    .map_err(|e| api_fail(&e, &zone, &zone))?
+                    .map(|n| (n.zone, n.name))
+                    .collect())
+            },
+            |w, zone, name| Some(node_json(w, &w.sim.cloud.peek_node(zone, name)?)),
+        );
         (wait, reply)
     };
     after(wait, reply.map(Json)).await
@@ -394,25 +402,42 @@ async fn list_qrs(
     let (wait, reply) = {
         let mut w = world(&shared, &project)?;
         let wait = w.read_call();
-        let reply = list_page(&mut w, &q, "queuedResources", |w| {
-            let names: Vec<(Ustr, Ustr)> = w
-                .sim
-                .cloud
-                .list_zone_queued_resources(&zone)
-                .map_err(|e| api_fail(&e, &zone, &zone))?
-                .map(|q| (q.zone, q.name))
-                .collect();
-            Ok(names
-                .into_iter()
-                .filter_map(|(zone, name)| {
-                    let q = w.sim.cloud.peek_queued_resource(zone, name)?;
-                    Some(qr_json(w, &q))
-                })
-                .collect())
-        });
+        let reply = list_page(
+            &mut w,
+            &q,
+            "queuedResources",
+            |w| {
+                Ok(w.sim
+                    .cloud
+                    .list_zone_queued_resources(&zone)
+                    .map_err(|e| api_fail(&e, &zone, &zone))?
+                    .map(|q| (q.zone, q.name))
+                    .collect())
+            },
+            |w, zone, name| Some(qr_json(w, &w.sim.cloud.peek_queued_resource(zone, name)?)),
+        );
         (wait, reply)
     };
     after(wait, reply.map(Json)).await
+}
+
+/// The longest resource id the emulator takes (a TPU node's name becomes its VMs' names,
+/// which Compute Engine bounds at 63).
+const MAX_ID: usize = 63;
+
+/// An unqualified resource id as the TPU API documents it (`^[A-Za-z0-9_.~+%-]+$`), bounded.
+fn resource_id(name: &str) -> bool {
+    (1..=MAX_ID).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.~+%-".contains(&b))
+}
+
+/// A name from a request, as the simulated cloud keys it, without interning what it never
+/// made: a name no object was ever created under is looked up as one that cannot exist, so
+/// requests naming anything at all never grow the emulator's memory.
+fn known(name: &str) -> Ustr {
+    Ustr::from_existing(name).unwrap_or_else(|| Ustr::from("\u{0}unknown"))
 }
 
 async fn get_node(
@@ -425,7 +450,7 @@ async fn get_node(
         let found = w
             .sim
             .cloud
-            .get_node(Ustr::from(&zone), Ustr::from(&node))
+            .get_node(known(&zone), known(&node))
             .map(|n| n.map(|n| (n.zone, n.name)));
         let reply = match found {
             Err(e) => Err(api_fail(&e, &zone, &node)),
@@ -452,7 +477,7 @@ async fn get_qr(
         let found = w
             .sim
             .cloud
-            .get_queued_resource(Ustr::from(&zone), Ustr::from(&qr))
+            .get_queued_resource(known(&zone), known(&qr))
             .map(|q| q.is_some());
         let reply = match found {
             Err(e) => Err(api_fail(&e, &zone, &qr)),
@@ -463,7 +488,7 @@ async fn get_qr(
                 let view = w
                     .sim
                     .cloud
-                    .peek_queued_resource(Ustr::from(&zone), Ustr::from(&qr))
+                    .peek_queued_resource(known(&zone), known(&qr))
                     .expect("just read");
                 Ok(Json(qr_json(&w, &view)))
             }
@@ -555,6 +580,16 @@ async fn create_qr(
                 .ok_or_else(|| Fail::invalid("queuedResourceId is required"))?;
             let Json(body) = body.ok_or_else(|| Fail::invalid("a JSON body is required"))?;
             let create = create_body(&body, &zone)?;
+            for (what, name) in [
+                ("queuedResourceId", id.as_str()),
+                ("nodeId", create.node_id.as_str()),
+            ] {
+                if !resource_id(name) {
+                    return Err(Fail::invalid(format!(
+                        "{what} must follow ^[A-Za-z0-9_.~+%-]+$ and be at most {MAX_ID} characters"
+                    )));
+                }
+            }
             if let Some(op) = w.replayed(q.request_id.as_deref()) {
                 return Ok(op);
             }
@@ -616,7 +651,7 @@ async fn delete_qr(
             if let Some(op) = w.replayed(q.request_id.as_deref()) {
                 return Ok(op);
             }
-            let (z, name) = (Ustr::from(&zone), Ustr::from(&qr));
+            let (z, name) = (known(&zone), known(&qr));
             let live_node = w.sim.cloud.peek_queued_resource(z, name).is_some_and(|v| {
                 matches!(v.state, simc::QrState::Active | simc::QrState::Provisioning)
             });
@@ -650,10 +685,7 @@ async fn delete_node(
     let (wait, reply) = {
         let mut w = world(&shared, &project)?;
         let wait = w.timed_call(CallKind::Mutation);
-        let result = w
-            .sim
-            .cloud
-            .delete_node(Ustr::from(&zone), Ustr::from(&node));
+        let result = w.sim.cloud.delete_node(known(&zone), known(&node));
         let reply = match result {
             Ok(()) => Ok(w.operation(&zone, "delete", None, empty())),
             Err(ApiError::Timeout) => {
@@ -794,7 +826,7 @@ async fn node_method(
         let found = w
             .sim
             .cloud
-            .get_node(Ustr::from(&zone), Ustr::from(name))
+            .get_node(known(&zone), known(name))
             .map(|n| n.map(|n| n.hosts));
         let reply = match found {
             Err(e) => Err(api_fail(&e, &zone, name)),

@@ -118,10 +118,15 @@ impl Api {
     /// part of the match; an upload path matches a method's media upload path.
     pub fn resolve(&self, http_method: &str, path: &str) -> Option<&Method> {
         let upload = path.starts_with("/upload/");
+        // The path is split once, whatever its length, then held to each template.
+        let (base, verb) = split_verb(path);
+        let segments: Vec<&str> = base.split('/').collect();
         self.methods.iter().find(|m| {
             m.http_method.eq_ignore_ascii_case(http_method)
                 && m.media_upload == upload
-                && m.templates.iter().any(|t| matches(t, path, &m.patterns))
+                && m.templates
+                    .iter()
+                    .any(|t| matches(t, &segments, verb, &m.patterns))
         })
     }
 
@@ -277,14 +282,17 @@ fn is_empty_object(v: &Value) -> bool {
 /// Whether `path` fits `template`: literal segments equal, `{x}` one non-empty segment,
 /// `{+x}` the rest up to a trailing literal or verb (checked against the parameter's
 /// pattern), a `:verb` on the last segment equal.
-fn matches(template: &str, path: &str, patterns: &BTreeMap<String, String>) -> bool {
+fn matches(
+    template: &str,
+    p: &[&str],
+    path_verb: &str,
+    patterns: &BTreeMap<String, String>,
+) -> bool {
     let (template, verb) = split_verb(template);
-    let (path, path_verb) = split_verb(path);
     if verb != path_verb {
         return false;
     }
     let t: Vec<&str> = template.split('/').collect();
-    let p: Vec<&str> = path.split('/').collect();
     if let Some(plus) = t.iter().position(|s| s.starts_with("{+")) {
         let tail = t.len() - plus - 1;
         if p.len() < t.len() || !segments_fit(&t[..plus], &p[..plus]) {
@@ -619,30 +627,33 @@ pub fn query_pairs(query: &str) -> Vec<(String, String)> {
 mod tests {
     use super::*;
 
+    /// `matches` for a whole path.
+    fn fits(template: &str, path: &str, patterns: &BTreeMap<String, String>) -> bool {
+        let (base, verb) = split_verb(path);
+        let segments: Vec<&str> = base.split('/').collect();
+        matches(template, &segments, verb, patterns)
+    }
+
     #[test]
     fn templates_match_as_google_routes_them() {
         let none = BTreeMap::new();
         let node = "/v2/projects/{projectsId}/locations/{locationsId}/nodes/{nodesId}";
-        assert!(matches(node, "/v2/projects/p/locations/z/nodes/n", &none));
-        assert!(!matches(
+        assert!(fits(node, "/v2/projects/p/locations/z/nodes/n", &none));
+        assert!(!fits(
             node,
             "/v2/projects/p/locations/z/nodes/n:getGuestAttributes",
             &none
         ));
-        assert!(matches(
+        assert!(fits(
             &format!("{node}:getGuestAttributes"),
             "/v2/projects/p/locations/z/nodes/n:getGuestAttributes",
             &none
         ));
-        assert!(!matches(node, "/v2/projects/p/locations/z/nodes", &none));
+        assert!(!fits(node, "/v2/projects/p/locations/z/nodes", &none));
         let patterns = BTreeMap::from([("name".to_owned(), "^operations/.*$".to_owned())]);
-        assert!(matches(
-            "/v1/{+name}",
-            "/v1/operations/build/p/123",
-            &patterns
-        ));
-        assert!(!matches("/v1/{+name}", "/v1/projects/p/builds", &patterns));
-        assert!(matches(
+        assert!(fits("/v1/{+name}", "/v1/operations/build/p/123", &patterns));
+        assert!(!fits("/v1/{+name}", "/v1/projects/p/builds", &patterns));
+        assert!(fits(
             "/v1/projects/{projectsId}/services:batchEnable",
             "/v1/projects/p/services:batchEnable",
             &none
