@@ -98,6 +98,13 @@ pub enum Pass {
     Conflict(Vec<String>),
 }
 
+/// Events older than the fleet's retention deleted per pass, at most: far more than a pass
+/// records, so the log shrinks back to its window, in bounded steps.
+const COMPACT_PER_PASS: usize = 1000;
+
+/// The kind of the event a controller records before its first pass's decisions.
+pub const POLICY_EVENT: &str = "controller_policy";
+
 /// One controller: its engine, store and backend, and what it keeps between passes (the
 /// state as last loaded, with the engine's caches; the observation; action results for the
 /// next pass). All of it but the store's content may be lost at any time.
@@ -105,6 +112,11 @@ pub struct Controller {
     engine: Engine,
     /// The policy the engine runs, as every pass record names it (name and digest).
     policy: (&'static str, String),
+    /// The store holds this controller's `controller_policy` event.
+    policy_recorded: bool,
+    /// What the cloud was seen doing that no committed pass recorded yet (a pass refused
+    /// for a conflict hands its sightings to the next).
+    unrecorded: Vec<Event>,
     store: Box<dyn StateStore>,
     backend: Box<dyn CloudBackend>,
     settings: Settings,
@@ -124,6 +136,8 @@ impl Controller {
         let spec = &engine.index().fleet.policy;
         Controller {
             policy: (spec.name.as_str(), spec.digest()),
+            policy_recorded: false,
+            unrecorded: Vec::new(),
             engine,
             store,
             backend,
@@ -169,7 +183,7 @@ impl Controller {
         }
         let loaded = self.store.load_active()?;
         let mut base: Base = crate::store::changes::sync(&mut self.state, loaded);
-        if let Err(e) = driver::observe(
+        match driver::observe(
             &self.engine,
             &self.state,
             self.backend.as_mut(),
@@ -177,17 +191,27 @@ impl Controller {
             now,
             &mut self.observation,
         ) {
-            return Ok(Pass::CloudError(e));
-        }
-        let out = self
+            Ok(seen) => self.unrecorded.extend(seen),
+            Err(e) => return Ok(Pass::CloudError(e)),
+        };
+        let mut out = self
             .engine
             .reconcile(&mut self.state, &self.observation, now);
+        // What the cloud did comes before what the pass decided about it, and the policy
+        // deciding before both (once per controller: a trace knows what produced it).
+        out.events.splice(0..0, self.unrecorded.iter().cloned());
+        if !self.policy_recorded {
+            out.events.insert(0, self.policy_event(now));
+        }
         let fence = self.fence();
         match self
             .store
             .commit_pass(&mut base, &self.state, &out.events, &fence, now)?
         {
-            CommitOutcome::Committed => {}
+            CommitOutcome::Committed => {
+                self.policy_recorded = true;
+                self.unrecorded.clear();
+            }
             CommitOutcome::Conflict { records } => {
                 // The state in memory is ahead of the store: the next load brings it back.
                 return Ok(Pass::Conflict(records));
@@ -196,11 +220,36 @@ impl Controller {
         }
         // Persisted: now the actions may go out.
         self.feedback = driver::execute(self.backend.as_mut(), &out.actions, now);
+        // Retention, a bounded step per pass (a failure only delays it).
+        let retention = self.engine.index().fleet.event_retention_secs;
+        let before = now.plus_secs(-retention);
+        if let Err(e) = self.store.compact_events(before, COMPACT_PER_PASS) {
+            tracing::warn!(error = %e, "old events could not be deleted; retrying next pass");
+        }
         Ok(Pass::Done {
             busy: self.busy(),
             actions: out.actions.len(),
             events: out.events,
         })
+    }
+
+    /// The event naming the policy this controller runs: `name= digest= ` and what differs
+    /// from the defaults.
+    fn policy_event(&self, now: Timestamp) -> crate::engine::Event {
+        let spec = &self.engine.index().fleet.policy;
+        crate::engine::Event {
+            at: now,
+            kind: POLICY_EVENT.into(),
+            job_id: None,
+            resource_id: None,
+            attempt_id: None,
+            detail: format!(
+                "name={} digest={} {}",
+                self.policy.0,
+                self.policy.1,
+                spec.describe()
+            ),
+        }
     }
 
     /// Something is left to do: an active job, or a node or queued resource of ours.

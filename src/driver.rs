@@ -11,6 +11,8 @@ use crate::engine::observe::{
     ActionFailure, AttemptReport, CancelOutcome, DiskRecovery, RemoteError, ReportChanges,
 };
 use crate::engine::state::JobStatus;
+use crate::engine::observe::Event;
+use crate::engine::sightings;
 use crate::engine::{Action, Engine, Observation, PassOutput, State, Timestamp};
 use crate::spec::{Name, NameMap};
 
@@ -39,7 +41,10 @@ impl Feedback {
 
 /// Brings `observation` up to date for a pass: the inventory, the worker reports (kept from
 /// the previous pass and refreshed by the backend), and the results of the previous pass's
-/// actions. On error the observation is partly updated and the pass must be skipped.
+/// actions. Returns what the listing shows the cloud did since the last successful one
+/// (`sightings`: nodes and queued resources first seen, changed or gone), to be recorded with
+/// the pass's events. On error the observation is partly updated and the pass must be
+/// skipped; the next listing is then compared with the last successful one.
 pub fn observe<B: CloudBackend + ?Sized>(
     engine: &Engine,
     state: &State,
@@ -47,7 +52,7 @@ pub fn observe<B: CloudBackend + ?Sized>(
     feedback: &Feedback,
     now: Timestamp,
     observation: &mut Observation,
-) -> Result<(), BackendError> {
+) -> Result<Vec<Event>, BackendError> {
     let since = observation.serial;
     observation.serial += 1;
     observation.report_changes = None;
@@ -59,6 +64,13 @@ pub fn observe<B: CloudBackend + ?Sized>(
     let listed = backend.inventory(&scope, now, &mut inventory);
     (observation.nodes, observation.queued_resources) = inventory;
     listed?;
+    let seen = sightings::changes(
+        (&observation.listed.0, &observation.listed.1),
+        (&observation.nodes, &observation.queued_resources),
+        now,
+    );
+    observation.listed.0.clone_from(&observation.nodes);
+    observation.listed.1.clone_from(&observation.queued_resources);
     let in_flight = in_flight(state);
     let read = backend.refresh_reports(&in_flight, &mut observation.attempts, now)?;
     observation.read_at = Some(read.read_at);
@@ -71,7 +83,7 @@ pub fn observe<B: CloudBackend + ?Sized>(
     observation
         .disk_recoveries
         .clone_from(&feedback.disk_recoveries);
-    Ok(())
+    Ok(seen)
 }
 
 /// The attempts whose workers may report: the current attempt of every running or
@@ -171,8 +183,9 @@ pub fn pass<B: CloudBackend + ?Sized>(
     observation: &mut Observation,
     now: Timestamp,
 ) -> Result<PassOutput, BackendError> {
-    observe(engine, state, backend, feedback, now, observation)?;
-    let out = engine.reconcile(state, observation, now);
+    let seen = observe(engine, state, backend, feedback, now, observation)?;
+    let mut out = engine.reconcile(state, observation, now);
+    out.events.splice(0..0, seen);
     *feedback = execute(backend, &out.actions, now);
     Ok(out)
 }

@@ -271,6 +271,7 @@ fn observed(
             state: qr_state,
             spot: true,
             labels: labels.clone().into(),
+            failure: None,
         })
     });
     let node = Arc::new(NodeInfo {

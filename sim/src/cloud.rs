@@ -69,6 +69,9 @@ pub struct QrView<'a> {
     pub labels: &'a Labels,
 }
 
+/// What the cloud says of a failed queued resource (`failedData.error.message`).
+pub const QR_FAILED_MESSAGE: &str = "The queued resource failed to be provisioned.";
+
 /// Labels of a cloud object: set at creation and shared, never copied, by every read.
 pub type Labels = std::sync::Arc<BTreeMap<String, String>>;
 

@@ -108,6 +108,7 @@ pub fn qr_info(qr: &QueuedResource, zone: &str) -> Result<QueuedResourceInfo, St
         state: qr_state(&qr.state.state),
         spot: qr.is_spot(),
         labels: Arc::new(qr.labels().clone()),
+        failure: qr.state.error.clone(),
     })
 }
 

@@ -185,6 +185,7 @@ fn qr_info(q: &simc::QrView<'_>) -> Option<QueuedResourceInfo> {
         },
         spot: true,
         labels: q.labels.clone(),
+        failure: (q.state == simc::QrState::Failed).then(|| simc::QR_FAILED_MESSAGE.to_owned()),
     })
 }
 

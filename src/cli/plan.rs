@@ -198,6 +198,7 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
                 },
                 spot: true,
                 labels: labels.clone().into(),
+                failure: None,
             }));
         }
         if up {

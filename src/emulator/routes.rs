@@ -303,7 +303,7 @@ fn qr_json(w: &World, q: &simc::QrView<'_>) -> Value {
     let created = w.created.get(q.node_id.as_str());
     let mut state = json!({"state": state});
     if q.state == simc::QrState::Failed {
-        state["failedData"] = json!({"error": {"code": 8, "message": "The queued resource failed to be provisioned."}});
+        state["failedData"] = json!({"error": {"code": 8, "message": simc::QR_FAILED_MESSAGE}});
     }
     let mut qr = json!({
         "name": format!("projects/{project}/locations/{}/queuedResources/{}", q.zone, q.name),

@@ -14,6 +14,25 @@ use super::state::{
 use super::time::Timestamp;
 use crate::spec::{Name, Priority};
 
+/// The kind of the event a submitted job is recorded with.
+pub const JOB_CREATED: &str = "job_created";
+
+/// The events recording the submission of `jobs` at `now`: one per job, its detail the job's
+/// specification as submitted (JSON), so that a captured trace holds it even after a
+/// reprioritisation changed the record.
+pub fn created(jobs: &[Job], now: Timestamp) -> Vec<Event> {
+    jobs.iter()
+        .map(|job| Event {
+            at: now,
+            kind: JOB_CREATED.into(),
+            job_id: Some(job.id),
+            resource_id: None,
+            attempt_id: None,
+            detail: serde_json::to_string(&job.spec).unwrap_or_default(),
+        })
+        .collect()
+}
+
 /// What `cancel` did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]

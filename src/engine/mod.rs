@@ -23,6 +23,7 @@ pub mod observe;
 mod observed;
 pub mod policy;
 mod reconcile;
+pub mod sightings;
 pub mod snapshot;
 pub mod sorted_map;
 pub mod state;

@@ -51,6 +51,10 @@ pub struct Observation {
     /// the next observation clears them).
     #[serde(skip)]
     pub fed: Vec<Name>,
+    /// The inventory as the last successful listing gave it (the driver's bookkeeping, to
+    /// tell what the next listing changed: `sightings`).
+    #[serde(skip)]
+    pub listed: (Vec<Arc<NodeInfo>>, Vec<Arc<QueuedResourceInfo>>),
 }
 
 impl Observation {
@@ -196,6 +200,9 @@ pub struct QueuedResourceInfo {
     /// Labels (shared, as for nodes).
     #[serde(default)]
     pub labels: Labels,
+    /// Why it failed, as the cloud says (`FAILED` requests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 /// Queued resource states.

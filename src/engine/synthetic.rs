@@ -90,6 +90,7 @@ pub fn fleet(n_entries: usize, count_per_entry: u32) -> FleetSpec {
         worker_secrets: vec![],
         tpus,
         policy: Default::default(),
+        event_retention_secs: crate::spec::fleet::DEFAULT_EVENT_RETENTION_SECS,
     }
 }
 
@@ -175,6 +176,7 @@ pub fn planning_instance(
             state: QrState::Active,
             spot: true,
             labels: labels.clone(),
+            failure: None,
         }));
         obs.nodes.push(Arc::new(NodeInfo {
             name,

@@ -677,7 +677,7 @@ pub fn run(
                     metrics.failed_passes += 1;
                     next_wake = Some(now);
                 }
-                Ok(()) => {
+                Ok(seen) => {
                     // Under checks, what the backend keeps from pass to pass must be what
                     // reading everything afresh gives.
                     if invariants.is_some() {
@@ -735,6 +735,8 @@ pub fn run(
                             recent_events: recent.iter().cloned().collect(),
                         });
                     }
+                    // What the cloud did comes before what the pass decided about it.
+                    out.events.splice(0..0, seen);
                     lock(&world).sim.cloud.advance_to(read_done_ms);
                     if let Some(m) = mutator.as_deref_mut() {
                         m(&mut state, &mut out.actions, now);

@@ -51,6 +51,18 @@ pub struct FleetSpec {
     /// `classic` with the default timings when absent).
     #[serde(default)]
     pub policy: PolicySpec,
+    /// How long the store keeps events (`event_retention`, default 30 days): older ones are
+    /// deleted a few at a time by the controller's passes.
+    #[serde(default = "default_event_retention")]
+    pub event_retention_secs: i64,
+}
+
+/// Events are kept 30 days unless the fleet says otherwise: a month of history to capture
+/// and report on, at a few hundred bytes per event.
+pub const DEFAULT_EVENT_RETENTION_SECS: i64 = 30 * 86_400;
+
+fn default_event_retention() -> i64 {
+    DEFAULT_EVENT_RETENTION_SECS
 }
 
 /// How the controller reaches workers.
@@ -199,6 +211,7 @@ const TOP_LEVEL: &[&str] = &[
     "idle_timeout_seconds",
     "worker_secrets",
     "policy",
+    "event_retention",
 ];
 
 const ENTRY_FIELDS: &[&str] = &[
@@ -438,6 +451,12 @@ fn read_fleet(c: &mut Checker<'_>, root: &Node) -> Option<FleetSpec> {
         None => Some(PolicySpec::default()),
     };
 
+    let event_retention_secs = match f.get("event_retention") {
+        // From an hour (a capture needs some history) to ten years.
+        Some(n) => policy::duration(c, n, "event_retention", 3600, 3650 * 86_400),
+        None => Some(DEFAULT_EVENT_RETENTION_SECS),
+    };
+
     let entries = tpus_list
         .map(|items| read_entries(c, items))
         .unwrap_or_default();
@@ -458,6 +477,7 @@ fn read_fleet(c: &mut Checker<'_>, root: &Node) -> Option<FleetSpec> {
         worker_secrets: worker_secrets?,
         tpus: entries.into_iter().map(|(e, _, _)| e).collect(),
         policy: policy?,
+        event_retention_secs: event_retention_secs?,
     })
 }
 

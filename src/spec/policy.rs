@@ -200,11 +200,11 @@ const POLICY_FIELDS: &[&str] = &["name", "race_after", "engine"];
 /// What a duration may be written as.
 const DURATION: &str = "a duration such as `15m`, `90s` or `2h` (or whole seconds)";
 
-/// A duration: whole seconds, or a positive integer followed by `s`, `m` or `h`.
+/// A duration: whole seconds, or a positive integer followed by `s`, `m`, `h` or `d`.
 pub fn parse_duration(text: &str) -> Option<i64> {
     let text = text.trim();
     let (digits, unit) = match text.char_indices().last()? {
-        (i, 's' | 'm' | 'h') => (&text[..i], &text[i..]),
+        (i, 's' | 'm' | 'h' | 'd') => (&text[..i], &text[i..]),
         _ => (text, "s"),
     };
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || digits.len() > 12 {
@@ -212,6 +212,7 @@ pub fn parse_duration(text: &str) -> Option<i64> {
     }
     let n: i64 = digits.parse().ok()?;
     Some(match unit {
+        "d" => n * 86_400,
         "h" => n * 3600,
         "m" => n * 60,
         _ => n,
@@ -220,7 +221,13 @@ pub fn parse_duration(text: &str) -> Option<i64> {
 
 /// Reads a duration field (a string with a unit, or an integer of seconds) in
 /// `min..=max` seconds.
-fn duration(c: &mut Checker<'_>, node: &Node, path: &str, min: i64, max: i64) -> Option<i64> {
+pub fn duration(
+    c: &mut Checker<'_>,
+    node: &Node,
+    path: &str,
+    min: i64,
+    max: i64,
+) -> Option<i64> {
     let secs = match &node.value {
         Value::Int(i) => Some(*i),
         Value::Str(s) => parse_duration(s),
@@ -373,7 +380,8 @@ mod tests {
         assert_eq!(parse_duration("90s"), Some(90));
         assert_eq!(parse_duration("2h"), Some(7200));
         assert_eq!(parse_duration("600"), Some(600));
-        for bad in ["", "m", "-5m", "1.5h", "10d", "1e3", "9999999999999m"] {
+        assert_eq!(parse_duration("30d"), Some(30 * 86_400));
+        for bad in ["", "m", "-5m", "1.5h", "10w", "1e3", "9999999999999m"] {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
         assert_eq!(show_secs(900), "15m");

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use serde::Deserialize as _;
 use serde_json::{Map, Value, json};
 
 use super::changes::{ChangeSet, Written, is_closed};
@@ -628,7 +629,7 @@ impl StateStore for FirestoreStore {
         format!("firestore:{}", self.client.database())
     }
 
-    fn create_jobs(&mut self, jobs: &[Job], _now: Timestamp) -> Res<CreateResult> {
+    fn create_jobs(&mut self, jobs: &[Job], now: Timestamp) -> Res<CreateResult> {
         let jobs_coll = self.names().jobs;
         let (result, _) = self.cas(|store, tx| {
             let paths: Vec<String> = jobs
@@ -653,6 +654,8 @@ impl StateStore for FirestoreStore {
             for job in jobs {
                 writes.extend(store.job_writes(job, Precondition::Exists(false))?);
             }
+            let (next, counter) = store.event_counter(tx)?;
+            writes.extend(store.event_writes(&commands::created(jobs, now), next, counter));
             Ok(Step::Commit(writes, CreateResult::Created))
         })?;
         Ok(result)
@@ -1036,6 +1039,45 @@ impl StateStore for FirestoreStore {
             out.push((seq, event));
         }
         Ok(out)
+    }
+
+    fn compact_events(&mut self, before: Timestamp, limit: usize) -> Res<usize> {
+        let names = self.names();
+        let docs = self
+            .client
+            .query(
+                &Query {
+                    collection: &names.events,
+                    limit: Some(limit),
+                    ..Query::default()
+                },
+                None,
+                PAGE,
+            )
+            .map_err(|e| self.error(&e))?;
+        let writes: Vec<Write> = docs
+            .iter()
+            .filter(|d| {
+                d.fields
+                    .get("at")
+                    .and_then(|at| Timestamp::deserialize(at).ok())
+                    .is_some_and(|at| at < before)
+            })
+            .map(|d| Write::Delete {
+                path: format!("{}/{}", names.events, d.id()),
+                precondition: Precondition::Exists(true),
+            })
+            .collect();
+        if writes.is_empty() {
+            return Ok(0);
+        }
+        // Deleting what another compaction deleted first is no loss: then nothing is
+        // written and the next call finds the rest.
+        match self.client.commit(&writes, None) {
+            Ok(_) => Ok(writes.len()),
+            Err(e) if lost_race(&e) => Ok(0),
+            Err(e) => Err(self.error(&e)),
+        }
     }
 
     fn export(&mut self) -> Res<State> {

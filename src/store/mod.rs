@@ -190,6 +190,11 @@ pub trait StateStore {
     /// its sequence number (in commit order: SQLite's row ids, Firestore's event counter).
     fn events_after(&mut self, after: u64, limit: usize) -> Result<Vec<(u64, Event)>, StoreError>;
 
+    /// Retention: deletes events older than `before` among the `limit` oldest (events are
+    /// appended in time order, so this costs `limit` reads at most whatever the log's size)
+    /// and returns how many went.
+    fn compact_events(&mut self, before: Timestamp, limit: usize) -> Result<usize, StoreError>;
+
     /// Everything, finished jobs and closed requests included (the state JSON of
     /// `docs/state-schema.md`).
     fn export(&mut self) -> Result<State, StoreError>;

@@ -478,7 +478,7 @@ impl StateStore for SqliteStore {
         format!("sqlite:{}", self.path.display())
     }
 
-    fn create_jobs(&mut self, jobs: &[Job], _now: Timestamp) -> Res<CreateResult> {
+    fn create_jobs(&mut self, jobs: &[Job], now: Timestamp) -> Res<CreateResult> {
         self.write(|tx, path| {
             let mut exist = Vec::new();
             let mut seen = crate::spec::NameSet::default();
@@ -495,6 +495,7 @@ impl StateStore for SqliteStore {
             for job in jobs {
                 write_job(tx, path, job, 1)?;
             }
+            append_events(tx, path, &commands::created(jobs, now))?;
             Ok((CreateResult::Created, true))
         })
     }
@@ -764,6 +765,19 @@ impl StateStore for SqliteStore {
                 out.push((seq as u64, parse(path, "events", &seq.to_string(), &doc)?));
             }
             Ok(out)
+        })
+    }
+
+    fn compact_events(&mut self, before: Timestamp, limit: usize) -> Res<usize> {
+        self.write(|tx, path| {
+            let gone = tx
+                .prepare_cached(
+                    "DELETE FROM events WHERE seq IN \
+                     (SELECT seq FROM events ORDER BY seq LIMIT ?2) AND at < ?1",
+                )
+                .and_then(|mut s| s.execute(params![before.0, limit as i64]))
+                .map_err(|e| store_err(path, e))?;
+            Ok((gone, gone > 0))
         })
     }
 

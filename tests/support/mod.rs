@@ -380,6 +380,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
             state: q.state,
             spot: true,
             labels: labels.into(),
+            failure: None,
         }));
     }
     obs.attempts = case

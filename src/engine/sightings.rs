@@ -1,0 +1,254 @@
+//! What the controller saw the cloud do between two listings of its inventory, as events:
+//! a node or queued resource first seen, its state changed (with the cloud's reason for a
+//! failed request), or gone. These are the capacity side of a captured trace (when requests
+//! waited, were granted or failed, when nodes were preempted) and what `report` reads.
+//! Pure: it compares two listings handed to it and reads no clock; the driver calls it once
+//! per observation. It decides nothing.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use super::observe::{Event, NodeInfo, QueuedResourceInfo};
+use super::time::Timestamp;
+use crate::spec::Name;
+
+/// A node first seen or in a new state (`detail`: `zone= type= spot= [from=] to= health=`).
+pub const NODE_STATE: &str = "node_state";
+/// A node listed before and no longer (`detail`: `zone= type= spot= from=`).
+pub const NODE_VANISHED: &str = "node_vanished";
+/// A queued resource first seen or in a new state (`resource_id`: the node it provisions;
+/// `detail`: `qr= zone= type= spot= [from=] to= [reason=]`, the reason last).
+pub const QR_STATE: &str = "queued_resource_state";
+/// A queued resource listed before and no longer (`detail`: `qr= zone= type= spot= from=`).
+pub const QR_VANISHED: &str = "queued_resource_vanished";
+
+/// The events that take the listing `before` to `after` at `now`: nodes first, then queued
+/// resources, each in the order of `after` and then the vanished in the order of `before`.
+/// Costs one pointer comparison per object when nothing changed (the backends hand back the
+/// very object they listed before when it did not change), one hash lookup otherwise.
+pub fn changes(
+    before: (&[Arc<NodeInfo>], &[Arc<QueuedResourceInfo>]),
+    after: (&[Arc<NodeInfo>], &[Arc<QueuedResourceInfo>]),
+    now: Timestamp,
+) -> Vec<Event> {
+    let mut events = Vec::new();
+    diff(before.0, after.0, |n| n.name, now, &mut events, node_event);
+    diff(before.1, after.1, |q| q.name, now, &mut events, qr_event);
+    events
+}
+
+/// Appends an event per object of `after` that is new or differs from its namesake in
+/// `before` (`event(Some(old), new)` / `event(None, new)`), then one per vanished object
+/// (`event(Some(old), None)`).
+fn diff<T: PartialEq>(
+    before: &[Arc<T>],
+    after: &[Arc<T>],
+    name: impl Fn(&T) -> Name,
+    now: Timestamp,
+    out: &mut Vec<Event>,
+    event: fn(Option<&T>, Option<&T>, Timestamp) -> Option<Event>,
+) {
+    if before.len() == after.len() && before.iter().zip(after).all(|(b, a)| Arc::ptr_eq(b, a)) {
+        return;
+    }
+    let mut old: FxHashMap<Name, &Arc<T>> = before.iter().map(|b| (name(b), b)).collect();
+    for a in after {
+        match old.remove(&name(a)) {
+            Some(b) if Arc::ptr_eq(b, a) || **b == **a => {}
+            b => out.extend(event(b.map(|b| &**b), Some(a), now)),
+        }
+    }
+    // Vanished ones, in the order they were listed (the map only says which).
+    for b in before {
+        if old.remove(&name(b)).is_some() {
+            out.extend(event(Some(b), None, now));
+        }
+    }
+}
+
+fn node_event(old: Option<&NodeInfo>, new: Option<&NodeInfo>, at: Timestamp) -> Option<Event> {
+    let shown = new.or(old)?;
+    let mut detail = format!(
+        "zone={} type={} spot={}",
+        shown.zone, shown.tpu_type, shown.spot
+    );
+    if let Some(o) = old {
+        // Labels, endpoints and the like change nothing a trace records.
+        if new.is_some_and(|n| n.state == o.state && n.health == o.health) {
+            return None;
+        }
+        let _ = write!(detail, " from={}", upper(&o.state));
+    }
+    if let Some(n) = new {
+        let _ = write!(detail, " to={} health={}", upper(&n.state), upper(&n.health));
+    }
+    Some(event(
+        if new.is_some() { NODE_STATE } else { NODE_VANISHED },
+        shown.name,
+        at,
+        detail,
+    ))
+}
+
+fn qr_event(
+    old: Option<&QueuedResourceInfo>,
+    new: Option<&QueuedResourceInfo>,
+    at: Timestamp,
+) -> Option<Event> {
+    let shown = new.or(old)?;
+    let mut detail = format!(
+        "qr={} zone={} type={} spot={}",
+        shown.name, shown.zone, shown.tpu_type, shown.spot
+    );
+    if let Some(o) = old {
+        if new.is_some_and(|n| n.state == o.state && n.failure == o.failure) {
+            return None;
+        }
+        let _ = write!(detail, " from={}", upper(&o.state));
+    }
+    if let Some(n) = new {
+        let _ = write!(detail, " to={}", upper(&n.state));
+        if let Some(reason) = &n.failure {
+            // Last, so that it may hold spaces.
+            let _ = write!(detail, " reason={}", reason.replace(['\n', '\r'], " "));
+        }
+    }
+    Some(event(
+        if new.is_some() { QR_STATE } else { QR_VANISHED },
+        shown.node_id,
+        at,
+        detail,
+    ))
+}
+
+fn event(kind: &str, resource: Name, at: Timestamp, detail: String) -> Event {
+    Event {
+        at,
+        kind: kind.to_owned(),
+        job_id: None,
+        resource_id: Some(resource),
+        attempt_id: None,
+        detail,
+    }
+}
+
+/// A state's API name (`WAITING_FOR_RESOURCES`), as serde writes it.
+fn upper<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// The `key=value` pairs of an event's detail written here (`reason` takes the rest).
+pub fn fields(detail: &str) -> impl Iterator<Item = (&str, &str)> {
+    let (head, reason) = match detail.find(" reason=") {
+        Some(i) => (&detail[..i], Some(&detail[i + " reason=".len()..])),
+        None => (detail, None),
+    };
+    head.split(' ')
+        .filter_map(|pair| pair.split_once('='))
+        .chain(reason.map(|r| ("reason", r)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::observe::{Health, NodeState, QrState};
+    use crate::spec::TpuType;
+
+    fn node(name: &str, state: NodeState) -> Arc<NodeInfo> {
+        Arc::new(NodeInfo {
+            name: Name::new(name),
+            zone: Name::new("us-central2-b"),
+            tpu_type: TpuType::parse("v4-8").unwrap(),
+            state,
+            health: Health::Healthy,
+            spot: true,
+            labels: Default::default(),
+            queued_resource: None,
+            worker_count: 1,
+            public_ip: false,
+        })
+    }
+
+    fn qr(name: &str, state: QrState, failure: Option<&str>) -> Arc<QueuedResourceInfo> {
+        Arc::new(QueuedResourceInfo {
+            name: Name::new(name),
+            zone: Name::new("us-central2-b"),
+            node_id: Name::new(&format!("{name}-node")),
+            tpu_type: TpuType::parse("v4-8").unwrap(),
+            state,
+            spot: true,
+            labels: Default::default(),
+            failure: failure.map(str::to_owned),
+        })
+    }
+
+    fn lines(events: &[Event]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| {
+                format!(
+                    "{} {} {} {}",
+                    e.at.0,
+                    e.kind,
+                    e.resource_id.unwrap(),
+                    e.detail
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn first_seen_changed_unchanged_and_gone() {
+        let a = node("a", NodeState::Creating);
+        let b = node("b", NodeState::Ready);
+        let q = qr("q", QrState::WaitingForResources, None);
+        let first = changes((&[], &[]), (&[a.clone(), b.clone()], &[q.clone()]), Timestamp(10));
+        assert_eq!(
+            lines(&first),
+            [
+                "10 node_state a zone=us-central2-b type=v4-8 spot=true to=CREATING health=HEALTHY",
+                "10 node_state b zone=us-central2-b type=v4-8 spot=true to=READY health=HEALTHY",
+                "10 queued_resource_state q-node qr=q zone=us-central2-b type=v4-8 spot=true \
+                 to=WAITING_FOR_RESOURCES",
+            ]
+        );
+        // The very same objects: nothing.
+        let before = [a.clone(), b.clone()];
+        assert!(changes((&before, &[q.clone()]), (&before, &[q.clone()]), Timestamp(20)).is_empty());
+        // Equal copies (a backend that reads afresh): nothing either.
+        let copies = [node("a", NodeState::Creating), node("b", NodeState::Ready)];
+        assert!(changes((&before, &[q.clone()]), (&copies, &[q.clone()]), Timestamp(20)).is_empty());
+        // a ready, b preempted, then b gone and the request failed with a reason.
+        let later = [node("a", NodeState::Ready), node("b", NodeState::Preempted)];
+        let failed = qr("q", QrState::Failed, Some("no capacity\nin zone"));
+        let second = changes((&before, &[q.clone()]), (&later, &[failed.clone()]), Timestamp(30));
+        assert_eq!(
+            lines(&second),
+            [
+                "30 node_state a zone=us-central2-b type=v4-8 spot=true from=CREATING to=READY \
+                 health=HEALTHY",
+                "30 node_state b zone=us-central2-b type=v4-8 spot=true from=READY to=PREEMPTED \
+                 health=HEALTHY",
+                "30 queued_resource_state q-node qr=q zone=us-central2-b type=v4-8 spot=true \
+                 from=WAITING_FOR_RESOURCES to=FAILED reason=no capacity in zone",
+            ]
+        );
+        let third = changes((&later, &[failed]), (&later[..1], &[]), Timestamp(40));
+        assert_eq!(
+            lines(&third),
+            [
+                "40 node_vanished b zone=us-central2-b type=v4-8 spot=true from=PREEMPTED",
+                "40 queued_resource_vanished q-node qr=q zone=us-central2-b type=v4-8 spot=true \
+                 from=FAILED",
+            ]
+        );
+        let reason: Vec<_> = fields(&second[2].detail).collect();
+        assert_eq!(reason.last(), Some(&("reason", "no capacity in zone")));
+        assert!(reason.contains(&("from", "WAITING_FOR_RESOURCES")));
+    }
+}
