@@ -250,3 +250,91 @@ fn a_controller_on_sqlite_runs_exactly_as_in_memory() {
     }
     assert!(crashes > 0, "the seeds crash the controller");
 }
+
+/// What the controller saw the cloud do is in the store's events, with times, in the order
+/// it happened: each node and queued resource goes from the state it was last seen in
+/// (`from=` is the previous event's `to=`; a restarted controller's first sightings have
+/// none), requests are granted (ACTIVE) and fail (FAILED,
+/// with the cloud's reason), nodes become READY and are preempted, and what vanishes says so.
+#[test]
+fn the_store_keeps_what_the_controller_saw_the_cloud_do() {
+    use std::collections::HashMap;
+    use tpu_runner::engine::sightings::{self, NODE_STATE, NODE_VANISHED, QR_STATE, QR_VANISHED};
+    use tpu_runner::store::StateStore;
+    let s = load("scenarios/chaos/mixed.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let mut store =
+        tpu_runner::store::sqlite::SqliteStore::open(&dir.path().join("state.db")).unwrap();
+    harness::run(
+        &s,
+        "classic",
+        1,
+        chaos(&s),
+        Hooks {
+            store: Some(&mut store),
+            ..Hooks::default()
+        },
+    )
+    .unwrap_or_else(|v| panic!("seed 1: {}", v.message));
+    let mut events = Vec::new();
+    loop {
+        let after = events.last().map_or(0, |(seq, _)| *seq);
+        let page = store.events_after(after, 1000).unwrap();
+        if page.is_empty() {
+            break;
+        }
+        events.extend(page);
+    }
+    let mut last: HashMap<(&str, String), String> = HashMap::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut at = Timestamp(0);
+    for (_, e) in &events {
+        assert!(e.at >= at, "events go forward in time: {e:?}");
+        at = e.at;
+        let side = match e.kind.as_str() {
+            NODE_STATE | NODE_VANISHED => "node",
+            QR_STATE | QR_VANISHED => "qr",
+            _ => continue,
+        };
+        let f: HashMap<&str, &str> = sightings::fields(&e.detail).collect();
+        let key = (side, e.resource_id.unwrap().to_string());
+        // A restarted controller saw nothing before: its first sightings have no `from=`.
+        if let Some(from) = f.get("from") {
+            assert_eq!(
+                Some(from.to_string()),
+                last.get(&key).cloned(),
+                "{e:?} follows the last state seen"
+            );
+        }
+        assert!(f.contains_key("zone") && f.contains_key("type"), "{e:?}");
+        match f.get("to") {
+            Some(to) => {
+                *seen.entry(format!("{side} {to}")).or_default() += 1;
+                last.insert(key, to.to_string());
+            }
+            None => {
+                assert!(e.kind.ends_with("_vanished"), "{e:?}");
+                *seen.entry(format!("{side} vanished")).or_default() += 1;
+                last.remove(&key);
+            }
+        }
+        if f.get("to") == Some(&"FAILED") {
+            assert_eq!(
+                f.get("reason"),
+                Some(&tpu_runner_sim::QR_FAILED_MESSAGE),
+                "{e:?}"
+            );
+        }
+    }
+    for what in [
+        "node READY",
+        "node PREEMPTED",
+        "node vanished",
+        "qr ACTIVE",
+        "qr FAILED",
+        "qr vanished",
+    ] {
+        assert!(seen.get(what).copied().unwrap_or(0) > 0, "never saw {what}: {seen:?}");
+    }
+    eprintln!("{} events; sightings {seen:?}", events.len());
+}

@@ -11,7 +11,7 @@ mod waiting;
 pub mod workload;
 mod zoned;
 
-pub use cloud::{Accounting, SimCloud};
+pub use cloud::{Accounting, QR_FAILED_MESSAGE, SimCloud};
 pub use model::{
     ApiConfig, ApiLatency, ApiQuota, CallKind, Capacity, CloudConfig, CloudFaults, JobBehaviour,
     Latency, PoolConfig, WorkerConfig,

@@ -717,15 +717,15 @@ pub fn run(
                         }
                         _ => None,
                     };
-                    let observation = old.as_ref().unwrap_or(&observation);
+                    let view = old.as_ref().unwrap_or(&observation);
                     let committed = crash.map(|_| state.clone());
                     // Under checks, the engine's caches must not change what a pass decides.
                     let from_scratch = invariants.is_some().then(|| {
                         let mut scratch = state.clone();
-                        let out = engine.reconcile_from_scratch(&mut scratch, observation, now);
+                        let out = engine.reconcile_from_scratch(&mut scratch, view, now);
                         (scratch, out)
                     });
-                    let mut out = engine.reconcile(&mut state, observation, now);
+                    let mut out = engine.reconcile(&mut state, view, now);
                     if let Some((scratch, scratch_out)) = from_scratch
                         && (scratch != state || !same_decisions(&out, &scratch_out))
                     {
@@ -809,7 +809,12 @@ pub fn run(
                         });
                     }
                     // Only chaos runs hand a pass the previous observation.
-                    previous_observation = chaos.is_some().then(|| observation.clone());
+                    previous_observation = chaos.is_some().then(|| view.clone());
+                    if crash.is_some() {
+                        // The restarted controller listed nothing yet either: its first
+                        // sightings are first seen.
+                        observation.listed = Default::default();
+                    }
                     output = committed_pass.then_some(out);
                     let now_fingerprint = fingerprint.of(&state);
                     changed = now_fingerprint != last_fingerprint;
