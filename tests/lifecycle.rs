@@ -478,6 +478,31 @@ fn lifecycle(store: Option<String>) {
         "left running: {:?}",
         processes_of_jobs(&dir)
     );
+    // The store recorded what was lived through, with times: every submission with its spec,
+    // the policy the controllers decided with, the requests granted, the nodes ready and
+    // the one preempted, the attempts launched and finished.
+    let (code, log) = rig.run(&["state", "events"]);
+    assert_eq!(code, 0, "{log}");
+    let log: Vec<Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let count = |kind: &str, detail: &str| {
+        log.iter()
+            .filter(|e| e["kind"] == kind && e["detail"].as_str().unwrap_or("").contains(detail))
+            .count()
+    };
+    assert_eq!(count("job_created", "\"command\""), 20, "one per submitted job");
+    assert!(count("controller_policy", "name=classic") >= 1);
+    assert!(count("queued_resource_state", "to=ACTIVE") >= 1);
+    assert!(count("node_state", "to=READY") >= 1);
+    // (Seen by the killed controller, or first seen PREEMPTED by the one after it, or both.)
+    assert!(
+        log.iter().any(|e| e["kind"] == "node_state"
+            && e["resource_id"] == node.as_str()
+            && e["detail"].as_str().unwrap().contains("to=PREEMPTED")),
+        "the preempted node"
+    );
+    assert!(count("job_succeeded", "") >= 16);
+    let seqs: Vec<u64> = log.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "in the order written");
     let status = rig.curl("GET", "/emulator/v1/status");
     assert_eq!(status["liveNodes"], 0, "{status}");
     assert_eq!(status["allocatedChips"], 0, "{status}");

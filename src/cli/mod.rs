@@ -5,6 +5,7 @@
 mod controller;
 mod deploy;
 mod emulator;
+mod events;
 mod exit_codes;
 mod jobs;
 mod output;
@@ -607,6 +608,24 @@ enum StateCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Print the store's event log (what the controller saw and did, what was submitted) as
+    /// JSON lines, oldest first.
+    #[command(
+        after_help = "Examples:\n  tpu-runner state events --since 24h\n  tpu-runner state events --kind job_created --kind controller_policy\n  tpu-runner state events --since 2026-12-01T00:00:00Z --until 2026-12-02T00:00:00Z"
+    )]
+    Events {
+        #[command(flatten)]
+        store: StoreOpts,
+        /// Only events at or after this time (RFC 3339) or this long ago (`24h`, `7d`).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Only events before this time (RFC 3339) or this long ago.
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
+        /// Only events of this kind (repeatable).
+        #[arg(long, value_name = "KIND")]
+        kind: Vec<String>,
+    },
     /// Write a state JSON document into an empty store.
     #[command(
         after_help = "Examples:\n  tpu-runner state import backup.json --store sqlite:.tpu-runner/state.db\n  FIRESTORE_EMULATOR_HOST=127.0.0.1:8086 tpu-runner state import state.json --store firestore"
@@ -744,6 +763,23 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             },
             output.as_deref(),
             force,
+        ),
+        Command::State(StateCommand::Events {
+            store,
+            since,
+            until,
+            kind,
+        }) => events::print(
+            &state::StoreArgs {
+                store: store.store.as_deref(),
+                fleet: &store.fleet,
+            },
+            events::Window::parse(
+                since.as_deref(),
+                until.as_deref(),
+                crate::controller::wall_clock(),
+            )?,
+            &kind,
         ),
         Command::State(StateCommand::Import { file, store }) => state::import(
             &state::StoreArgs {
