@@ -5,6 +5,9 @@
 //! outside the timed section), which looks at everything; `warm`, the same engine passing
 //! again and again over the same state with an observation whose driver reports no change
 //! (a controller's steady state), where the engine's memo skips what did not change.
+//! Sightings: what recording the cloud's changes costs a pass over a listing of 2,000 or
+//! 10,000 TPUs (and as many queued resources): nothing changed (the backends hand back the
+//! objects they listed before), 1 % changed, and every object listed afresh but equal.
 
 // The allocator the `tpu-runner` binary uses (src/main.rs).
 #[global_allocator]
@@ -123,5 +126,37 @@ fn plan_explain(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, planning_pass, steady_pass, plan_explain);
+fn sightings(c: &mut Criterion) {
+    use std::sync::Arc;
+    use tpu_runner::engine::observe::NodeState;
+    use tpu_runner::engine::sightings::changes;
+    let epoch = Timestamp::from_secs(1_767_225_600);
+    let mut group = c.benchmark_group("sightings");
+    group.sample_size(20);
+    for (n_entries, count) in [(500usize, 4u32), (2_000, 5)] {
+        let fleet = synthetic::fleet(n_entries, count);
+        let (_, obs, now) = synthetic::running_instance(&fleet, n_entries * count as usize, epoch);
+        let before = (obs.nodes.clone(), obs.queued_resources.clone());
+        let n = before.0.len();
+        assert_eq!(n, n_entries * count as usize);
+        let mut changed = before.clone();
+        for node in changed.0.iter_mut().step_by(100) {
+            let mut other = (**node).clone();
+            other.state = NodeState::Preempted;
+            *node = Arc::new(other);
+        }
+        let fresh = (
+            before.0.iter().map(|n| Arc::new((**n).clone())).collect::<Vec<_>>(),
+            before.1.iter().map(|q| Arc::new((**q).clone())).collect::<Vec<_>>(),
+        );
+        for (label, after) in [("unchanged", &before), ("1pct_changed", &changed), ("fresh_equal", &fresh)] {
+            group.bench_function(BenchmarkId::new(label, format!("{n}tpus")), |b| {
+                b.iter(|| changes((&before.0, &before.1), (&after.0, &after.1), now))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, planning_pass, steady_pass, plan_explain, sightings);
 criterion_main!(benches);
