@@ -146,10 +146,22 @@ fn sightings(c: &mut Criterion) {
             *node = Arc::new(other);
         }
         let fresh = (
-            before.0.iter().map(|n| Arc::new((**n).clone())).collect::<Vec<_>>(),
-            before.1.iter().map(|q| Arc::new((**q).clone())).collect::<Vec<_>>(),
+            before
+                .0
+                .iter()
+                .map(|n| Arc::new((**n).clone()))
+                .collect::<Vec<_>>(),
+            before
+                .1
+                .iter()
+                .map(|q| Arc::new((**q).clone()))
+                .collect::<Vec<_>>(),
         );
-        for (label, after) in [("unchanged", &before), ("1pct_changed", &changed), ("fresh_equal", &fresh)] {
+        for (label, after) in [
+            ("unchanged", &before),
+            ("1pct_changed", &changed),
+            ("fresh_equal", &fresh),
+        ] {
             group.bench_function(BenchmarkId::new(label, format!("{n}tpus")), |b| {
                 b.iter(|| changes((&before.0, &before.1), (&after.0, &after.1), now))
             });

@@ -140,7 +140,10 @@ fn event_bytes(f: impl FnOnce(&mut SqliteStore)) -> (usize, usize, u64) {
         let Some(&(last, _)) = page.last() else { break };
         after = last;
         n += page.len();
-        bytes += page.iter().map(|(_, e)| serde_json::to_string(e).unwrap().len()).sum::<usize>();
+        bytes += page
+            .iter()
+            .map(|(_, e)| serde_json::to_string(e).unwrap().len())
+            .sum::<usize>();
     }
     drop(store);
     (n, bytes, std::fs::metadata(&path).unwrap().len())

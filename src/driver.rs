@@ -7,12 +7,12 @@
 use std::collections::BTreeMap;
 
 use crate::backend::{BackendError, CloudBackend, InFlight, Outcome};
+use crate::engine::observe::Event;
 use crate::engine::observe::{
     ActionFailure, AttemptReport, CancelOutcome, DiskRecovery, RemoteError, ReportChanges,
 };
-use crate::engine::state::JobStatus;
-use crate::engine::observe::Event;
 use crate::engine::sightings;
+use crate::engine::state::JobStatus;
 use crate::engine::{Action, Engine, Observation, PassOutput, State, Timestamp};
 use crate::spec::{Name, NameMap};
 
@@ -70,7 +70,10 @@ pub fn observe<B: CloudBackend + ?Sized>(
         now,
     );
     observation.listed.0.clone_from(&observation.nodes);
-    observation.listed.1.clone_from(&observation.queued_resources);
+    observation
+        .listed
+        .1
+        .clone_from(&observation.queued_resources);
     let in_flight = in_flight(state);
     let read = backend.refresh_reports(&in_flight, &mut observation.attempts, now)?;
     observation.read_at = Some(read.read_at);

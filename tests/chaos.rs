@@ -334,7 +334,10 @@ fn the_store_keeps_what_the_controller_saw_the_cloud_do() {
         "qr FAILED",
         "qr vanished",
     ] {
-        assert!(seen.get(what).copied().unwrap_or(0) > 0, "never saw {what}: {seen:?}");
+        assert!(
+            seen.get(what).copied().unwrap_or(0) > 0,
+            "never saw {what}: {seen:?}"
+        );
     }
     eprintln!("{} events; sightings {seen:?}", events.len());
 }

@@ -483,13 +483,20 @@ fn lifecycle(store: Option<String>) {
     // the one preempted, the attempts launched and finished.
     let (code, log) = rig.run(&["state", "events"]);
     assert_eq!(code, 0, "{log}");
-    let log: Vec<Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let log: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let count = |kind: &str, detail: &str| {
         log.iter()
             .filter(|e| e["kind"] == kind && e["detail"].as_str().unwrap_or("").contains(detail))
             .count()
     };
-    assert_eq!(count("job_created", "\"command\""), 20, "one per submitted job");
+    assert_eq!(
+        count("job_created", "\"command\""),
+        20,
+        "one per submitted job"
+    );
     assert!(count("controller_policy", "name=classic") >= 1);
     assert!(count("queued_resource_state", "to=ACTIVE") >= 1);
     assert!(count("node_state", "to=READY") >= 1);

@@ -243,7 +243,10 @@ fn a_submission_is_recorded_with_its_spec_and_old_events_are_compacted() {
         let events = s.events_after(0, 100).unwrap();
         assert_eq!(events.len(), 2, "{at:?}: one event per created job");
         for ((_, e), job) in events.iter().zip(&submitted) {
-            assert_eq!((e.kind.as_str(), e.job_id, e.at), ("job_created", Some(job.id), T0));
+            assert_eq!(
+                (e.kind.as_str(), e.job_id, e.at),
+                ("job_created", Some(job.id), T0)
+            );
             let spec: tpu_runner::spec::JobSpec = serde_json::from_str(&e.detail).unwrap();
             assert_eq!(spec, job.spec, "{at:?}: the spec as submitted");
         }
@@ -251,18 +254,34 @@ fn a_submission_is_recorded_with_its_spec_and_old_events_are_compacted() {
         let later = |i: i64| T0.plus_secs(60 * i);
         s.create_jobs(&jobs(&["d"]), later(1)).unwrap();
         s.create_jobs(&jobs(&["e"]), later(2)).unwrap();
-        assert_eq!(s.compact_events(T0, 100).unwrap(), 0, "{at:?}: nothing is older");
+        assert_eq!(
+            s.compact_events(T0, 100).unwrap(),
+            0,
+            "{at:?}: nothing is older"
+        );
         // Bounded: at most `limit` of the oldest go per call.
         assert_eq!(s.compact_events(later(2), 1).unwrap(), 1, "{at:?}");
         assert_eq!(s.compact_events(later(2), 100).unwrap(), 2, "{at:?}");
         let left: Vec<_> = s.events_after(0, 100).unwrap();
         assert_eq!(left.len(), 1, "{at:?}");
-        assert_eq!(left[0].1.job_id, Some(Name::new("e")), "{at:?}: the newest stays");
+        assert_eq!(
+            left[0].1.job_id,
+            Some(Name::new("e")),
+            "{at:?}: the newest stays"
+        );
         // Sequence numbers go on after a compaction.
         s.create_jobs(&jobs(&["f"]), later(3)).unwrap();
-        let seqs: Vec<u64> = s.events_after(0, 100).unwrap().iter().map(|e| e.0).collect();
+        let seqs: Vec<u64> = s
+            .events_after(0, 100)
+            .unwrap()
+            .iter()
+            .map(|e| e.0)
+            .collect();
         assert!(seqs[1] > seqs[0], "{at:?}: {seqs:?}");
-        assert_eq!(s.job(&"a".into()).unwrap().map(|j| j.id), Some(Name::new("a")));
+        assert_eq!(
+            s.job(&"a".into()).unwrap().map(|j| j.id),
+            Some(Name::new("a"))
+        );
     }
 }
 

@@ -675,6 +675,12 @@ impl SimCloud {
                     0
                 }
             }
+            Capacity::Schedule(steps) => {
+                let i = steps.partition_point(|(from, _)| *from <= secs);
+                steps
+                    .get(i.saturating_sub(1))
+                    .map_or(UNLIMITED, |(_, n)| *n)
+            }
             Capacity::Trace {
                 trace,
                 scale,
@@ -742,6 +748,12 @@ impl SimCloud {
                 if t < limit {
                     let at = t - offset_secs;
                     next = Some(next.map_or(at, |n| n.min(at)));
+                }
+            }
+            Capacity::Schedule(steps) => {
+                let i = steps.partition_point(|(from, _)| *from <= now_secs);
+                if let Some((at, _)) = steps.get(i) {
+                    next = Some(next.map_or(*at, |n| n.min(*at)));
                 }
             }
             Capacity::Unlimited | Capacity::Constant(_) => {}

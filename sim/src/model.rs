@@ -92,6 +92,9 @@ pub enum Capacity {
         /// Mean length of a stockout.
         mean_off_secs: f64,
     },
+    /// Steps `(from_secs, slices)` sorted by time, each holding until the next (before the
+    /// first: the first's value); `u32::MAX` is unlimited. What a capture saw.
+    Schedule(Arc<[(u64, u32)]>),
     /// A spot availability trace, `scale` slices per trace instance.
     Trace {
         /// The trace.

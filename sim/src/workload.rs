@@ -21,6 +21,9 @@ pub struct JobArrival {
     pub regions: Regions,
     /// 0 low, 1 normal, 2 high.
     pub priority: u8,
+    /// The TPU types it accepts, when the workload says (a captured job); else the
+    /// scenario's types for its width.
+    pub types: Option<Regions>,
     /// How it behaves on the workers.
     pub behaviour: JobBehaviour,
 }
@@ -136,6 +139,7 @@ impl Synthetic {
                     width_chips: weighted(&mut rng, &self.widths),
                     regions: weighted(&mut rng, &self.regions),
                     priority,
+                    types: None,
                     behaviour: JobBehaviour {
                         work_secs: work,
                         checkpoint_secs: self.checkpoint_secs,
@@ -237,6 +241,7 @@ impl TraceReplay {
                             (2, t.priorities[2]),
                         ],
                     ),
+                    types: None,
                     behaviour: JobBehaviour {
                         work_secs: work.clamp(t.min_duration_secs, t.max_duration_secs),
                         checkpoint_secs: t.checkpoint_secs,

@@ -120,10 +120,16 @@ mod tests {
     fn windows_take_times_and_durations_before_now() {
         let now = Timestamp::parse("2026-12-04T12:00:00Z").unwrap();
         let w = Window::parse(Some("2h"), Some("2026-12-04T11:30:00Z"), now).unwrap();
-        assert_eq!(w.since, Some(Timestamp::parse("2026-12-04T10:00:00Z").unwrap()));
+        assert_eq!(
+            w.since,
+            Some(Timestamp::parse("2026-12-04T10:00:00Z").unwrap())
+        );
         assert!(w.contains(Timestamp::parse("2026-12-04T10:00:00Z").unwrap()));
         assert!(!w.contains(Timestamp::parse("2026-12-04T11:30:00Z").unwrap()));
-        assert!(Window::parse(Some("1h"), Some("2h"), now).is_err(), "until before since");
+        assert!(
+            Window::parse(Some("1h"), Some("2h"), now).is_err(),
+            "until before since"
+        );
         assert!(Window::parse(Some("yesterday"), None, now).is_err());
         assert_eq!(Window::parse(None, None, now).unwrap(), Window::default());
     }

@@ -424,6 +424,7 @@ fn apply_limits(s: &mut Scenario, horizon_hours: Option<f64>, max_jobs: Option<u
             match w {
                 WorkloadSpec::Synthetic(w) => w.count = w.count.min(n),
                 WorkloadSpec::Trace(t) => t.limit = t.limit.min(n),
+                WorkloadSpec::Jobs(jobs) => jobs.truncate(n),
             }
         }
     }
@@ -470,6 +471,7 @@ fn shrink(job: &Job<'_>, v: &Violation) -> Option<(f64, Option<usize>, Violation
         .map(|w| match w {
             WorkloadSpec::Synthetic(w) => w.count,
             WorkloadSpec::Trace(t) => t.limit.min(t.arrivals.len()),
+            WorkloadSpec::Jobs(jobs) => jobs.len(),
         })
         .max()
         .unwrap_or(0);

@@ -82,10 +82,19 @@ fn node_event(old: Option<&NodeInfo>, new: Option<&NodeInfo>, at: Timestamp) -> 
         let _ = write!(detail, " from={}", upper(&o.state));
     }
     if let Some(n) = new {
-        let _ = write!(detail, " to={} health={}", upper(&n.state), upper(&n.health));
+        let _ = write!(
+            detail,
+            " to={} health={}",
+            upper(&n.state),
+            upper(&n.health)
+        );
     }
     Some(event(
-        if new.is_some() { NODE_STATE } else { NODE_VANISHED },
+        if new.is_some() {
+            NODE_STATE
+        } else {
+            NODE_VANISHED
+        },
         shown.name,
         at,
         detail,
@@ -207,7 +216,11 @@ mod tests {
         let a = node("a", NodeState::Creating);
         let b = node("b", NodeState::Ready);
         let q = qr("q", QrState::WaitingForResources, None);
-        let first = changes((&[], &[]), (&[a.clone(), b.clone()], &[q.clone()]), Timestamp(10));
+        let first = changes(
+            (&[], &[]),
+            (&[a.clone(), b.clone()], &[q.clone()]),
+            Timestamp(10),
+        );
         assert_eq!(
             lines(&first),
             [
@@ -219,14 +232,32 @@ mod tests {
         );
         // The very same objects: nothing.
         let before = [a.clone(), b.clone()];
-        assert!(changes((&before, &[q.clone()]), (&before, &[q.clone()]), Timestamp(20)).is_empty());
+        assert!(
+            changes(
+                (&before, &[q.clone()]),
+                (&before, &[q.clone()]),
+                Timestamp(20)
+            )
+            .is_empty()
+        );
         // Equal copies (a backend that reads afresh): nothing either.
         let copies = [node("a", NodeState::Creating), node("b", NodeState::Ready)];
-        assert!(changes((&before, &[q.clone()]), (&copies, &[q.clone()]), Timestamp(20)).is_empty());
+        assert!(
+            changes(
+                (&before, &[q.clone()]),
+                (&copies, &[q.clone()]),
+                Timestamp(20)
+            )
+            .is_empty()
+        );
         // a ready, b preempted, then b gone and the request failed with a reason.
         let later = [node("a", NodeState::Ready), node("b", NodeState::Preempted)];
         let failed = qr("q", QrState::Failed, Some("no capacity\nin zone"));
-        let second = changes((&before, &[q.clone()]), (&later, &[failed.clone()]), Timestamp(30));
+        let second = changes(
+            (&before, &[q.clone()]),
+            (&later, &[failed.clone()]),
+            Timestamp(30),
+        );
         assert_eq!(
             lines(&second),
             [

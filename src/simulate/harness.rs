@@ -295,6 +295,7 @@ pub fn arrivals(scenario: &Scenario, seed: u64) -> Vec<JobArrival> {
         all.extend(match w {
             WorkloadSpec::Synthetic(s) => s.generate(seed, scenario.horizon_secs as f64),
             WorkloadSpec::Trace(t) => t.generate(seed),
+            WorkloadSpec::Jobs(jobs) => jobs.clone(),
         });
     }
     all.sort_by(|a, b| {
@@ -305,14 +306,29 @@ pub fn arrivals(scenario: &Scenario, seed: u64) -> Vec<JobArrival> {
     all
 }
 
-/// The TPU types a job of `arrival`'s width accepts; `None`: the scenario maps none (the
-/// arrival is skipped).
-fn accepted_types<'s>(scenario: &'s Scenario, arrival: &JobArrival) -> Option<&'s [gcp::TpuType]> {
-    scenario
-        .types_by_width
-        .get(&arrival.width_chips)
-        .map(Vec::as_slice)
-        .filter(|t| !t.is_empty())
+/// The TPU types `arrival` accepts: its own (a captured job), those of the fleet's types it
+/// names; else the scenario's for its width. `None`: none (the arrival is skipped).
+fn accepted_types<'s>(
+    scenario: &'s Scenario,
+    arrival: &JobArrival,
+) -> Option<std::borrow::Cow<'s, [gcp::TpuType]>> {
+    use std::borrow::Cow;
+    let types = match &arrival.types {
+        Some(names) => Cow::Owned(
+            names
+                .iter()
+                .filter_map(|n| gcp::TpuType::parse(n).ok())
+                .filter(|t| scenario.fleet.tpus.iter().any(|e| e.tpu_type == *t))
+                .collect(),
+        ),
+        None => Cow::Borrowed(
+            scenario
+                .types_by_width
+                .get(&arrival.width_chips)
+                .map(Vec::as_slice)?,
+        ),
+    };
+    (!types.is_empty()).then_some(types)
 }
 
 /// The job an arrival submits (built when it arrives: a queue of 50k jobs held from the start
@@ -470,7 +486,7 @@ pub fn run(
     let mut wired = wire.map(|w| w(&world));
     let all_arrivals = arrivals(scenario, seed);
     let listed = all_arrivals.len();
-    let mut arrivals: Vec<(JobArrival, &[gcp::TpuType])> = all_arrivals
+    let mut arrivals: Vec<(JobArrival, std::borrow::Cow<'_, [gcp::TpuType]>)> = all_arrivals
         .into_iter()
         .filter_map(|a| {
             let types = accepted_types(scenario, &a)?;
@@ -1062,7 +1078,7 @@ fn capacity_by_resource(
 /// regions share a set.
 fn placement_sets<'a>(
     scenario: &Scenario,
-    arrivals: impl Iterator<Item = &'a (JobArrival, &'a [gcp::TpuType])>,
+    arrivals: impl Iterator<Item = &'a (JobArrival, std::borrow::Cow<'a, [gcp::TpuType]>)>,
 ) -> (Vec<Vec<usize>>, Vec<usize>) {
     let places: Vec<(&gcp::TpuType, &str)> = scenario
         .cloud
@@ -1082,7 +1098,8 @@ fn placement_sets<'a>(
     let mut sets = Vec::new();
     let mut set_of = Vec::new();
     for (arrival, types) in arrivals {
-        let id = *ids.entry((*types, &arrival.regions)).or_insert_with(|| {
+        let types: &[gcp::TpuType] = types;
+        let id = *ids.entry((types, &arrival.regions)).or_insert_with(|| {
             sets.push(
                 places
                     .iter()

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tpu_runner_sim::workload::{Dist, Regions, Synthetic, TraceReplay, read_column};
+use tpu_runner_sim::workload::{Dist, JobArrival, Regions, Synthetic, TraceReplay, read_column};
 use tpu_runner_sim::{ApiConfig, ApiLatency, ApiQuota, Capacity, Latency, SpotTrace, WorkerConfig};
 
 use crate::spec::yaml::{self, Checker, Fields, Node, Value};
@@ -181,6 +181,8 @@ pub enum WorkloadSpec {
     Synthetic(Synthetic),
     /// Replayed from a CSV trace.
     Trace(TraceReplay),
+    /// Jobs captured from production (`kind: jobs`), each with its own types and regions.
+    Jobs(Vec<JobArrival>),
 }
 
 /// Hosts (workers) of a slice: single-host up to 8 chips, 4 chips per host beyond.
@@ -1254,14 +1256,19 @@ fn read_capacity(
     dir: &Dirs,
     unreadable: &mut usize,
 ) -> Option<Capacity> {
-    const EXPECTED: &str = "`unlimited`, a number of slices, `{on_off: ...}` or `{trace: ...}`";
+    const EXPECTED: &str =
+        "`unlimited`, a number of slices, `{on_off: ...}`, `{trace: ...}` or `{schedule: ...}`";
     match &node.value {
         Value::Str(s) if s == "unlimited" => Some(Capacity::Unlimited),
         Value::Int(n) if *n >= 0 && *n <= u32::MAX as i64 => Some(Capacity::Constant(*n as u32)),
         Value::Map(_) => {
-            let f = c.mapping(node, path, "a capacity model", &["on_off", "trace"], &[])?;
-            if !f.at_most_one(c, &["on_off", "trace"]) {
+            let models = ["on_off", "trace", "schedule"];
+            let f = c.mapping(node, path, "a capacity model", &models, &[])?;
+            if !f.at_most_one(c, &models) {
                 return None;
+            }
+            if let Some(n) = f.get("schedule") {
+                return read_schedule(c, n, &f.path("schedule"));
             }
             if let Some(n) = f.get("on_off") {
                 let p = f.path("on_off");
@@ -1351,6 +1358,64 @@ fn read_capacity(
             None
         }
     }
+}
+
+/// `[[seconds, slices or unlimited], ...]`, in increasing time: each step holds until the
+/// next (what a capture saw of a pool).
+fn read_schedule(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Capacity> {
+    const STEP: &str = "a step `[seconds, slices]` (slices a number or `unlimited`)";
+    let items = c.list(node, path, "a non-empty list of steps", false)?;
+    let mut steps: Vec<(u64, u32)> = Vec::with_capacity(items.len());
+    let mut ok = true;
+    for (i, item) in items.iter().enumerate() {
+        let p = yaml::index(path, i);
+        let pair = match &item.value {
+            Value::Seq(pair) if pair.len() == 2 => pair,
+            _ => {
+                c.expected(item, &p, STEP);
+                ok = false;
+                continue;
+            }
+        };
+        let at = c.number(
+            &pair[0],
+            &yaml::index(&p, 0),
+            0.0,
+            1e9,
+            "seconds from the start",
+        );
+        let slices = match &pair[1].value {
+            Value::Str(s) if s == "unlimited" => Some(u32::MAX),
+            _ => c
+                .integer(
+                    &pair[1],
+                    &yaml::index(&p, 1),
+                    0,
+                    u32::MAX as i64 - 1,
+                    "a number of slices",
+                )
+                .map(|n| n as u32),
+        };
+        let (Some(at), Some(slices)) = (at, slices) else {
+            ok = false;
+            continue;
+        };
+        let at = at as u64;
+        if steps.last().is_some_and(|(last, _)| *last >= at) {
+            c.error(
+                item,
+                &p,
+                format!(
+                    "the steps must go forward in time: {at} s comes after {} s",
+                    steps.last().map_or(0, |s| s.0)
+                ),
+            );
+            ok = false;
+            continue;
+        }
+        steps.push((at, slices));
+    }
+    ok.then(|| Capacity::Schedule(steps.into()))
 }
 
 fn read_dist(
@@ -1573,8 +1638,8 @@ fn read_workloads(
             continue;
         };
         let kind = f
-            .required(c, "kind", "`synthetic` or `trace`")
-            .and_then(|n| c.nonempty_string(n, &f.path("kind"), "`synthetic` or `trace`"));
+            .required(c, "kind", "`synthetic`, `trace` or `jobs`")
+            .and_then(|n| c.nonempty_string(n, &f.path("kind"), "`synthetic`, `trace` or `jobs`"));
         let name = match f.get("name") {
             Some(n) => c
                 .nonempty_string(n, &f.path("name"), "a name")
@@ -1597,16 +1662,36 @@ fn read_workloads(
         names.push((name.clone(), f.node(), format!("{}.name", path)));
         if let Some(other) = kind
             .as_deref()
-            .filter(|k| !matches!(*k, "synthetic" | "trace"))
+            .filter(|k| !matches!(*k, "synthetic" | "trace" | "jobs"))
         {
             c.error(
                 f.get("kind").expect("present"),
                 &f.path("kind"),
                 format!(
-                    "expected `synthetic` or `trace`, found {}",
+                    "expected `synthetic`, `trace` or `jobs`, found {}",
                     yaml::quote(other)
                 ),
             );
+            continue;
+        }
+        if kind.as_deref() == Some("jobs") {
+            // A captured job file says everything of each job: nothing else applies.
+            for field in allowed
+                .iter()
+                .filter(|k| !matches!(**k, "kind" | "name" | "file"))
+            {
+                if let Some(n) = f.get_raw(field) {
+                    c.error_hint(
+                        n,
+                        &f.path(field),
+                        format!("`{field}` does not apply to a `jobs` workload"),
+                        format!("remove `{field}`: each job of the file has its own"),
+                    );
+                }
+            }
+            if let Some(jobs) = read_captured_jobs(c, &f, dir, unreadable) {
+                out.push(WorkloadSpec::Jobs(jobs));
+            }
             continue;
         }
         // Fields of the other kind would be silently ignored: refuse them.
@@ -1743,6 +1828,49 @@ fn read_workloads(
         "workload name",
     );
     Some(out)
+}
+
+/// The arrivals of a `kind: jobs` workload's file (`simulate::captured`'s format).
+fn read_captured_jobs(
+    c: &mut Checker<'_>,
+    f: &Fields<'_>,
+    dir: &Dirs,
+    unreadable: &mut usize,
+) -> Option<Vec<JobArrival>> {
+    let node = f.required(c, "file", "a captured job file (JSON lines)")?;
+    let file = c.nonempty_string(node, &f.path("file"), "a file path")?;
+    let full = dir.join(&file);
+    let text = match crate::files::read_text(&full, crate::files::DATA_LIMIT) {
+        Ok(text) => text,
+        Err(e) => {
+            *unreadable += 1;
+            c.error(
+                node,
+                &f.path("file"),
+                format!("cannot read the job file `{}`: {e}", full.display()),
+            );
+            return None;
+        }
+    };
+    match super::captured::parse(&text) {
+        Ok(jobs) if jobs.is_empty() => {
+            c.error(node, &f.path("file"), format!("`{file}` has no jobs"));
+            None
+        }
+        Ok(jobs) => Some(
+            jobs.iter()
+                .map(super::captured::CapturedJob::arrival)
+                .collect(),
+        ),
+        Err((line, why)) => {
+            c.error(
+                node,
+                &f.path("file"),
+                format!("`{}` line {line}: {why}", full.display()),
+            );
+            None
+        }
+    }
 }
 
 fn read_template(

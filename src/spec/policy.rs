@@ -221,13 +221,7 @@ pub fn parse_duration(text: &str) -> Option<i64> {
 
 /// Reads a duration field (a string with a unit, or an integer of seconds) in
 /// `min..=max` seconds.
-pub fn duration(
-    c: &mut Checker<'_>,
-    node: &Node,
-    path: &str,
-    min: i64,
-    max: i64,
-) -> Option<i64> {
+pub fn duration(c: &mut Checker<'_>, node: &Node, path: &str, min: i64, max: i64) -> Option<i64> {
     let secs = match &node.value {
         Value::Int(i) => Some(*i),
         Value::Str(s) => parse_duration(s),
