@@ -160,7 +160,7 @@ mod tests {
         for (bad, why) in [
             (good.replace("\"a\"", "\"\""), "empty id"),
             (good.replace("1.5", "-1"), "at_secs"),
-            (good.replace("v6e-8", "gpu-8"), "not a TPU type"),
+            (good.replace("v6e-8", "V6E_8"), "not a TPU type"),
             (
                 good.replace("[\"v6e-8\"]", "[\"v6e-8\",\"v6e-16\"]"),
                 "different sizes",
