@@ -2,6 +2,7 @@
 //! rendering and exit codes. Data goes to stdout, diagnostics to stderr. The only module
 //! allowed to print or exit.
 
+mod capture;
 mod controller;
 mod deploy;
 mod emulator;
@@ -316,6 +317,29 @@ enum Command {
         /// JSON lines (`state`, `log`, `artifacts` events).
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        stack: stack::StackOpts,
+    },
+    /// Write what production lived through in a time window as a scenario folder
+    /// (`scenario.yaml`, `jobs.jsonl`, `fleet.yaml`) that `simulate` replays: the jobs as
+    /// submitted with their run times and outcomes, and the capacity the controller saw.
+    #[command(
+        after_help = "Examples:\n  tpu-runner capture --output last-week --since 7d\n  tpu-runner simulate last-week/scenario.yaml\n  tpu-runner simulate last-week/scenario.yaml --policy frugal\n\nExit codes: 0; 1 nothing to capture; 2 bad flags; 3 the folder cannot be written; 5 the\nstore failed."
+    )]
+    Capture {
+        /// The folder to write (made if missing).
+        #[arg(long, value_name = "DIR")]
+        output: PathBuf,
+        /// From this time (RFC 3339) or this long ago (`24h`, `7d`); default: the first
+        /// job or event.
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Until this time or this long ago; default: just after the last job or event.
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
+        /// Replace a scenario already in the folder.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         stack: stack::StackOpts,
     },
@@ -812,6 +836,22 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             stack,
         } => jobs::submit(&stack, &manifest, &job_ids, json),
         Command::Status { json, stack } => jobs::status(&stack, json),
+        Command::Capture {
+            output,
+            since,
+            until,
+            force,
+            stack,
+        } => capture::run(
+            &stack,
+            events::Window::parse(
+                since.as_deref(),
+                until.as_deref(),
+                crate::controller::wall_clock(),
+            )?,
+            &output,
+            force,
+        ),
         Command::Cancel {
             jobs: ids,
             if_pending,

@@ -11,7 +11,10 @@ use tpu_runner_sim::{CallKind, CloudConfig, CloudFaults, PoolConfig, SimCloud, S
 
 use super::checker::Invariants;
 use super::fingerprint::Fingerprint;
-use super::metrics::{BoundJob, Metrics, PlacedBoundJob, Stats, goodput_bound_with_placement};
+use super::metrics::{
+    BoundJob, Metrics, PlacedBoundJob, Stats, add_job_metrics, capacity_cost,
+    goodput_bound_with_placement,
+};
 use super::scenario::{ChaosSpec, Scenario, WorkloadSpec, hosts_of};
 use crate::backend::CloudBackend;
 use crate::backend::sim::SimBackend;
@@ -921,56 +924,13 @@ pub fn run(
     metrics.simulated_s = t_ms as f64 / 1000.0;
     metrics.time_to_capacity_s = Stats::of(&acc.time_to_capacity_secs);
     metrics.jobs_skipped = jobs_skipped;
-    let mut waits = Vec::new();
-    let mut jcts = Vec::new();
-    for job in state.all_jobs() {
-        metrics.jobs_submitted += 1;
-        match job.status {
-            JobStatus::Succeeded => metrics.jobs_succeeded += 1,
-            JobStatus::Failed | JobStatus::Deactivated => metrics.jobs_failed += 1,
-            _ => metrics.jobs_unfinished += 1,
-        }
-        metrics.retries += job.attempts.len().saturating_sub(1) as u64;
-        if let Some(start) = job.attempts.iter().filter_map(|a| a.started_at).min() {
-            waits.push(start.secs_since(job.submitted_at));
-        }
-        if job.status == JobStatus::Succeeded
-            && let Some(end) = job.ended_at
-        {
-            jcts.push(end.secs_since(job.submitted_at));
-        }
-        for a in &job.attempts {
-            let tpu_region = gcp::zone_region(&a.zone).unwrap_or("");
-            if job
-                .placement
-                .as_ref()
-                .is_some_and(|p| p.region != tpu_region)
-            {
-                metrics.egress_gb += scenario.data_gb_per_attempt;
-            }
-        }
-    }
-    metrics.queue_wait_s = Stats::of(&waits);
-    metrics.jct_s = Stats::of(&jcts);
+    add_job_metrics(&mut metrics, state.all_jobs(), scenario.data_gb_per_attempt);
     metrics.egress_usd = metrics.egress_gb * scenario.egress_usd_per_gb;
-    metrics.cost_usd = acc
-        .allocated_chip_secs_by_type
-        .iter()
-        .map(|(key, chip_s)| {
-            let (accelerator, model) = key.split_once('/').unwrap_or((key, "spot"));
-            let family = crate::spec::TpuType::parse(accelerator)
-                .map(|t| t.quota_family().to_owned())
-                .unwrap_or_default();
-            let (spot, on_demand) = scenario.prices.get(&family).copied().unwrap_or((0.0, 0.0));
-            hours(*chip_s)
-                * match model {
-                    "spot" => spot,
-                    "adopted" => scenario.adopted_usd_per_chip_hour.unwrap_or(on_demand),
-                    _ => on_demand,
-                }
-        })
-        .sum::<f64>()
-        + metrics.egress_usd;
+    metrics.cost_usd = capacity_cost(
+        &acc.allocated_chip_secs_by_type,
+        &scenario.prices,
+        scenario.adopted_usd_per_chip_hour,
+    ) + metrics.egress_usd;
     // The bound, on the capacity the fleet could have used during the run, each job on the
     // pools and adopted TPUs it may run on.
     let (sets, set_of) = placement_sets(scenario, arrivals.iter().take(next_arrival));

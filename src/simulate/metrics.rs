@@ -1,7 +1,12 @@
 //! Metrics of a simulated run (definitions in ../shared/reference/simulation.md) and the
 //! release-aware max-flow upper bound on goodput. Pure computations on the run's records.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
+
+use crate::engine::state::{Job, JobStatus};
+use crate::spec::{TpuType, gcp};
 
 /// Summary statistics of a sample.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -100,6 +105,74 @@ pub struct Metrics {
     pub simulated_s: f64,
     /// Wall-clock seconds (the only field that differs between identical runs).
     pub wall_s: f64,
+}
+
+/// Fills the job counts, retries, queue waits, completion times and egress of `metrics` from
+/// `jobs` (every job of the run or window, ended or not): the same for a simulated run and
+/// for what production recorded (`report`). `data_gb_per_attempt` moves for each attempt run
+/// outside the job's bucket region.
+pub fn add_job_metrics<'a>(
+    metrics: &mut Metrics,
+    jobs: impl Iterator<Item = &'a Job>,
+    data_gb_per_attempt: f64,
+) {
+    let mut waits = Vec::new();
+    let mut jcts = Vec::new();
+    for job in jobs {
+        metrics.jobs_submitted += 1;
+        match job.status {
+            JobStatus::Succeeded => metrics.jobs_succeeded += 1,
+            JobStatus::Failed | JobStatus::Deactivated => metrics.jobs_failed += 1,
+            _ => metrics.jobs_unfinished += 1,
+        }
+        metrics.retries += job.attempts.len().saturating_sub(1) as u64;
+        if let Some(start) = job.attempts.iter().filter_map(|a| a.started_at).min() {
+            waits.push(start.secs_since(job.submitted_at));
+        }
+        if job.status == JobStatus::Succeeded
+            && let Some(end) = job.ended_at
+        {
+            jcts.push(end.secs_since(job.submitted_at));
+        }
+        for a in &job.attempts {
+            let tpu_region = gcp::zone_region(&a.zone).unwrap_or("");
+            if job
+                .placement
+                .as_ref()
+                .is_some_and(|p| p.region != tpu_region)
+            {
+                metrics.egress_gb += data_gb_per_attempt;
+            }
+        }
+    }
+    metrics.queue_wait_s = Stats::of(&waits);
+    metrics.jct_s = Stats::of(&jcts);
+}
+
+/// USD of capacity held: chip-seconds per `<accelerator>/<spot|on-demand|adopted>` at
+/// `prices` (family → (spot, on-demand) per chip-hour); adopted TPUs at `adopted` (None:
+/// their on-demand price).
+pub fn capacity_cost(
+    chip_secs_by_type: &BTreeMap<String, f64>,
+    prices: &BTreeMap<String, (f64, f64)>,
+    adopted: Option<f64>,
+) -> f64 {
+    chip_secs_by_type
+        .iter()
+        .map(|(key, chip_s)| {
+            let (accelerator, model) = key.split_once('/').unwrap_or((key, "spot"));
+            let family = TpuType::parse(accelerator)
+                .map(|t| t.quota_family().to_owned())
+                .unwrap_or_default();
+            let (spot, on_demand) = prices.get(&family).copied().unwrap_or((0.0, 0.0));
+            chip_s / 3600.0
+                * match model {
+                    "spot" => spot,
+                    "adopted" => adopted.unwrap_or(on_demand),
+                    _ => on_demand,
+                }
+        })
+        .sum()
 }
 
 /// A job for the bound: released at `release_s`, needing `work` chip-seconds at most `width`

@@ -1,6 +1,7 @@
 //! `tpu-runner simulate`: scenarios, the harness that runs the real engine against the
 //! simulated cloud, metrics with an upper bound, and reports (table, JSON, SVG/HTML).
 
+pub mod capture;
 pub mod captured;
 pub mod checker;
 mod fingerprint;
