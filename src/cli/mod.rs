@@ -11,6 +11,7 @@ mod exit_codes;
 mod jobs;
 mod output;
 mod plan;
+mod report;
 mod simulate;
 mod stack;
 mod state;
@@ -340,6 +341,26 @@ enum Command {
         /// Replace a scenario already in the folder.
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        stack: stack::StackOpts,
+    },
+    /// The metrics `simulate` prints, for what production recorded in a window: utilisation,
+    /// goodput, waits, completion times, preemptions, chip-hours lost, cost; per job with
+    /// --json.
+    #[command(
+        after_help = "Examples:\n  tpu-runner report --since 24h\n  tpu-runner report --json | jq .metrics.goodput_ratio\n\nExit codes: 0; 1 nothing recorded; 2 bad flags; 5 the store failed."
+    )]
+    Report {
+        /// From this time (RFC 3339) or this long ago (`24h`, `7d`); default: the first
+        /// job or event.
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Until this time or this long ago; default: just after the last job or event.
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
+        /// One JSON document: the window, the metrics and each job's ledger.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         stack: stack::StackOpts,
     },
@@ -836,6 +857,20 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             stack,
         } => jobs::submit(&stack, &manifest, &job_ids, json),
         Command::Status { json, stack } => jobs::status(&stack, json),
+        Command::Report {
+            since,
+            until,
+            json,
+            stack,
+        } => report::run(
+            &stack,
+            events::Window::parse(
+                since.as_deref(),
+                until.as_deref(),
+                crate::controller::wall_clock(),
+            )?,
+            json,
+        ),
         Command::Capture {
             output,
             since,

@@ -10,13 +10,12 @@ use std::fmt::Write as _;
 
 use super::captured::{CapturedJob, Outcome};
 use crate::controller::POLICY_EVENT;
+use crate::engine::Timestamp;
+use crate::engine::commands::JOB_CREATED;
 use crate::engine::observe::Event;
 use crate::engine::sightings::{self, NODE_STATE, NODE_VANISHED, QR_STATE, QR_VANISHED};
 use crate::engine::state::{Job, JobStatus, State};
-use crate::engine::Timestamp;
-use crate::engine::commands::JOB_CREATED;
 use crate::spec::{FleetSpec, TpuRequest};
-
 
 /// A captured scenario.
 #[derive(Debug)]
@@ -61,7 +60,10 @@ const HELD: &[&str] = &["PROVISIONING", "ACTIVE"];
 
 impl Pool {
     fn count(&self, states: &[&str]) -> u32 {
-        self.qrs.values().filter(|s| states.contains(&s.as_str())).count() as u32
+        self.qrs
+            .values()
+            .filter(|s| states.contains(&s.as_str()))
+            .count() as u32
     }
 
     /// The capacity the pool showed: while a request waits, exactly what it held (the cloud
@@ -114,7 +116,11 @@ pub fn capture(
     let mut jobs: Vec<CapturedJob> = Vec::new();
     let (mut never_ran, mut unfinished_unstarted) = (0, 0);
     for job in &all {
-        let started: Vec<_> = job.attempts.iter().filter(|a| a.started_at.is_some()).collect();
+        let started: Vec<_> = job
+            .attempts
+            .iter()
+            .filter(|a| a.started_at.is_some())
+            .collect();
         let outcome = match job.status {
             JobStatus::Succeeded => Outcome::Succeeded,
             JobStatus::Failed => Outcome::Failed,
@@ -139,7 +145,11 @@ pub fn capture(
                 TpuRequest::Any => fleet_types.clone(),
                 TpuRequest::OneOf(types) => types.iter().map(ToString::to_string).collect(),
             },
-            regions: job.bucket_regions.iter().map(|b| b.region.clone()).collect(),
+            regions: job
+                .bucket_regions
+                .iter()
+                .map(|b| b.region.clone())
+                .collect(),
             priority: job.spec.priority,
             work_secs: work.unwrap_or(f64::NAN),
             outcome,
@@ -163,7 +173,11 @@ pub fn capture(
             j.work_secs = median_work;
         }
     }
-    jobs.sort_by(|a, b| a.at_secs.total_cmp(&b.at_secs).then_with(|| a.id.cmp(&b.id)));
+    jobs.sort_by(|a, b| {
+        a.at_secs
+            .total_cmp(&b.at_secs)
+            .then_with(|| a.id.cmp(&b.id))
+    });
     notes.push(format!(
         "{} jobs submitted in the window: work is each job's last attempt's run time (a job that checkpointed redoes less; a job with no attempt started gets the median, {:.0} s: {unfinished_unstarted} of them); application failures fail every attempt; {never_ran} cancelled before running are left out",
         jobs.len(),
@@ -299,15 +313,25 @@ pub fn capture(
         notes.push(format!(
             "the controllers also ran other policies than the fleet file's ({}): {}",
             fleet.policy.describe(),
-            others.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")
+            others
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
         ));
     }
 
     // The scenario.
     let q = |s: &str| serde_json::to_string(s).expect("a string serialises");
     let mut y = String::new();
-    let _ = writeln!(y, "# Captured by `tpu-runner capture` from {since} to {until}.");
-    let _ = writeln!(y, "# Replay: tpu-runner simulate scenario.yaml [--policy NAME]");
+    let _ = writeln!(
+        y,
+        "# Captured by `tpu-runner capture` from {since} to {until}."
+    );
+    let _ = writeln!(
+        y,
+        "# Replay: tpu-runner simulate scenario.yaml [--policy NAME]"
+    );
     let _ = writeln!(y, "name: {}", q(&format!("capture-{}", fleet.name)));
     let _ = writeln!(y, "description: {}", q(&notes.join(". ")));
     let _ = writeln!(y, "fleet: {}", q(fleet_file));
@@ -349,11 +373,17 @@ pub fn capture(
         "  qr_failure_per_hour: {qr_failure_per_hour:.4}  # {failed} failures in {:.2} request-hours waiting",
         waited / 3600.0
     );
-    let _ = writeln!(y, "  default_pool: {{capacity: unlimited, preemption_per_hour: 0}}");
+    let _ = writeln!(
+        y,
+        "  default_pool: {{capacity: unlimited, preemption_per_hour: 0}}"
+    );
     let seen: Vec<_> = pools
         .iter()
         .filter(|((zone, t), _)| {
-            fleet.tpus.iter().any(|e| e.zone == *zone && e.tpu_type.to_string() == *t)
+            fleet
+                .tpus
+                .iter()
+                .any(|e| e.zone == *zone && e.tpu_type.to_string() == *t)
         })
         .collect();
     if !seen.is_empty() {
@@ -376,7 +406,11 @@ pub fn capture(
                 }
             })
             .collect();
-        let steps = if steps.is_empty() { "[0, unlimited]".to_owned() } else { steps.join(", ") };
+        let steps = if steps.is_empty() {
+            "[0, unlimited]".to_owned()
+        } else {
+            steps.join(", ")
+        };
         let _ = writeln!(
             y,
             "    - zone: {zone}\n      type: {t}\n      capacity: {{schedule: [{steps}]}}\n      preemption_per_hour: {rate:.4}  # {} preemptions in {:.2} node-hours READY",
@@ -384,7 +418,10 @@ pub fn capture(
             p.ready_secs / 3600.0
         );
     }
-    let _ = writeln!(y, "workload:\n  - kind: jobs\n    name: captured\n    file: jobs.jsonl");
+    let _ = writeln!(
+        y,
+        "workload:\n  - kind: jobs\n    name: captured\n    file: jobs.jsonl"
+    );
     let mut lines = String::new();
     for j in &jobs {
         lines.push_str(&serde_json::to_string(j).expect("plain data serialises"));
@@ -401,7 +438,11 @@ pub fn capture(
 
 /// The median and log-normal shape of positive durations (at least two).
 fn lognormal(values: &[f64]) -> Option<(f64, f64)> {
-    let logs: Vec<f64> = values.iter().filter(|v| **v > 0.0).map(|v| v.ln()).collect();
+    let logs: Vec<f64> = values
+        .iter()
+        .filter(|v| **v > 0.0)
+        .map(|v| v.ln())
+        .collect();
     if logs.len() < 2 {
         return None;
     }

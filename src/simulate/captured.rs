@@ -150,7 +150,11 @@ mod tests {
         assert_eq!(jobs[0].arrival().width_chips, 8);
         assert_eq!(jobs[0].priority, Priority::Normal);
         let any = good.replace("[\"v6e-8\"]", "[\"v6e-16\",\"v5litepod-4\"]");
-        assert_eq!(parse(&any).unwrap()[0].arrival().width_chips, 4, "the smallest");
+        assert_eq!(
+            parse(&any).unwrap()[0].arrival().width_chips,
+            4,
+            "the smallest"
+        );
         for (bad, why) in [
             (good.replace("\"a\"", "\"\""), "empty id"),
             (good.replace("1.5", "-1"), "at_secs"),

@@ -7,5 +7,6 @@ pub mod checker;
 mod fingerprint;
 pub mod harness;
 pub mod metrics;
+pub mod recorded;
 pub mod report;
 pub mod scenario;

@@ -434,12 +434,16 @@ fn read(
             .map(Some),
         None => Some(None),
     };
-    let egress_usd_per_gb = f.get("egress_usd_per_gb").map_or(Some(0.02), |n| {
-        c.number(n, "egress_usd_per_gb", 0.0, 100.0, "USD per GB, 0 or more")
-    });
-    let data_gb_per_attempt = f.get("data_gb_per_attempt").map_or(Some(10.0), |n| {
-        c.number(n, "data_gb_per_attempt", 0.0, 1e9, "GB, 0 or more")
-    });
+    let egress_usd_per_gb = f
+        .get("egress_usd_per_gb")
+        .map_or(Some(DEFAULT_EGRESS_USD_PER_GB), |n| {
+            c.number(n, "egress_usd_per_gb", 0.0, 100.0, "USD per GB, 0 or more")
+        });
+    let data_gb_per_attempt = f
+        .get("data_gb_per_attempt")
+        .map_or(Some(DEFAULT_DATA_GB_PER_ATTEMPT), |n| {
+            c.number(n, "data_gb_per_attempt", 0.0, 1e9, "GB, 0 or more")
+        });
     if let (Some(fleet), Some(types)) = (&fleet, &types_by_width) {
         check_types_in_fleet(c, &f, fleet, types);
     }
@@ -2067,6 +2071,12 @@ fn read_prices(
     }
     Some(out)
 }
+
+/// USD per GB moved between regions (cloud.google.com/vpc/pricing, within a continent).
+pub const DEFAULT_EGRESS_USD_PER_GB: f64 = 0.02;
+
+/// GB an attempt outside its bucket region reads (checkpoint and dataset shard).
+pub const DEFAULT_DATA_GB_PER_ATTEMPT: f64 = 10.0;
 
 /// Default USD per chip-hour (spot, on-demand). From the SkyPilot catalog excerpt in
 /// ../shared/data, us-central1: v6e from tpu-v6e-1 (2.70, spot 24 % of it), v5p from
