@@ -1,7 +1,6 @@
 //! `plan`: one reconcile pass on a state snapshot, without touching any cloud. Prints the
 //! decisions (actions, events) and why each pending job still waits.
 
-use crate::engine::snapshot::{self, Problem};
 use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
@@ -47,118 +46,15 @@ struct PlanReport<'a> {
     violations: &'a [String],
 }
 
-fn json_error(path: &Path, what: &str, e: &serde_json::Error) -> Failure {
-    Failure {
-        message: format!(
-            "error: {what}: {e}\n  --> {}:{}:{}\n  = hint: see docs/state-schema.md for the format\n",
-            path.display(),
-            e.line(),
-            e.column()
-        ),
-        status: ExitStatus::Invalid,
-    }
-}
-
-/// The last line of a refused snapshot's message.
-const NOTHING_DONE: &str = "nothing was done: the state snapshot must be valid first\n";
-
 /// Reads and checks a state snapshot.
 pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
     let text = read_text(path, crate::files::DATA_LIMIT, None)?;
-    // The version first, the rest skipped without building it (a 100k-job snapshot as a
-    // `serde_json::Value` took half a gigabyte).
-    #[derive(serde::Deserialize)]
-    struct Head {
-        schema_version: Option<serde_json::Value>,
-    }
-    let version = match serde_json::from_str::<Head>(&text) {
-        Ok(head) => head
-            .schema_version
-            .as_ref()
-            .and_then(serde_json::Value::as_u64),
-        Err(e) if e.is_data() => None,
-        Err(e) => return Err(json_error(path, "invalid JSON", &e)),
-    };
-    if version != Some(SCHEMA_VERSION as u64) {
-        return Err(Failure {
-            message: format!(
-                "error: schema_version: expected {SCHEMA_VERSION}, found {}\n  --> {}\n",
-                version.map_or("none".to_owned(), |v| v.to_string()),
-                path.display()
-            ),
-            status: ExitStatus::Invalid,
-        });
-    }
-    // Fields serde would skip are reported (a misspelled `priorty` must not vanish).
-    let mut unknown = Vec::new();
-    let state: State =
-        serde_ignored::deserialize(&mut serde_json::Deserializer::from_str(&text), |p| {
-            unknown.push(field_path(&p))
-        })
-        .map_err(|e| json_error(path, "invalid state", &e))?;
-    let mut problems: Vec<Problem> = unknown
-        .into_iter()
-        .map(|p| Problem {
-            message: format!(
-                "unknown field `{}`",
-                p.rsplit(['.', '[']).next().unwrap_or(&p)
-            ),
-            hint: Some("see docs/state-schema.md for the fields of each record".into()),
-            path: p,
-        })
-        .collect();
-    problems.extend(snapshot::problems(&state));
-    if problems.is_empty() {
-        return Ok(state);
-    }
-    // Positions come from the text read as YAML (JSON is YAML): only when there are
-    // problems to show.
-    let file = path.display().to_string();
-    let Ok(tree) = crate::spec::yaml::parse(&file, &text) else {
-        // Valid JSON the YAML reader refuses (a surrogate escape): the problems without
-        // positions rather than none.
-        let mut message = String::new();
-        for p in &problems {
-            message.push_str(&format!("error: {}: {}\n  --> {file}\n", p.path, p.message));
-            if let Some(hint) = &p.hint {
-                message.push_str(&format!("  = hint: {hint}\n"));
-            }
-        }
-        message.push_str(NOTHING_DONE);
-        return Err(Failure {
+    crate::spec::state_file::parse(&path.display().to_string(), &text).map_err(|message| {
+        Failure {
             message,
             status: ExitStatus::Invalid,
-        });
-    };
-    let mut checker = crate::spec::yaml::Checker::new(&text);
-    for p in &problems {
-        let node = crate::spec::yaml::node_at(&tree, &p.path);
-        match &p.hint {
-            Some(hint) => checker.error_hint(node, &p.path, p.message.clone(), hint.clone()),
-            None => checker.error(node, &p.path, p.message.clone()),
         }
-    }
-    let errors = checker
-        .finish(&file, ())
-        .expect_err("problems were recorded");
-    Err(Failure {
-        message: format!("{}{NOTHING_DONE}", errors.render()),
-        status: ExitStatus::Invalid,
     })
-}
-
-/// A path serde_ignored reports, in the field-path syntax of every other message
-/// (`jobs.J.attempts[0].status`).
-fn field_path(path: &serde_ignored::Path<'_>) -> String {
-    use serde_ignored::Path;
-    match path {
-        Path::Root => String::new(),
-        Path::Seq { parent, index } => format!("{}[{index}]", field_path(parent)),
-        Path::Map { parent, key } => crate::spec::yaml::join(&field_path(parent), key),
-        Path::Some { parent }
-        | Path::NewtypeStruct { parent }
-        | Path::NewtypeVariant { parent } => field_path(parent),
-    }
 }
 
 /// The cloud as the state believes it to be: ready TPUs for idle and busy records, waiting
@@ -284,7 +180,14 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
     let observation = match args.observation {
         Some(path) => {
             let text = read_text(path, crate::files::DATA_LIMIT, None)?;
-            serde_json::from_str(&text).map_err(|e| json_error(path, "invalid observation", &e))?
+            serde_json::from_str(&text).map_err(|e| Failure {
+                message: crate::spec::state_file::json_error(
+                    &path.display().to_string(),
+                    "invalid observation",
+                    &e,
+                ),
+                status: ExitStatus::Invalid,
+            })?
         }
         None => assumed_observation(engine.index(), &state, now),
     };

@@ -1,0 +1,105 @@
+//! A state snapshot as a user file (`state export`'s JSON, docs/state-schema.md): its schema
+//! version, unknown fields and what a pass needs checked, with positions in the text. Read
+//! by `plan --state`, `state import` and a scenario's `initial_state`; it opens no file.
+
+use crate::engine::State;
+use crate::engine::snapshot::{self, Problem};
+use crate::engine::state::SCHEMA_VERSION;
+
+/// The last line of a refused snapshot's message.
+const NOTHING_DONE: &str = "nothing was done: the state snapshot must be valid first\n";
+
+/// A JSON error of `file` with its position and a pointer to the format.
+pub fn json_error(file: &str, what: &str, e: &serde_json::Error) -> String {
+    format!(
+        "error: {what}: {e}\n  --> {file}:{}:{}\n  = hint: see docs/state-schema.md for the format\n",
+        e.line(),
+        e.column()
+    )
+}
+
+/// The state of `text` (read from `file`), or every problem found, rendered.
+pub fn parse(file: &str, text: &str) -> Result<State, String> {
+    // The version first, the rest skipped without building it (a 100k-job snapshot as a
+    // `serde_json::Value` took half a gigabyte).
+    #[derive(serde::Deserialize)]
+    struct Head {
+        schema_version: Option<serde_json::Value>,
+    }
+    let version = match serde_json::from_str::<Head>(text) {
+        Ok(head) => head
+            .schema_version
+            .as_ref()
+            .and_then(serde_json::Value::as_u64),
+        Err(e) if e.is_data() => None,
+        Err(e) => return Err(json_error(file, "invalid JSON", &e)),
+    };
+    if version != Some(SCHEMA_VERSION as u64) {
+        return Err(format!(
+            "error: schema_version: expected {SCHEMA_VERSION}, found {}\n  --> {file}\n",
+            version.map_or("none".to_owned(), |v| v.to_string()),
+        ));
+    }
+    // Fields serde would skip are reported (a misspelled `priorty` must not vanish).
+    let mut unknown = Vec::new();
+    let state: State =
+        serde_ignored::deserialize(&mut serde_json::Deserializer::from_str(text), |p| {
+            unknown.push(field_path(&p))
+        })
+        .map_err(|e| json_error(file, "invalid state", &e))?;
+    let mut problems: Vec<Problem> = unknown
+        .into_iter()
+        .map(|p| Problem {
+            message: format!(
+                "unknown field `{}`",
+                p.rsplit(['.', '[']).next().unwrap_or(&p)
+            ),
+            hint: Some("see docs/state-schema.md for the fields of each record".into()),
+            path: p,
+        })
+        .collect();
+    problems.extend(snapshot::problems(&state));
+    if problems.is_empty() {
+        return Ok(state);
+    }
+    // Positions come from the text read as YAML (JSON is YAML): only when there are
+    // problems to show.
+    let Ok(tree) = super::yaml::parse(file, text) else {
+        // Valid JSON the YAML reader refuses (a surrogate escape): the problems without
+        // positions rather than none.
+        let mut message = String::new();
+        for p in &problems {
+            message.push_str(&format!("error: {}: {}\n  --> {file}\n", p.path, p.message));
+            if let Some(hint) = &p.hint {
+                message.push_str(&format!("  = hint: {hint}\n"));
+            }
+        }
+        message.push_str(NOTHING_DONE);
+        return Err(message);
+    };
+    let mut checker = super::yaml::Checker::new(text);
+    for p in &problems {
+        let node = super::yaml::node_at(&tree, &p.path);
+        match &p.hint {
+            Some(hint) => checker.error_hint(node, &p.path, p.message.clone(), hint.clone()),
+            None => checker.error(node, &p.path, p.message.clone()),
+        }
+    }
+    let errors = checker
+        .finish(file, ())
+        .expect_err("problems were recorded");
+    Err(format!("{}{NOTHING_DONE}", errors.render()))
+}
+
+/// A path serde_ignored reports, in the field-path syntax of every other message
+fn field_path(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", field_path(parent)),
+        Path::Map { parent, key } => super::yaml::join(&field_path(parent), key),
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => field_path(parent),
+    }
+}
