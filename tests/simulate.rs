@@ -809,3 +809,58 @@ fn policy_variants_with_parameters_are_compared_by_label() {
         "frugal racing at once is classic"
     );
 }
+
+/// A scenario may start from a live state: the snapshot's pending and running jobs are the
+/// queue at time 0 (in their order, with their types, regions and priorities), their work
+/// drawn from the given duration; "what happens to my queue under policy X" is one run.
+#[test]
+fn a_scenario_starts_from_a_state_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = root().join("docs/plan-example");
+    let scenario = dir.path().join("queue.yaml");
+    std::fs::write(
+        &scenario,
+        format!(
+            "name: live-queue\nfleet: {}\nhorizon_hours: 12\nseeds: [1, 2]\ntypes_by_width: {{16: [v6e-16, v5litepod-16]}}\ninitial_state: {{file: {}, duration: {{constant: 1800}}}}\n",
+            example.join("deployment.yaml").display(),
+            example.join("state.json").display()
+        ),
+    )
+    .unwrap();
+    let s = scenario::load(&scenario).unwrap_or_else(|e| panic!("{e}"));
+    let r = classic(&s, 1, RunOptions::default());
+    // One running and three pending jobs in the snapshot: the one asking for a type no
+    // entry has is skipped, the other three run to the end.
+    assert_eq!(r.metrics.jobs_skipped, 1, "{:?}", r.metrics);
+    assert_eq!(r.metrics.jobs_submitted, 3, "{:?}", r.metrics);
+    assert_eq!(r.metrics.jobs_succeeded, 3, "{:?}", r.metrics);
+    assert!(r.metrics.jct_s.p50 >= 1800.0, "{:?}", r.metrics.jct_s);
+    let arrivals = harness::arrivals(&s, 1);
+    assert!(
+        arrivals.windows(2).all(|w| w[0].at_secs < w[1].at_secs),
+        "in order"
+    );
+    assert!(
+        arrivals.iter().all(|a| a.types.is_some()),
+        "with their own types"
+    );
+    // A damaged snapshot is refused with its problems.
+    std::fs::write(
+        dir.path().join("bad.json"),
+        "{\"schema_version\": 1, \"jobs\": 3}",
+    )
+    .unwrap();
+    std::fs::write(
+        &scenario,
+        format!(
+            "name: bad\nfleet: {}\nhorizon_hours: 1\ntypes_by_width: {{16: [v6e-16]}}\ninitial_state: bad.json\n",
+            example.join("deployment.yaml").display()
+        ),
+    )
+    .unwrap();
+    let err = scenario::load(&scenario).unwrap_err().to_string();
+    assert!(
+        err.contains("initial_state") && err.contains("not a valid state snapshot"),
+        "{err}"
+    );
+}

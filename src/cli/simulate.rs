@@ -425,6 +425,7 @@ fn apply_limits(s: &mut Scenario, horizon_hours: Option<f64>, max_jobs: Option<u
                 WorkloadSpec::Synthetic(w) => w.count = w.count.min(n),
                 WorkloadSpec::Trace(t) => t.limit = t.limit.min(n),
                 WorkloadSpec::Jobs(jobs) => jobs.truncate(n),
+                WorkloadSpec::Queue(q) => q.jobs.truncate(n),
             }
         }
     }
@@ -472,6 +473,7 @@ fn shrink(job: &Job<'_>, v: &Violation) -> Option<(f64, Option<usize>, Violation
             WorkloadSpec::Synthetic(w) => w.count,
             WorkloadSpec::Trace(t) => t.limit.min(t.arrivals.len()),
             WorkloadSpec::Jobs(jobs) => jobs.len(),
+            WorkloadSpec::Queue(q) => q.jobs.len(),
         })
         .max()
         .unwrap_or(0);

@@ -127,7 +127,14 @@ pub fn parse(text: &str) -> Result<Vec<CapturedJob>, (usize, String)> {
         if line.trim().is_empty() {
             continue;
         }
-        let job: CapturedJob = serde_json::from_str(line).map_err(|e| (i + 1, e.to_string()))?;
+        let job: CapturedJob = serde_json::from_str(line).map_err(|e| {
+            // serde's position counts within the line: say the column only.
+            let text = e.to_string();
+            let what = text
+                .rsplit_once(" at line ")
+                .map_or(text.as_str(), |(w, _)| w);
+            (i + 1, format!("{what} (column {})", e.column()))
+        })?;
         if let Some(why) = job.check() {
             return Err((i + 1, format!("job {:?}: {why}", job.id)));
         }

@@ -299,6 +299,7 @@ pub fn arrivals(scenario: &Scenario, seed: u64) -> Vec<JobArrival> {
             WorkloadSpec::Synthetic(s) => s.generate(seed, scenario.horizon_secs as f64),
             WorkloadSpec::Trace(t) => t.generate(seed),
             WorkloadSpec::Jobs(jobs) => jobs.clone(),
+            WorkloadSpec::Queue(q) => q.generate(seed),
         });
     }
     all.sort_by(|a, b| {

@@ -183,6 +183,34 @@ pub enum WorkloadSpec {
     Trace(TraceReplay),
     /// Jobs captured from production (`kind: jobs`), each with its own types and regions.
     Jobs(Vec<JobArrival>),
+    /// The active jobs of a state snapshot (`initial_state`), all there at the start.
+    Queue(LiveQueue),
+}
+
+/// The queue of a state snapshot: its pending and running jobs, submitted at the start in
+/// their order, each needing work drawn from `duration` (a snapshot says nothing of it; a
+/// running job starts again, as after a preemption without a checkpoint).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveQueue {
+    /// The jobs, their work to be drawn.
+    pub jobs: Vec<JobArrival>,
+    /// Work per job.
+    pub duration: Dist,
+}
+
+impl LiveQueue {
+    /// The jobs with their work drawn for `seed`.
+    pub fn generate(&self, seed: u64) -> Vec<JobArrival> {
+        let mut rng = tpu_runner_sim::SimRng::new(seed, "initial_state");
+        self.jobs
+            .iter()
+            .map(|j| {
+                let mut j = j.clone();
+                j.behaviour.work_secs = self.duration.sample(&mut rng).max(1.0);
+                j
+            })
+            .collect()
+    }
 }
 
 /// Hosts (workers) of a slice: single-host up to 8 chips, 4 chips per host beyond.
@@ -257,6 +285,7 @@ const TOP: &[&str] = &[
     "adopted_usd_per_chip_hour",
     "data_gb_per_attempt",
     "chaos",
+    "initial_state",
 ];
 
 /// Reads a scenario file.
@@ -397,9 +426,26 @@ fn read(
         (None, Some(fleet)) => Some(default_cloud(fleet)),
         _ => None,
     };
-    let workloads = f
-        .required(c, "workload", "a list of workloads")
-        .and_then(|n| read_workloads(c, n, types_by_width.as_ref(), dir, unreadable));
+    let initial = match (f.get("initial_state"), &fleet) {
+        (Some(n), Some(fleet)) => read_initial_state(c, n, fleet, dir, unreadable).map(Some),
+        (Some(_), None) => None,
+        (None, _) => Some(None),
+    };
+    // A live queue may be all there is to simulate.
+    let workloads = match (f.get("workload"), f.get("initial_state")) {
+        (None, Some(_)) => Some(Vec::new()),
+        _ => f
+            .required(c, "workload", "a list of workloads (or an `initial_state`)")
+            .and_then(|n| read_workloads(c, n, types_by_width.as_ref(), dir, unreadable)),
+    };
+    let workloads = match (workloads, initial) {
+        (Some(mut w), Some(Some(queue))) => {
+            w.insert(0, WorkloadSpec::Queue(queue));
+            Some(w)
+        }
+        (Some(w), Some(None)) => Some(w),
+        _ => None,
+    };
     let fleet_families: BTreeSet<String> = fleet
         .iter()
         .flat_map(|fleet| &fleet.tpus)
@@ -1420,6 +1466,117 @@ fn read_schedule(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Capacit
         steps.push((at, slices));
     }
     ok.then(|| Capacity::Schedule(steps.into()))
+}
+
+/// `initial_state: FILE` or `{file: FILE, duration: DIST}`: the active jobs of a state
+/// snapshot (`state export`) as a queue at the start. Their work is drawn from `duration`,
+/// by default the run times of the snapshot's succeeded jobs (one hour when there are none).
+fn read_initial_state(
+    c: &mut Checker<'_>,
+    node: &Node,
+    fleet: &FleetSpec,
+    dir: &Dirs,
+    unreadable: &mut usize,
+) -> Option<LiveQueue> {
+    let path = "initial_state";
+    let (file_node, duration) = match &node.value {
+        Value::Map(_) => {
+            let f = c.mapping(node, path, "a state snapshot", &["file", "duration"], &[])?;
+            let file = f.required(c, "file", "a state snapshot from `state export`")?;
+            let duration = match f.get("duration") {
+                Some(n) => Some(read_dist(c, n, &f.path("duration"), dir, unreadable)?),
+                None => None,
+            };
+            (file, duration)
+        }
+        _ => (node, None),
+    };
+    let file = c.nonempty_string(file_node, path, "a state snapshot file (`state export`)")?;
+    let full = dir.join(&file);
+    let text = match crate::files::read_text(&full, crate::files::DATA_LIMIT) {
+        Ok(text) => text,
+        Err(e) => {
+            *unreadable += 1;
+            c.error(
+                file_node,
+                path,
+                format!("cannot read the state snapshot `{}`: {e}", full.display()),
+            );
+            return None;
+        }
+    };
+    let state = match crate::spec::state_file::parse(&full.display().to_string(), &text) {
+        Ok(state) => state,
+        Err(message) => {
+            c.error(
+                file_node,
+                path,
+                format!(
+                    "`{file}` is not a valid state snapshot:\n{}",
+                    message.trim_end()
+                ),
+            );
+            return None;
+        }
+    };
+    let fleet_types: Vec<String> = fleet.tpus.iter().map(|e| e.tpu_type.to_string()).collect();
+    let mut active: Vec<&crate::engine::state::Job> = state
+        .jobs
+        .values()
+        .filter(|j| !j.status.is_terminal())
+        .collect();
+    active.sort_by_key(|j| (j.submitted_at, j.id));
+    let jobs = active
+        .iter()
+        .enumerate()
+        .map(|(i, j)| {
+            let types: Vec<String> = match &j.spec.tpu {
+                crate::spec::TpuRequest::Any => fleet_types.clone(),
+                crate::spec::TpuRequest::OneOf(t) => t.iter().map(ToString::to_string).collect(),
+            };
+            JobArrival {
+                id: j.id.to_string(),
+                // In submission order, a millisecond apart.
+                at_secs: i as f64 / 1000.0,
+                width_chips: types
+                    .iter()
+                    .filter_map(|t| TpuType::parse(t).ok())
+                    .map(|t| t.chips())
+                    .min()
+                    .unwrap_or(0),
+                regions: j.bucket_regions.iter().map(|b| b.region.clone()).collect(),
+                priority: j.spec.priority as u8,
+                types: Some(types.into()),
+                behaviour: tpu_runner_sim::JobBehaviour {
+                    work_secs: 0.0,
+                    checkpoint_secs: 0.0,
+                    app_failure: 0.0,
+                    infra_failure: 0.0,
+                    setup_failure: 0.0,
+                    cache_key: None,
+                    checkpoint_on_notice: false,
+                },
+            }
+        })
+        .collect();
+    let duration = duration.unwrap_or_else(|| {
+        let ran: Vec<f64> = state
+            .finished
+            .values()
+            .filter(|j| j.status == crate::engine::state::JobStatus::Succeeded)
+            .filter_map(|j| {
+                let a = j.attempts.last()?;
+                Some(a.ended_at?.secs_since(a.started_at?))
+            })
+            .filter(|s| *s > 0.0)
+            .collect();
+        if ran.is_empty() {
+            Dist::Constant(3600.0)
+        } else {
+            Dist::Empirical(ran)
+        }
+    });
+    Some(LiveQueue { jobs, duration })
 }
 
 fn read_dist(
