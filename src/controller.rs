@@ -244,9 +244,10 @@ impl Controller {
             resource_id: None,
             attempt_id: None,
             detail: format!(
-                "name={} digest={} {}",
+                "name={} digest={} interval={}ms {}",
                 self.policy.0,
                 self.policy.1,
+                self.settings.interval.as_millis(),
                 spec.describe()
             ),
         }

@@ -473,7 +473,7 @@ pub(crate) struct LocalUpArgs<'a> {
     /// Where the emulator listens.
     pub listen: &'a str,
     /// Seconds between controller passes.
-    pub interval: f64,
+    pub interval: Option<f64>,
 }
 
 /// The stack's cloud and fleet (`examples/local/`), built in so the binary needs no clone.
@@ -579,7 +579,7 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
         &ControllerArgs {
             stack: &opts,
             local_workers: None,
-            interval: Some(args.interval),
+            interval: args.interval,
             lease_ttl: 30,
             exit_when_idle: false,
             wait_for_lease: true,

@@ -475,9 +475,10 @@ enum LocalCommand {
         /// Where the emulator listens (port 0: any free port).
         #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
         listen: String,
-        /// Seconds between controller passes.
-        #[arg(long, default_value_t = 2.0, value_name = "SECS")]
-        interval: f64,
+        /// Seconds between controller passes (default: the fleet's
+        /// `policy.engine.reconcile_interval`, 2 s in the local stack's fleet).
+        #[arg(long, value_name = "SECS")]
+        interval: Option<f64>,
     },
 }
 

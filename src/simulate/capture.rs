@@ -304,6 +304,19 @@ pub fn capture(
         .iter()
         .filter(|d| !d.contains(&format!("digest={digest}")))
         .collect();
+    let interval = format!(
+        "interval={}ms",
+        fleet.policy.engine.reconcile_interval_secs * 1000
+    );
+    if ran
+        .iter()
+        .any(|d| d.contains("interval=") && !d.contains(&interval))
+    {
+        notes.push(format!(
+            "a controller passed at another interval than the fleet's {} s (`controller --interval`): the replay passes at the fleet's",
+            fleet.policy.engine.reconcile_interval_secs
+        ));
+    }
     if ran.is_empty() {
         notes.push(format!(
             "no controller recorded its policy in the window: the fleet file's is assumed ({})",
@@ -335,7 +348,13 @@ pub fn capture(
     let _ = writeln!(y, "name: {}", q(&format!("capture-{}", fleet.name)));
     let _ = writeln!(y, "description: {}", q(&notes.join(". ")));
     let _ = writeln!(y, "fleet: {}", q(fleet_file));
-    let _ = writeln!(y, "horizon_hours: {}", horizon / 3600.0);
+    // Room after the window for what was still waiting to finish; a replay ends early once
+    // nothing is left to do.
+    let _ = writeln!(
+        y,
+        "horizon_hours: {}",
+        (horizon + horizon.max(3600.0)) / 3600.0
+    );
     let _ = writeln!(y, "seeds: [1, 2, 3, 4, 5]");
     let mut widths: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     for e in &fleet.tpus {
