@@ -1220,3 +1220,81 @@ fn the_report_compares_policies_and_keeps_every_zone() {
         "the fleet's ceiling is not drawn"
     );
 }
+
+/// A user's own fleet is simulated in one command, against a default cloud and workload
+/// under both policies; the scenario it ran can be kept to edit, and is never written over
+/// a file; a fleet file given as a scenario says what to do instead.
+#[test]
+fn simulate_runs_a_users_own_fleet_and_knows_a_fleet_from_a_scenario() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = root().join("docs/plan-example/deployment.yaml");
+    let saved = dir.path().join("mine.yaml");
+    let out = tpu_runner(
+        &[
+            "simulate",
+            "--fleet",
+            fleet.to_str().unwrap(),
+            "--save-scenario",
+            saved.to_str().unwrap(),
+            "--json",
+        ],
+        dir.path(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let policies: std::collections::BTreeSet<&str> = doc["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["classic", "frugal"].into_iter().collect());
+    assert!(
+        doc["records"][0]["metrics"]["jobs_submitted"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    // The saved scenario runs on its own, the same.
+    let again = tpu_runner(&["simulate", saved.to_str().unwrap(), "--json"], dir.path());
+    assert!(again.status.success());
+    let hashes = |v: &serde_json::Value| -> Vec<String> {
+        v["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["event_hash"].to_string())
+            .collect()
+    };
+    let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(hashes(&doc), hashes(&again));
+    // Never over an existing file.
+    let refused = tpu_runner(
+        &[
+            "simulate",
+            "--fleet",
+            fleet.to_str().unwrap(),
+            "--save-scenario",
+            saved.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert_eq!(
+        refused.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    // A fleet where a scenario is expected.
+    let wrong = tpu_runner(&["simulate", fleet.to_str().unwrap()], dir.path());
+    let err = String::from_utf8_lossy(&wrong.stderr);
+    assert_eq!(wrong.status.code(), Some(1));
+    assert!(
+        err.contains("is a fleet file") && err.contains("simulate --fleet"),
+        "{err}"
+    );
+}

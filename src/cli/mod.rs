@@ -131,12 +131,20 @@ enum Command {
     },
     /// Simulate scenarios: the real engine against a deterministic simulated cloud.
     #[command(
-        after_help = "Examples:\n  tpu-runner simulate scenarios/*.yaml\n  tpu-runner simulate scenarios/regional-stockout.yaml --seeds 1..=20 --output results.json --report report/\n  tpu-runner simulate scenarios/smoke.yaml --json | jq '.records[].metrics.utilization'\n  tpu-runner simulate scenarios/traces/*.yaml --traces ../shared/data\n  tpu-runner simulate --chaos --seeds 1..=1000 scenarios/chaos/*.yaml\n\nColumns (one row per scenario and policy, over its seeds):\n  JOBS OK/FAIL/LEFT  jobs succeeded / failed or cancelled / unfinished at the horizon\n  UTIL               busy ÷ allocated chip-hours\n  GOODPUT            preserved progress ÷ allocated chip-hours (lost work since the last\n                     checkpoint at a preemption does not count)\n  EFFICIENCY         goodput ÷ the max-flow upper bound on the capacity that existed\n                     (1.00: no policy could have done more useful work)\n  WAIT p50, JCT p50  median queue wait and job completion time\n  PREEMPT            Spot preemptions;  COST $  chip-hours × the scenario's prices, and egress\n  SIM h              simulated hours;  WALL s  seconds of computer time per run\n  a ±b               the mean over the seeds and its standard deviation\nEverything stops at the horizon: work after it counts nowhere. On a terminal (or with\nTPU_RUNNER_PROGRESS=1) stderr shows each run's progress."
+        after_help = "Examples:\n  tpu-runner simulate scenarios/*.yaml\n  tpu-runner simulate --fleet deployment.yaml --save-scenario my-fleet.yaml\n  tpu-runner simulate scenarios/regional-stockout.yaml --seeds 1..=20 --output results.json --report report/\n  tpu-runner simulate scenarios/smoke.yaml --json | jq '.records[].metrics.utilization'\n  tpu-runner simulate scenarios/traces/*.yaml --traces ../shared/data\n  tpu-runner simulate --chaos --seeds 1..=1000 scenarios/chaos/*.yaml\n\nColumns (one row per scenario and policy, over its seeds):\n  JOBS OK/FAIL/LEFT  jobs succeeded / failed or cancelled / unfinished at the horizon\n  UTIL               busy ÷ allocated chip-hours\n  GOODPUT            preserved progress ÷ allocated chip-hours (lost work since the last\n                     checkpoint at a preemption does not count)\n  EFFICIENCY         goodput ÷ the max-flow upper bound on the capacity that existed\n                     (1.00: no policy could have done more useful work)\n  WAIT p50, JCT p50  median queue wait and job completion time\n  PREEMPT            Spot preemptions;  COST $  chip-hours × the scenario's prices, and egress\n  SIM h              simulated hours;  WALL s  seconds of computer time per run\n  a ±b               the mean over the seeds and its standard deviation\nEverything stops at the horizon: work after it counts nowhere. On a terminal (or with\nTPU_RUNNER_PROGRESS=1) stderr shows each run's progress."
     )]
     Simulate {
         /// Scenario files.
-        #[arg(required = true)]
+        #[arg(required_unless_present = "fleet")]
         files: Vec<PathBuf>,
+        /// Simulate this fleet file (`deployment.yaml`) against a default cloud and workload,
+        /// under `classic` and `frugal`: no scenario to write.
+        #[arg(long, value_name = "DEPLOYMENT")]
+        fleet: Option<PathBuf>,
+        /// With --fleet: also write the scenario it ran here, commented, to edit (never over
+        /// an existing file without --force).
+        #[arg(long, value_name = "PATH", requires = "fleet")]
+        save_scenario: Option<PathBuf>,
         /// Run only this seed.
         #[arg(long)]
         seed: Option<u64>,
@@ -771,6 +779,8 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
         }),
         Command::Simulate {
             files,
+            fleet,
+            save_scenario,
             seed,
             seeds,
             policy,
@@ -785,6 +795,8 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             traces,
         } => simulate::run(simulate::SimulateArgs {
             files: &files,
+            fleet: fleet.as_deref(),
+            save_scenario: save_scenario.as_deref(),
             seed,
             seeds: seeds.as_deref(),
             policies: policy.as_deref(),

@@ -17,6 +17,8 @@ use crate::spec::PolicyName;
 /// Options of `simulate`.
 pub(crate) struct SimulateArgs<'a> {
     pub files: &'a [PathBuf],
+    pub fleet: Option<&'a Path>,
+    pub save_scenario: Option<&'a Path>,
     pub seed: Option<u64>,
     pub seeds: Option<&'a str>,
     pub policies: Option<&'a str>,
@@ -75,6 +77,13 @@ fn load_all(files: &[PathBuf], traces: Option<&Path>) -> Result<(Vec<Scenario>, 
             Err(e) => {
                 if matches!(e, ScenarioError::Invalid(_)) {
                     status = ExitStatus::Invalid;
+                    if is_fleet_file(file) {
+                        errors.push_str(&format!(
+                            "error: `{0}` is a fleet file (deployment.yaml), not a scenario\n  = hint: simulate your fleet against a default cloud and workload with `tpu-runner simulate --fleet {0}` (add `--save-scenario my-fleet.yaml` to edit them)\n",
+                            file.display()
+                        ));
+                        continue;
+                    }
                 }
                 errors.push_str(&e.to_string());
             }
@@ -90,6 +99,47 @@ fn load_all(files: &[PathBuf], traces: Option<&Path>) -> Result<(Vec<Scenario>, 
     Ok((scenarios, missing))
 }
 
+/// Whether `file` reads as a fleet file: its top level has `tpus` and no `horizon_hours`.
+fn is_fleet_file(file: &Path) -> bool {
+    let Ok(text) = crate::files::read_text(file, crate::files::SPEC_LIMIT) else {
+        return false;
+    };
+    let top = |key: &str| text.lines().any(|l| l.starts_with(key));
+    top("tpus:") && !top("horizon_hours:")
+}
+
+/// The default scenario around the fleet file at `fleet_path` (`--fleet`), also written to
+/// `save` when given.
+fn fleet_scenario(
+    fleet_path: &Path,
+    save: Option<&Path>,
+    force: bool,
+) -> Result<Scenario, Failure> {
+    let fleet = super::validate::load_fleet(fleet_path)?;
+    let absolute = std::path::absolute(fleet_path).unwrap_or_else(|_| fleet_path.to_path_buf());
+    let text = crate::simulate::starter::scenario_for(&absolute, &fleet);
+    if let Some(path) = save {
+        super::check_output(path, force)?;
+    }
+    let at = absolute.with_file_name(format!("{}-default.yaml", fleet.name));
+    let scenario = scenario::parse(&at, &text).map_err(|e| Failure {
+        message: format!(
+            "error: the scenario made for `{}` is invalid (a bug):\n{e}",
+            fleet_path.display()
+        ),
+        status: ExitStatus::Invalid,
+    })?;
+    if let Some(path) = save {
+        super::write_output(path, &text, force)?;
+        eprintln!(
+            "wrote the scenario around `{}` to `{}`",
+            fleet_path.display(),
+            path.display()
+        );
+    }
+    Ok(scenario)
+}
+
 /// One unit of work.
 struct Job<'a> {
     scenario: &'a Scenario,
@@ -98,7 +148,7 @@ struct Job<'a> {
 }
 
 pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
-    if args.files.is_empty() {
+    if args.files.is_empty() && args.fleet.is_none() {
         return Err(Failure {
             message: "error: no scenario given\n  = hint: tpu-runner simulate scenarios/*.yaml\n"
                 .into(),
@@ -153,7 +203,14 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
             status: ExitStatus::Io,
         })?;
     }
-    let (mut scenarios, left_out) = load_all(args.files, args.traces)?;
+    let (mut scenarios, left_out) = if args.files.is_empty() {
+        (Vec::new(), String::new())
+    } else {
+        load_all(args.files, args.traces)?
+    };
+    if let Some(fleet_path) = args.fleet {
+        scenarios.push(fleet_scenario(fleet_path, args.save_scenario, args.force)?);
+    }
     for s in &mut scenarios {
         // Faults are fixed before any override, so a shortened replay keeps the same faults.
         if args.chaos && s.chaos.is_none() {

@@ -10,3 +10,4 @@ pub mod metrics;
 pub mod recorded;
 pub mod report;
 pub mod scenario;
+pub mod starter;
