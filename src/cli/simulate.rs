@@ -420,7 +420,7 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
     if args.json {
         print_stdout(&report::json(&ok));
     } else {
-        print_stdout(&report::table(&ok));
+        print_stdout(&(report::table(&ok) + &report::paired_comparisons(&ok)));
     }
     if let Some(dir) = args.report {
         eprintln!("report written to {}", dir.join("index.html").display());

@@ -175,6 +175,58 @@ pub fn capacity_cost(
         .sum()
 }
 
+/// The mean of paired differences with its 95 % confidence interval (Student's t).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Paired {
+    /// Pairs.
+    pub n: usize,
+    /// Mean difference.
+    pub mean: f64,
+    /// Half the interval's width (NaN with fewer than two pairs).
+    pub half_width: f64,
+}
+
+impl Paired {
+    /// The differences `b[i] - a[i]` (runs on the same seed: common random numbers).
+    pub fn of(a: &[f64], b: &[f64]) -> Paired {
+        let d: Vec<f64> = a.iter().zip(b).map(|(a, b)| b - a).collect();
+        let n = d.len();
+        let mean = d.iter().sum::<f64>() / n.max(1) as f64;
+        let half_width = if n < 2 {
+            f64::NAN
+        } else {
+            let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+            t95(n - 1) * (var / n as f64).sqrt()
+        };
+        Paired {
+            n,
+            mean,
+            half_width,
+        }
+    }
+
+    /// Whether the interval leaves out zero.
+    pub fn significant(&self) -> bool {
+        self.half_width.is_finite() && self.mean.abs() > self.half_width
+    }
+}
+
+/// The two-sided 95 % quantile of Student's t with `df` degrees of freedom.
+fn t95(df: usize) -> f64 {
+    const TABLE: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    match df {
+        0 => f64::NAN,
+        1..=30 => TABLE[df - 1],
+        31..=60 => 2.000,
+        61..=120 => 1.980,
+        _ => 1.960,
+    }
+}
+
 /// A job for the bound: released at `release_s`, needing `work` chip-seconds at most `width`
 /// chips at a time.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -392,5 +444,21 @@ mod tests {
     fn percentiles() {
         let s = Stats::of(&[1.0, 2.0, 3.0, 4.0]);
         assert_eq!((s.mean, s.p50, s.p99, s.n), (2.5, 2.0, 4.0, 4));
+    }
+
+    #[test]
+    fn paired_differences_have_a_t_interval() {
+        // Differences 1, 2, 3: mean 2, sd 1, t(2) = 4.303: half width 4.303 / sqrt(3).
+        let p = Paired::of(&[0.0, 0.0, 0.0], &[1.0, 2.0, 3.0]);
+        assert_eq!((p.n, p.mean), (3, 2.0));
+        assert!((p.half_width - 4.303 / 3f64.sqrt()).abs() < 1e-9);
+        assert!(!p.significant(), "the interval [-0.48, 4.48] covers zero");
+        let p = Paired::of(&[0.0; 5], &[2.0, 2.1, 1.9, 2.0, 2.0]);
+        assert!(p.significant());
+        let one = Paired::of(&[1.0], &[3.0]);
+        assert!(
+            one.half_width.is_nan() && !one.significant(),
+            "one run has no interval"
+        );
     }
 }

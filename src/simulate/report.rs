@@ -11,7 +11,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::harness::{RunResult, Sample};
-use super::metrics::Metrics;
+use super::metrics::{Metrics, Paired};
 use crate::spec::FleetSpec;
 use crate::spec::fleet::QuotaKey;
 
@@ -466,16 +466,118 @@ pub struct Context {
 
 /// The comparison of one scenario's policies, over their seeds: a row per policy with the
 /// mean ± standard deviation of each metric; the best mean of each column in bold.
+/// A metric policies are compared on: name, value, digits shown, whether higher is better.
+type Metric = (&'static str, fn(&Metrics) -> f64, usize, bool);
+
+/// What policies are compared on, in the HTML report and the paired comparisons.
+const METRICS: [Metric; 7] = [
+    ("utilisation", |m| m.utilization, 2, true),
+    ("goodput", |m| m.goodput_ratio, 2, true),
+    ("efficiency", |m| m.efficiency, 2, true),
+    ("wait p50 (min)", |m| m.queue_wait_s.p50 / 60.0, 1, false),
+    ("JCT p50 (min)", |m| m.jct_s.p50 / 60.0, 1, false),
+    ("jobs done", |m| m.jobs_succeeded as f64, 0, true),
+    ("cost $", |m| m.cost_usd, 0, false),
+];
+
+/// Each scenario's policies compared pairwise with the first, on the seeds both ran (common
+/// random numbers: the same cloud and workload for both): per metric the mean difference
+/// with its 95 % confidence interval, which policy is better where the interval leaves out
+/// zero, and a verdict. Empty when no scenario ran two policies.
+pub fn paired_comparisons(results: &[RunResult]) -> String {
+    let mut scenarios: Vec<&str> = Vec::new();
+    for r in results {
+        if !scenarios.contains(&r.scenario.as_str()) {
+            scenarios.push(&r.scenario);
+        }
+    }
+    let mut out = String::new();
+    for scenario in scenarios {
+        let runs: Vec<&RunResult> = results.iter().filter(|r| r.scenario == scenario).collect();
+        let mut policies: Vec<&str> = Vec::new();
+        for r in &runs {
+            if !policies.contains(&r.policy.as_str()) {
+                policies.push(&r.policy);
+            }
+        }
+        let Some((base, others)) = policies.split_first() else {
+            continue;
+        };
+        for other in others {
+            let mut pairs: Vec<(&Metrics, &Metrics)> = Vec::new();
+            for a in runs.iter().filter(|r| r.policy == *base) {
+                if let Some(b) = runs.iter().find(|r| r.policy == *other && r.seed == a.seed) {
+                    pairs.push((&a.metrics, &b.metrics));
+                }
+            }
+            if pairs.is_empty() {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "\n{other} − {base} on {scenario}, {} seed{} paired:",
+                pairs.len(),
+                if pairs.len() == 1 { "" } else { "s" }
+            );
+            let (mut better, mut worse, mut same) = (Vec::new(), Vec::new(), 0);
+            for (name, f, digits, higher_is_better) in METRICS {
+                let a: Vec<f64> = pairs.iter().map(|(a, _)| f(a)).collect();
+                let b: Vec<f64> = pairs.iter().map(|(_, b)| f(b)).collect();
+                let p = Paired::of(&a, &b);
+                let verdict = if !p.half_width.is_finite() {
+                    "one run: no interval".to_owned()
+                } else if !p.significant() {
+                    same += 1;
+                    "no significant difference".to_owned()
+                } else if (p.mean > 0.0) == higher_is_better {
+                    better.push(name);
+                    format!("{other} better")
+                } else {
+                    worse.push(name);
+                    format!("{base} better")
+                };
+                let interval = if p.half_width.is_finite() {
+                    format!(
+                        " [{:+.digits$}, {:+.digits$}]",
+                        p.mean - p.half_width,
+                        p.mean + p.half_width
+                    )
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(
+                    out,
+                    "  {name:<15} {:+.digits$}{interval}  {verdict}",
+                    p.mean
+                );
+            }
+            if pairs.len() < 2 {
+                let _ = writeln!(
+                    out,
+                    "  verdict: one seed cannot tell policies apart (run more: --seeds 1..=10)"
+                );
+            } else {
+                let _ = writeln!(
+                    out,
+                    "  verdict: {other} is better on {}, {base} on {}; {same} without a significant difference",
+                    if better.is_empty() {
+                        "nothing".to_owned()
+                    } else {
+                        better.join(", ")
+                    },
+                    if worse.is_empty() {
+                        "nothing".to_owned()
+                    } else {
+                        worse.join(", ")
+                    },
+                );
+            }
+        }
+    }
+    out
+}
+
 fn comparison(scenario: &str, results: &[&RunResult]) -> String {
-    type Metric = (&'static str, fn(&Metrics) -> f64, usize, bool);
-    const METRICS: [Metric; 6] = [
-        ("utilisation", |m| m.utilization, 2, true),
-        ("goodput", |m| m.goodput_ratio, 2, true),
-        ("efficiency", |m| m.efficiency, 2, true),
-        ("wait p50 (min)", |m| m.queue_wait_s.p50 / 60.0, 1, false),
-        ("jobs done", |m| m.jobs_succeeded as f64, 0, true),
-        ("cost $", |m| m.cost_usd, 0, false),
-    ];
     let mut policies: Vec<&str> = results.iter().map(|r| r.policy.as_str()).collect();
     policies.dedup();
     let rows: Vec<(&str, Vec<(f64, f64)>)> = policies
