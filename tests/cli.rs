@@ -507,6 +507,31 @@ fn simulate_writes_table_json_and_report_the_same_on_any_thread_count() {
     assert_eq!(records, records_without_wall(&two));
     let index = std::fs::read_to_string(dir.path().join("report/index.html")).unwrap();
     assert!(index.contains(".svg"));
+    // Two policies: drawn on the same axes, compared on the same seeds.
+    let out = tpu_runner(
+        &[
+            "simulate",
+            "scenarios/smoke.yaml",
+            "--seeds",
+            "1..=3",
+            "--policy",
+            "classic,frugal",
+            "--report",
+            dir.path().join("two").to_str().unwrap(),
+        ],
+        &root(),
+    );
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("frugal − classic on smoke, 3 seeds paired:"), "{table}");
+    assert!(table.contains("  verdict: "), "{table}");
+    let index = std::fs::read_to_string(dir.path().join("two/index.html")).unwrap();
+    for plot in ["smoke-policies-chips.svg", "smoke-policies-queue.svg"] {
+        assert!(index.contains(plot), "{plot}");
+        let svg = std::fs::read_to_string(dir.path().join("two").join(plot)).unwrap();
+        assert!(svg.contains("classic") && svg.contains("frugal"), "{plot}: both policies");
+    }
+    assert!(index.contains("95 % confidence intervals"));
 }
 
 #[test]

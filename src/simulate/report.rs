@@ -630,6 +630,65 @@ fn comparison(scenario: &str, results: &[&RunResult]) -> String {
     html
 }
 
+/// For a scenario run under several policies: its chips allocated and its queue over time,
+/// one line per policy on the same axes, on the first seed they all ran. Returns the files
+/// written (none for a single policy).
+fn policies_on_the_same_axes(
+    dir: &Path,
+    scenario: &str,
+    runs: &[&RunResult],
+) -> Result<Vec<String>, String> {
+    let mut policies: Vec<&str> = Vec::new();
+    for r in runs {
+        if !policies.contains(&r.policy.as_str()) {
+            policies.push(&r.policy);
+        }
+    }
+    let seed = runs.iter().map(|r| r.seed).find(|s| {
+        policies
+            .iter()
+            .all(|p| runs.iter().any(|r| r.policy == *p && r.seed == *s))
+    });
+    let (true, Some(seed)) = (policies.len() > 1, seed) else {
+        return Ok(Vec::new());
+    };
+    let of = |p: &str| {
+        runs.iter()
+            .find(|r| r.policy == p && r.seed == seed)
+            .expect("ran")
+    };
+    let stem = crate::spec::names::slug(scenario);
+    let mut files = Vec::new();
+    for (what, label, value) in [
+        (
+            "chips",
+            "chips allocated",
+            (|s: &Sample| s.allocated_chips as f64) as fn(&Sample) -> f64,
+        ),
+        ("queue", "jobs waiting", |s: &Sample| s.queue as f64),
+    ] {
+        let lines: Vec<Line<'_>> = policies
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let points = of(p).series.iter().map(|s| (s.hours, value(s))).collect();
+                (*p, PALETTE[(2 * i) % PALETTE.len()], points)
+            })
+            .collect();
+        let name = format!("{stem}-policies-{what}.svg");
+        plot_lines(
+            &dir.join(&name),
+            &format!("{label}, each policy on seed {seed}"),
+            label,
+            &lines,
+            &[],
+            &[],
+        )?;
+        files.push(name);
+    }
+    Ok(files)
+}
+
 /// Writes SVG plots for every run and an `index.html` tying them together (how it was
 /// made, a comparison of the policies of each scenario, the table, then every run's plots,
 /// with a table of contents when there are several), after removing an earlier report's
@@ -674,6 +733,17 @@ pub fn write_dir(dir: &Path, results: &[RunResult], context: &Context) -> Result
             html,
             "<div class=\"wide\">{}</div>",
             comparison(scenario, &runs)
+        );
+        for f in policies_on_the_same_axes(dir, scenario, &runs)? {
+            let _ = writeln!(html, "<img src=\"{f}\" alt=\"{f}\" width=\"900\"><br>");
+        }
+    }
+    let paired = paired_comparisons(results);
+    if !paired.is_empty() {
+        let _ = writeln!(
+            html,
+            "<h3>Paired on the same seeds, with 95 % confidence intervals</h3>\n<pre>{}</pre>",
+            escape(paired.trim_start())
         );
     }
     html.push_str("<h2 id=\"table\">Every scenario and policy</h2>\n");
