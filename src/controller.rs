@@ -102,8 +102,7 @@ pub enum Pass {
 /// records, so the log shrinks back to its window, in bounded steps.
 const COMPACT_PER_PASS: usize = 1000;
 
-/// The kind of the event a controller records before its first pass's decisions.
-pub const POLICY_EVENT: &str = "controller_policy";
+pub use crate::engine::observe::POLICY_EVENT;
 
 /// One controller: its engine, store and backend, and what it keeps between passes (the
 /// state as last loaded, with the engine's caches; the observation; action results for the

@@ -17,4 +17,5 @@ pub mod simulate;
 pub mod spec;
 pub mod store;
 pub mod submit;
+pub mod table;
 pub mod worker;

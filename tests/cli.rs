@@ -523,13 +523,19 @@ fn simulate_writes_table_json_and_report_the_same_on_any_thread_count() {
     );
     assert!(out.status.success());
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("frugal − classic on smoke, 3 seeds paired:"), "{table}");
+    assert!(
+        table.contains("frugal − classic on smoke, 3 seeds paired:"),
+        "{table}"
+    );
     assert!(table.contains("  verdict: "), "{table}");
     let index = std::fs::read_to_string(dir.path().join("two/index.html")).unwrap();
     for plot in ["smoke-policies-chips.svg", "smoke-policies-queue.svg"] {
         assert!(index.contains(plot), "{plot}");
         let svg = std::fs::read_to_string(dir.path().join("two").join(plot)).unwrap();
-        assert!(svg.contains("classic") && svg.contains("frugal"), "{plot}: both policies");
+        assert!(
+            svg.contains("classic") && svg.contains("frugal"),
+            "{plot}: both policies"
+        );
     }
     assert!(index.contains("95 % confidence intervals"));
 }

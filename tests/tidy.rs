@@ -85,6 +85,35 @@ fn production_code_never_uses_the_emulator() {
     );
 }
 
+#[test]
+fn only_the_binary_knows_the_cli() {
+    // The library's modules lean on each other, never on the commands that print: a table
+    // or a parser the simulator needs lives below the CLI.
+    assert_absent(
+        &[
+            "src/backend",
+            "src/gcp",
+            "src/store",
+            "src/engine",
+            "src/spec",
+            "src/simulate",
+            "src/deploy",
+            "src/emulator",
+            "src/driver.rs",
+            "src/controller.rs",
+            "src/submit",
+            "src/worker",
+            "src/objects.rs",
+            "src/table.rs",
+            "src/files.rs",
+        ],
+        &["crate::cli", "cli::"],
+        "the library below the CLI",
+    );
+    // Nor does the simulator lean on the production loop.
+    assert_absent(&["src/simulate"], &["crate::controller"], "the simulator");
+}
+
 /// Fails on the first code line (comments excluded) under `dirs` that contains a forbidden word.
 fn assert_absent(dirs: &[&str], forbidden: &[&str], place: &str) {
     for dir in dirs {

@@ -18,7 +18,7 @@ mod state;
 mod validate;
 mod worker;
 
-pub(crate) use output::table;
+pub(crate) use crate::table::table;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

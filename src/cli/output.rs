@@ -1,5 +1,6 @@
 //! Renders validated specs for people (aligned text) and machines (JSON). Pure formatting.
 
+use crate::table::table;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -67,32 +68,6 @@ pub(crate) fn fleet_json(fleet: &FleetSpec) -> String {
 pub(crate) fn jobs_json(jobs: &[JobSpec]) -> String {
     serde_json::to_string_pretty(&serde_json::json!({ "jobs": jobs })).expect("jobs serialise")
         + "\n"
-}
-
-/// Left-aligned columns separated by two spaces.
-pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            widths[i] = widths[i].max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let mut s = String::from("  ");
-        for (i, cell) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(cell);
-            } else {
-                s.push_str(&format!("{cell:<w$}  ", w = widths[i]));
-            }
-        }
-        s.trim_end().to_owned() + "\n"
-    };
-    let mut out = line(header.iter().map(|h| h.to_string()).collect());
-    for row in rows {
-        out.push_str(&line(row.clone()));
-    }
-    out
 }
 
 /// A human summary of a fleet.

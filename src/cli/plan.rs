@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::exit_codes::ExitStatus;
 use super::validate::load_fleet;
-use super::{Failure, output, print_stdout, read_text};
+use super::{Failure, print_stdout, read_text};
 use crate::engine::explain::{Explanation, explain};
 use crate::engine::observe::{
     Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo,
@@ -293,7 +293,7 @@ fn render(
         })
         .collect();
     if !rows.is_empty() {
-        s.push_str(&output::table(&["ACTION", "TARGET", "DETAIL"], &rows));
+        s.push_str(&crate::table::table(&["ACTION", "TARGET", "DETAIL"], &rows));
     }
     s.push_str(&format!("\nevents ({}):\n", out.events.len()));
     for e in &out.events {

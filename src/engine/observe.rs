@@ -496,6 +496,10 @@ impl Action {
     }
 }
 
+/// The kind of the event a controller records before its first pass's decisions: the
+/// policy it runs (`name= digest= interval= ` and its parameters).
+pub const POLICY_EVENT: &str = "controller_policy";
+
 /// Something that happened, for the event log (one JSON line each).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {

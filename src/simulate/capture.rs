@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::captured::{CapturedJob, Outcome};
-use crate::controller::POLICY_EVENT;
 use crate::engine::Timestamp;
 use crate::engine::commands::JOB_CREATED;
 use crate::engine::observe::Event;
+use crate::engine::observe::POLICY_EVENT;
 use crate::engine::sightings::{self, NODE_STATE, NODE_VANISHED, QR_STATE, QR_VANISHED};
 use crate::engine::state::{Job, JobStatus, State};
 use crate::spec::{FleetSpec, TpuRequest};

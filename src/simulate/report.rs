@@ -125,7 +125,7 @@ pub fn table(results: &[RunResult]) -> String {
             ]
         })
         .collect();
-    crate::cli::table(&header, &rows)
+    crate::table::table(&header, &rows)
 }
 
 /// One line of a plot: legend, colour, points.
