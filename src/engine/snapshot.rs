@@ -1,6 +1,7 @@
 //! What a state snapshot written by a person must hold before a pass may read it
-//! (`plan --state`, `state import`): map keys equal to ids, finished jobs only under
-//! `finished`, ownership that points both ways, at least one worker per TPU. Each problem
+//! (`plan --state`, `state import`, a scenario's `initial_state`): map keys equal to ids,
+//! finished jobs only under `finished`, ownership that points both ways, at least one worker
+//! per TPU, every job's spec valid as `job.yaml` would read it, each job and attempt id once. Each problem
 //! names its field path, what was found and what is expected. Pure; it repairs nothing and
 //! decides nothing (a store's own records are repaired by the pass instead).
 
@@ -115,7 +116,110 @@ pub fn problems(state: &State) -> Vec<Problem> {
             request.id.as_str(),
         ));
     }
+    check_specs(state, &mut out);
+    check_attempt_ids(state, &mut out);
     out
+}
+
+/// Every job's spec read again exactly as `job.yaml` is read (ids, env names, buckets,
+/// caches, command): one rule wherever a job comes from. A job both under `jobs` and under
+/// `finished` is an id given twice. One read for the whole snapshot.
+fn check_specs(state: &State, out: &mut Vec<Problem>) {
+    let all: Vec<(String, &Job)> = state
+        .jobs
+        .iter()
+        .map(|(k, j)| (format!("jobs.{k}"), j))
+        .chain(
+            state
+                .finished
+                .iter()
+                .map(|(k, j)| (format!("finished.{k}"), &**j)),
+        )
+        .collect();
+    if all.is_empty() {
+        return;
+    }
+    let specs: Vec<serde_json::Value> = all
+        .iter()
+        .map(|(_, j)| {
+            let mut v = serde_json::to_value(&j.spec).expect("a spec serialises");
+            if let Some(m) = v.as_object_mut() {
+                // Derived, not written by a person: not a field of `job.yaml`.
+                m.remove("id_generated");
+            }
+            v
+        })
+        .collect();
+    let text = serde_json::json!({ "jobs": specs }).to_string();
+    let Err(errors) = crate::spec::parse_jobs("snapshot", &text, None) else {
+        return;
+    };
+    for d in errors.diagnostics {
+        // `jobs[i]...` is the i-th job of `all`.
+        let place = d
+            .path
+            .strip_prefix("jobs[")
+            .and_then(|rest| rest.split_once(']'))
+            .and_then(|(i, rest)| Some((all.get(i.parse::<usize>().ok()?)?, rest)));
+        let path = match place {
+            Some(((at, _), rest)) => format!("{at}.spec{rest}"),
+            None => "jobs".to_owned(),
+        };
+        // A message naming another job by its place names it by its own path too.
+        let mut message = d.message;
+        while let Some(start) = message.find("jobs[") {
+            let Some((i, len)) = message[start + 5..]
+                .split_once(']')
+                .and_then(|(i, _)| Some((i.parse::<usize>().ok()?, i.len())))
+            else {
+                break;
+            };
+            let Some((at, _)) = all.get(i) else { break };
+            let end = start + 5 + len + 1;
+            let tail = message[end..]
+                .strip_prefix(".id")
+                .unwrap_or(&message[end..]);
+            message = format!("{}{at}{tail}", &message[..start]);
+        }
+        out.push(Problem {
+            path,
+            message,
+            hint: d.hint,
+        });
+    }
+}
+
+/// An attempt id names one attempt of one job: a repeat would be merged away by a store.
+fn check_attempt_ids(state: &State, out: &mut Vec<Problem>) {
+    let mut seen: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
+    let all = state
+        .jobs
+        .iter()
+        .map(|(k, j)| (format!("jobs.{k}"), j))
+        .chain(
+            state
+                .finished
+                .iter()
+                .map(|(k, j)| (format!("finished.{k}"), &**j)),
+        );
+    for (at, job) in all {
+        for (i, a) in job.attempts.iter().enumerate() {
+            let here = format!("{at}.attempts[{i}].id");
+            match seen.get(a.id.as_str()) {
+                Some(first) => out.push(problem(
+                    here,
+                    format!(
+                        "the attempt id `{}` is given twice (first at {first})",
+                        a.id
+                    ),
+                    Some("every attempt has its own id"),
+                )),
+                None => {
+                    seen.insert(a.id.as_str(), here);
+                }
+            }
+        }
+    }
 }
 
 fn check_active_job(state: &State, key: &str, job: &Job, out: &mut Vec<Problem>) {
