@@ -1218,6 +1218,14 @@ fn bad_files_are_clear_errors_and_nothing_is_written() {
         "{e}"
     );
 
+    // A store truncated to nothing is damage, not a new store (issue 34 item 16).
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    let e = SqliteStore::open(&empty).unwrap_err();
+    assert!(e.to_string().contains("empty file"), "{e}");
+    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "left as it was");
+    assert!(!dir.path().join("empty.db-wal").exists());
+
     let folder = dir.path().join("a-folder");
     std::fs::create_dir(&folder).unwrap();
     let e = SqliteStore::open(&folder).unwrap_err();

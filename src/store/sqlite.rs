@@ -111,6 +111,13 @@ impl SqliteStore {
         if path.exists() && !path.is_file() {
             return Err(fail("is not a regular file: pass a file path".into()));
         }
+        // SQLite would take an empty file for a new database: a store truncated to nothing
+        // would look brand new, its jobs silently gone.
+        if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+            return Err(fail(
+                "is an empty file, not a store (truncated?): nothing was read or written; restore it from a backup, or remove it to start a new store".into(),
+            ));
+        }
         let conn = Connection::open(path).map_err(|e| fail(open_error(&e)))?;
         let mut store = SqliteStore {
             conn,
