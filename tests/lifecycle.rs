@@ -304,9 +304,21 @@ fn lifecycle(store: Option<String>) {
     let (code, out) = rig.run(&["submit", "job.yaml", "--json"]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(out.lines().count(), 20, "{out}");
-    // A second submission of the same ids creates nothing.
+    // A second submission of the same ids creates nothing, and uploads nothing: the
+    // existing job's folder holds its own spec only.
+    let specs = |job: &str| {
+        std::fs::read_dir(dir.join(format!("objects/e2e-us-east1/jobs/{job}")))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let before = specs("j01");
     let (code, _) = rig.run(&["submit", "job.yaml", "--job-id", "j01"]);
     assert_eq!(code, 2);
+    assert_eq!(
+        specs("j01"),
+        before,
+        "nothing of a refused submit is uploaded"
+    );
     // Cancelled before any controller saw it: deactivated at once.
     let (code, out) = rig.run(&["cancel", "pending-cancel", "--json"]);
     assert_eq!(

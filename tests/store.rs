@@ -227,6 +227,14 @@ fn create_jobs_is_all_or_none() {
             "{at:?}: a job reads back as written"
         );
         assert_eq!(s.load_active().unwrap().state.jobs.len(), 2, "{at:?}");
+        // What submit asks before uploading anything: which ids are taken already.
+        let ids: Vec<Name> = ["c", "b", "a", "b"].iter().map(|i| Name::new(i)).collect();
+        assert_eq!(
+            s.existing_jobs(&ids).unwrap(),
+            vec![Name::new("a"), Name::new("b")],
+            "{at:?}"
+        );
+        assert!(s.existing_jobs(&[]).unwrap().is_empty(), "{at:?}");
     }
 }
 
@@ -1223,7 +1231,11 @@ fn bad_files_are_clear_errors_and_nothing_is_written() {
     std::fs::write(&empty, b"").unwrap();
     let e = SqliteStore::open(&empty).unwrap_err();
     assert!(e.to_string().contains("empty file"), "{e}");
-    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "left as it was");
+    assert_eq!(
+        std::fs::metadata(&empty).unwrap().len(),
+        0,
+        "left as it was"
+    );
     assert!(!dir.path().join("empty.db-wal").exists());
 
     let folder = dir.path().join("a-folder");

@@ -981,6 +981,24 @@ impl StateStore for FirestoreStore {
         })
     }
 
+    fn existing_jobs(&mut self, ids: &[Name]) -> Res<Vec<Name>> {
+        let jobs = self.names().jobs;
+        let paths: Vec<String> = ids.iter().map(|id| format!("{jobs}/{id}")).collect();
+        let docs = self
+            .client
+            .batch_get(&paths, None)
+            .map_err(|e| self.error(&e))?;
+        let mut found: Vec<Name> = ids
+            .iter()
+            .zip(&docs)
+            .filter(|(_, d)| d.is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        found.sort();
+        found.dedup();
+        Ok(found)
+    }
+
     fn finished_jobs(&mut self, since: Timestamp, limit: usize) -> Res<Vec<Job>> {
         let names = self.names();
         let docs = self

@@ -182,6 +182,10 @@ pub trait StateStore {
     /// One job, active or finished, with its attempts.
     fn job(&mut self, id: &Name) -> Result<Option<Job>, StoreError>;
 
+    /// Which of `ids` name a job already, active or finished (sorted; one read, not one per
+    /// id): `submit` asks before it uploads anything.
+    fn existing_jobs(&mut self, ids: &[Name]) -> Result<Vec<Name>, StoreError>;
+
     /// Finished jobs (succeeded, failed, deactivated) ended at or after `since`, oldest
     /// first, at most `limit`.
     fn finished_jobs(&mut self, since: Timestamp, limit: usize) -> Result<Vec<Job>, StoreError>;

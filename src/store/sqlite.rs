@@ -735,6 +735,26 @@ impl StateStore for SqliteStore {
         self.read(|tx, path| Ok(read_job(tx, path, id)?.map(|(j, _)| j)))
     }
 
+    fn existing_jobs(&mut self, ids: &[Name]) -> Res<Vec<Name>> {
+        self.read(|tx, path| {
+            let mut stmt = tx
+                .prepare_cached("SELECT 1 FROM jobs WHERE id = ?1")
+                .map_err(|e| store_err(path, e))?;
+            let mut found = Vec::new();
+            for id in ids {
+                if stmt
+                    .exists(params![id.as_str()])
+                    .map_err(|e| store_err(path, e))?
+                {
+                    found.push(*id);
+                }
+            }
+            found.sort();
+            found.dedup();
+            Ok(found)
+        })
+    }
+
     fn finished_jobs(&mut self, since: Timestamp, limit: usize) -> Res<Vec<Job>> {
         self.read(|tx, path| {
             let ids: Vec<String> = {

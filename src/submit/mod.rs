@@ -202,6 +202,15 @@ pub fn submit(
     now: Timestamp,
     progress: &mut dyn FnMut(&str, usize),
 ) -> Result<Vec<Submitted>, SubmitError> {
+    // A refused id is refused before anything is uploaded: nothing of a refused job may
+    // land in a bucket (its spec beside the existing job's).
+    let ids: Vec<crate::spec::Name> = jobs.iter().map(|j| crate::spec::Name::new(&j.id)).collect();
+    let exist = store.existing_jobs(&ids).map_err(SubmitError::Store)?;
+    if !exist.is_empty() {
+        return Err(SubmitError::Exist(
+            exist.iter().map(|n| n.to_string()).collect(),
+        ));
+    }
     let mut locations = BTreeMap::new();
     let mut built: BTreeMap<String, bundle::Bundle> = BTreeMap::new();
     let token = uuid::Uuid::new_v4().simple().to_string();
