@@ -8,7 +8,6 @@ use std::path::Path;
 use super::events::{self, Window};
 use super::exit_codes::ExitStatus;
 use super::stack::{Stack, StackOpts};
-use super::state::store_failure;
 use super::{Failure, print_stdout, read_text, write_output};
 use crate::simulate::capture::capture;
 
@@ -40,36 +39,7 @@ pub(crate) fn run(
     let stack = Stack::resolve(opts)?;
     let fleet_text = read_text(&stack.fleet_path, crate::files::SPEC_LIMIT, None)?;
     let mut store = stack.open_store(false)?;
-    let state = store.export().map_err(|e| store_failure(&e))?;
-    let log = events::read(store.as_mut(), window)?;
-    // An open end is where the record starts or stops.
-    let jobs: Vec<&crate::engine::state::Job> = state
-        .jobs
-        .values()
-        .chain(state.finished.values().map(|j| &**j))
-        .collect();
-    let first = jobs
-        .iter()
-        .map(|j| j.submitted_at)
-        .chain(log.iter().map(|(_, e)| e.at))
-        .min();
-    let last = jobs
-        .iter()
-        .flat_map(|j| std::iter::once(j.submitted_at).chain(j.ended_at))
-        .chain(log.iter().map(|(_, e)| e.at))
-        .max();
-    let (Some(since), Some(until)) = (
-        window.since.or(first),
-        window.until.or(last.map(|t| t.plus_millis(1))),
-    ) else {
-        return Err(Failure {
-            message: format!(
-                "error: {} holds no jobs and no events to capture\n",
-                store.describe()
-            ),
-            status: ExitStatus::Invalid,
-        });
-    };
+    let (state, log, since, until) = events::recorded(store.as_mut(), window, "to capture")?;
     let c = capture(&stack.fleet, "fleet.yaml", &state, &log, since, until);
     write_output(&output.join("fleet.yaml"), &fleet_text, true)?;
     write_output(&output.join("jobs.jsonl"), &c.jobs, true)?;

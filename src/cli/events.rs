@@ -66,6 +66,54 @@ impl Window {
     }
 }
 
+/// What `capture` and `report` read: the store's state and its events in `window`, and the
+/// window's ends (an open end is where the record starts or stops: the first submission or
+/// event, just after the last submission, end or event). `what` names the command's goal
+/// in the error for an empty store.
+pub(crate) fn recorded(
+    store: &mut dyn StateStore,
+    window: Window,
+    what: &str,
+) -> Result<
+    (
+        crate::engine::State,
+        Vec<(u64, Event)>,
+        Timestamp,
+        Timestamp,
+    ),
+    Failure,
+> {
+    let state = store.export().map_err(|e| store_failure(&e))?;
+    let log = read(store, window)?;
+    let jobs = || {
+        state
+            .jobs
+            .values()
+            .chain(state.finished.values().map(|j| &**j))
+    };
+    let first = jobs()
+        .map(|j| j.submitted_at)
+        .chain(log.iter().map(|(_, e)| e.at))
+        .min();
+    let last = jobs()
+        .flat_map(|j| std::iter::once(j.submitted_at).chain(j.ended_at))
+        .chain(log.iter().map(|(_, e)| e.at))
+        .max();
+    match (
+        window.since.or(first),
+        window.until.or(last.map(|t| t.plus_millis(1))),
+    ) {
+        (Some(since), Some(until)) => Ok((state, log, since, until)),
+        _ => Err(Failure {
+            message: format!(
+                "error: {} holds no jobs and no events {what}\n",
+                store.describe()
+            ),
+            status: ExitStatus::Invalid,
+        }),
+    }
+}
+
 /// Every event of the store inside `window`, in the order they were written (page by page:
 /// the memory is that of the events kept, not of the log).
 pub(crate) fn read(

@@ -7,7 +7,6 @@ use serde_json::json;
 use super::events::{self, Window};
 use super::exit_codes::ExitStatus;
 use super::stack::{Stack, StackOpts};
-use super::state::store_failure;
 use super::{Failure, print_stdout, table};
 use crate::engine::state::{AttemptStatus, Job};
 use crate::simulate::recorded::{self, Costs};
@@ -16,32 +15,12 @@ use crate::simulate::recorded::{self, Costs};
 pub(crate) fn run(opts: &StackOpts, window: Window, as_json: bool) -> Result<ExitStatus, Failure> {
     let stack = Stack::resolve(opts)?;
     let mut store = stack.open_store(false)?;
-    let state = store.export().map_err(|e| store_failure(&e))?;
-    let log = events::read(store.as_mut(), window)?;
+    let (state, log, since, until) = events::recorded(store.as_mut(), window, "to report on")?;
     let jobs: Vec<&Job> = state
         .jobs
         .values()
         .chain(state.finished.values().map(|j| &**j))
         .collect();
-    let first = jobs
-        .iter()
-        .map(|j| j.submitted_at)
-        .chain(log.iter().map(|(_, e)| e.at))
-        .min();
-    let last = jobs
-        .iter()
-        .flat_map(|j| std::iter::once(j.submitted_at).chain(j.ended_at))
-        .chain(log.iter().map(|(_, e)| e.at))
-        .max();
-    let (Some(since), Some(until)) = (
-        window.since.or(first),
-        window.until.or(last.map(|t| t.plus_millis(1))),
-    ) else {
-        return Err(Failure {
-            message: format!("error: {} holds no jobs and no events\n", store.describe()),
-            status: ExitStatus::Invalid,
-        });
-    };
     let m = recorded::metrics(&stack.fleet, &state, &log, since, until, &Costs::default());
     let in_window: Vec<&&Job> = jobs
         .iter()
