@@ -622,6 +622,15 @@ fn bundles_are_verified_and_cannot_write_outside_the_job_directory() {
         assert_eq!(report.statuses[0].state, WorkerState::FailedSetup);
         let status = rig.object("jobs/job-bad/attempts/a-bad/status/tpu-f-w-0.json");
         assert!(status.contains("checksum mismatch"), "{status}");
+        // The reason reaches the controller, so the job's record (and `logs`, `watch`)
+        // says why the command never ran (issue 34 item 7).
+        assert!(
+            report.statuses[0]
+                .setup_error
+                .as_deref()
+                .is_some_and(|e| e.contains("checksum mismatch")),
+            "{report:?}"
+        );
 
         // Entries that climb out, absolute symlinks and links that lead out are refused, and
         // nothing lands outside the job directory.

@@ -242,6 +242,8 @@ impl SimBackend {
                 finished_at: Some(self.at(s.finished_at)),
                 infrastructure_failure: s.infrastructure_failure.map(str::to_owned),
                 artifact_upload_error: None,
+                setup_error: (s.state == "failed_setup")
+                    .then(|| "the simulated set-up failed".to_owned()),
             })
             .collect();
         AttemptReport {

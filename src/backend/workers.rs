@@ -321,6 +321,10 @@ fn read_attempt(
                         finished_at: Timestamp::parse(&s.finished_at).ok(),
                         infrastructure_failure: s.infrastructure_failure,
                         artifact_upload_error: s.artifact_upload_error,
+                        // The worker's words, bounded: they go into the job's record.
+                        setup_error: s
+                            .setup_error
+                            .map(|e| crate::engine::state::last_chars(&e, 1000)),
                     };
                     seen.lock()
                         .expect("not poisoned")

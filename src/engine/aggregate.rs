@@ -95,9 +95,12 @@ pub fn aggregate(
     let summary = || {
         let mut parts: Vec<String> = by_host
             .iter()
-            .map(|s| match &s.infrastructure_failure {
-                Some(marker) => format!("{}: infrastructure failure {marker}", s.host),
-                None => format!(
+            .map(|s| match (&s.infrastructure_failure, &s.setup_error) {
+                (Some(marker), _) => format!("{}: infrastructure failure {marker}", s.host),
+                (None, Some(why)) if s.state == WorkerState::FailedSetup => {
+                    format!("{}: set-up failed, the command never ran: {why}", s.host)
+                }
+                (None, _) => format!(
                     "{}: command exited {}",
                     s.host,
                     s.command_exit_code.unwrap_or(code(s))
@@ -212,6 +215,24 @@ mod tests {
             finished_at: finished.map(Timestamp::from_secs),
             infrastructure_failure: infra.map(str::to_owned),
             artifact_upload_error: None,
+            setup_error: None,
+        }
+    }
+
+    #[test]
+    fn a_set_up_failure_says_why_the_command_never_ran() {
+        let mut s = status("w0", WorkerState::FailedSetup, None, Some(10), None);
+        s.setup_error = Some("the bundle link pw -> /etc/passwd points outside".into());
+        match aggregate(&[s], 1, Timestamp::from_secs(10), G) {
+            Verdict::Failed {
+                kind: FailureKind::Setup,
+                summary,
+                ..
+            } => assert!(
+                summary.contains("set-up failed, the command never ran: the bundle link pw"),
+                "{summary}"
+            ),
+            v => panic!("{v:?}"),
         }
     }
 

@@ -332,6 +332,9 @@ pub struct WorkerStatus {
     /// Uploading logs failed.
     #[serde(default)]
     pub artifact_upload_error: Option<String>,
+    /// Why set-up failed, as the worker said (bounded): the command never ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup_error: Option<String>,
 }
 
 /// A worker's final state.
