@@ -652,7 +652,7 @@ pub(crate) fn interrupt_spot(
             }
             Ok(ExitStatus::Ok)
         }
-        InterruptResult::UnknownTarget(what) => refused(format!("no such {what}")),
+        InterruptResult::UnknownTarget(what) => refused(what),
         InterruptResult::Exists(id) => refused(format!("request {id} exists already")),
         InterruptResult::Rejected(why) => refused(why),
     }

@@ -302,7 +302,18 @@ fn read_job(
     let tpu = f
         .required(c, "tpu", "a TPU type, a list of acceptable types, or `any`")
         .and_then(|n| read_tpu_request(c, n, &f.path("tpu")));
-    let bundle = match f.get("bundle") {
+    let bundle = match f.get_raw("bundle") {
+        // `bundle: ~` is not "the folder": a bundle left blank by mistake must not ship the
+        // whole manifest folder.
+        Some(n) if matches!(n.value, Value::Null) => {
+            c.error_hint(
+                n,
+                &f.path("bundle"),
+                "expected a directory, a tar archive or a `gs://` URI, found null".to_owned(),
+                "remove `bundle` to ship the manifest's folder, or name what to ship",
+            );
+            None
+        }
         Some(n) => c
             .nonempty_string(
                 n,

@@ -27,14 +27,12 @@ pub fn parse(file: &str, text: &str) -> Result<State, String> {
         schema_version: Option<serde_json::Value>,
     }
     let version = match serde_json::from_str::<Head>(text) {
-        Ok(head) => head
-            .schema_version
-            .as_ref()
-            .and_then(serde_json::Value::as_u64),
+        Ok(head) => head.schema_version,
         Err(e) if e.is_data() => None,
         Err(e) => return Err(json_error(file, "invalid JSON", &e)),
     };
-    if version != Some(SCHEMA_VERSION as u64) {
+    if version.as_ref().and_then(serde_json::Value::as_u64) != Some(SCHEMA_VERSION as u64) {
+        // What was there, as written (`1.0` is not `1`).
         return Err(format!(
             "error: schema_version: expected {SCHEMA_VERSION}, found {}\n  --> {file}\n",
             version.map_or("none".to_owned(), |v| v.to_string()),
@@ -101,5 +99,16 @@ fn field_path(path: &serde_ignored::Path<'_>) -> String {
         Path::Some { parent }
         | Path::NewtypeStruct { parent }
         | Path::NewtypeVariant { parent } => field_path(parent),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_wrong_schema_version_is_shown_as_written() {
+        let e = super::parse("s.json", r#"{"schema_version": 1.0, "jobs": {}}"#).unwrap_err();
+        assert!(e.contains("expected 1, found 1.0"), "{e}");
+        let e = super::parse("s.json", r#"{"jobs": {}}"#).unwrap_err();
+        assert!(e.contains("found none"), "{e}");
     }
 }

@@ -251,9 +251,25 @@ impl StoreUrl {
                 Some((p, d)) => (p, Some(d.to_owned())),
                 None => (rest, None),
             };
-            if project.is_empty() || database.as_deref() == Some("") {
+            // Both end up in request paths: only what Google's ids may hold (a project id,
+            // with its `domain:` prefix; a database id or `(default)`), nothing that could
+            // climb a path or start a query (`..`, `/`, `?`, `#`).
+            let project_ok = project.len() <= 100
+                && project.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && project
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-.:".contains(c))
+                && !project.contains("..");
+            let database_ok = database.as_deref().is_none_or(|d| {
+                d == "(default)"
+                    || (d.len() <= 63
+                        && d.starts_with(|c: char| c.is_ascii_lowercase())
+                        && d.chars()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
+            });
+            if !project_ok || !database_ok {
                 return Err(format!(
-                    "`{text}`: expected `firestore:PROJECT` or `firestore:PROJECT/DATABASE`"
+                    "`{text}`: expected `firestore:PROJECT` or `firestore:PROJECT/DATABASE` (a project id such as `my-project-123`, a database id such as `(default)` or `runs`)"
                 ));
             }
             return Ok(StoreUrl::Firestore {
@@ -313,3 +329,30 @@ pub struct ControllerDocs {
 
 /// Versions of records by id.
 pub type Versions = NameMap<Version>;
+
+#[cfg(test)]
+mod tests {
+    use super::StoreUrl;
+
+    #[test]
+    fn store_urls_hold_only_what_ids_may() {
+        for good in [
+            "firestore:my-project-123",
+            "firestore:google.com:my-project/(default)",
+            "firestore:lifecycle-123-456789/runs-2",
+        ] {
+            assert!(StoreUrl::parse(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "firestore:../../x",
+            "firestore:p/d?x=1#frag",
+            "firestore:p/../d",
+            "firestore:P",
+            "firestore:p/",
+            "firestore:p d",
+            "firestore:",
+        ] {
+            assert!(StoreUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
