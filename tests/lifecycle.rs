@@ -539,6 +539,78 @@ fn lifecycle(store: Option<String>) {
     }
 }
 
+/// `interrupt-spot` never runs two attempts of a job at once (issue 34 item 18): the
+/// interrupted attempt's workers are stopped, and confirmed stopped, before the job is
+/// requeued; the attempt ends interrupted as by a preemption, not lost.
+#[test]
+fn interrupt_spot_stops_the_attempt_before_the_next_one_starts() {
+    let mut rig = Rig::new(None);
+    let dir = rig.dir.path().to_path_buf();
+    std::fs::create_dir_all(dir.join("bundle")).unwrap();
+    std::fs::write(dir.join("bundle/README"), "sleeps\n").unwrap();
+    let marks = dir.join("marks/long");
+    // The first attempt runs until stopped and notes when it ends; the next one succeeds.
+    let command = format!(
+        "m={m}; now() {{ date +%s%N; }}; if [ -s \"$m\" ]; then echo \"start $ATTEMPT_ID $(now)\" >> \"$m\"; exit 0; fi; echo \"start $ATTEMPT_ID $(now)\" >> \"$m\"; trap 'echo \"end $ATTEMPT_ID $(now)\" >> \"$m\"; exit 143' TERM; sleep 600 & wait",
+        m = marks.display()
+    );
+    std::fs::write(
+        dir.join("job.yaml"),
+        format!(
+            "jobs:\n  - id: long\n    tpu: v6e-8\n    bundle: bundle\n    buckets: [gs://e2e-us-east1]\n    command: {}\n",
+            serde_json::to_string(&command).unwrap()
+        ),
+    )
+    .unwrap();
+    let (code, out) = rig.run(&["submit", "job.yaml"]);
+    assert_eq!(code, 0, "{out}");
+    rig.start_controller();
+    rig.wait_for("the first attempt to run", 120, || {
+        rig.job("long")["status"] == "running"
+            && std::fs::read_to_string(&marks).is_ok_and(|t| t.contains("start"))
+    });
+    let job = rig.job("long");
+    let attempt = job["attempts"].as_array().unwrap().last().unwrap().clone();
+    let (code, out) = rig.run(&[
+        "interrupt-spot",
+        attempt["resource_id"].as_str().unwrap(),
+        "--job-id",
+        "long",
+        "--attempt-id",
+        attempt["id"].as_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    rig.wait_for("the job to succeed on its next attempt", 180, || {
+        rig.job("long")["status"] == "succeeded"
+    });
+    let text = std::fs::read_to_string(&marks).unwrap();
+    let times: Vec<(String, String, u128)> = text
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[0].to_owned(), f[1].to_owned(), f[2].parse().unwrap())
+        })
+        .collect();
+    let first = attempt["id"].as_str().unwrap();
+    let ended = times
+        .iter()
+        .find(|(what, a, _)| what == "end" && a == first)
+        .unwrap_or_else(|| panic!("the first attempt was stopped: {text}"));
+    let next = times
+        .iter()
+        .find(|(what, a, _)| what == "start" && a != first)
+        .unwrap_or_else(|| panic!("a next attempt ran: {text}"));
+    assert!(
+        ended.2 <= next.2,
+        "the next attempt started {} ms before the interrupted one ended:\n{text}",
+        (ended.2 - next.2) / 1_000_000
+    );
+    let job = rig.job("long");
+    let first_record = &job["attempts"][0];
+    assert_eq!(first_record["status"], "interrupted", "{job}");
+    assert_eq!(first_record["end_reason"], "preempted", "{job}");
+}
+
 /// On GCP, `submit` starts the fleet's Cloud Run controller job (here a loopback server
 /// answers as Cloud Run's `jobs:run` does) and says so; the jobs stay queued if it cannot.
 #[test]

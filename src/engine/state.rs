@@ -529,6 +529,11 @@ pub struct Attempt {
     /// job is requeued whatever exit codes the stop itself produced.
     #[serde(default)]
     pub lost: Option<String>,
+    /// Its workers are being stopped for a controlled interruption (`interrupt-spot`): once
+    /// they are, the attempt ends interrupted (as a preemption, not lost) and its job is
+    /// requeued; never before, so two attempts of the job never run at once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupting: bool,
 }
 
 impl Attempt {

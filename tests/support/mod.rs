@@ -310,6 +310,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
                 failed_launch: false,
                 stop_failures: 0,
                 lost: a.lost.clone(),
+                interrupting: false,
             });
             job.current_attempt = Some(Name::new(&a.id));
             if matches!(j.status, JobStatus::Running | JobStatus::Cancelling) {

@@ -203,6 +203,7 @@ impl<'a> Pass<'a> {
             failed_launch: false,
             stop_failures: 0,
             lost: None,
+            interrupting: false,
         });
         // Launched at the end of the pass (the original's second attempt pass).
         self.new_launches

@@ -1,7 +1,7 @@
 //! Step 6 of a pass: each running attempt judged from its workers' reports (launching,
 //! running, lost, finished), with retries, backoff and the finish of its job. Assigns nothing.
 
-use super::{Finish, Pass, Stop, launch_request};
+use super::{CONTROLLED_INTERRUPTION, Finish, Pass, Stop, launch_request};
 use crate::engine::aggregate;
 use crate::engine::aggregate::{EXIT_RETRYABLE, FailureKind, Verdict};
 use crate::engine::memo::QuietRun;
@@ -372,6 +372,12 @@ impl<'a> Pass<'a> {
         resource: &Resource,
         summary: &str,
     ) {
+        if attempt.interrupting {
+            if self.workers_stopped(job_id, attempt, resource) != Stop::Pending {
+                self.finish_interrupted(job_id, attempt, resource);
+            }
+            return;
+        }
         match self.workers_stopped(job_id, attempt, resource) {
             Stop::Pending => {}
             Stop::Confirmed => self.retryable_failure(job_id, attempt, resource, summary, 0),
@@ -380,6 +386,44 @@ impl<'a> Pass<'a> {
                 self.set_aside(&resource.id);
             }
         }
+    }
+
+    /// A controlled interruption's attempt whose workers are stopped: interrupted as by a
+    /// preemption (no infrastructure retry counted), its TPU draining (its deletion was
+    /// asked for), the job requeued in its region.
+    fn finish_interrupted(&mut self, job_id: &Name, attempt: &Attempt, resource: &Resource) {
+        let done = self.finish(
+            job_id,
+            Finish {
+                attempt_status: AttemptStatus::Interrupted,
+                reason: EndReason::Preempted,
+                job_status: JobStatus::Pending,
+                resource_status: ResourceStatus::Draining,
+                exit_code: Some(EXIT_RETRYABLE),
+                summary: CONTROLLED_INTERRUPTION,
+                retryable: false,
+                recycle_threshold: 0,
+                expected: JobStatus::Running,
+            },
+        );
+        let kind = if !done {
+            "controlled_interruption_attempt_requeue_failed"
+        } else if self
+            .state
+            .job(job_id)
+            .is_some_and(|j| j.status == JobStatus::Pending)
+        {
+            "controlled_interruption_attempt_requeued"
+        } else {
+            "controlled_interruption_attempt_retry_suppressed"
+        };
+        self.event(
+            kind,
+            Some(job_id),
+            Some(&resource.id),
+            Some(&attempt.id),
+            String::new(),
+        );
     }
 
     /// After an unconfirmed stop: a managed Spot TPU is recycled (its leftovers die with it),

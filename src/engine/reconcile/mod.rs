@@ -36,7 +36,11 @@ pub struct PassOutput {
     pub violations: Vec<String>,
 }
 
+/// The summary of an attempt ended by a controlled interruption (`interrupt-spot`).
+const CONTROLLED_INTERRUPTION: &str = "controlled managed-Spot interruption";
+
 /// Whether an attempt's remaining workers are stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stop {
     /// Confirmed: the TPU may take other work.
     Confirmed,
@@ -420,6 +424,17 @@ impl<'a> Pass<'a> {
                         "tpu lost".into(),
                     );
                 }
+                return;
+            }
+            // An attempt being stopped for a controlled interruption ends when its workers
+            // are confirmed stopped (`attempts`), not when its TPU starts going away.
+            let interrupting = self
+                .state
+                .jobs
+                .get(&owner.job_id)
+                .and_then(Job::attempt)
+                .is_some_and(|a| a.interrupting);
+            if attempt_ok && status == Some(JobStatus::Running) && interrupting {
                 return;
             }
             if attempt_ok && status == Some(JobStatus::Running) {

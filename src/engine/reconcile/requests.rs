@@ -1,13 +1,13 @@
 //! Step 5 of a pass: cancellations and interruption requests (users' and the controller's
 //! own), checked against their targets. Launches nothing.
 
-use super::{Finish, Pass};
+use super::{CONTROLLED_INTERRUPTION, Finish, Pass};
 use crate::engine::aggregate;
 use crate::engine::aggregate::{EXIT_RETRYABLE, Graces, Verdict};
 use crate::engine::observe::{Action, AttemptReport, CancelOutcome};
 use crate::engine::state::{
-    Attempt, AttemptStatus, EndReason, FailureCounter, InterruptionStatus, JobStatus, Resource,
-    ResourceStatus,
+    Attempt, AttemptStatus, EndReason, FailureCounter, InterruptionStatus, Job, JobStatus,
+    Resource, ResourceStatus,
 };
 use crate::spec::{Name, ProvisioningModel, names};
 
@@ -225,33 +225,22 @@ impl<'a> Pass<'a> {
                 .expect("listed above");
             req.queued_resource_name = Some(qr_name);
             let _ = req.transition(InterruptionStatus::DeletionRequested, now);
-            let done = self.finish(
-                &request.job_id,
-                Finish {
-                    attempt_status: AttemptStatus::Interrupted,
-                    reason: EndReason::Lost,
-                    job_status: JobStatus::Pending,
-                    resource_status: ResourceStatus::Draining,
-                    exit_code: Some(EXIT_RETRYABLE),
-                    summary: "controlled managed-Spot interruption",
-                    retryable: false,
-                    recycle_threshold: 0,
-                    expected: JobStatus::Running,
-                },
-            );
-            let kind = if !done {
-                "controlled_interruption_attempt_requeue_failed"
-            } else if self
+            // The attempt's workers are stopped first (the cancel goes out with the
+            // deletion); the job is requeued once they are (`attempts`), never while they
+            // may still run beside its next attempt.
+            if let Some(a) = self
                 .state
-                .job(&request.job_id)
-                .is_some_and(|j| j.status == JobStatus::Pending)
+                .jobs
+                .get_mut(&request.job_id)
+                .and_then(Job::attempt_mut)
+                .filter(|a| a.id == request.attempt_id)
             {
-                "controlled_interruption_attempt_requeued"
-            } else {
-                "controlled_interruption_attempt_retry_suppressed"
-            };
+                a.lost
+                    .get_or_insert_with(|| CONTROLLED_INTERRUPTION.to_owned());
+                a.interrupting = true;
+            }
             self.event(
-                kind,
+                "controlled_interruption_attempt_stopping",
                 Some(&request.job_id),
                 Some(&request.resource_id),
                 Some(&request.attempt_id),
