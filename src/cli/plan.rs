@@ -48,7 +48,7 @@ struct PlanReport<'a> {
 
 /// Reads and checks a state snapshot.
 pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
-    let text = read_text(path, crate::files::DATA_LIMIT, None)?;
+    let text = read_text(path, crate::files::STATE_LIMIT, None)?;
     crate::spec::state_file::parse(&path.display().to_string(), &text).map_err(|message| Failure {
         message,
         status: ExitStatus::Invalid,

@@ -1493,7 +1493,7 @@ fn read_initial_state(
     };
     let file = c.nonempty_string(file_node, path, "a state snapshot file (`state export`)")?;
     let full = dir.join(&file);
-    let text = match crate::files::read_text(&full, crate::files::DATA_LIMIT) {
+    let text = match crate::files::read_text(&full, crate::files::STATE_LIMIT) {
         Ok(text) => text,
         Err(e) => {
             *unreadable += 1;

@@ -111,4 +111,21 @@ mod tests {
         let e = super::parse("s.json", r#"{"jobs": {}}"#).unwrap_err();
         assert!(e.contains("found none"), "{e}");
     }
+
+    #[test]
+    fn the_state_limit_holds_a_large_queue() {
+        use crate::engine::{State, Timestamp, synthetic};
+        let mut state = State::new();
+        for job in synthetic::pending_jobs(10_000, Timestamp::from_secs(1_767_225_600)) {
+            state.jobs.insert(job.id, job);
+        }
+        let bytes = serde_json::to_string_pretty(&state).unwrap().len() as u64;
+        let per_job = bytes / 10_000;
+        // About 1 KB each: the limit holds about 500,000 of them.
+        assert!(
+            (900..1200).contains(&per_job),
+            "{per_job} B per pending job"
+        );
+        assert!(per_job * 450_000 < crate::files::STATE_LIMIT, "{per_job}");
+    }
 }
