@@ -935,3 +935,25 @@ fn a_linked_shared_memory_folder_is_refused_not_emptied() {
     }
     assert!(target.join("keep").exists());
 }
+
+/// Timings past a day are refused at launch with their name, never left to overflow the
+/// clock in the supervisor (a heartbeat of 2^64−1 s panicked it, and it published nothing).
+#[test]
+fn absurd_timings_are_refused_at_launch() {
+    for kind in kinds() {
+        let mut rig = Rig::new(kind);
+        rig.workers.heartbeat_secs = u64::MAX;
+        let r = rig.request("a-timing", "job-timing", "tpu-t", 1, "true");
+        match rig.launch(&r) {
+            Outcome::LaunchFailed(e) => {
+                assert_eq!(e.kind, RemoteErrorKind::Hard, "{kind:?}");
+                assert!(
+                    e.message.contains("heartbeat_secs"),
+                    "{kind:?}: {}",
+                    e.message
+                );
+            }
+            other => panic!("{kind:?}: refused expected, got {other:?}"),
+        }
+    }
+}

@@ -368,6 +368,7 @@ pub fn launch(
         crate::spec::job::check_job_id(id)
             .map_err(|rule| format!("the {what} {id:?} is not {rule}"))?;
     }
+    spec.check_timings()?;
     let _lock = lock(root)?;
     let dirs = root.dirs(job, attempt);
     // Already finished here: publish the status again.
@@ -506,6 +507,8 @@ pub fn supervise(
             .map_err(|e| format!("spec: {e}"))?,
     )
     .map_err(|e| format!("spec: {e}"))?;
+    // Checked at launch; a spec file changed since must not overflow the clock either.
+    spec.check_timings().map_err(|e| format!("spec: {e}"))?;
     let r = &spec.request;
     let prefix = attempt_prefix(&r.bucket, job, attempt);
     let heartbeat_uri = format!("{prefix}heartbeat/{host}.json");

@@ -60,6 +60,29 @@ impl LaunchSpec {
     }
 }
 
+/// The longest a launch's timings may be (a day): longer would overflow the clock's
+/// arithmetic (a heartbeat of 2^64−1 s panicked the supervisor, which then published no
+/// status) and means nothing for a heartbeat, a grace or a wait.
+pub const MAX_TIMING_SECS: u64 = 86_400;
+
+impl LaunchSpec {
+    /// Why its timings cannot be used, if they cannot.
+    pub fn check_timings(&self) -> Result<(), String> {
+        for (name, secs, min) in [
+            ("heartbeat_secs", self.heartbeat_secs, 1),
+            ("grace_secs", self.grace_secs, 1),
+            ("device_wait_secs", self.device_wait_secs, 0),
+        ] {
+            if !(min..=MAX_TIMING_SECS).contains(&secs) {
+                return Err(format!(
+                    "{name} is {secs}, expected {min} to {MAX_TIMING_SECS} seconds"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The object prefix of an attempt in its job's bucket: `gs://B/jobs/J/attempts/A/`.
 pub fn attempt_prefix(bucket: &str, job: &str, attempt: &str) -> String {
     format!(
