@@ -102,6 +102,11 @@ pub enum Pass {
 /// records, so the log shrinks back to its window, in bounded steps.
 const COMPACT_PER_PASS: usize = 1000;
 
+/// How often a controller looks for events past retention: a look reads up to
+/// `COMPACT_PER_PASS` of the oldest events (on Firestore, that many documents), which every
+/// pass would pay for nothing. A look that deleted a full batch looks again next pass.
+const COMPACT_EVERY_SECS: i64 = 600;
+
 pub use crate::engine::observe::POLICY_EVENT;
 
 /// One controller: its engine, store and backend, and what it keeps between passes (the
@@ -116,6 +121,8 @@ pub struct Controller {
     /// What the cloud was seen doing that no committed pass recorded yet (a pass refused
     /// for a conflict hands its sightings to the next).
     unrecorded: Vec<Event>,
+    /// When to look for events past retention again (`None`: at the next pass).
+    next_compaction: Option<Timestamp>,
     store: Box<dyn StateStore>,
     backend: Box<dyn CloudBackend>,
     settings: Settings,
@@ -137,6 +144,7 @@ impl Controller {
             policy: (spec.name.as_str(), spec.digest()),
             policy_recorded: false,
             unrecorded: Vec::new(),
+            next_compaction: None,
             engine,
             store,
             backend,
@@ -219,11 +227,18 @@ impl Controller {
         }
         // Persisted: now the actions may go out.
         self.feedback = driver::execute(self.backend.as_mut(), &out.actions, now);
-        // Retention, a bounded step per pass (a failure only delays it).
-        let retention = self.engine.index().fleet.event_retention_secs;
-        let before = now.plus_secs(-retention);
-        if let Err(e) = self.store.compact_events(before, COMPACT_PER_PASS) {
-            tracing::warn!(error = %e, "old events could not be deleted; retrying next pass");
+        // Retention, a bounded step now and then (a failure only delays it).
+        if self.next_compaction.is_none_or(|at| now >= at) {
+            let retention = self.engine.index().fleet.event_retention_secs;
+            let before = now.plus_secs(-retention);
+            self.next_compaction = match self.store.compact_events(before, COMPACT_PER_PASS) {
+                Ok(deleted) if deleted == COMPACT_PER_PASS => None,
+                Ok(_) => Some(now.plus_secs(COMPACT_EVERY_SECS)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "old events could not be deleted; retrying next pass");
+                    None
+                }
+            };
         }
         Ok(Pass::Done {
             busy: self.busy(),
