@@ -224,3 +224,18 @@ pub struct JobBehaviour {
     /// the notice itself are lost).
     pub checkpoint_on_notice: bool,
 }
+
+impl JobBehaviour {
+    /// `work_secs` of computation and nothing else: no checkpoints, failures or cache.
+    pub fn plain(work_secs: f64) -> JobBehaviour {
+        JobBehaviour {
+            work_secs,
+            checkpoint_secs: 0.0,
+            app_failure: 0.0,
+            infra_failure: 0.0,
+            setup_failure: 0.0,
+            cache_key: None,
+            checkpoint_on_notice: false,
+        }
+    }
+}

@@ -85,17 +85,13 @@ pub(crate) fn recorded(
 > {
     let state = store.export().map_err(|e| store_failure(&e))?;
     let log = read(store, window)?;
-    let jobs = || {
-        state
-            .jobs
-            .values()
-            .chain(state.finished.values().map(|j| &**j))
-    };
-    let first = jobs()
+    let first = state
+        .all_jobs()
         .map(|j| j.submitted_at)
         .chain(log.iter().map(|(_, e)| e.at))
         .min();
-    let last = jobs()
+    let last = state
+        .all_jobs()
         .flat_map(|j| std::iter::once(j.submitted_at).chain(j.ended_at))
         .chain(log.iter().map(|(_, e)| e.at))
         .max();

@@ -16,11 +16,7 @@ pub(crate) fn run(opts: &StackOpts, window: Window, as_json: bool) -> Result<Exi
     let stack = Stack::resolve(opts)?;
     let mut store = stack.open_store(false)?;
     let (state, log, since, until) = events::recorded(store.as_mut(), window, "to report on")?;
-    let jobs: Vec<&Job> = state
-        .jobs
-        .values()
-        .chain(state.finished.values().map(|j| &**j))
-        .collect();
+    let jobs: Vec<&Job> = state.all_jobs().collect();
     let m = recorded::metrics(&stack.fleet, &state, &log, since, until, &Costs::default());
     let in_window: Vec<&&Job> = jobs
         .iter()

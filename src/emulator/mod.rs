@@ -175,15 +175,7 @@ impl World {
             live: HashMap::new(),
             present: HashMap::new(),
             ssh_workers: HashMap::new(),
-            default_job: JobBehaviour {
-                work_secs: 600.0,
-                checkpoint_secs: 0.0,
-                app_failure: 0.0,
-                infra_failure: 0.0,
-                setup_failure: 0.0,
-                cache_key: None,
-                checkpoint_on_notice: false,
-            },
+            default_job: JobBehaviour::plain(600.0),
         }
     }
 

@@ -125,17 +125,7 @@ pub fn problems(state: &State) -> Vec<Problem> {
 /// caches, command): one rule wherever a job comes from. A job both under `jobs` and under
 /// `finished` is an id given twice. One read for the whole snapshot.
 fn check_specs(state: &State, out: &mut Vec<Problem>) {
-    let all: Vec<(String, &Job)> = state
-        .jobs
-        .iter()
-        .map(|(k, j)| (format!("jobs.{k}"), j))
-        .chain(
-            state
-                .finished
-                .iter()
-                .map(|(k, j)| (format!("finished.{k}"), &**j)),
-        )
-        .collect();
+    let all: Vec<(String, &Job)> = jobs_with_paths(state).collect();
     if all.is_empty() {
         return;
     }
@@ -189,20 +179,20 @@ fn check_specs(state: &State, out: &mut Vec<Problem>) {
     }
 }
 
+/// Every job, active then finished, with its field path (`jobs.K`, `finished.K`).
+fn jobs_with_paths(state: &State) -> impl Iterator<Item = (String, &Job)> {
+    let active = state.jobs.iter().map(|(k, j)| (format!("jobs.{k}"), j));
+    let finished = state
+        .finished
+        .iter()
+        .map(|(k, j)| (format!("finished.{k}"), &**j));
+    active.chain(finished)
+}
+
 /// An attempt id names one attempt of one job: a repeat would be merged away by a store.
 fn check_attempt_ids(state: &State, out: &mut Vec<Problem>) {
     let mut seen: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
-    let all = state
-        .jobs
-        .iter()
-        .map(|(k, j)| (format!("jobs.{k}"), j))
-        .chain(
-            state
-                .finished
-                .iter()
-                .map(|(k, j)| (format!("finished.{k}"), &**j)),
-        );
-    for (at, job) in all {
+    for (at, job) in jobs_with_paths(state) {
         for (i, a) in job.attempts.iter().enumerate() {
             let here = format!("{at}.attempts[{i}].id");
             match seen.get(a.id.as_str()) {

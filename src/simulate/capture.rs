@@ -15,7 +15,7 @@ use crate::engine::observe::Event;
 use crate::engine::observe::POLICY_EVENT;
 use crate::engine::sightings::{self, NODE_STATE, NODE_VANISHED, QR_STATE, QR_VANISHED};
 use crate::engine::state::{Job, JobStatus, State};
-use crate::spec::{FleetSpec, TpuRequest};
+use crate::spec::FleetSpec;
 
 /// A captured scenario.
 #[derive(Debug)]
@@ -102,17 +102,9 @@ pub fn capture(
 
     // Jobs.
     let all: Vec<&Job> = state
-        .jobs
-        .values()
-        .chain(state.finished.values().map(|j| &**j))
+        .all_jobs()
         .filter(|j| j.submitted_at >= since && j.submitted_at < until)
         .collect();
-    let fleet_types: Vec<String> = {
-        let mut t: Vec<String> = fleet.tpus.iter().map(|e| e.tpu_type.to_string()).collect();
-        t.sort();
-        t.dedup();
-        t
-    };
     let mut jobs: Vec<CapturedJob> = Vec::new();
     let (mut never_ran, mut unfinished_unstarted) = (0, 0);
     for job in &all {
@@ -141,10 +133,7 @@ pub fn capture(
         jobs.push(CapturedJob {
             id: job.id.to_string(),
             at_secs: secs(job.submitted_at),
-            types: match &job.spec.tpu {
-                TpuRequest::Any => fleet_types.clone(),
-                TpuRequest::OneOf(types) => types.iter().map(ToString::to_string).collect(),
-            },
+            types: super::captured::types_of(&job.spec, fleet),
             regions: job
                 .bucket_regions
                 .iter()

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tpu_runner_sim::JobBehaviour;
 use tpu_runner_sim::workload::JobArrival;
 
-use crate::spec::{Priority, TpuType};
+use crate::spec::{FleetSpec, JobSpec, Priority, TpuRequest, TpuType};
 
 /// How a job ended in the window captured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,18 +103,27 @@ impl CapturedJob {
             },
             types: Some(Arc::from(self.types.clone())),
             behaviour: JobBehaviour {
-                work_secs: self.work_secs,
-                checkpoint_secs: 0.0,
                 app_failure: if self.outcome == Outcome::Failed {
                     1.0
                 } else {
                     0.0
                 },
-                infra_failure: 0.0,
-                setup_failure: 0.0,
-                cache_key: None,
-                checkpoint_on_notice: false,
+                ..JobBehaviour::plain(self.work_secs)
             },
+        }
+    }
+}
+
+/// The TPU types `spec` accepts, by name: its own, or every type of `fleet` for `tpu: any`
+/// (sorted, once each).
+pub fn types_of(spec: &JobSpec, fleet: &FleetSpec) -> Vec<String> {
+    match &spec.tpu {
+        TpuRequest::OneOf(types) => types.iter().map(ToString::to_string).collect(),
+        TpuRequest::Any => {
+            let mut all: Vec<String> = fleet.tpus.iter().map(|e| e.tpu_type.to_string()).collect();
+            all.sort();
+            all.dedup();
+            all
         }
     }
 }

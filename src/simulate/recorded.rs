@@ -51,9 +51,7 @@ pub fn metrics(
 ) -> Metrics {
     let mut m = Metrics::default();
     let jobs: Vec<&Job> = state
-        .jobs
-        .values()
-        .chain(state.finished.values().map(|j| &**j))
+        .all_jobs()
         .filter(|j| j.submitted_at >= since && j.submitted_at < until)
         .collect();
     add_job_metrics(&mut m, jobs.iter().copied(), costs.data_gb_per_attempt);

@@ -1519,7 +1519,6 @@ fn read_initial_state(
             return None;
         }
     };
-    let fleet_types: Vec<String> = fleet.tpus.iter().map(|e| e.tpu_type.to_string()).collect();
     let mut active: Vec<&crate::engine::state::Job> = state
         .jobs
         .values()
@@ -1530,33 +1529,20 @@ fn read_initial_state(
         .iter()
         .enumerate()
         .map(|(i, j)| {
-            let types: Vec<String> = match &j.spec.tpu {
-                crate::spec::TpuRequest::Any => fleet_types.clone(),
-                crate::spec::TpuRequest::OneOf(t) => t.iter().map(ToString::to_string).collect(),
-            };
-            JobArrival {
+            super::captured::CapturedJob {
                 id: j.id.to_string(),
                 // In submission order, a millisecond apart.
                 at_secs: i as f64 / 1000.0,
-                width_chips: types
-                    .iter()
-                    .filter_map(|t| TpuType::parse(t).ok())
-                    .map(|t| t.chips())
-                    .min()
-                    .unwrap_or(0),
+                types: super::captured::types_of(&j.spec, fleet),
                 regions: j.bucket_regions.iter().map(|b| b.region.clone()).collect(),
-                priority: j.spec.priority as u8,
-                types: Some(types.into()),
-                behaviour: tpu_runner_sim::JobBehaviour {
-                    work_secs: 0.0,
-                    checkpoint_secs: 0.0,
-                    app_failure: 0.0,
-                    infra_failure: 0.0,
-                    setup_failure: 0.0,
-                    cache_key: None,
-                    checkpoint_on_notice: false,
-                },
+                priority: j.spec.priority,
+                // Drawn per seed (`LiveQueue::generate`).
+                work_secs: 0.0,
+                outcome: super::captured::Outcome::Unfinished,
+                attempts: j.attempts.len() as u32,
+                waited_secs: None,
             }
+            .arrival()
         })
         .collect();
     let duration = duration.unwrap_or_else(|| {
