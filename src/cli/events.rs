@@ -22,6 +22,30 @@ pub(crate) struct Window {
     pub until: Option<Timestamp>,
 }
 
+/// `--since` and `--until`, as every command reading a window of the record takes them.
+#[derive(Debug, Default, clap::Args)]
+pub(crate) struct WindowArgs {
+    /// From this time (RFC 3339) or this long ago (`24h`, `7d`); default: the first job or
+    /// event.
+    #[arg(long, value_name = "TIME")]
+    since: Option<String>,
+    /// Until this time (RFC 3339) or this long ago; default: just after the last job or
+    /// event.
+    #[arg(long, value_name = "TIME")]
+    until: Option<String>,
+}
+
+impl WindowArgs {
+    /// The window they name, durations counted back from now.
+    pub fn window(&self) -> Result<Window, Failure> {
+        Window::parse(
+            self.since.as_deref(),
+            self.until.as_deref(),
+            crate::controller::wall_clock(),
+        )
+    }
+}
+
 impl Window {
     /// The window of `--since` and `--until`: each an RFC 3339 time, or a duration (`24h`,
     /// `7d`, `90m`) meaning that long before `now`.

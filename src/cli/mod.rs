@@ -339,13 +339,8 @@ enum Command {
         /// The folder to write (made if missing).
         #[arg(long, value_name = "DIR")]
         output: PathBuf,
-        /// From this time (RFC 3339) or this long ago (`24h`, `7d`); default: the first
-        /// job or event.
-        #[arg(long, value_name = "TIME")]
-        since: Option<String>,
-        /// Until this time or this long ago; default: just after the last job or event.
-        #[arg(long, value_name = "TIME")]
-        until: Option<String>,
+        #[command(flatten)]
+        window: events::WindowArgs,
         /// Replace a scenario already in the folder.
         #[arg(long)]
         force: bool,
@@ -359,13 +354,8 @@ enum Command {
         after_help = "Examples:\n  tpu-runner report --since 24h\n  tpu-runner report --json | jq .metrics.goodput_ratio\n\nExit codes: 0; 1 nothing recorded; 2 bad flags; 5 the store failed."
     )]
     Report {
-        /// From this time (RFC 3339) or this long ago (`24h`, `7d`); default: the first
-        /// job or event.
-        #[arg(long, value_name = "TIME")]
-        since: Option<String>,
-        /// Until this time or this long ago; default: just after the last job or event.
-        #[arg(long, value_name = "TIME")]
-        until: Option<String>,
+        #[command(flatten)]
+        window: events::WindowArgs,
         /// One JSON document: the window, the metrics and each job's ledger.
         #[arg(long)]
         json: bool,
@@ -670,12 +660,8 @@ enum StateCommand {
     Events {
         #[command(flatten)]
         store: StoreOpts,
-        /// Only events at or after this time (RFC 3339) or this long ago (`24h`, `7d`).
-        #[arg(long, value_name = "TIME")]
-        since: Option<String>,
-        /// Only events before this time (RFC 3339) or this long ago.
-        #[arg(long, value_name = "TIME")]
-        until: Option<String>,
+        #[command(flatten)]
+        window: events::WindowArgs,
         /// Only events of this kind (repeatable).
         #[arg(long, value_name = "KIND")]
         kind: Vec<String>,
@@ -824,19 +810,14 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
         ),
         Command::State(StateCommand::Events {
             store,
-            since,
-            until,
+            window,
             kind,
         }) => events::print(
             &state::StoreArgs {
                 store: store.store.as_deref(),
                 fleet: &store.fleet,
             },
-            events::Window::parse(
-                since.as_deref(),
-                until.as_deref(),
-                crate::controller::wall_clock(),
-            )?,
+            window.window()?,
             &kind,
         ),
         Command::State(StateCommand::Import { file, store }) => state::import(
@@ -871,35 +852,16 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
         } => jobs::submit(&stack, &manifest, &job_ids, json),
         Command::Status { json, stack } => jobs::status(&stack, json),
         Command::Report {
-            since,
-            until,
+            window,
             json,
             stack,
-        } => report::run(
-            &stack,
-            events::Window::parse(
-                since.as_deref(),
-                until.as_deref(),
-                crate::controller::wall_clock(),
-            )?,
-            json,
-        ),
+        } => report::run(&stack, window.window()?, json),
         Command::Capture {
             output,
-            since,
-            until,
+            window,
             force,
             stack,
-        } => capture::run(
-            &stack,
-            events::Window::parse(
-                since.as_deref(),
-                until.as_deref(),
-                crate::controller::wall_clock(),
-            )?,
-            &output,
-            force,
-        ),
+        } => capture::run(&stack, window.window()?, &output, force),
         Command::Cancel {
             jobs: ids,
             if_pending,
