@@ -140,6 +140,7 @@ fn cloud(adjust: &dyn Fn(&mut tpu_runner_sim::CloudConfig)) -> SimCloud {
         capacity: Capacity::Constant(slices),
         preemption_per_hour: 0.0,
         outages: Vec::new(),
+        reclaims: true,
     };
     let mut config = harness::cloud_config(&load("scenarios/smoke.yaml"), 5, None);
     config.pools = vec![

@@ -143,18 +143,37 @@ fn short_sweep_with_every_fault_finds_nothing() {
     ] {
         let s = load(rel);
         let mut faults = std::collections::BTreeMap::<String, u64>::new();
-        for seed in 1..=150 {
-            match harness::run(&s, "classic", seed, chaos(&s), Hooks::default()) {
-                Ok(r) => {
-                    for (k, v) in r.metrics.faults {
-                        *faults.entry(k).or_default() += v;
+        // The default policy over 150 seeds, each policy option over 50.
+        for label in &s.policies {
+            let seeds = if label == "classic" { 150 } else { 50 };
+            let mut cooled = 0u64;
+            for seed in 1..=seeds {
+                // Counts the passes that saw a pool cooling (the memory is exercised).
+                let mut watch = |state: &mut State, _: &mut Vec<Action>, now: Timestamp| {
+                    cooled += u64::from(state.pools.values().any(|m| m.cooling(now)));
+                };
+                let hooks = Hooks {
+                    mutator: Some(&mut watch),
+                    ..Hooks::default()
+                };
+                match harness::run(&s, label, seed, chaos(&s), hooks) {
+                    Ok(r) => {
+                        for (k, v) in r.metrics.faults {
+                            *faults.entry(k).or_default() += v;
+                        }
                     }
+                    Err(v) => panic!(
+                        "{rel} {label} seed {seed}: {} at {} s\nreplay: tpu-runner simulate {rel} --policy {label} --chaos --seed {seed}",
+                        v.message, v.at_s
+                    ),
                 }
-                Err(v) => panic!(
-                    "{rel} seed {seed}: {} at {} s\nreplay: tpu-runner simulate {rel} --seed {seed}",
-                    v.message, v.at_s
-                ),
             }
+            let memory = s.policy(label).expect("listed").stockout.enabled();
+            assert_eq!(
+                cooled > 0,
+                memory,
+                "{rel} {label}: passes with a pool cooling: {cooled}"
+            );
         }
         // Every injector fired at least once over the sweep.
         for kind in [

@@ -103,6 +103,25 @@ fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64)
         }
         writeln!(s, "{line}").unwrap();
     }
+    if !state.pools.is_empty() {
+        writeln!(s, "pools:").unwrap();
+        for (pool, m) in &state.pools {
+            let secs = |t: Option<tpu_runner::engine::Timestamp>| {
+                t.map_or("-".to_owned(), |t| {
+                    format!("+{}s", t.as_secs() - support::EPOCH)
+                })
+            };
+            writeln!(
+                s,
+                "  {pool}: waiting since {}, granted {}, strikes {}, cooling until {}",
+                secs(m.waiting_since),
+                m.granted,
+                m.strikes,
+                secs(m.cool_until)
+            )
+            .unwrap();
+        }
+    }
     if let Some(w) = out.next_wake {
         writeln!(
             s,

@@ -379,13 +379,17 @@ proptest! {
         entries in proptest::collection::vec(entry_gen(), 1..5),
         jobs in proptest::collection::vec(job_gen(), 0..12),
         busy in proptest::collection::vec(0u32..3, 5),
+        cooling in proptest::collection::vec(proptest::bool::weighted(0.4), 5),
     ) {
         let index = build_fleet(&entries);
         let jobs = build_jobs(&jobs);
         let demand = Demand::build(&index, jobs.iter(), support::at(100));
         let waiting = vec![true; demand.jobs.len()];
         let busy: Vec<u32> = index.fleet.tpus.iter().enumerate().map(|(e, entry)| busy[e].min(entry.ceiling())).collect();
-        let desired = Classic.desired_counts(&CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[], now: support::at(100) });
+        let none_cooling = vec![false; index.fleet.tpus.len()];
+        let cooling = &cooling[..index.fleet.tpus.len()];
+        let input = |cooling| CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[], cooling, now: support::at(100) };
+        let desired = Classic.desired_counts(&input(&none_cooling));
         // The original's loop: jobs in order add one to every compatible managed entry with room.
         let mut add = vec![0u32; index.fleet.tpus.len()];
         for job in &demand.jobs {
@@ -404,13 +408,22 @@ proptest! {
                 prop_assert_eq!(desired[e], count.min(entry.keep_warm_count.max(busy[e] + add[e])), "entry {}", entry.id);
             }
         }
-        // Every registered policy stays within counts and never asks more than classic.
+        // Every registered policy stays within counts and never asks more than classic, and
+        // with pools cooling still asks for every waiting job somewhere it has room.
         for name in spec::PolicyName::ALL {
             let policy = tpu_runner::engine::policy::of_spec(&spec::PolicySpec::named(name));
-            let other = policy.desired_counts(&CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[], now: support::at(100) });
+            let other = policy.desired_counts(&input(&none_cooling));
+            let cooled = policy.desired_counts(&input(cooling));
             for (e, entry) in index.fleet.tpus.iter().enumerate() {
                 if let spec::EntryKind::Managed { count } = entry.kind {
                     prop_assert!(other[e] <= count && other[e] <= desired[e], "{name} entry {}: {} (classic {})", entry.id, other[e], desired[e]);
+                    prop_assert!(cooled[e] <= count && cooled[e] <= desired[e], "{name} cooling entry {}: {} (classic {})", entry.id, cooled[e], desired[e]);
+                }
+            }
+            for class in &demand.classes {
+                let room = |e: &u32| matches!(index.entry(*e as usize).kind, spec::EntryKind::Managed { count } if count > busy[*e as usize]);
+                if class.entries.iter().any(room) {
+                    prop_assert!(class.entries.iter().any(|&e| cooled[e as usize] > busy[e as usize]), "{name} stranded a class with cooling {cooling:?}");
                 }
             }
         }
@@ -542,6 +555,7 @@ fn frugal_races_after_waiting() {
             waiting: &[true],
             busy: &[0, 0],
             idle_adopted: &[],
+            cooling: &[false, false],
             now,
         })
     };

@@ -241,6 +241,7 @@ fn world() -> Shared {
         capacity: Capacity::Constant(4),
         preemption_per_hour: 0.0,
         outages: Vec::new(),
+        reclaims: true,
     };
     config.pools = vec![pool("v6e-8", 8, 1), pool("v6e-16", 16, 4)];
     let cloud = tpu_runner_sim::SimCloud::new(config);

@@ -263,6 +263,7 @@ fn goodput_never_exceeds_the_bound() {
     ];
     if shared_data().is_some() {
         files.push("scenarios/traces/preemption-storm.yaml");
+        files.push("scenarios/traces/spot-stockouts.yaml");
     }
     for rel in files {
         let s = load_traced(rel);

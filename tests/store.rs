@@ -816,6 +816,18 @@ fn a_long_lived_controller_commits_pass_after_pass() {
         for k in 0..6 {
             let now = T0.plus_secs(30 * k);
             let out = engine.reconcile(&mut state, &obs, now);
+            // The stockout memory is stored with the other controller documents.
+            if k % 2 == 1 {
+                state.pools.insert(
+                    format!("us-east1-d/v6e-8/spot-{k}"),
+                    tpu_runner::engine::state::PoolMemory {
+                        strikes: k as u32,
+                        cool_until: Some(now.plus_secs(1800)),
+                        reason: "a request waited 10m for capacity".into(),
+                        ..Default::default()
+                    },
+                );
+            }
             assert_eq!(
                 s.commit_pass(&mut base, &state, &out.events, &fence(), now)
                     .unwrap(),
@@ -830,6 +842,7 @@ fn a_long_lived_controller_commits_pass_after_pass() {
                 stored.entry_backoff, state.entry_backoff,
                 "{at:?}: pass {k}"
             );
+            assert_eq!(stored.pools, state.pools, "{at:?}: pass {k}");
         }
     }
 }

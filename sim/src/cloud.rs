@@ -955,8 +955,11 @@ impl SimCloud {
     }
 
     /// Preempt the newest nodes while more are in use than available (nodes already under
-    /// notice are on their way out and count as gone).
+    /// notice are on their way out and count as gone), unless the pool never reclaims.
     fn enforce_capacity(&mut self, pool: usize) {
+        if !self.config.pools[pool].reclaims {
+            return;
+        }
         let available = self.available[pool];
         let leaving = self
             .pool_nodes(pool)

@@ -74,6 +74,9 @@ pub struct PoolConfig {
     pub preemption_per_hour: f64,
     /// Windows `[from, until)` (seconds) with no capacity at all (regional stockouts).
     pub outages: Vec<(u64, u64)>,
+    /// A drop in capacity preempts the newest slices above it (true), or only stops new
+    /// grants (false: a stockout of new capacity, as an availability probe sees it).
+    pub reclaims: bool,
 }
 
 /// How many slices a pool offers over time.

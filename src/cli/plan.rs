@@ -16,8 +16,8 @@ use crate::engine::observe::{
 };
 use crate::engine::state::{ResourceStatus, SCHEMA_VERSION};
 use crate::engine::{Action, Engine, Event, FleetIndex, Observation, State, Timestamp};
+use crate::spec::PolicyName;
 use crate::spec::names;
-use crate::spec::{PolicyName, PolicySpec};
 
 /// Options of `plan`.
 pub(crate) struct PlanArgs<'a> {
@@ -146,11 +146,7 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
     let spec = match args.policy {
         None => fleet.policy.clone(),
         Some(text) => match PolicyName::parse(text) {
-            Some(name) if name == fleet.policy.name => fleet.policy.clone(),
-            Some(name) => PolicySpec {
-                engine: fleet.policy.engine,
-                ..PolicySpec::named(name)
-            },
+            Some(name) => fleet.policy.variant(name),
             None => {
                 return Err(Failure {
                     message: format!(

@@ -12,7 +12,7 @@ use super::demand::{ClassKey, Requirement};
 use super::fleet_index::FleetIndex;
 use super::observe::{Action, Observation};
 use super::reconcile::PassOutput;
-use super::state::{JobStatus, RegionChoice, ResourceStatus, State};
+use super::state::{JobStatus, PoolMemory, RegionChoice, ResourceStatus, State};
 use super::time::Timestamp;
 use crate::spec::{EntryKind, TpuRequest};
 
@@ -84,6 +84,18 @@ pub enum Reason {
         /// The refusal.
         refusal: String,
     },
+    /// An entry's pool is cooling after stockout signals (the stockout memory): it is asked
+    /// only when no other compatible entry is left.
+    PoolCooling {
+        /// Entry id.
+        entry: String,
+        /// The pool (`zone/type/model`).
+        pool: String,
+        /// Until when.
+        until: Timestamp,
+        /// The last signal.
+        signal: String,
+    },
     /// An entry's chip limit is reached.
     ChipLimit {
         /// Entry id.
@@ -143,6 +155,15 @@ impl std::fmt::Display for Reason {
             } => write!(
                 f,
                 "entry {entry} paused until {until} after a refusal ({refusal})"
+            ),
+            Reason::PoolCooling {
+                entry,
+                pool,
+                until,
+                signal,
+            } => write!(
+                f,
+                "entry {entry} asked last until {until}: stockout in {pool} ({signal})"
             ),
             Reason::ChipLimit { note, .. } => write!(f, "chip limit reached: {note}"),
             Reason::EntryAtCount { entry, count } => {
@@ -355,6 +376,18 @@ fn class_reasons(facts: &Facts<'_>, req: &Requirement<'_>) -> Vec<Reason> {
                         refusal: b.reason.clone(),
                     });
                 }
+                if let Some(m) = state
+                    .pools
+                    .get(&PoolMemory::key(entry))
+                    .filter(|m| m.cooling(now))
+                {
+                    reasons.push(Reason::PoolCooling {
+                        entry: entry.id.to_string(),
+                        pool: PoolMemory::key(entry),
+                        until: m.cool_until.unwrap_or(now),
+                        signal: m.reason.clone(),
+                    });
+                }
                 if let Some(note) = state.notices.get(&format!("chip_limit:{}", entry.id)) {
                     reasons.push(Reason::ChipLimit {
                         entry: entry.id.to_string(),
@@ -442,6 +475,43 @@ mod tests {
         assert!(
             longest[1] <= longest[0] + 16,
             "reasons grew with the queue: {longest:?}"
+        );
+    }
+
+    /// A pool cooling after stockout signals is a reason of every job that could use it, in
+    /// words and as a code.
+    #[test]
+    fn a_cooling_pool_is_a_reason() {
+        let epoch = Timestamp::from_secs(1_767_225_600);
+        let mut fleet = synthetic::fleet(4, 2);
+        fleet.policy.stockout.cooldown_secs = 1800;
+        let (mut state, obs) = synthetic::planning_instance(&fleet, 40, 60, epoch);
+        let now = epoch.plus_secs(100);
+        let pool = PoolMemory::key(&fleet.tpus[1]);
+        state.pools.insert(
+            pool.clone(),
+            PoolMemory {
+                // As many granted as listed: no new capacity seen in this pass.
+                granted: u32::MAX,
+                strikes: 1,
+                cool_until: Some(now.plus_secs(1800)),
+                reason: "a request waited 10m for capacity".into(),
+                ..PoolMemory::default()
+            },
+        );
+        let engine = Engine::new(fleet, EngineConfig::default(), Box::new(Classic));
+        let out = engine.reconcile(&mut state, &obs, now);
+        let waiting = explain(engine.index(), &state, &obs, &out, now);
+        let cooled: Vec<&String> = waiting
+            .iter()
+            .flat_map(|w| &w.reasons)
+            .filter(|r| r.contains("stockout in"))
+            .collect();
+        assert!(!cooled.is_empty(), "{waiting:?}");
+        assert!(
+            cooled[0].contains(&pool) && cooled[0].contains("a request waited 10m"),
+            "{}",
+            cooled[0]
         );
     }
 }

@@ -65,6 +65,9 @@ pub struct State {
     /// Conditions already reported, so each event is emitted once per change, not every pass.
     #[serde(default)]
     pub notices: BTreeMap<String, String>,
+    /// Stockout memory per pool (`zone/type/model`), when the policy keeps one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pools: BTreeMap<String, PoolMemory>,
 }
 
 impl State {
@@ -123,6 +126,44 @@ pub struct Backoff {
     /// The refused queued resource (the backoff ends when it exists).
     #[serde(default)]
     pub request: Name,
+}
+
+/// What the stockout memory holds for one pool (zone, TPU type, provisioning model).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolMemory {
+    /// Since when a request of the pool has waited for capacity with none granted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_since: Option<Timestamp>,
+    /// Requests of the pool granted (provisioning or active) at the last pass.
+    #[serde(default)]
+    pub granted: u32,
+    /// Stockout signals since capacity was last seen.
+    #[serde(default)]
+    pub strikes: u32,
+    /// Requests go elsewhere first until this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cool_until: Option<Timestamp>,
+    /// The last signal, in words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+impl PoolMemory {
+    /// The pool of a fleet entry: `zone/type/model` (entries of one zone, type and model
+    /// draw on the same capacity).
+    pub fn key(entry: &crate::spec::TpuEntry) -> String {
+        format!(
+            "{}/{}/{}",
+            entry.zone,
+            entry.tpu_type,
+            entry.provisioning_model.as_str()
+        )
+    }
+
+    /// True when requests should go elsewhere first at `now`.
+    pub fn cooling(&self, now: Timestamp) -> bool {
+        self.cool_until.is_some_and(|t| t > now)
+    }
 }
 
 /// Status of a job.

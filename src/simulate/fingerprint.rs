@@ -33,6 +33,9 @@ impl Fingerprint {
             (k, b.failures, b.until).hash(&mut h);
         }
         state.notices.len().hash(&mut h);
+        for (k, m) in &state.pools {
+            (k, m.waiting_since, m.granted, m.strikes, m.cool_until).hash(&mut h);
+        }
         h.finish()
     }
 }

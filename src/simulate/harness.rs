@@ -277,6 +277,7 @@ pub fn cloud_config(scenario: &Scenario, seed: u64, chaos: Option<&ChaosSpec>) -
                 capacity: p.capacity.clone(),
                 preemption_per_hour: p.preemption_per_hour,
                 outages: p.outages.clone(),
+                reclaims: p.reclaims,
             })
             .collect(),
         provisioning: scenario.cloud.provisioning,

@@ -172,6 +172,8 @@ pub struct PoolSpec {
     pub preemption_per_hour: f64,
     /// Stockout windows (seconds).
     pub outages: Vec<(u64, u64)>,
+    /// A drop in capacity preempts slices above it (`reclaim: true`, the default).
+    pub reclaims: bool,
 }
 
 /// One workload.
@@ -705,7 +707,7 @@ fn read_policies(
                     continue;
                 }
                 let spec = match &value.value {
-                    Value::Null => PolicyName::parse(&label).map(|name| variant_of(base, name)),
+                    Value::Null => PolicyName::parse(&label).map(|name| base.variant(name)),
                     _ => crate::spec::policy::read_policy(
                         c,
                         value,
@@ -741,26 +743,13 @@ fn read_policies(
     }
 }
 
-/// `name` as the fleet would run it: the fleet's own policy when it is `name`, else `name`'s
-/// defaults under the fleet's timings.
-fn variant_of(base: &PolicySpec, name: PolicyName) -> PolicySpec {
-    if base.name == name {
-        base.clone()
-    } else {
-        PolicySpec {
-            engine: base.engine,
-            ..PolicySpec::named(name)
-        }
-    }
-}
-
 impl Scenario {
     /// The policy a run labelled `label` runs: a variant the scenario names, or a policy
     /// name as the fleet would run it.
     pub fn policy(&self, label: &str) -> Option<PolicySpec> {
         match self.variants.get(label) {
             Some(spec) => Some(spec.clone()),
-            None => PolicyName::parse(label).map(|name| variant_of(&self.fleet.policy, name)),
+            None => PolicyName::parse(label).map(|name| self.fleet.policy.variant(name)),
         }
     }
 
@@ -938,6 +927,7 @@ fn fleet_pools(fleet: &FleetSpec, listed: &[PoolSpec], defaults: &PoolDefaults) 
                 capacity: defaults.capacity.clone(),
                 preemption_per_hour: defaults.preemption_per_hour,
                 outages: Vec::new(),
+                reclaims: true,
             });
         }
     }
@@ -1231,6 +1221,7 @@ fn read_pool(
             "capacity",
             "preemption_per_hour",
             "outages_hours",
+            "reclaim",
         ],
         &[],
     )?;
@@ -1259,6 +1250,9 @@ fn read_pool(
             "a rate per node-hour",
         )
     });
+    let reclaims = f
+        .get("reclaim")
+        .map_or(Some(true), |n| c.boolean(n, &f.path("reclaim")));
     let outages = match f.get("outages_hours") {
         Some(n) => c
             .list(
@@ -1296,6 +1290,7 @@ fn read_pool(
         capacity: capacity?,
         preemption_per_hour: preemption?,
         outages: outages?,
+        reclaims: reclaims?,
     })
 }
 

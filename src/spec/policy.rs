@@ -110,6 +110,39 @@ impl std::fmt::Display for PolicyName {
 /// job's one request went to delays it by at most this before it races every entry).
 pub const DEFAULT_RACE_AFTER_SECS: i64 = 900;
 
+/// `stockout_wait` when the file does not set it: a request still waiting for capacity
+/// after 10 min is a stockout signal (the emulator and the traces provision in 1–8 min when
+/// capacity exists).
+pub const DEFAULT_STOCKOUT_WAIT_SECS: i64 = 600;
+
+/// Stockout memory: per pool (zone, TPU type, provisioning model), refusals and long waits
+/// cool the pool for `cooldown_secs`, doubled for each further signal (at most 8×) until
+/// capacity is seen there again; requests go first to pools that are not cooling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StockoutMemory {
+    /// How long one signal cools a pool; 0 turns the memory off.
+    pub cooldown_secs: i64,
+    /// A request waiting for capacity this long is a stockout signal.
+    pub wait_secs: i64,
+}
+
+impl Default for StockoutMemory {
+    fn default() -> Self {
+        StockoutMemory {
+            cooldown_secs: 0,
+            wait_secs: DEFAULT_STOCKOUT_WAIT_SECS,
+        }
+    }
+}
+
+impl StockoutMemory {
+    /// True when the memory is on.
+    pub fn enabled(&self) -> bool {
+        self.cooldown_secs > 0
+    }
+}
+
 /// The policy a fleet runs: its name, its parameters and the engine's timings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -119,6 +152,8 @@ pub struct PolicySpec {
     /// `frugal`: seconds a waiting job's demand stays in one entry before it races every
     /// compatible entry.
     pub race_after_secs: i64,
+    /// Stockout memory (any policy; off unless `stockout_cooldown` is set).
+    pub stockout: StockoutMemory,
     /// The engine's timings.
     pub engine: EngineConfig,
 }
@@ -135,7 +170,21 @@ impl PolicySpec {
         PolicySpec {
             name,
             race_after_secs: DEFAULT_RACE_AFTER_SECS,
+            stockout: StockoutMemory::default(),
             engine: EngineConfig::default(),
+        }
+    }
+
+    /// `name` as a fleet running `self` would run it: `self` when it is `name`, else
+    /// `name`'s defaults under `self`'s timings (a what-if in `plan`, a scenario's list).
+    pub fn variant(&self, name: PolicyName) -> PolicySpec {
+        if self.name == name {
+            self.clone()
+        } else {
+            PolicySpec {
+                engine: self.engine,
+                ..PolicySpec::named(name)
+            }
         }
     }
 
@@ -155,6 +204,9 @@ impl PolicySpec {
         if self.name == PolicyName::Frugal {
             v["race_after_secs"] = self.race_after_secs.into();
         }
+        if self.stockout.enabled() {
+            v["stockout"] = serde_json::json!(self.stockout);
+        }
         v
     }
 
@@ -164,6 +216,18 @@ impl PolicySpec {
         let mut changed = Vec::new();
         if self.name == PolicyName::Frugal && self.race_after_secs != DEFAULT_RACE_AFTER_SECS {
             changed.push(format!("race_after {}", show_secs(self.race_after_secs)));
+        }
+        if self.stockout.enabled() {
+            changed.push(format!(
+                "stockout_cooldown {}",
+                show_secs(self.stockout.cooldown_secs)
+            ));
+            if self.stockout.wait_secs != DEFAULT_STOCKOUT_WAIT_SECS {
+                changed.push(format!(
+                    "stockout_wait {}",
+                    show_secs(self.stockout.wait_secs)
+                ));
+            }
         }
         let defaults = serde_json::to_value(EngineConfig::default()).expect("plain data");
         let ours = serde_json::to_value(self.engine).expect("plain data");
@@ -195,7 +259,13 @@ pub fn show_secs(secs: i64) -> String {
 }
 
 /// Fields of `policy:`.
-const POLICY_FIELDS: &[&str] = &["name", "race_after", "engine"];
+const POLICY_FIELDS: &[&str] = &[
+    "name",
+    "race_after",
+    "stockout_cooldown",
+    "stockout_wait",
+    "engine",
+];
 
 /// What a duration may be written as.
 const DURATION: &str = "a duration such as `15m`, `90s` or `2h` (or whole seconds)";
@@ -318,6 +388,18 @@ pub fn read_policy(
                 Some(s) => spec.race_after_secs = s,
                 None => ok = false,
             }
+        }
+    }
+    if let Some(n) = f.get("stockout_cooldown") {
+        match duration(c, n, &f.path("stockout_cooldown"), 0, 86_400) {
+            Some(s) => spec.stockout.cooldown_secs = s,
+            None => ok = false,
+        }
+    }
+    if let Some(n) = f.get("stockout_wait") {
+        match duration(c, n, &f.path("stockout_wait"), 60, 86_400) {
+            Some(s) => spec.stockout.wait_secs = s,
+            None => ok = false,
         }
     }
     if let Some(n) = f.get("engine") {

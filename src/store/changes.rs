@@ -47,10 +47,7 @@ impl Base {
                     Some((id, (v, state.interruption_requests.get(&id)?.clone())))
                 })
                 .collect(),
-            controller: ControllerDocs {
-                backoff: state.entry_backoff.clone(),
-                notices: state.notices.clone(),
-            },
+            controller: ControllerDocs::of(state),
         }
     }
 
@@ -80,10 +77,7 @@ impl Base {
                 }
             }
         }
-        self.controller = ControllerDocs {
-            backoff: state.entry_backoff.clone(),
-            notices: state.notices.clone(),
-        };
+        self.controller = ControllerDocs::of(state);
     }
 }
 
@@ -180,13 +174,8 @@ impl<'s> ChangeSet<'s> {
                 None => set.requests.push((request, None)),
             }
         }
-        if state.entry_backoff != base.controller.backoff
-            || state.notices != base.controller.notices
-        {
-            set.controller = Some(ControllerDocs {
-                backoff: state.entry_backoff.clone(),
-                notices: state.notices.clone(),
-            });
+        if !base.controller.held_by(state) {
+            set.controller = Some(ControllerDocs::of(state));
         }
         set
     }
@@ -249,12 +238,12 @@ pub fn sync(state: &mut State, fresh: Loaded) -> Base {
             state.interruption_requests.insert(id, r);
         }
     }
-    if state.entry_backoff != fresh.entry_backoff {
-        state.entry_backoff = fresh.entry_backoff;
+    ControllerDocs {
+        backoff: fresh.entry_backoff,
+        notices: fresh.notices,
+        pools: fresh.pools,
     }
-    if state.notices != fresh.notices {
-        state.notices = fresh.notices;
-    }
+    .apply_to(state);
     fresh_base.jobs_at = state.jobs.revision();
     fresh_base.resources_at = state.resources.revision();
     fresh_base

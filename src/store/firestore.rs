@@ -338,6 +338,11 @@ impl FirestoreStore {
                 fields: self.record(&docs.notices),
                 precondition: Precondition::None,
             },
+            Write::Set {
+                path: format!("{c}/pools"),
+                fields: self.record(&docs.pools),
+                precondition: Precondition::None,
+            },
         ]
     }
 
@@ -544,8 +549,12 @@ impl FirestoreStore {
         let paths = [
             format!("{}/backoff", names.controller),
             format!("{}/notices", names.controller),
+            format!("{}/pools", names.controller),
         ];
         let mut docs = self.get(&paths, Some(tx)).map_err(|e| self.error(&e))?;
+        if let Some(doc) = docs.pop().flatten() {
+            state.pools = self.parse(doc)?;
+        }
         if let Some(doc) = docs.pop().flatten() {
             state.notices = self.parse(doc)?;
         }
@@ -1153,10 +1162,7 @@ impl StateStore for FirestoreStore {
         for r in state.interruption_requests.values() {
             writes.push(self.request_write(r, Precondition::Exists(false)));
         }
-        writes.extend(self.controller_writes(&ControllerDocs {
-            backoff: state.entry_backoff.clone(),
-            notices: state.notices.clone(),
-        }));
+        writes.extend(self.controller_writes(&ControllerDocs::of(state)));
         // Ids must be unique across active and finished jobs (checked before writing).
         let mut seen = crate::spec::NameSet::default();
         if let Some(dup) = state.all_jobs().find(|j| !seen.insert(j.id)) {

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use crate::engine::commands::{CancelResult, ReprioritizeResult};
 use crate::engine::lease::{Lease, Refusal};
-use crate::engine::state::{Backoff, InterruptionRequest, Job};
+use crate::engine::state::{Backoff, InterruptionRequest, Job, PoolMemory};
 use crate::engine::{Event, State, Timestamp};
 use crate::spec::{Name, NameMap, Priority};
 
@@ -318,13 +318,47 @@ pub fn open(
     }
 }
 
-/// The controller-only documents: per-entry backoffs and reported notices.
+/// The controller-only documents: per-entry backoffs, reported notices and the stockout
+/// memory.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ControllerDocs {
     /// `State::entry_backoff`.
     pub backoff: BTreeMap<Name, Backoff>,
     /// `State::notices`.
     pub notices: BTreeMap<String, String>,
+    /// `State::pools`.
+    pub pools: BTreeMap<String, PoolMemory>,
+}
+
+impl ControllerDocs {
+    /// The documents of `state`.
+    pub fn of(state: &State) -> ControllerDocs {
+        ControllerDocs {
+            backoff: state.entry_backoff.clone(),
+            notices: state.notices.clone(),
+            pools: state.pools.clone(),
+        }
+    }
+
+    /// True when `state` holds these documents.
+    pub fn held_by(&self, state: &State) -> bool {
+        self.backoff == state.entry_backoff
+            && self.notices == state.notices
+            && self.pools == state.pools
+    }
+
+    /// Puts the documents into `state` (leaving fields that already hold them untouched).
+    pub fn apply_to(self, state: &mut State) {
+        if state.entry_backoff != self.backoff {
+            state.entry_backoff = self.backoff;
+        }
+        if state.notices != self.notices {
+            state.notices = self.notices;
+        }
+        if state.pools != self.pools {
+            state.pools = self.pools;
+        }
+    }
 }
 
 /// Versions of records by id.

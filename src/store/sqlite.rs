@@ -370,6 +370,7 @@ fn write_controller(tx: &Transaction<'_>, path: &Path, docs: &ControllerDocs) ->
     for (key, doc) in [
         ("backoff", json(&docs.backoff)),
         ("notices", json(&docs.notices)),
+        ("pools", json(&docs.pools)),
     ] {
         tx.execute(
             "INSERT INTO controller (key, doc) VALUES (?1, ?2)
@@ -865,10 +866,7 @@ impl StateStore for SqliteStore {
             write_controller(
                 tx,
                 path,
-                &ControllerDocs {
-                    backoff: state.entry_backoff.clone(),
-                    notices: state.notices.clone(),
-                },
+                &ControllerDocs::of(state),
             )?;
             Ok(((), true))
         })
@@ -942,9 +940,7 @@ fn load_in(tx: &Transaction<'_>, path: &Path) -> Res<Loaded> {
         request_versions.insert(r.id, Version(version.to_string()));
         state.interruption_requests.insert(r.id, r);
     }
-    let controller = read_controller(tx, path)?;
-    state.entry_backoff = controller.backoff;
-    state.notices = controller.notices;
+    read_controller(tx, path)?.apply_to(&mut state);
     let base = Base::new(&state, job_versions, resource_versions, request_versions);
     Ok(Loaded { state, base })
 }
@@ -972,6 +968,10 @@ fn read_controller(tx: &Transaction<'_>, path: &Path) -> Res<ControllerDocs> {
         },
         notices: match get("notices")? {
             Some(doc) => parse(path, "controller", "notices", &doc)?,
+            None => BTreeMap::new(),
+        },
+        pools: match get("pools")? {
+            Some(doc) => parse(path, "controller", "pools", &doc)?,
             None => BTreeMap::new(),
         },
     })

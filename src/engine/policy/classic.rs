@@ -1,6 +1,7 @@
 //! `classic`: tpu-runner 0.1.12's policy. Assignment by priority, then most constrained
 //! (fewest compatible entries), then FIFO, with augmenting paths that never drop an earlier
-//! job; capacity races every pending job across every compatible managed entry:
+//! job; capacity races every pending job across every compatible managed entry (those
+//! whose pool is not cooling, with the stockout memory on):
 //! desired = min(count, max(keep_warm_count, busy + demand)).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -49,8 +50,10 @@ impl Policy for Classic {
         }
         let mut compatible = vec![0u64; input.index.fleet.tpus.len()];
         for (class, n) in demand.classes.iter().zip(&per_class) {
-            for &e in &class.entries {
-                compatible[e as usize] += n;
+            if *n > 0 {
+                for e in input.askable(&class.entries) {
+                    compatible[e as usize] += n;
+                }
             }
         }
         desired_from(input.index, input.busy, &compatible)

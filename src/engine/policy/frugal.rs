@@ -53,17 +53,24 @@ impl Policy for Frugal {
         for j in priority_order(demand, |j| input.waiting[j]) {
             let class = demand.class(&demand.jobs[j]);
             if input.now >= self.races_at(demand.jobs[j].job) {
-                for &e in &class.entries {
+                for e in input.askable(&class.entries) {
                     placed[e as usize] += 1;
                 }
                 continue;
             }
+            // The entry with the most room, one whose pool is not cooling first.
             let best = class
                 .entries
                 .iter()
                 .map(|&e| e as usize)
                 .filter(|&e| room[e] - placed[e] as i64 > 0)
-                .max_by_key(|&e| (room[e] - placed[e] as i64, std::cmp::Reverse(e)));
+                .max_by_key(|&e| {
+                    (
+                        !input.cooling[e],
+                        room[e] - placed[e] as i64,
+                        std::cmp::Reverse(e),
+                    )
+                });
             if let Some(e) = best {
                 placed[e] += 1;
             }

@@ -43,8 +43,32 @@ pub struct CapacityInput<'a> {
     pub busy: &'a [u32],
     /// Idle, declared, unowned adopted TPUs still free after assignment.
     pub idle_adopted: &'a [&'a Resource],
+    /// Per entry: its pool is cooling after stockout signals (the stockout memory); ask
+    /// it only when no other compatible entry is left.
+    pub cooling: &'a [bool],
     /// The pass's time (for policies that change behaviour as jobs wait).
     pub now: Timestamp,
+}
+
+impl<'a> CapacityInput<'a> {
+    /// The entries of `entries` to ask: those with room whose pool is not cooling, or, when
+    /// no entry with room is free of cooling, all of them (the stockout memory orders
+    /// requests, it never strands a job).
+    pub fn askable<'e>(&self, entries: &'e [u32]) -> impl Iterator<Item = u32> + use<'a, 'e> {
+        let (index, busy, cooling) = (self.index, self.busy, self.cooling);
+        let has_room = move |e: usize| match index.entry(e).kind {
+            crate::spec::EntryKind::Managed { count } => count > busy[e],
+            crate::spec::EntryKind::Adopted { .. } => false,
+        };
+        let avoid_cooling = cooling.iter().any(|c| *c)
+            && entries
+                .iter()
+                .any(|&e| has_room(e as usize) && !cooling[e as usize]);
+        entries
+            .iter()
+            .copied()
+            .filter(move |&e| !avoid_cooling || !cooling[e as usize])
+    }
 }
 
 /// A pair chosen by a policy: indices into `demand.jobs` and `tpus`.

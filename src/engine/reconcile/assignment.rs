@@ -21,6 +21,7 @@ impl<'a> Pass<'a> {
     pub(super) fn assignment(&mut self) {
         let index = self.index;
         let now = self.now;
+        let cooling = self.cooling_entries();
         let kept = self
             .memo
             .assign
@@ -81,6 +82,7 @@ impl<'a> Pass<'a> {
                 waiting: &waiting,
                 busy: &busy,
                 idle_adopted: &idle_adopted,
+                cooling: &cooling,
                 now,
             };
             let desired = self.policy.desired_counts(&capacity);

@@ -9,6 +9,7 @@ mod attempts;
 mod refresh;
 mod requests;
 mod resources;
+mod stockouts;
 
 use super::config::{EngineConfig, backoff_secs};
 use super::fleet_index::{EntryFacts, FleetIndex};
@@ -144,6 +145,7 @@ impl<'a> Pass<'a> {
         self.action_failures();
         self.refresh_from_queued_resources();
         self.refresh_from_ready_nodes();
+        self.stockout_memory();
         self.adopted_disk_recovery();
         self.cancellations();
         self.interruptions();

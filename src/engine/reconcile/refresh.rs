@@ -152,6 +152,11 @@ impl<'a> Pass<'a> {
                         format!("entry={entry_id}; {reason}; retry after {wait}s"),
                     );
                     self.wake_at(until);
+                    if let (CloudFailure::Stockout(m), Some(e)) =
+                        (&failure.failure, self.index.entry_index(entry_id))
+                    {
+                        self.stockout_refused(e, m);
+                    }
                 }
             }
         }
