@@ -1060,6 +1060,10 @@ fn simulate_shows_progress_flags_degenerate_runs_and_explains_its_table() {
             "1",
             "--max-jobs",
             "1500",
+            // Runs of about 0.1 s each: the sweep lasts several of the progress line's
+            // half-second ticks on any machine this runs on.
+            "--seeds",
+            "1..=40",
         ])
         .env("TPU_RUNNER_PROGRESS", "1")
         .current_dir(root())
@@ -1068,7 +1072,7 @@ fn simulate_shows_progress_flags_degenerate_runs_and_explains_its_table() {
     assert!(out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("[0/1 runs] small-job-backlog · classic · seed 1 ")
+        stderr.contains("/40 runs] small-job-backlog · classic · seed ")
             && stderr.contains(" s left"),
         "{stderr}"
     );

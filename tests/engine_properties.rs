@@ -388,7 +388,7 @@ proptest! {
         let busy: Vec<u32> = index.fleet.tpus.iter().enumerate().map(|(e, entry)| busy[e].min(entry.ceiling())).collect();
         let none_cooling = vec![false; index.fleet.tpus.len()];
         let cooling = &cooling[..index.fleet.tpus.len()];
-        let input = |cooling| CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[], cooling, now: support::at(100) };
+        let input = |cooling| CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[], cooling, paused: cooling, now: support::at(100) };
         let desired = Classic.desired_counts(&input(&none_cooling));
         // The original's loop: jobs in order add one to every compatible managed entry with room.
         let mut add = vec![0u32; index.fleet.tpus.len()];
@@ -556,6 +556,7 @@ fn frugal_races_after_waiting() {
             busy: &[0, 0],
             idle_adopted: &[],
             cooling: &[false, false],
+            paused: &[false, false],
             now,
         })
     };

@@ -460,8 +460,11 @@ pub struct SimCloud {
     /// Quota tokens left for reads and mutations, as of `quota_at`.
     quota_tokens: [f64; 2],
     quota_at: Millis,
-    /// Every change of a pool's available slices: (time, pool, slices).
+    /// Every change of the slices a pool can hold: (time, pool, slices). The available
+    /// slices, or for a pool that does not reclaim, at least those still held.
     capacity_log: Vec<(Millis, usize, u32)>,
+    /// The last level logged per pool.
+    logged: Vec<Option<u32>>,
     /// Pools stocked out by hand (`set_stockout`): no capacity until lifted.
     stocked_out: Vec<bool>,
     /// The pass whose calls `take_call_latency_ms` is numbering, and the calls so far.
@@ -516,6 +519,7 @@ impl SimCloud {
             ],
             quota_at: 0,
             capacity_log: Vec::new(),
+            logged: vec![None; n],
             stocked_out: vec![false; n],
             pass_calls: (Millis::MAX, 0),
             horizon: None,
@@ -524,7 +528,7 @@ impl SimCloud {
         };
         for pool in 0..n {
             cloud.available[pool] = cloud.capacity_at(pool, 0);
-            cloud.capacity_log.push((0, pool, cloud.available[pool]));
+            cloud.log_level(pool);
             cloud.schedule_capacity_change(pool);
         }
         cloud
@@ -797,11 +801,7 @@ impl SimCloud {
                         self.on[pool] = !self.on[pool];
                     }
                 }
-                let available = self.capacity_at(pool, self.now);
-                if available != self.available[pool] {
-                    self.capacity_log.push((self.now, pool, available));
-                }
-                self.available[pool] = available;
+                self.available[pool] = self.capacity_at(pool, self.now);
                 self.enforce_capacity(pool);
                 self.provision_waiting(pool);
                 self.schedule_capacity_change(pool);
@@ -1127,6 +1127,7 @@ impl SimCloud {
     }
 
     /// Starts provisioning the oldest waiting requests of `pool` while it has capacity.
+    /// Grants waiting requests while the pool has room, then logs its level.
     fn provision_waiting(&mut self, pool: usize) {
         if pool >= self.available.len() {
             return;
@@ -1136,9 +1137,23 @@ impl SimCloud {
             let qrs = &self.qrs;
             let next =
                 self.waiting[pool].pop_live(|serial, name| Self::still_waiting(qrs, serial, name));
-            let Some((_, key)) = next else { return };
+            let Some((_, key)) = next else { break };
             self.start_provisioning(key);
             in_use += 1;
+        }
+        self.log_level(pool);
+    }
+
+    /// Logs the slices `pool` can hold now if they changed: what is available, or, where a
+    /// drop does not reclaim, at least what is still held (the bound credits those).
+    fn log_level(&mut self, pool: usize) {
+        let mut level = self.available[pool];
+        if !self.config.pools[pool].reclaims {
+            level = level.max(self.in_use(pool));
+        }
+        if self.logged[pool] != Some(level) {
+            self.logged[pool] = Some(level);
+            self.capacity_log.push((self.now, pool, level));
         }
     }
 
@@ -1628,11 +1643,7 @@ impl SimCloud {
             .collect();
         for &pool in &pools {
             self.stocked_out[pool] = on;
-            let available = self.capacity_at(pool, self.now);
-            if available != self.available[pool] {
-                self.capacity_log.push((self.now, pool, available));
-            }
-            self.available[pool] = available;
+            self.available[pool] = self.capacity_at(pool, self.now);
             self.enforce_capacity(pool);
             self.provision_waiting(pool);
         }

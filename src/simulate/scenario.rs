@@ -2216,17 +2216,10 @@ pub const DEFAULT_EGRESS_USD_PER_GB: f64 = 0.02;
 /// GB an attempt outside its bucket region reads (checkpoint and dataset shard).
 pub const DEFAULT_DATA_GB_PER_ATTEMPT: f64 = 10.0;
 
-/// Default USD per chip-hour (spot, on-demand). From the SkyPilot catalog excerpt in
-/// ../shared/data, us-central1: v6e from tpu-v6e-1 (2.70, spot 24 % of it), v5p from
-/// tpu-v5p-12288 = 6,144 chips (25,804.80 and 10,321.92 per hour); the others are GCP list
-/// prices of the same period, as parameters to override.
+/// Default USD per chip-hour (spot, on-demand): the shipped list prices.
 pub fn default_prices() -> BTreeMap<String, (f64, f64)> {
-    BTreeMap::from([
-        ("v6e".to_owned(), (0.65, 2.70)),
-        ("v5e".to_owned(), (0.48, 1.20)),
-        ("v5p".to_owned(), (1.68, 4.20)),
-        ("v4".to_owned(), (0.97, 3.22)),
-        ("v3".to_owned(), (0.88, 2.20)),
-        ("v2".to_owned(), (0.50, 1.13)),
-    ])
+    crate::spec::prices::LIST_PRICES
+        .iter()
+        .map(|&(family, spot, on_demand)| (family.to_owned(), (spot, on_demand)))
+        .collect()
 }

@@ -8,6 +8,7 @@ pub mod gcp;
 pub mod job;
 pub mod names;
 pub mod policy;
+pub mod prices;
 pub mod state_file;
 pub mod yaml;
 

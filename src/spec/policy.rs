@@ -69,23 +69,38 @@ impl Default for EngineConfig {
 
 /// A policy by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum PolicyName {
     /// tpu-runner 0.1.12's decisions: every compatible entry races for a waiting job.
     Classic,
     /// One capacity request per waiting job; it races after `race_after`.
     Frugal,
+    /// Baseline: SkyPilot managed jobs' `FAILOVER` (one zone at a time, cheapest first).
+    SkypilotFailover,
+    /// Baseline: dstack's sequential offers with retry (cheapest first, no memory).
+    DstackOffers,
+    /// Baseline: Kueue's ordered flavors (fleet order; never moves on a stockout).
+    KueueFlavors,
 }
 
 impl PolicyName {
     /// Every policy, as written.
-    pub const ALL: [PolicyName; 2] = [PolicyName::Classic, PolicyName::Frugal];
+    pub const ALL: [PolicyName; 5] = [
+        PolicyName::Classic,
+        PolicyName::Frugal,
+        PolicyName::SkypilotFailover,
+        PolicyName::DstackOffers,
+        PolicyName::KueueFlavors,
+    ];
 
     /// As written in a file and on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
             PolicyName::Classic => "classic",
             PolicyName::Frugal => "frugal",
+            PolicyName::SkypilotFailover => "skypilot-failover",
+            PolicyName::DstackOffers => "dstack-offers",
+            PolicyName::KueueFlavors => "kueue-flavors",
         }
     }
 
@@ -94,7 +109,15 @@ impl PolicyName {
         PolicyName::ALL.into_iter().find(|p| p.as_str() == text)
     }
 
-    /// Every name, for messages (`classic, frugal`).
+    /// True for the peers' policies, kept as baselines to compare with.
+    pub fn is_baseline(self) -> bool {
+        matches!(
+            self,
+            PolicyName::SkypilotFailover | PolicyName::DstackOffers | PolicyName::KueueFlavors
+        )
+    }
+
+    /// Every name, for messages (`classic, frugal, …`).
     pub fn list() -> String {
         PolicyName::ALL.map(PolicyName::as_str).join(", ")
     }
@@ -125,6 +148,8 @@ pub struct StockoutMemory {
     pub cooldown_secs: i64,
     /// A request waiting for capacity this long is a stockout signal.
     pub wait_secs: i64,
+    /// Times the cooldown doubles with further signals (0 to 3: at most 8×).
+    pub doublings: u32,
 }
 
 impl Default for StockoutMemory {
@@ -132,6 +157,20 @@ impl Default for StockoutMemory {
         StockoutMemory {
             cooldown_secs: 0,
             wait_secs: DEFAULT_STOCKOUT_WAIT_SECS,
+            doublings: 3,
+        }
+    }
+}
+
+impl StockoutMemory {
+    /// The memory a peer's fail-fast creates amount to (its creates are refused at once
+    /// where a queued resource would wait): a request not granted within a minute is a
+    /// stockout, and the zone is skipped for `cooldown_secs`, doubled `doublings` times.
+    pub fn fail_fast(cooldown_secs: i64, doublings: u32) -> StockoutMemory {
+        StockoutMemory {
+            cooldown_secs,
+            wait_secs: 60,
+            doublings,
         }
     }
 }
@@ -167,10 +206,18 @@ impl Default for PolicySpec {
 impl PolicySpec {
     /// `name` with its default parameters and the default timings.
     pub fn named(name: PolicyName) -> PolicySpec {
+        let stockout = match name {
+            // SkyPilot blocks a zone that failed for the rest of the launch and retries
+            // with an exponential backoff from `RETRY_INIT_GAP_SECONDS` = 60 s.
+            PolicyName::SkypilotFailover => StockoutMemory::fail_fast(60, 3),
+            // dstack keeps no memory of failed offers (#1359): each retry starts again.
+            PolicyName::DstackOffers => StockoutMemory::fail_fast(60, 0),
+            _ => StockoutMemory::default(),
+        };
         PolicySpec {
             name,
             race_after_secs: DEFAULT_RACE_AFTER_SECS,
-            stockout: StockoutMemory::default(),
+            stockout,
             engine: EngineConfig::default(),
         }
     }
@@ -217,17 +264,21 @@ impl PolicySpec {
         if self.name == PolicyName::Frugal && self.race_after_secs != DEFAULT_RACE_AFTER_SECS {
             changed.push(format!("race_after {}", show_secs(self.race_after_secs)));
         }
-        if self.stockout.enabled() {
+        let own = PolicySpec::named(self.name).stockout;
+        if self.stockout.cooldown_secs != own.cooldown_secs {
             changed.push(format!(
                 "stockout_cooldown {}",
                 show_secs(self.stockout.cooldown_secs)
             ));
-            if self.stockout.wait_secs != DEFAULT_STOCKOUT_WAIT_SECS {
-                changed.push(format!(
-                    "stockout_wait {}",
-                    show_secs(self.stockout.wait_secs)
-                ));
-            }
+        }
+        if self.stockout.enabled() && self.stockout.wait_secs != own.wait_secs {
+            changed.push(format!(
+                "stockout_wait {}",
+                show_secs(self.stockout.wait_secs)
+            ));
+        }
+        if self.stockout.enabled() && self.stockout.doublings != own.doublings {
+            changed.push(format!("stockout_doublings {}", self.stockout.doublings));
         }
         let defaults = serde_json::to_value(EngineConfig::default()).expect("plain data");
         let ours = serde_json::to_value(self.engine).expect("plain data");
@@ -264,6 +315,7 @@ const POLICY_FIELDS: &[&str] = &[
     "race_after",
     "stockout_cooldown",
     "stockout_wait",
+    "stockout_doublings",
     "engine",
 ];
 
@@ -399,6 +451,12 @@ pub fn read_policy(
     if let Some(n) = f.get("stockout_wait") {
         match duration(c, n, &f.path("stockout_wait"), 60, 86_400) {
             Some(s) => spec.stockout.wait_secs = s,
+            None => ok = false,
+        }
+    }
+    if let Some(n) = f.get("stockout_doublings") {
+        match c.integer(n, &f.path("stockout_doublings"), 0, 3, "a whole number") {
+            Some(d) => spec.stockout.doublings = d as u32,
             None => ok = false,
         }
     }

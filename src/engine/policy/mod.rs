@@ -1,16 +1,19 @@
 //! Assignment and capacity policies behind one trait, so the simulator can compare them on
 //! the same workload. `classic` reproduces tpu-runner 0.1.12's decisions; `frugal` requests
-//! capacity in one entry per job instead of racing all. Built from the fleet's `policy:`
+//! capacity in one entry per job instead of racing all; `peers` holds SkyPilot's, dstack's
+//! and Kueue's policies as baselines. Built from the fleet's `policy:`
 //! section by [`of_spec`]. Policies are pure functions of their inputs.
 
 mod classic;
 mod frugal;
 pub mod matching;
+mod peers;
 
 use std::fmt;
 
 pub use classic::Classic;
 pub use frugal::Frugal;
+pub use peers::Sequential;
 
 use super::demand::Demand;
 use super::fleet_index::FleetIndex;
@@ -46,6 +49,8 @@ pub struct CapacityInput<'a> {
     /// Per entry: its pool is cooling after stockout signals (the stockout memory); ask
     /// it only when no other compatible entry is left.
     pub cooling: &'a [bool],
+    /// Per entry: its capacity requests are paused after a refusal.
+    pub paused: &'a [bool],
     /// The pass's time (for policies that change behaviour as jobs wait).
     pub now: Timestamp,
 }
@@ -100,5 +105,8 @@ pub fn of_spec(spec: &PolicySpec) -> Box<dyn Policy> {
         PolicyName::Frugal => Box::new(Frugal {
             race_after_secs: spec.race_after_secs,
         }),
+        PolicyName::SkypilotFailover | PolicyName::DstackOffers | PolicyName::KueueFlavors => {
+            Box::new(Sequential::of(spec.name).expect("a baseline"))
+        }
     }
 }

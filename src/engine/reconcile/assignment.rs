@@ -22,6 +22,17 @@ impl<'a> Pass<'a> {
         let index = self.index;
         let now = self.now;
         let cooling = self.cooling_entries();
+        let paused: Vec<bool> = index
+            .fleet
+            .tpus
+            .iter()
+            .map(|entry| {
+                self.state
+                    .entry_backoff
+                    .get(&entry.id)
+                    .is_some_and(|b| b.until > now)
+            })
+            .collect();
         let kept = self
             .memo
             .assign
@@ -83,6 +94,7 @@ impl<'a> Pass<'a> {
                 busy: &busy,
                 idle_adopted: &idle_adopted,
                 cooling: &cooling,
+                paused: &paused,
                 now,
             };
             let desired = self.policy.desired_counts(&capacity);

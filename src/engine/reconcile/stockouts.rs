@@ -1,7 +1,7 @@
 //! Stockout memory (the policy's `stockout_cooldown`): per pool (zone, TPU type,
 //! provisioning model), a refused request or one left waiting for capacity past
-//! `stockout_wait` cools the pool for the cooldown, doubled for each further signal (at most
-//! 8×), and capacity granted there again clears it. Policies read the result as
+//! `stockout_wait` cools the pool for the cooldown, doubled for each further signal (up to
+//! `stockout_doublings` times, at most 8×), and capacity granted there again clears it. Policies read the result as
 //! `CapacityInput::cooling` and ask cooling pools last. Decides no capacity itself; with the
 //! memory off it keeps nothing.
 
@@ -11,9 +11,6 @@ use super::Pass;
 use crate::engine::observe::QrState;
 use crate::engine::state::PoolMemory;
 use crate::spec::policy::show_secs;
-
-/// Most doublings of the cooldown (1×, 2×, 4×, 8×).
-const MAX_STRIKES: u32 = 4;
 
 impl<'a> Pass<'a> {
     /// Updates each pool's memory from this pass's listing: capacity granted clears it, a
@@ -115,9 +112,9 @@ impl<'a> Pass<'a> {
 
     /// One stockout signal: the pool cools for the cooldown times 2^(strikes - 1).
     fn cool(&mut self, key: &str, m: &mut PoolMemory, reason: String) {
-        let cooldown = self.index.fleet.policy.stockout.cooldown_secs;
-        m.strikes = (m.strikes + 1).min(MAX_STRIKES);
-        let secs = cooldown << (m.strikes - 1);
+        let memory = self.index.fleet.policy.stockout;
+        m.strikes = (m.strikes + 1).min(memory.doublings.min(3) + 1);
+        let secs = memory.cooldown_secs << (m.strikes - 1);
         m.cool_until = Some(self.now.plus_secs(secs));
         self.event(
             "pool_cooled",
