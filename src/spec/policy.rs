@@ -173,9 +173,7 @@ impl StockoutMemory {
             doublings,
         }
     }
-}
 
-impl StockoutMemory {
     /// True when the memory is on.
     pub fn enabled(&self) -> bool {
         self.cooldown_secs > 0
