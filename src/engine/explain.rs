@@ -12,7 +12,7 @@ use super::demand::{ClassKey, Requirement};
 use super::fleet_index::FleetIndex;
 use super::observe::{Action, Observation};
 use super::reconcile::PassOutput;
-use super::state::{JobStatus, PoolMemory, RegionChoice, ResourceStatus, State};
+use super::state::{JobStatus, RegionChoice, ResourceStatus, State};
 use super::time::Timestamp;
 use crate::spec::{EntryKind, TpuRequest};
 
@@ -378,12 +378,12 @@ fn class_reasons(facts: &Facts<'_>, req: &Requirement<'_>) -> Vec<Reason> {
                 }
                 if let Some(m) = state
                     .pools
-                    .get(&PoolMemory::key(entry))
+                    .get(index.pool_key(e))
                     .filter(|m| m.cooling(now))
                 {
                     reasons.push(Reason::PoolCooling {
                         entry: entry.id.to_string(),
-                        pool: PoolMemory::key(entry),
+                        pool: index.pool_key(e).to_owned(),
                         until: m.cool_until.unwrap_or(now),
                         signal: m.reason.clone(),
                     });
@@ -434,6 +434,7 @@ fn class_reasons(facts: &Facts<'_>, req: &Requirement<'_>) -> Vec<Reason> {
 mod tests {
     use super::*;
     use crate::engine::policy::Classic;
+    use crate::engine::state::PoolMemory;
     use crate::engine::{Engine, EngineConfig, synthetic};
 
     /// Every pending job is explained, its text is its codes', and no reason grows with the

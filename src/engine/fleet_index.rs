@@ -52,6 +52,8 @@ pub struct FleetIndex {
     managed_zones: BTreeSet<Name>,
     /// The same zones, hashed (only looked up).
     managed_zone_set: NameSet,
+    /// Each entry's stockout-memory pool (`zone/type/model`), formatted once.
+    pool_keys: Vec<String>,
 }
 
 impl FleetIndex {
@@ -144,6 +146,11 @@ impl FleetIndex {
             .filter(|e| !e.is_adopted())
             .map(|e| e.zone)
             .collect();
+        let fleet_pools = fleet
+            .tpus
+            .iter()
+            .map(super::state::PoolMemory::key)
+            .collect();
         FleetIndex {
             fleet,
             declared,
@@ -158,6 +165,7 @@ impl FleetIndex {
             quota_by_zone,
             managed_zone_set: managed_zones.iter().copied().collect(),
             managed_zones,
+            pool_keys: fleet_pools,
         }
     }
 
@@ -174,6 +182,11 @@ impl FleetIndex {
     /// The entry at `index`.
     pub fn entry(&self, index: usize) -> &TpuEntry {
         &self.fleet.tpus[index]
+    }
+
+    /// The stockout-memory pool of the entry at `index` (`PoolMemory::key`).
+    pub fn pool_key(&self, index: usize) -> &str {
+        &self.pool_keys[index]
     }
 
     /// The runner name.

@@ -9,7 +9,6 @@ use super::classic::{self, desired_from, priority_order};
 use super::{AssignInput, CapacityInput, Pair, Policy};
 use crate::engine::state::Job;
 use crate::engine::time::Timestamp;
-use crate::spec::EntryKind;
 
 /// One capacity request per waiting job.
 #[derive(Clone, Copy, Debug)]
@@ -38,16 +37,7 @@ impl Policy for Frugal {
     fn desired_counts(&self, input: &CapacityInput<'_>) -> Vec<u32> {
         let index = input.index;
         let demand = input.demand;
-        let room: Vec<i64> = index
-            .fleet
-            .tpus
-            .iter()
-            .enumerate()
-            .map(|(e, entry)| match entry.kind {
-                EntryKind::Managed { count } => i64::from(count) - i64::from(input.busy[e]),
-                EntryKind::Adopted { .. } => 0,
-            })
-            .collect();
+        let room = input.room();
         let mut placed = vec![0u64; room.len()];
         // Jobs in the original's order, so higher priority places its demand first.
         for j in priority_order(demand, |j| input.waiting[j]) {

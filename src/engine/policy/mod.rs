@@ -56,6 +56,22 @@ pub struct CapacityInput<'a> {
 }
 
 impl<'a> CapacityInput<'a> {
+    /// Per entry: TPUs it may still add (count − busy; 0 for adopted entries).
+    pub fn room(&self) -> Vec<i64> {
+        self.index
+            .fleet
+            .tpus
+            .iter()
+            .enumerate()
+            .map(|(e, entry)| match entry.kind {
+                crate::spec::EntryKind::Managed { count } => {
+                    i64::from(count) - i64::from(self.busy[e])
+                }
+                crate::spec::EntryKind::Adopted { .. } => 0,
+            })
+            .collect()
+    }
+
     /// The entries of `entries` to ask: those with room whose pool is not cooling, or, when
     /// no entry with room is free of cooling, all of them (the stockout memory orders
     /// requests, it never strands a job).

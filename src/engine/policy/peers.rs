@@ -10,7 +10,7 @@
 
 use super::classic::{self, desired_from, priority_order};
 use super::{AssignInput, CapacityInput, Pair, Policy};
-use crate::spec::{EntryKind, PolicyName, TpuEntry};
+use crate::spec::{PolicyName, TpuEntry};
 
 /// How a peer orders a job's compatible entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,16 +66,7 @@ impl Policy for Sequential {
     fn desired_counts(&self, input: &CapacityInput<'_>) -> Vec<u32> {
         let index = input.index;
         let demand = input.demand;
-        let room: Vec<i64> = index
-            .fleet
-            .tpus
-            .iter()
-            .enumerate()
-            .map(|(e, entry)| match entry.kind {
-                EntryKind::Managed { count } => i64::from(count) - i64::from(input.busy[e]),
-                EntryKind::Adopted { .. } => 0,
-            })
-            .collect();
+        let room = input.room();
         let price: Vec<f64> = index.fleet.tpus.iter().map(hourly_price).collect();
         let mut placed = vec![0u64; room.len()];
         // Each class's entries in the peer's order, worked out once.

@@ -33,7 +33,9 @@ impl<'a> Pass<'a> {
             if entry.is_adopted() || self.deleted.contains(&qr.name) {
                 continue;
             }
-            let counts = seen.entry(PoolMemory::key(entry)).or_default();
+            let counts = seen
+                .entry(self.index.pool_key(e as usize).to_owned())
+                .or_default();
             match qr.state {
                 QrState::Creating | QrState::Accepted | QrState::WaitingForResources => {
                     counts.0 += 1
@@ -104,7 +106,7 @@ impl<'a> Pass<'a> {
         if !self.index.fleet.policy.stockout.enabled() {
             return;
         }
-        let key = PoolMemory::key(self.index.entry(e));
+        let key = self.index.pool_key(e).to_owned();
         let mut m = self.state.pools.get(&key).cloned().unwrap_or_default();
         self.cool(&key, &mut m, format!("refused: {refusal}"));
         self.state.pools.insert(key, m);
@@ -137,12 +139,13 @@ impl<'a> Pass<'a> {
         }
         entries
             .iter()
-            .map(|entry| {
+            .enumerate()
+            .map(|(e, entry)| {
                 !entry.is_adopted()
                     && self
                         .state
                         .pools
-                        .get(&PoolMemory::key(entry))
+                        .get(self.index.pool_key(e))
                         .is_some_and(|m| m.cooling(self.now))
             })
             .collect()
