@@ -89,6 +89,7 @@ fn reports(c: &mut Criterion) {
             base: dir.path().join("unused"),
             agent: env!("CARGO_BIN_EXE_tpu-runner").into(),
             objects: None,
+            metadata: None,
         };
         let workers = AgentWorkers::new(Arc::new(transport), store, "bench");
         group.bench_function(format!("reports-of-100-running-attempts/{kind}"), |b| {

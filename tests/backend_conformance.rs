@@ -287,6 +287,7 @@ fn cancel(attempt: &str, job: &str, tpu: &str, zone: &str) -> Action {
         job_id: Name::new(job),
         tpu_name: Name::new(tpu),
         zone: Name::new(zone),
+        notice: None,
     }
 }
 

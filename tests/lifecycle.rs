@@ -551,7 +551,7 @@ fn interrupt_spot_stops_the_attempt_before_the_next_one_starts() {
     let marks = dir.join("marks/long");
     // The first attempt runs until stopped and notes when it ends; the next one succeeds.
     let command = format!(
-        "m={m}; now() {{ date +%s%N; }}; if [ -s \"$m\" ]; then echo \"start $ATTEMPT_ID $(now)\" >> \"$m\"; exit 0; fi; echo \"start $ATTEMPT_ID $(now)\" >> \"$m\"; trap 'echo \"end $ATTEMPT_ID $(now)\" >> \"$m\"; exit 143' TERM; sleep 600 & wait",
+        "m={m}; now() {{ date +%s%N; }}; if [ -s \"$m\" ]; then echo \"start $ATTEMPT_ID $(now)\" >> \"$m\"; exit 0; fi; echo \"start $ATTEMPT_ID $(now)\" >> \"$m\"; trap 'echo \"end $ATTEMPT_ID $(now) $(cat $TPU_RUNNER_PREEMPTION_FILE)\" >> \"$m\"; exit 143' TERM; sleep 600 & wait",
         m = marks.display()
     );
     std::fs::write(
@@ -605,10 +605,120 @@ fn interrupt_spot_stops_the_attempt_before_the_next_one_starts() {
         "the next attempt started {} ms before the interrupted one ended:\n{text}",
         (ended.2 - next.2) / 1_000_000
     );
+    // It was told why (the same notice as a Spot preemption's).
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&format!("end {first} ")) && l.ends_with(" interrupt-spot")),
+        "{text}"
+    );
     let job = rig.job("long");
     let first_record = &job["attempts"][0];
     assert_eq!(first_record["status"], "interrupted", "{job}");
     assert_eq!(first_record["end_reason"], "preempted", "{job}");
+}
+
+/// A training loop that saves every 40 steps and at once when it is told to stop (its
+/// `TPU_RUNNER_PREEMPTION_FILE`, then SIGTERM), each step noted in `$MARKS`.
+const CHECKPOINTS_ON_NOTICE: &str = r#"set -u
+dir="$TPU_RUNNER_OBJECTS/${CHECKPOINT_GCS_DIR#gs://}"
+mkdir -p "$dir"
+step=$(cat "$dir/step" 2>/dev/null || echo 0)
+echo "start $ATTEMPT_ID $step" >> "$MARKS"
+save() { echo "$step" > "$dir/step.tmp" && mv "$dir/step.tmp" "$dir/step"; }
+trap 'save; echo "saved $ATTEMPT_ID $step $(cat "$TPU_RUNNER_PREEMPTION_FILE")" >> "$MARKS"; exit 143' TERM
+while [ "$step" -lt 100 ]; do
+  sleep 0.2
+  step=$((step + 1))
+  echo "step $ATTEMPT_ID $step" >> "$MARKS"
+  if [ $((step % 40)) -eq 0 ]; then save; fi
+done
+echo "done $ATTEMPT_ID $step" >> "$MARKS"
+"#;
+
+/// The cloud's notice reaches the job on the local stack (issue 32, item 5): the agent
+/// watches its TPU VM's metadata server, writes the reason into the command's
+/// `TPU_RUNNER_PREEMPTION_FILE` and sends it SIGTERM; a job that saves then loses less than
+/// one checkpoint interval (here: nothing) and resumes where it stopped, requeued as after
+/// a preemption.
+fn a_noticed_job_resumes_where_it_stopped(control: &str, word: &str) {
+    let mut rig = Rig::new(None);
+    let dir = rig.dir.path().to_path_buf();
+    std::fs::create_dir_all(dir.join("bundle")).unwrap();
+    std::fs::write(dir.join("bundle/train.sh"), CHECKPOINTS_ON_NOTICE).unwrap();
+    let marks = dir.join("marks/train");
+    std::fs::write(
+        dir.join("job.yaml"),
+        format!(
+            "jobs:\n  - id: train\n    tpu: v6e-8\n    bundle: bundle\n    buckets: [gs://e2e-us-east1]\n    env: {{MARKS: \"{}\"}}\n    command: bash train.sh\n",
+            marks.display()
+        ),
+    )
+    .unwrap();
+    let (code, out) = rig.run(&["submit", "job.yaml"]);
+    assert_eq!(code, 0, "{out}");
+    rig.start_controller();
+    let steps = |text: &str, attempt: &str| -> Vec<u32> {
+        text.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() >= 3 && f[0] == "step" && f[1] == attempt).then(|| f[2].parse().unwrap())
+            })
+            .collect()
+    };
+    // Mid-way between two checkpoints: 15 steps past the last one (at 0).
+    rig.wait_for("the job to run 15 steps", 120, || {
+        let text = std::fs::read_to_string(&marks).unwrap_or_default();
+        text.lines()
+            .any(|l| l.starts_with("step ") && l.ends_with(" 15"))
+    });
+    let job = rig.job("train");
+    let attempt = job["attempts"].as_array().unwrap().last().unwrap().clone();
+    let first = attempt["id"].as_str().unwrap().to_owned();
+    let (zone, node) = (
+        attempt["zone"].as_str().unwrap(),
+        attempt["tpu_name"].as_str().unwrap(),
+    );
+    rig.curl(
+        "POST",
+        &format!("/emulator/v1/projects/e2e-project/locations/{zone}/nodes/{node}/{control}"),
+    );
+    rig.wait_for("the job to succeed on its next attempt", 180, || {
+        rig.job("train")["status"] == "succeeded"
+    });
+    let text = std::fs::read_to_string(&marks).unwrap();
+    let reached = *steps(&text, &first).last().expect("the first attempt ran");
+    assert!(reached < 40, "the notice came after a checkpoint:\n{text}");
+    let saved = text
+        .lines()
+        .find(|l| l.starts_with(&format!("saved {first} ")))
+        .unwrap_or_else(|| panic!("the first attempt was not told to save:\n{text}"));
+    assert!(saved.ends_with(&format!(" {word}")), "{saved}");
+    let resumed: u32 = text
+        .lines()
+        .filter(|l| l.starts_with("start ") && !l.contains(&first))
+        .map(|l| l.split_whitespace().nth(2).unwrap().parse().unwrap())
+        .next()
+        .unwrap_or_else(|| panic!("no next attempt:\n{text}"));
+    // Less than one checkpoint interval lost: here none at all (a step may finish between
+    // the save and the exit).
+    assert!(
+        resumed + 1 >= reached,
+        "the next attempt resumed at {resumed}, the first reached {reached}:\n{text}"
+    );
+    let job = rig.job("train");
+    let record = &job["attempts"][0];
+    assert_eq!(record["status"], "interrupted", "{job}");
+    assert_eq!(record["end_reason"], "preempted", "{job}");
+}
+
+#[test]
+fn a_spot_preemption_notice_reaches_the_job_which_loses_no_work() {
+    a_noticed_job_resumes_where_it_stopped("preempt", "spot-preemption");
+}
+
+#[test]
+fn a_host_maintenance_notice_reaches_the_job_which_loses_no_work() {
+    a_noticed_job_resumes_where_it_stopped("maintenance", "host-maintenance");
 }
 
 /// On GCP, `submit` starts the fleet's Cloud Run controller job (here a loopback server

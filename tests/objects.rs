@@ -179,6 +179,7 @@ fn the_agent_reports_through_cloud_storage() {
         base: dir.path().join("workers"),
         agent: PathBuf::from(env!("CARGO_BIN_EXE_tpu-runner")),
         objects: None,
+        metadata: None,
     };
     let mut workers = AgentWorkers::new(Arc::new(transport), gcs.clone(), "proj");
     workers.min_free_bytes = 0;

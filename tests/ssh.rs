@@ -187,9 +187,10 @@ fn a_four_worker_attempt_runs_and_is_cancelled_over_ssh() {
         assert!(Instant::now() < until, "the commands did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let cancelled = rig
-        .rt
-        .block_on(rig.workers.cancel(r.attempt_id, r.tpu_name, r.zone, 4));
+    let cancelled = rig.rt.block_on(
+        rig.workers
+            .cancel(r.attempt_id, r.tpu_name, r.zone, 4, None),
+    );
     assert_eq!(cancelled, Outcome::Cancelled(CancelOutcome::Sent));
     let report = rig.wait(&r, 4);
     assert!(

@@ -92,6 +92,7 @@ impl Rig {
                     base: dir.path().join("workers"),
                     agent: PathBuf::from(env!("CARGO_BIN_EXE_tpu-runner")),
                     objects: Some(dir.path().join("objects")),
+                    metadata: None,
                 }),
                 None,
             ),
@@ -206,10 +207,13 @@ impl Rig {
     }
 
     fn cancel(&self, r: &LaunchRequest) -> Outcome {
-        self.rt.block_on(
-            self.workers
-                .cancel(r.attempt_id, r.tpu_name, r.zone, r.worker_count),
-        )
+        self.rt.block_on(self.workers.cancel(
+            r.attempt_id,
+            r.tpu_name,
+            r.zone,
+            r.worker_count,
+            None,
+        ))
     }
 
     fn report(&self, r: &LaunchRequest) -> AttemptReport {

@@ -1651,6 +1651,19 @@ impl SimCloud {
         pools.len()
     }
 
+    /// Whether node `name` of `zone` was given its preemption notice or is no longer up
+    /// (what its metadata server's `instance/preempted` says: `None` when there is no node).
+    pub fn preempted(&self, zone: &str, name: &str) -> Option<bool> {
+        let node = self
+            .nodes
+            .get(Ustr::from(name))
+            .filter(|n| n.zone == zone)?;
+        Some(
+            node.notice_at.is_some()
+                || !matches!(node.state, NodeState::Creating | NodeState::Ready),
+        )
+    }
+
     /// Preempts the Spot node `name` of `zone` now (with the usual notice); false when there
     /// is no such READY Spot node.
     pub fn preempt_now(&mut self, zone: &str, name: &str) -> bool {
@@ -1931,11 +1944,14 @@ impl SimCloud {
     }
 
     /// Stops `attempt` on the node (every worker writes status 143).
+    /// With a `notice` (the controller stops the run to start it again later), a job that
+    /// checkpoints on notice saves its progress first, as at a Spot preemption notice.
     pub fn cancel(
         &mut self,
         zone: Ustr,
         node_name: Ustr,
         attempt: Ustr,
+        notice: bool,
     ) -> Result<CancelResult, RemoteError> {
         self.api_calls[ApiCall::Cancel as usize] += 1;
         let Some(node) = self.nodes.get(node_name).filter(|n| n.zone == zone) else {
@@ -1961,11 +1977,21 @@ impl SimCloud {
         let now = self.now;
         let run = self.runs.get(&attempt).cloned().expect("checked");
         if run.state == RunState::Running {
+            let progress = (now - run.run_start) as f64 / 1000.0;
+            let saves = notice
+                && self
+                    .jobs
+                    .get(&run.job_id)
+                    .is_some_and(|p| p.behaviour.checkpoint_on_notice);
             self.account_interruption(
                 run.job_id,
-                (now - run.run_start) as f64 / 1000.0,
+                progress,
                 run.chips,
-                run.saved_at_notice,
+                if saves {
+                    Some(progress)
+                } else {
+                    run.saved_at_notice
+                },
             );
         }
         self.touch_run(attempt);

@@ -395,6 +395,7 @@ impl GcpBackend {
                 attempt_id,
                 tpu_name,
                 zone,
+                notice,
                 ..
             } => {
                 let workers = self
@@ -402,7 +403,8 @@ impl GcpBackend {
                     .get(&(*zone, *tpu_name))
                     .copied()
                     .unwrap_or(1);
-                self.workers.cancel(*attempt_id, *tpu_name, *zone, workers)
+                self.workers
+                    .cancel(*attempt_id, *tpu_name, *zone, workers, *notice)
             }
             Action::RecoverDisk {
                 tpu_name,

@@ -549,11 +549,14 @@ impl SimBackend {
                 attempt_id,
                 tpu_name,
                 zone,
+                notice,
                 ..
-            } => match self
-                .cloud
-                .cancel(zone.ustr(), tpu_name.ustr(), attempt_id.ustr())
-            {
+            } => match self.cloud.cancel(
+                zone.ustr(),
+                tpu_name.ustr(),
+                attempt_id.ustr(),
+                notice.is_some(),
+            ) {
                 Ok(CancelResult::Sent) => Outcome::Cancelled(CancelOutcome::Sent),
                 Ok(CancelResult::NotRunning) => Outcome::Cancelled(CancelOutcome::NotRunning),
                 Ok(CancelResult::Mismatch) => Outcome::Cancelled(CancelOutcome::AttemptMismatch),

@@ -18,7 +18,7 @@ use super::sim::{cancel_unreachable, launch_error};
 use super::{BackendError, InFlight, Outcome};
 use crate::engine::Timestamp;
 use crate::engine::observe::{
-    AttemptReport, CancelOutcome, LaunchRequest, RemoteError, RemoteErrorKind, WorkerState,
+    AttemptReport, CancelOutcome, LaunchRequest, Notice, RemoteError, RemoteErrorKind, WorkerState,
     WorkerStatus,
 };
 use crate::gcp::http::{Endpoint, api_error, error_chain};
@@ -47,7 +47,16 @@ pub trait Workers: Send + Sync {
     /// Starts `launch` on every worker of its TPU (idempotent per attempt).
     fn launch(&self, launch: &LaunchRequest) -> Call<Outcome>;
     /// Stops `attempt` on every worker (`workers` of them) of `tpu` in `zone`.
-    fn cancel(&self, attempt: Name, tpu: Name, zone: Name, workers: u32) -> Call<Outcome>;
+    /// Stops `attempt` on every worker of `tpu`; with a notice, the command is told why and
+    /// given a notice's time first.
+    fn cancel(
+        &self,
+        attempt: Name,
+        tpu: Name,
+        zone: Name,
+        workers: u32,
+        notice: Option<Notice>,
+    ) -> Call<Outcome>;
     /// Recovers the disk of every worker of an idle adopted TPU
     /// (`Outcome::DiskRecovery`).
     fn recover_disk(&self, tpu: Name, zone: Name, workers: u32) -> Call<Outcome>;
@@ -127,10 +136,20 @@ impl Workers for EmulatedWorkers {
         })
     }
 
-    fn cancel(&self, attempt: Name, tpu: Name, zone: Name, _workers: u32) -> Call<Outcome> {
+    fn cancel(
+        &self,
+        attempt: Name,
+        tpu: Name,
+        zone: Name,
+        _workers: u32,
+        notice: Option<Notice>,
+    ) -> Call<Outcome> {
         let http = self.http.clone();
         let url = self.node_url(zone, tpu, "cancel");
-        let body = json!({"attemptId": attempt});
+        let body = match notice {
+            Some(notice) => json!({"attemptId": attempt, "notice": notice.word()}),
+            None => json!({"attemptId": attempt}),
+        };
         Box::pin(async move {
             let outcome = match post(&http, &url, body).await {
                 Ok(v) => match v["result"].as_str() {
@@ -405,7 +424,14 @@ impl Workers for AgentWorkers {
         })
     }
 
-    fn cancel(&self, attempt: Name, tpu: Name, zone: Name, workers: u32) -> Call<Outcome> {
+    fn cancel(
+        &self,
+        attempt: Name,
+        tpu: Name,
+        zone: Name,
+        workers: u32,
+        notice: Option<Notice>,
+    ) -> Call<Outcome> {
         let transport = self.transport.clone();
         let timeout = self.timeout;
         Box::pin(async move {
@@ -416,8 +442,12 @@ impl Workers for AgentWorkers {
                     (CancelAck::Mismatch.word(), CancelAck::Mismatch),
                 ];
                 let results = on_every_worker(zone, tpu, workers, |target| {
+                    let mut args = vec!["cancel", "--attempt", &attempt];
+                    if let Some(notice) = notice {
+                        args.extend(["--notice", notice.word()]);
+                    }
                     transport
-                        .run(target, &["cancel", "--attempt", &attempt], b"", timeout)
+                        .run(target, &args, b"", timeout)
                         .map(|out| find_ack(&out, &attempt, &words).map(|(ack, _)| ack))
                 });
                 // Only acknowledgements naming the attempt count.

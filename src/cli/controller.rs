@@ -112,6 +112,12 @@ fn local_transport(stack: &Stack, base: std::path::PathBuf) -> Result<Local, Fai
         base,
         agent: this_binary()?,
         objects: stack.objects.clone(),
+        // Local workers are the emulator's TPUs: their metadata servers are its.
+        metadata: Some(format!(
+            "{}/emulator/v1/projects/{}",
+            stack.endpoint().base.trim_end_matches('/'),
+            stack.fleet.project
+        )),
     })
 }
 

@@ -535,6 +535,15 @@ struct WorkerOpts {
     /// Launch only when `worker prepare` marked this boot ready in DIR (TPU VMs).
     #[arg(long, value_name = "DIR")]
     require_ready: Option<PathBuf>,
+    /// The metadata server whose Spot preemption and maintenance notices reach the command
+    /// (its `computeMetadata/v1/` root), or `off`.
+    #[arg(
+        long,
+        env = "TPU_RUNNER_METADATA",
+        value_name = "URL",
+        default_value = crate::worker::notice::GOOGLE_METADATA
+    )]
+    metadata: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -608,7 +617,21 @@ enum WorkerCommand {
         /// Seconds between TERM and KILL.
         #[arg(long, default_value_t = 10)]
         grace: u64,
+        /// Tell the command why first (its TPU_RUNNER_PREEMPTION_FILE) and give it at least
+        /// 30 s: `interrupt-spot` or `priority-preemption`.
+        #[arg(long, value_name = "REASON", value_parser = parse_notice)]
+        notice: Option<crate::worker::notice::Notice>,
     },
+}
+
+fn parse_notice(word: &str) -> Result<crate::worker::notice::Notice, String> {
+    crate::worker::notice::Notice::of_word(word).ok_or_else(|| {
+        let words: Vec<&str> = crate::worker::notice::Notice::ALL
+            .iter()
+            .map(|n| n.word())
+            .collect();
+        format!("expected one of {}", words.join(", "))
+    })
 }
 
 impl WorkerOpts {
@@ -619,6 +642,8 @@ impl WorkerOpts {
             host: &self.host,
             objects: self.objects.as_deref(),
             require_ready: self.require_ready.as_deref(),
+            metadata: Some(self.metadata.as_str())
+                .filter(|m| *m != crate::worker::agent::METADATA_OFF),
         }
     }
 }
@@ -975,9 +1000,12 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
         Command::Worker(WorkerCommand::Devices { at, devices }) => {
             worker::devices(&at.args(), devices)
         }
-        Command::Worker(WorkerCommand::Cancel { at, attempt, grace }) => {
-            worker::cancel(&at.args(), &attempt, grace)
-        }
+        Command::Worker(WorkerCommand::Cancel {
+            at,
+            attempt,
+            grace,
+            notice,
+        }) => worker::cancel(&at.args(), &attempt, grace, notice),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "tpu-runner", &mut out);

@@ -25,6 +25,8 @@ pub struct WorkerArgs<'a> {
     pub objects: Option<&'a Path>,
     /// Launch only when this boot was prepared (the marker's folder).
     pub require_ready: Option<&'a Path>,
+    /// The metadata server to watch for notices (`None`: none).
+    pub metadata: Option<&'a str>,
 }
 
 impl WorkerArgs<'_> {
@@ -86,6 +88,7 @@ pub fn launch(args: &WorkerArgs<'_>) -> Result<ExitStatus, Failure> {
         store.as_ref(),
         &exe,
         args.objects,
+        args.metadata,
     )
     .map_err(setup)?;
     print_stdout(&format!(
@@ -100,7 +103,14 @@ pub fn launch(args: &WorkerArgs<'_>) -> Result<ExitStatus, Failure> {
 /// `worker supervise` (started detached by `launch`).
 pub fn supervise(args: &WorkerArgs<'_>, job: &str, attempt: &str) -> Result<ExitStatus, Failure> {
     let store = args.store()?;
-    match agent::supervise(&args.root(), args.host, job, attempt, store.as_ref()) {
+    match agent::supervise(
+        &args.root(),
+        args.host,
+        job,
+        attempt,
+        store.as_ref(),
+        args.metadata,
+    ) {
         Ok(_) => Ok(ExitStatus::Ok),
         Err(e) => {
             // Whatever went wrong, the controller must hear of it: a set-up failure.
@@ -142,6 +152,7 @@ pub fn cancel(
     args: &WorkerArgs<'_>,
     attempt: &str,
     grace_secs: u64,
+    notice: Option<crate::worker::notice::Notice>,
 ) -> Result<ExitStatus, Failure> {
     let store = args.store()?;
     let ack = agent::cancel(
@@ -150,6 +161,7 @@ pub fn cancel(
         attempt,
         Duration::from_secs(grace_secs),
         store.as_ref(),
+        notice,
     );
     print_stdout(&format!("{} {} {attempt}\n", ack.word(), args.host));
     Ok(ExitStatus::Ok)

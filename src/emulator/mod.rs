@@ -8,6 +8,7 @@
 //! report attempts on the simulated workers. For tests and for trying the controller without
 //! a cloud account: production code must never use it.
 
+mod metadata;
 pub mod routes;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -82,6 +83,9 @@ pub struct World {
     /// worker), the address the node's `networkEndpoints` give and the host key its guest
     /// attributes publish.
     pub ssh_workers: HashMap<(String, String, u32), SshWorker>,
+    /// Host maintenance announced on a node's metadata server: (zone, node) → the node's
+    /// incarnation it was announced for.
+    pub(crate) maintenance: HashMap<(String, String), u64>,
 }
 
 /// A worker reachable over SSH (a real sshd on this machine, registered by a test).
@@ -175,6 +179,7 @@ impl World {
             live: HashMap::new(),
             present: HashMap::new(),
             ssh_workers: HashMap::new(),
+            maintenance: HashMap::new(),
             default_job: JobBehaviour::plain(600.0),
         }
     }

@@ -36,7 +36,7 @@ pub struct Fail {
 }
 
 impl Fail {
-    fn new(code: StatusCode, status: &'static str, message: impl Into<String>) -> Fail {
+    pub(crate) fn new(code: StatusCode, status: &'static str, message: impl Into<String>) -> Fail {
         Fail {
             code,
             status,
@@ -135,6 +135,16 @@ pub fn router(shared: Shared) -> Router {
             &format!("{ctl}/projects/{{project}}/locations/{{zone}}/nodes/{{node}}/cancel"),
             post(cancel),
         )
+        .route(
+            &format!("{ctl}/projects/{{project}}/locations/{{zone}}/nodes/{{node}}/maintenance"),
+            post(super::metadata::announce_maintenance),
+        )
+        .route(
+            &format!(
+                "{ctl}/projects/{{project}}/locations/{{zone}}/nodes/{{node}}/computeMetadata/v1/instance/{{key}}"
+            ),
+            get(super::metadata::read),
+        )
         .route(&format!("{ctl}/reports"), post(reports))
         .route(
             &format!(
@@ -219,7 +229,10 @@ async fn front_end(request: axum::extract::Request, next: axum::middleware::Next
 }
 
 /// The world for a call on `project`, brought to the wall clock.
-fn world<'a>(shared: &'a Shared, project: &str) -> Result<std::sync::MutexGuard<'a, World>, Fail> {
+pub(crate) fn world<'a>(
+    shared: &'a Shared,
+    project: &str,
+) -> Result<std::sync::MutexGuard<'a, World>, Fail> {
     let mut w = lock(shared);
     if project != w.project {
         return Err(Fail::new(
@@ -980,6 +993,9 @@ async fn launch(
 #[serde(rename_all = "camelCase")]
 struct CancelBody {
     attempt_id: String,
+    /// Why the controller stops it, when the job is to run again (`interrupt-spot`, …).
+    #[serde(default)]
+    notice: Option<String>,
 }
 
 async fn cancel(
@@ -997,6 +1013,7 @@ async fn cancel(
                 Ustr::from(&zone),
                 Ustr::from(&node),
                 Ustr::from(&c.attempt_id),
+                c.notice.is_some(),
             )
             .map(|r| {
                 Json(json!({"result": match r {

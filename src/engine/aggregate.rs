@@ -3,7 +3,7 @@
 //! infrastructure failures are only what the runner itself reports), and partial success
 //! with silent workers is a lost attempt after a grace instead of waiting forever.
 
-use super::observe::{WorkerState, WorkerStatus};
+use super::observe::{Notice, WorkerState, WorkerStatus};
 use super::time::Timestamp;
 
 /// Exit code tpu-runner reports for retryable infrastructure failures.
@@ -30,6 +30,12 @@ pub enum Verdict {
         exit_code: i32,
         /// Failure kind.
         kind: FailureKind,
+        /// Per-worker summary.
+        summary: String,
+    },
+    /// The cloud gave notice (a Spot preemption, host maintenance) and the workers stopped
+    /// the command early: requeue it as after a preemption.
+    Noticed {
         /// Per-worker summary.
         summary: String,
     },
@@ -137,6 +143,15 @@ pub fn aggregate(
             summary: summary(),
         };
     }
+    let noticed = infra.iter().all(|s| {
+        s.infrastructure_failure
+            .as_deref()
+            .and_then(Notice::of_word)
+            .is_some()
+    });
+    if retryable && noticed {
+        return Verdict::Noticed { summary: summary() };
+    }
     if retryable {
         return Verdict::Retryable {
             recycle,
@@ -234,6 +249,51 @@ mod tests {
             ),
             v => panic!("{v:?}"),
         }
+    }
+
+    #[test]
+    fn a_notice_requeues_whatever_the_command_exited_with() {
+        // A command that saved and exited 0 after the notice did not finish its work.
+        for code in [0, 143] {
+            let s = [
+                status(
+                    "w0",
+                    WorkerState::Failed,
+                    Some(code),
+                    Some(10),
+                    Some("spot-preemption"),
+                ),
+                status("w1", WorkerState::Failed, Some(143), Some(10), None),
+            ];
+            assert!(
+                matches!(
+                    aggregate(&s, 2, Timestamp::from_secs(10), G),
+                    Verdict::Noticed { .. }
+                ),
+                "exit {code}"
+            );
+        }
+        // A notice beside a slice failure is a slice failure.
+        let s = [
+            status(
+                "w0",
+                WorkerState::Failed,
+                Some(0),
+                Some(10),
+                Some("host-maintenance"),
+            ),
+            status(
+                "w1",
+                WorkerState::Failed,
+                Some(1),
+                Some(10),
+                Some(SLICE_FAILURE),
+            ),
+        ];
+        assert!(matches!(
+            aggregate(&s, 2, Timestamp::from_secs(10), G),
+            Verdict::Retryable { recycle: true, .. }
+        ));
     }
 
     // Acceptance scenarios 7–11 of the original (§8), adapted to explicit markers.

@@ -447,7 +447,54 @@ pub enum Action {
         tpu_name: Name,
         /// Zone.
         zone: Name,
+        /// Why the job is stopped when it will run again: the workers tell its command
+        /// (`TPU_RUNNER_PREEMPTION_FILE`, then SIGTERM) and give it a notice's time to save.
+        /// `None` for a cancel the job does not come back from.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        notice: Option<Notice>,
     },
+}
+
+/// Why a running command is asked to stop early and will be started again: the word written
+/// into its `TPU_RUNNER_PREEMPTION_FILE` (docs/workers.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Notice {
+    /// The metadata server announced a Spot preemption (`instance/preempted` = `TRUE`).
+    SpotPreemption,
+    /// The metadata server announced host maintenance that stops the TPU
+    /// (`instance/maintenance-event` other than `NONE`).
+    HostMaintenance,
+    /// The controller stops it to take its Spot TPU away (`interrupt-spot`).
+    InterruptSpot,
+    /// The controller stops it for a job of higher priority.
+    PriorityPreemption,
+}
+
+impl Notice {
+    /// Every notice.
+    pub const ALL: [Notice; 4] = [
+        Notice::SpotPreemption,
+        Notice::HostMaintenance,
+        Notice::InterruptSpot,
+        Notice::PriorityPreemption,
+    ];
+
+    /// The word in the marker file, the agent's `--notice` and a status object's
+    /// `infrastructure_failure`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Notice::SpotPreemption => "spot-preemption",
+            Notice::HostMaintenance => "host-maintenance",
+            Notice::InterruptSpot => "interrupt-spot",
+            Notice::PriorityPreemption => "priority-preemption",
+        }
+    }
+
+    /// The notice a word names.
+    pub fn of_word(word: &str) -> Option<Notice> {
+        Notice::ALL.into_iter().find(|n| n.word() == word)
+    }
 }
 
 /// Everything the workers need to run an attempt.

@@ -358,6 +358,7 @@ pub fn launch(
     objects: &dyn ObjectStore,
     agent: &Path,
     objects_arg: Option<&Path>,
+    metadata: Option<&str>,
 ) -> Result<LaunchAck, String> {
     let r = &spec.request;
     let attempt = r.attempt_id.as_str();
@@ -457,6 +458,9 @@ pub fn launch(
     if let Some(dir) = objects_arg {
         command.arg("--objects").arg(dir);
     }
+    command
+        .arg("--metadata")
+        .arg(metadata.unwrap_or(METADATA_OFF));
     let child = command
         .stdin(Stdio::null())
         .stdout(log.try_clone().map_err(|e| e.to_string())?)
@@ -492,14 +496,19 @@ fn infrastructure_failure(log: &Path) -> Option<String> {
         .then(|| "slice_failure_chip_driver_error".to_owned())
 }
 
+/// The `--metadata` word for a worker with no metadata server to watch.
+pub const METADATA_OFF: &str = "off";
+
 /// Supervises attempt `attempt` of `job` (started by `launch`): heartbeats, the command, its
-/// log and its status object. Returns the command's exit code.
+/// log and its status object, and the cloud's notices from the metadata server at `metadata`
+/// (when given) passed on to the command. Returns the command's exit code.
 pub fn supervise(
     root: &Root,
     host: &str,
     job: &str,
     attempt: &str,
     objects: &dyn ObjectStore,
+    metadata: Option<&str>,
 ) -> Result<i32, String> {
     let dirs = root.dirs(job, attempt);
     let spec: LaunchSpec = serde_json::from_slice(
@@ -594,6 +603,8 @@ pub fn supervise(
         let _ = write_current(root, &current);
     }
     drop(launch_lock);
+    let watcher = metadata.map(super::notice::Watcher::start);
+    let mut noticed = None;
     // Heartbeats while the command runs, and its output so far for `watch` and `logs`:
     // every couple of seconds while it is small, then with the heartbeats.
     let mut next_log = Instant::now() + LIVE_LOG_EVERY;
@@ -603,6 +614,22 @@ pub fn supervise(
             Ok(Some(status)) => break status,
             Ok(None) => {}
             Err(e) => return Err(format!("waiting for the command: {e}")),
+        }
+        // The cloud's notice: the command is told why, then asked to stop; the TPU goes
+        // away (or into maintenance) on its own time, so nothing is killed here.
+        if noticed.is_none()
+            && let Some(notice) = watcher.as_ref().and_then(super::notice::Watcher::notice)
+        {
+            noticed = Some(notice);
+            if let Err(e) = super::notice::write_marker(&dirs.attempt, notice) {
+                eprintln!("tpu-runner: cannot write the notice file: {e}");
+            }
+            eprintln!(
+                "tpu-runner: {} notice at {}: SIGTERM to the command",
+                notice.word(),
+                now()
+            );
+            let _ = killpg(Pid::from_raw(group), Signal::SIGTERM);
         }
         if Instant::now() >= next {
             let _ = beat(objects);
@@ -638,12 +665,16 @@ pub fn supervise(
                 .put(&log_uri, &data, false)
                 .map_err(|e| e.to_string())
         });
-    let infrastructure = (code != 0)
-        .then(|| infrastructure_failure(&log_path))
-        .flatten();
+    // Stopped by a notice, the command did not finish its work, whatever it exited with.
+    let infrastructure = match noticed {
+        Some(notice) => Some(notice.word().to_owned()),
+        None => (code != 0)
+            .then(|| infrastructure_failure(&log_path))
+            .flatten(),
+    };
     let state = match (&upload, code) {
         (Err(_), _) => "failed_artifacts",
-        (Ok(()), 0) => "succeeded",
+        (Ok(()), 0) if noticed.is_none() => "succeeded",
         _ => "failed",
     };
     let status = StatusObject {
@@ -688,12 +719,15 @@ pub fn stop_all(root: &Root) {
 
 /// Stops `attempt` on this worker. Stopped before its command started, the attempt gets its
 /// status here (the supervisor that would have written it is gone).
+/// With a `notice`, the command is told why first (its marker file) and has at least a Spot
+/// notice's time to end before it is killed.
 pub fn cancel(
     root: &Root,
     host: &str,
     attempt: &str,
     grace: Duration,
     objects: &dyn ObjectStore,
+    notice: Option<super::notice::Notice>,
 ) -> CancelAck {
     // Under the launch lock: a supervisor records its command's group under it, so a cancel
     // never sees a command started but not yet recorded.
@@ -709,7 +743,19 @@ pub fn cancel(
         return CancelAck::NotRunning;
     }
     match current.command_group {
-        Some(group) => stop_group(group, grace),
+        Some(group) => {
+            let grace = match notice {
+                Some(notice) => {
+                    let dirs = root.dirs(&current.job_id, attempt);
+                    if let Err(e) = super::notice::write_marker(&dirs.attempt, notice) {
+                        eprintln!("tpu-runner: cannot write the notice file: {e}");
+                    }
+                    grace.max(Duration::from_secs(super::notice::NOTICE_SECS))
+                }
+                None => grace,
+            };
+            stop_group(group, grace)
+        }
         // Still setting up: stop the supervisor itself, and say so in its place.
         None => {
             stop_group(current.supervisor, grace);

@@ -9,6 +9,7 @@ pub mod adopted;
 pub mod agent;
 pub mod bundle;
 pub mod devices;
+pub mod notice;
 pub mod prepare;
 pub mod transport;
 
@@ -103,7 +104,8 @@ pub struct StatusObject {
     /// The command's exit code (128 + signal when killed); `None` when it never ran.
     pub command_exit_code: Option<i32>,
     /// An infrastructure failure seen on this worker (not something a command can exit
-    /// with): `slice_failure_chip_driver_error`, `accelerator_busy`.
+    /// with): `slice_failure_chip_driver_error`, `accelerator_busy`, or the notice the
+    /// command was stopped on (`spot-preemption`, `host-maintenance`).
     pub infrastructure_failure: Option<String>,
     /// Why set-up failed, when it did.
     pub setup_error: Option<String>,
@@ -208,6 +210,10 @@ pub fn command_env(spec: &LaunchSpec, host: &str, dirs: &agent::Dirs) -> BTreeMa
         ("BUNDLE_SHA256", sha),
         ("ATTEMPT_DIR", dirs.attempt.display().to_string()),
         ("TPU_RUNNER_COMMAND", r.command.clone()),
+        (
+            notice::FILE_ENV,
+            notice::marker(&dirs.attempt).display().to_string(),
+        ),
     ];
     for (k, v) in runner {
         env.insert(k.to_owned(), v);

@@ -108,6 +108,10 @@ pub struct Local {
     pub agent: PathBuf,
     /// A local object folder (`--objects`), if not the environment's store.
     pub objects: Option<PathBuf>,
+    /// The emulator's TPU VM metadata servers, per project
+    /// (`URL/emulator/v1/projects/PROJECT`: each TPU's is below it), whose notices the
+    /// agents watch; `None`: no metadata server.
+    pub metadata: Option<String>,
 }
 
 impl Local {
@@ -162,7 +166,17 @@ impl Transport for Local {
             .arg("--root")
             .arg(&root)
             .arg("--host")
-            .arg(target.host());
+            .arg(target.host())
+            .arg("--metadata")
+            .arg(match &self.metadata {
+                Some(project) => format!(
+                    "{}/locations/{}/nodes/{}/computeMetadata/v1/",
+                    project.trim_end_matches('/'),
+                    target.zone,
+                    target.tpu
+                ),
+                None => super::agent::METADATA_OFF.to_owned(),
+            });
         if let Some(dir) = &self.objects {
             // The worker's object store is its environment's: the command sees it too.
             command

@@ -5,12 +5,12 @@ use super::{CONTROLLED_INTERRUPTION, Finish, Pass, Stop, launch_request};
 use crate::engine::aggregate;
 use crate::engine::aggregate::{EXIT_RETRYABLE, FailureKind, Verdict};
 use crate::engine::memo::QuietRun;
-use crate::engine::observe::{Action, AttemptReport, CancelOutcome, RemoteErrorKind};
+use crate::engine::observe::{Action, AttemptReport, CancelOutcome, Notice, RemoteErrorKind};
 use crate::engine::state::{
-    Attempt, AttemptStatus, EndReason, Job, JobStatus, Resource, ResourceStatus,
+    Attempt, AttemptStatus, EndReason, InterruptionStatus, Job, JobStatus, Resource, ResourceStatus,
 };
 use crate::engine::time::Timestamp;
-use crate::spec::Name;
+use crate::spec::{Name, names};
 
 impl<'a> Pass<'a> {
     // ----- step 6: attempts -------------------------------------------------------------
@@ -106,12 +106,15 @@ impl<'a> Pass<'a> {
         launch_request(&self.state.jobs[job_id], resource, &attempt.id)
     }
 
+    /// Stops `attempt` on its workers; an attempt the controller interrupts to run again
+    /// later is told why first (its notice).
     pub(super) fn cancel_action(job_id: &Name, attempt: &Attempt, resource: &Resource) -> Action {
         Action::Cancel {
             attempt_id: attempt.id,
             job_id: job_id.to_owned(),
             tpu_name: resource.tpu_name,
             zone: resource.zone,
+            notice: attempt.interrupting.then_some(Notice::InterruptSpot),
         }
     }
 
@@ -392,6 +395,15 @@ impl<'a> Pass<'a> {
     /// preemption (no infrastructure retry counted), its TPU draining (its deletion was
     /// asked for), the job requeued in its region.
     fn finish_interrupted(&mut self, job_id: &Name, attempt: &Attempt, resource: &Resource) {
+        let request = self
+            .state
+            .interruption_requests
+            .values()
+            .find(|r| r.attempt_id == attempt.id && r.status == InterruptionStatus::Processing)
+            .map(|r| r.id);
+        if let Some(id) = request {
+            self.interruption_deletion(&id);
+        }
         let done = self.finish(
             job_id,
             Finish {
@@ -530,6 +542,7 @@ impl<'a> Pass<'a> {
                     );
                 }
             }
+            Verdict::Noticed { summary } => self.noticed(job_id, attempt, resource, &summary),
             Verdict::Retryable { recycle, summary } => {
                 let threshold = if recycle {
                     1
@@ -540,6 +553,50 @@ impl<'a> Pass<'a> {
                 };
                 self.retryable_failure(job_id, attempt, resource, &summary, threshold);
             }
+        }
+    }
+
+    /// An attempt its workers stopped on the cloud's notice: interrupted as by a preemption
+    /// (no infrastructure retry counted), the job requeued; a managed Spot TPU, going away or
+    /// into maintenance, is deleted (its request made again later like any other), any other
+    /// waits for its node to say it is usable again.
+    fn noticed(&mut self, job_id: &Name, attempt: &Attempt, resource: &Resource, summary: &str) {
+        let delete = self.recyclable(resource);
+        let done = self.finish(
+            job_id,
+            Finish {
+                attempt_status: AttemptStatus::Interrupted,
+                reason: EndReason::Preempted,
+                job_status: JobStatus::Pending,
+                resource_status: if delete {
+                    ResourceStatus::Draining
+                } else {
+                    ResourceStatus::Idle
+                },
+                exit_code: Some(EXIT_RETRYABLE),
+                summary,
+                retryable: false,
+                recycle_threshold: 0,
+                expected: JobStatus::Running,
+            },
+        );
+        if let Some(job) = self.state.job(job_id).filter(|_| done) {
+            let detail = if job.status == JobStatus::Pending {
+                format!("reason=notice; requeued; {summary}")
+            } else {
+                format!("reason=notice; retry disabled; {summary}")
+            };
+            self.event(
+                "job_interrupted",
+                Some(job_id),
+                Some(&resource.id),
+                Some(&attempt.id),
+                detail,
+            );
+        }
+        if done && delete {
+            let qr = names::queued_resource_name(&resource.tpu_name);
+            self.delete_qr(&qr, &resource.zone);
         }
     }
 

@@ -57,7 +57,7 @@ impl<'a> Pass<'a> {
             let exit_code = match &verdict {
                 Verdict::Succeeded => Some(0),
                 Verdict::Failed { exit_code, .. } => Some(*exit_code),
-                Verdict::Retryable { .. } => Some(EXIT_RETRYABLE),
+                Verdict::Retryable { .. } | Verdict::Noticed { .. } => Some(EXIT_RETRYABLE),
                 Verdict::Incomplete { .. } => None,
             };
             if finished_remotely || outcome == Some(CancelOutcome::NotRunning) {
@@ -112,6 +112,7 @@ impl<'a> Pass<'a> {
                 job_id,
                 tpu_name: resource.tpu_name,
                 zone: resource.zone,
+                notice: None,
             });
         }
     }
@@ -214,20 +215,10 @@ impl<'a> Pass<'a> {
                 continue;
             }
             let _ = req.transition(InterruptionStatus::Processing, now);
-            let qr_name =
-                names::queued_resource_name(&self.state.resources[&request.resource_id].tpu_name);
-            let zone = self.state.resources[&request.resource_id].zone;
-            self.delete_qr(&qr_name, &zone);
-            let req = self
-                .state
-                .interruption_requests
-                .get_mut(&id)
-                .expect("listed above");
-            req.queued_resource_name = Some(qr_name);
-            let _ = req.transition(InterruptionStatus::DeletionRequested, now);
-            // The attempt's workers are stopped first (the cancel goes out with the
-            // deletion); the job is requeued once they are (`attempts`), never while they
-            // may still run beside its next attempt.
+            // The attempt's workers are stopped first, with the notice a Spot preemption gives
+            // (`attempts` sends the cancel); the TPU's deletion is asked for once they are, so
+            // the command has its time to save, and the job is requeued then too, never while
+            // its workers may still run beside its next attempt.
             if let Some(a) = self
                 .state
                 .jobs
@@ -246,14 +237,62 @@ impl<'a> Pass<'a> {
                 Some(&request.attempt_id),
                 String::new(),
             );
-            self.event(
-                "controlled_interruption_deletion_requested",
-                Some(&request.job_id),
-                Some(&request.resource_id),
-                None,
-                String::new(),
-            );
         }
+        // A request whose attempt ended some other way while it was being stopped (it
+        // finished, was cancelled, its TPU went): its TPU's deletion is asked for now.
+        let ended: Vec<Name> = self
+            .state
+            .interruption_requests
+            .values()
+            .filter(|r| r.status == InterruptionStatus::Processing)
+            .filter(|r| {
+                !self
+                    .state
+                    .jobs
+                    .get(&r.job_id)
+                    .and_then(Job::attempt)
+                    .is_some_and(|a| a.id == r.attempt_id && !a.status.is_terminal())
+            })
+            .map(|r| r.id)
+            .collect();
+        for id in ended {
+            self.interruption_deletion(&id);
+        }
+    }
+
+    /// Asks for the deletion of the queued resource interruption request `id` takes away,
+    /// once its attempt's workers are stopped.
+    pub(super) fn interruption_deletion(&mut self, id: &Name) {
+        let Some(request) = self
+            .state
+            .interruption_requests
+            .get(id)
+            .filter(|r| r.status == InterruptionStatus::Processing)
+            .cloned()
+        else {
+            return;
+        };
+        let Some(resource) = self.state.resources.get(&request.resource_id) else {
+            return;
+        };
+        let qr_name = names::queued_resource_name(&resource.tpu_name);
+        let zone = resource.zone;
+        self.delete_qr(&qr_name, &zone);
+        let now = self.now;
+        let req = self
+            .state
+            .interruption_requests
+            .get_mut(id)
+            .expect("found above");
+        req.queued_resource_name = Some(qr_name);
+        let _ = req.transition(InterruptionStatus::DeletionRequested, now);
+        self.event(
+            "controlled_interruption_deletion_requested",
+            Some(&request.job_id),
+            Some(&request.resource_id),
+            None,
+            String::new(),
+        );
     }
 
     pub(super) fn validate_interruption(
