@@ -146,11 +146,16 @@ fn short_sweep_with_every_fault_finds_nothing() {
         // The default policy over 150 seeds, each policy option over 50.
         for label in &s.policies {
             let seeds = if label == "classic" { 150 } else { 50 };
-            let mut cooled = 0u64;
+            let (mut cooled, mut displacing) = (0u64, 0u64);
             for seed in 1..=seeds {
-                // Counts the passes that saw a pool cooling (the memory is exercised).
+                // Counts the passes that saw a pool cooling (the memory is exercised) and those
+                // that saw a displacement under way (priority preemption is).
                 let mut watch = |state: &mut State, _: &mut Vec<Action>, now: Timestamp| {
                     cooled += u64::from(state.pools.values().any(|m| m.cooling(now)));
+                    displacing += u64::from(state.jobs.values().any(|j| {
+                        j.attempt()
+                            .is_some_and(|a| a.displaced_by.is_some() && !a.status.is_terminal())
+                    }));
                 };
                 let hooks = Hooks {
                     mutator: Some(&mut watch),
@@ -168,11 +173,16 @@ fn short_sweep_with_every_fault_finds_nothing() {
                     ),
                 }
             }
-            let memory = s.policy(label).expect("listed").stockout.enabled();
+            let policy = s.policy(label).expect("listed");
             assert_eq!(
                 cooled > 0,
-                memory,
+                policy.stockout.enabled(),
                 "{rel} {label}: passes with a pool cooling: {cooled}"
+            );
+            assert_eq!(
+                displacing > 0,
+                policy.priority_preemption.enabled(),
+                "{rel} {label}: passes with a displacement under way: {displacing}"
             );
         }
         // Every injector fired at least once over the sweep.

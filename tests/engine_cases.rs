@@ -30,8 +30,15 @@ fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64)
                 attempt_id,
                 job_id,
                 tpu_name,
+                notice,
                 ..
-            } => format!("cancel {attempt_id} of {job_id} on {tpu_name}"),
+            } => match notice {
+                Some(n) => format!(
+                    "cancel {attempt_id} of {job_id} on {tpu_name} with notice {}",
+                    n.word()
+                ),
+                None => format!("cancel {attempt_id} of {job_id} on {tpu_name}"),
+            },
             Action::RecoverDisk {
                 resource_id,
                 worker_count,

@@ -271,11 +271,18 @@ fn render(
                 job_id,
                 tpu_name,
                 attempt_id,
+                notice,
                 ..
             } => vec![
                 "cancel".into(),
                 job_id.to_string(),
-                format!("on {tpu_name}, attempt {attempt_id}"),
+                match notice {
+                    Some(n) => format!(
+                        "on {tpu_name}, attempt {attempt_id}, with notice {}",
+                        n.word()
+                    ),
+                    None => format!("on {tpu_name}, attempt {attempt_id}"),
+                },
             ],
             Action::RecoverDisk {
                 resource_id,

@@ -30,6 +30,10 @@ pub(crate) struct MetadataQuery {
 /// The longest a long poll waits (Google's own cap is an hour; the emulator's is shorter).
 const MAX_WAIT_SECS: u64 = 300;
 
+/// Virtual milliseconds an announced maintenance lasts (Compute Engine warns 60 s ahead;
+/// the emulator's maintenance is over then, and the key says `NONE` again).
+const MAINTENANCE_MS: u64 = 60_000;
+
 /// What the emulator announces for host maintenance that stops a TPU VM.
 pub(crate) const TERMINATE: &str = "TERMINATE_ON_HOST_MAINTENANCE";
 
@@ -68,8 +72,11 @@ fn value(
                 .all_nodes()
                 .find(|n| n.zone == zone && n.name == node)
                 .map(|n| n.serial);
-            let announced =
-                w.maintenance.get(&(zone.to_owned(), node.to_owned())) == serial.as_ref();
+            let now = w.now_ms();
+            let announced = w
+                .maintenance
+                .get(&(zone.to_owned(), node.to_owned()))
+                .is_some_and(|&(s, at)| Some(s) == serial && now < at + MAINTENANCE_MS);
             Ok(if announced { TERMINATE } else { "NONE" }.to_owned())
         }
         _ => Err(Fail::new(
@@ -126,7 +133,8 @@ pub(crate) async fn read(
 }
 
 /// `POST /emulator/v1/projects/P/locations/Z/nodes/N/maintenance`: announces host maintenance
-/// that stops TPU VM `N` on its metadata server (until the node is made again).
+/// that stops TPU VM `N` on its metadata server, for a minute of virtual time (the node itself
+/// stays up: the maintenance is short).
 pub(crate) async fn announce_maintenance(
     State(shared): State<Shared>,
     Path((project, zone, node)): Path<(String, String, String)>,
@@ -143,7 +151,8 @@ pub(crate) async fn announce_maintenance(
         .map(|n| n.serial);
     match serial {
         Some(serial) => {
-            w.maintenance.insert((zone, node.clone()), serial);
+            let now = w.now_ms();
+            w.maintenance.insert((zone, node.clone()), (serial, now));
             axum::Json(serde_json::json!({"maintenance": node, "event": TERMINATE})).into_response()
         }
         None => Fail::new(

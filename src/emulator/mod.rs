@@ -84,8 +84,8 @@ pub struct World {
     /// attributes publish.
     pub ssh_workers: HashMap<(String, String, u32), SshWorker>,
     /// Host maintenance announced on a node's metadata server: (zone, node) → the node's
-    /// incarnation it was announced for.
-    pub(crate) maintenance: HashMap<(String, String), u64>,
+    /// incarnation it was announced for and when (virtual milliseconds).
+    pub(crate) maintenance: HashMap<(String, String), (u64, u64)>,
 }
 
 /// A worker reachable over SSH (a real sshd on this machine, registered by a test).

@@ -36,6 +36,8 @@ pub enum Verdict {
     /// The cloud gave notice (a Spot preemption, host maintenance) and the workers stopped
     /// the command early: requeue it as after a preemption.
     Noticed {
+        /// When the last of them stopped.
+        at: Option<Timestamp>,
         /// Per-worker summary.
         summary: String,
     },
@@ -150,7 +152,10 @@ pub fn aggregate(
             .is_some()
     });
     if retryable && noticed {
-        return Verdict::Noticed { summary: summary() };
+        return Verdict::Noticed {
+            at: infra.iter().filter_map(|s| s.finished_at).max(),
+            summary: summary(),
+        };
     }
     if retryable {
         return Verdict::Retryable {

@@ -575,6 +575,11 @@ pub struct Attempt {
     /// requeued; never before, so two attempts of the job never run at once.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interrupting: bool,
+    /// The job of higher priority it is stopped for (priority preemption): its workers get
+    /// the notice; once they are stopped the attempt ends interrupted (as a preemption) and
+    /// its job is requeued. Kept once ended: a job is displaced at most once in a window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub displaced_by: Option<Name>,
 }
 
 impl Attempt {

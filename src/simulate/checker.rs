@@ -1,7 +1,8 @@
 //! Invariants checked after every simulated step (TigerBeetle-style checkers): no TPU runs
 //! two attempts, no job has two active attempts, every job is in one legal, self-consistent
 //! state and only moves by legal transitions, live capacity never exceeds entry counts or
-//! chip limits, no job is lost, priority order holds at assignment, and liveness once faults
+//! chip limits, no job is lost, priority order holds at assignment, priority preemption
+//! displaces only lower priority and no job twice in its window, and liveness once faults
 //! stop. Reads the state, the pass output and the simulated cloud; changes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,6 +25,8 @@ pub struct Invariants {
     liveness_secs: i64,
     /// Per pending job: since when capacity for it has been free (liveness).
     capacity_since: BTreeMap<Name, Timestamp>,
+    /// Per job: when it was last displaced by priority preemption.
+    displaced_at: BTreeMap<Name, Timestamp>,
     /// Steps checked.
     pub steps: u64,
 }
@@ -46,7 +49,49 @@ impl Invariants {
         self.no_job_lost(v)?;
         self.capacity_within_limits(v)?;
         self.priority_order(v)?;
+        self.displacements_legal(v)?;
         self.liveness(v)
+    }
+
+    /// Priority preemption displaces only a job of strictly lower priority than the waiting
+    /// job it is done for, and no job twice within the fleet's window.
+    fn displacements_legal(&mut self, v: &StepView<'_>) -> Result<(), String> {
+        let Some(out) = v.output else { return Ok(()) };
+        let window = v
+            .engine
+            .index()
+            .fleet
+            .policy
+            .priority_preemption
+            .window_secs;
+        for e in out.events.iter().filter(|e| e.kind == "job_displacing") {
+            let Some(victim) = e.job_id.as_ref() else {
+                continue;
+            };
+            let waiter = e.detail.strip_prefix("for=").unwrap_or_default();
+            let (Some(v_job), Some(w_job)) = (v.state.job(victim), v.state.job(&Name::new(waiter)))
+            else {
+                return Err(format!(
+                    "displacements legal: {victim} displaced for unknown job {waiter:?}"
+                ));
+            };
+            if v_job.spec.priority >= w_job.spec.priority {
+                return Err(format!(
+                    "displacements legal: {victim} ({:?}) displaced for {waiter} ({:?}), not of higher priority",
+                    v_job.spec.priority, w_job.spec.priority
+                ));
+            }
+            if let Some(last) = self.displaced_at.get(victim)
+                && !v.now.elapsed_since(*last, window)
+            {
+                return Err(format!(
+                    "displacements legal: {victim} displaced twice within {window} s (at {last} and {})",
+                    v.now
+                ));
+            }
+            self.displaced_at.insert(*victim, v.now);
+        }
+        Ok(())
     }
 
     fn one_attempt_per_tpu(&self, v: &StepView<'_>) -> Result<(), String> {

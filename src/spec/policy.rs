@@ -180,6 +180,38 @@ impl StockoutMemory {
     }
 }
 
+/// `priority_preemption_window` when the file does not set it: a job is displaced at most
+/// once in 2 h (a few checkpoint intervals of most training loops).
+pub const DEFAULT_PREEMPTION_WINDOW_SECS: i64 = 7200;
+
+/// Priority preemption (opt-in): a job waiting `after_secs` for a TPU may displace a running
+/// job of strictly lower priority whose TPU it can use; no job is displaced twice within
+/// `window_secs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PriorityPreemption {
+    /// How long a job waits before it may displace one; 0 turns it off.
+    pub after_secs: i64,
+    /// No job is displaced twice within this.
+    pub window_secs: i64,
+}
+
+impl Default for PriorityPreemption {
+    fn default() -> Self {
+        PriorityPreemption {
+            after_secs: 0,
+            window_secs: DEFAULT_PREEMPTION_WINDOW_SECS,
+        }
+    }
+}
+
+impl PriorityPreemption {
+    /// True when it is on.
+    pub fn enabled(&self) -> bool {
+        self.after_secs > 0
+    }
+}
+
 /// The policy a fleet runs: its name, its parameters and the engine's timings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -191,6 +223,8 @@ pub struct PolicySpec {
     pub race_after_secs: i64,
     /// Stockout memory (any policy; off unless `stockout_cooldown` is set).
     pub stockout: StockoutMemory,
+    /// Priority preemption (any policy; off unless `priority_preemption_after` is set).
+    pub priority_preemption: PriorityPreemption,
     /// The engine's timings.
     pub engine: EngineConfig,
 }
@@ -216,6 +250,7 @@ impl PolicySpec {
             name,
             race_after_secs: DEFAULT_RACE_AFTER_SECS,
             stockout,
+            priority_preemption: PriorityPreemption::default(),
             engine: EngineConfig::default(),
         }
     }
@@ -252,6 +287,9 @@ impl PolicySpec {
         if self.stockout.enabled() {
             v["stockout"] = serde_json::json!(self.stockout);
         }
+        if self.priority_preemption.enabled() {
+            v["priority_preemption"] = serde_json::json!(self.priority_preemption);
+        }
         v
     }
 
@@ -277,6 +315,19 @@ impl PolicySpec {
         }
         if self.stockout.enabled() && self.stockout.doublings != own.doublings {
             changed.push(format!("stockout_doublings {}", self.stockout.doublings));
+        }
+        let p = self.priority_preemption;
+        if p.enabled() {
+            changed.push(format!(
+                "priority_preemption_after {}",
+                show_secs(p.after_secs)
+            ));
+            if p.window_secs != DEFAULT_PREEMPTION_WINDOW_SECS {
+                changed.push(format!(
+                    "priority_preemption_window {}",
+                    show_secs(p.window_secs)
+                ));
+            }
         }
         let defaults = serde_json::to_value(EngineConfig::default()).expect("plain data");
         let ours = serde_json::to_value(self.engine).expect("plain data");
@@ -314,6 +365,8 @@ const POLICY_FIELDS: &[&str] = &[
     "stockout_cooldown",
     "stockout_wait",
     "stockout_doublings",
+    "priority_preemption_after",
+    "priority_preemption_window",
     "engine",
 ];
 
@@ -455,6 +508,18 @@ pub fn read_policy(
     if let Some(n) = f.get("stockout_doublings") {
         match c.integer(n, &f.path("stockout_doublings"), 0, 3, "a whole number") {
             Some(d) => spec.stockout.doublings = d as u32,
+            None => ok = false,
+        }
+    }
+    if let Some(n) = f.get("priority_preemption_after") {
+        match duration(c, n, &f.path("priority_preemption_after"), 0, 7 * 86_400) {
+            Some(s) => spec.priority_preemption.after_secs = s,
+            None => ok = false,
+        }
+    }
+    if let Some(n) = f.get("priority_preemption_window") {
+        match duration(c, n, &f.path("priority_preemption_window"), 0, 7 * 86_400) {
+            Some(s) => spec.priority_preemption.window_secs = s,
             None => ok = false,
         }
     }

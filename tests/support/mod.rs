@@ -129,6 +129,9 @@ pub struct CaseAttempt {
     pub launch_failures: u32,
     #[serde(default)]
     pub lost: Option<String>,
+    /// The job of higher priority it is being stopped for.
+    #[serde(default)]
+    pub displaced_by: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -311,6 +314,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
                 stop_failures: 0,
                 lost: a.lost.clone(),
                 interrupting: false,
+                displaced_by: a.displaced_by.as_deref().map(Name::new),
             });
             job.current_attempt = Some(Name::new(&a.id));
             if matches!(j.status, JobStatus::Running | JobStatus::Cancelling) {

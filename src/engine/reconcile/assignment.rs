@@ -218,6 +218,7 @@ impl<'a> Pass<'a> {
             stop_failures: 0,
             lost: None,
             interrupting: false,
+            displaced_by: None,
         });
         // Launched at the end of the pass (the original's second attempt pass).
         self.new_launches

@@ -4,13 +4,14 @@
 use super::{CONTROLLED_INTERRUPTION, Finish, Pass, Stop, launch_request};
 use crate::engine::aggregate;
 use crate::engine::aggregate::{EXIT_RETRYABLE, FailureKind, Verdict};
+use crate::engine::config::NOTICE_GRACE_SECS;
 use crate::engine::memo::QuietRun;
 use crate::engine::observe::{Action, AttemptReport, CancelOutcome, Notice, RemoteErrorKind};
 use crate::engine::state::{
     Attempt, AttemptStatus, EndReason, InterruptionStatus, Job, JobStatus, Resource, ResourceStatus,
 };
 use crate::engine::time::Timestamp;
-use crate::spec::{Name, names};
+use crate::spec::Name;
 
 impl<'a> Pass<'a> {
     // ----- step 6: attempts -------------------------------------------------------------
@@ -114,7 +115,13 @@ impl<'a> Pass<'a> {
             job_id: job_id.to_owned(),
             tpu_name: resource.tpu_name,
             zone: resource.zone,
-            notice: attempt.interrupting.then_some(Notice::InterruptSpot),
+            notice: if attempt.interrupting {
+                Some(Notice::InterruptSpot)
+            } else if attempt.displaced_by.is_some() {
+                Some(Notice::PriorityPreemption)
+            } else {
+                None
+            },
         }
     }
 
@@ -328,6 +335,16 @@ impl<'a> Pass<'a> {
             self.finish_lost(job_id, attempt, resource, &summary);
             return;
         }
+        // Stopped on the cloud's notice: the TPU going away ends the attempt as a preemption
+        // (the unusable-resource step, once the cloud says so); while the grace runs nothing
+        // else happens, so the TPU is given to no one.
+        if let Verdict::Noticed { at, .. } = &verdict {
+            let until = at.unwrap_or(self.now).plus_secs(NOTICE_GRACE_SECS);
+            if self.up_entry(resource).is_some() && self.now < until {
+                self.wake_at(until);
+                return;
+            }
+        }
         let complete = !matches!(verdict, Verdict::Incomplete { .. });
         // Workers without a final status may still run: they are stopped, and the stop
         // confirmed, before the attempt ends and its TPU can take other work.
@@ -381,6 +398,17 @@ impl<'a> Pass<'a> {
             }
             return;
         }
+        if let Some(waiter) = attempt.displaced_by {
+            match self.workers_stopped(job_id, attempt, resource) {
+                Stop::Pending => {}
+                Stop::Confirmed => self.finish_displaced(job_id, attempt, resource, &waiter),
+                Stop::Unconfirmed => {
+                    self.finish_displaced(job_id, attempt, resource, &waiter);
+                    self.set_aside(&resource.id);
+                }
+            }
+            return;
+        }
         match self.workers_stopped(job_id, attempt, resource) {
             Stop::Pending => {}
             Stop::Confirmed => self.retryable_failure(job_id, attempt, resource, summary, 0),
@@ -388,6 +416,42 @@ impl<'a> Pass<'a> {
                 self.retryable_failure(job_id, attempt, resource, summary, 0);
                 self.set_aside(&resource.id);
             }
+        }
+    }
+
+    /// An attempt displaced by a job of higher priority, its workers stopped: interrupted as
+    /// by a preemption (no infrastructure retry counted), its TPU idle for the assignment
+    /// (which serves the higher priority first), its job requeued.
+    fn finish_displaced(
+        &mut self,
+        job_id: &Name,
+        attempt: &Attempt,
+        resource: &Resource,
+        waiter: &Name,
+    ) {
+        let summary = format!("displaced by {waiter}, of higher priority");
+        let done = self.finish(
+            job_id,
+            Finish {
+                attempt_status: AttemptStatus::Interrupted,
+                reason: EndReason::Preempted,
+                job_status: JobStatus::Pending,
+                resource_status: ResourceStatus::Idle,
+                exit_code: Some(EXIT_RETRYABLE),
+                summary: &summary,
+                retryable: false,
+                recycle_threshold: 0,
+                expected: JobStatus::Running,
+            },
+        );
+        if done {
+            self.event(
+                "job_displaced",
+                Some(job_id),
+                Some(&resource.id),
+                Some(&attempt.id),
+                format!("for={waiter}; requeued"),
+            );
         }
     }
 
@@ -542,7 +606,13 @@ impl<'a> Pass<'a> {
                     );
                 }
             }
-            Verdict::Noticed { summary } => self.noticed(job_id, attempt, resource, &summary),
+            // Past the grace (`running`): a TPU still up is kept; one that went is the
+            // unusable-resource step's preemption.
+            Verdict::Noticed { summary, .. } => {
+                if self.up_entry(resource).is_some() {
+                    self.noticed(job_id, attempt, resource, &summary);
+                }
+            }
             Verdict::Retryable { recycle, summary } => {
                 let threshold = if recycle {
                     1
@@ -556,23 +626,17 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// An attempt its workers stopped on the cloud's notice: interrupted as by a preemption
-    /// (no infrastructure retry counted), the job requeued; a managed Spot TPU, going away or
-    /// into maintenance, is deleted (its request made again later like any other), any other
-    /// waits for its node to say it is usable again.
+    /// An attempt its workers stopped on the cloud's notice whose TPU is still up after the
+    /// grace: interrupted as by a preemption (no infrastructure retry counted), the job
+    /// requeued, the TPU kept (the maintenance is over, or the notice came to nothing).
     fn noticed(&mut self, job_id: &Name, attempt: &Attempt, resource: &Resource, summary: &str) {
-        let delete = self.recyclable(resource);
         let done = self.finish(
             job_id,
             Finish {
                 attempt_status: AttemptStatus::Interrupted,
                 reason: EndReason::Preempted,
                 job_status: JobStatus::Pending,
-                resource_status: if delete {
-                    ResourceStatus::Draining
-                } else {
-                    ResourceStatus::Idle
-                },
+                resource_status: ResourceStatus::Idle,
                 exit_code: Some(EXIT_RETRYABLE),
                 summary,
                 retryable: false,
@@ -593,10 +657,6 @@ impl<'a> Pass<'a> {
                 Some(&attempt.id),
                 detail,
             );
-        }
-        if done && delete {
-            let qr = names::queued_resource_name(&resource.tpu_name);
-            self.delete_qr(&qr, &resource.zone);
         }
     }
 

@@ -6,6 +6,7 @@
 
 mod assignment;
 mod attempts;
+mod priority;
 mod refresh;
 mod requests;
 mod resources;
@@ -153,6 +154,7 @@ impl<'a> Pass<'a> {
         self.recycles();
         self.unusable_resources();
         self.assignment();
+        self.priority_preemption();
         self.capacity();
         self.launch_new_attempts();
         self.out
