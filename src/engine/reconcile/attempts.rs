@@ -456,8 +456,8 @@ impl<'a> Pass<'a> {
     }
 
     /// A controlled interruption's attempt whose workers are stopped: interrupted as by a
-    /// preemption (no infrastructure retry counted), its TPU draining (its deletion was
-    /// asked for), the job requeued in its region.
+    /// preemption (no infrastructure retry counted), its TPU's deletion asked for now (the
+    /// record draining), the job requeued in its region.
     fn finish_interrupted(&mut self, job_id: &Name, attempt: &Attempt, resource: &Resource) {
         let request = self
             .state

@@ -21,8 +21,8 @@ impl<'a> Pass<'a> {
             return;
         }
         let now = self.now;
-        // Running jobs of less than the highest priority, not displaced within the window,
-        // retried after an interruption: the possible victims.
+        // Running jobs not displaced within the window and retried after an interruption:
+        // the possible victims. (A scan of the active jobs, only when the rule is on.)
         let mut victims: Vec<(&Job, Timestamp)> = self
             .state
             .jobs
