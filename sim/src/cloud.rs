@@ -1653,11 +1653,8 @@ impl SimCloud {
 
     /// Whether node `name` of `zone` was given its preemption notice or is no longer up
     /// (what its metadata server's `instance/preempted` says: `None` when there is no node).
-    pub fn preempted(&self, zone: &str, name: &str) -> Option<bool> {
-        let node = self
-            .nodes
-            .get(Ustr::from(name))
-            .filter(|n| n.zone == zone)?;
+    pub fn preempted(&self, zone: Ustr, name: Ustr) -> Option<bool> {
+        let node = self.nodes.get(name).filter(|n| n.zone == zone)?;
         Some(
             node.notice_at.is_some()
                 || !matches!(node.state, NodeState::Creating | NodeState::Ready),

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::Shared;
-use super::routes::{Fail, world};
+use super::routes::{Fail, known, world};
 
 /// The query of a metadata read.
 #[derive(Debug, Default, Deserialize)]
@@ -59,24 +59,19 @@ fn value(
             format!("no TPU VM {zone}/{node}"),
         )
     };
+    let (z, n) = (known(zone), known(node));
     match key {
         "preempted" => {
-            let preempted = w.sim.cloud.preempted(zone, node).ok_or_else(gone)?;
+            let preempted = w.sim.cloud.preempted(z, n).ok_or_else(gone)?;
             Ok(if preempted { "TRUE" } else { "FALSE" }.to_owned())
         }
         "maintenance-event" => {
-            w.sim.cloud.preempted(zone, node).ok_or_else(gone)?;
-            let serial = w
-                .sim
-                .cloud
-                .all_nodes()
-                .find(|n| n.zone == zone && n.name == node)
-                .map(|n| n.serial);
+            let serial = w.sim.cloud.peek_node(z, n).ok_or_else(gone)?.serial;
             let now = w.now_ms();
             let announced = w
                 .maintenance
                 .get(&(zone.to_owned(), node.to_owned()))
-                .is_some_and(|&(s, at)| Some(s) == serial && now < at + MAINTENANCE_MS);
+                .is_some_and(|&(s, at)| s == serial && now < at + MAINTENANCE_MS);
             Ok(if announced { TERMINATE } else { "NONE" }.to_owned())
         }
         _ => Err(Fail::new(
@@ -146,8 +141,7 @@ pub(crate) async fn announce_maintenance(
     let serial = w
         .sim
         .cloud
-        .all_nodes()
-        .find(|n| n.zone == zone && n.name == node)
+        .peek_node(known(&zone), known(&node))
         .map(|n| n.serial);
     match serial {
         Some(serial) => {

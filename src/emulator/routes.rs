@@ -449,7 +449,7 @@ fn resource_id(name: &str) -> bool {
 /// A name from a request, as the simulated cloud keys it, without interning what it never
 /// made: a name no object was ever created under is looked up as one that cannot exist, so
 /// requests naming anything at all never grow the emulator's memory.
-fn known(name: &str) -> Ustr {
+pub(super) fn known(name: &str) -> Ustr {
     Ustr::from_existing(name).unwrap_or_else(|| Ustr::from("\u{0}unknown"))
 }
 

@@ -432,17 +432,7 @@ impl<'a> Pass<'a> {
         let summary = format!("displaced by {waiter}, of higher priority");
         let done = self.finish(
             job_id,
-            Finish {
-                attempt_status: AttemptStatus::Interrupted,
-                reason: EndReason::Preempted,
-                job_status: JobStatus::Pending,
-                resource_status: ResourceStatus::Idle,
-                exit_code: Some(EXIT_RETRYABLE),
-                summary: &summary,
-                retryable: false,
-                recycle_threshold: 0,
-                expected: JobStatus::Running,
-            },
+            Finish::requeued_as_preempted(&summary, ResourceStatus::Idle),
         );
         if done {
             self.event(
@@ -470,17 +460,7 @@ impl<'a> Pass<'a> {
         }
         let done = self.finish(
             job_id,
-            Finish {
-                attempt_status: AttemptStatus::Interrupted,
-                reason: EndReason::Preempted,
-                job_status: JobStatus::Pending,
-                resource_status: ResourceStatus::Draining,
-                exit_code: Some(EXIT_RETRYABLE),
-                summary: CONTROLLED_INTERRUPTION,
-                retryable: false,
-                recycle_threshold: 0,
-                expected: JobStatus::Running,
-            },
+            Finish::requeued_as_preempted(CONTROLLED_INTERRUPTION, ResourceStatus::Draining),
         );
         let kind = if !done {
             "controlled_interruption_attempt_requeue_failed"
@@ -632,17 +612,7 @@ impl<'a> Pass<'a> {
     fn noticed(&mut self, job_id: &Name, attempt: &Attempt, resource: &Resource, summary: &str) {
         let done = self.finish(
             job_id,
-            Finish {
-                attempt_status: AttemptStatus::Interrupted,
-                reason: EndReason::Preempted,
-                job_status: JobStatus::Pending,
-                resource_status: ResourceStatus::Idle,
-                exit_code: Some(EXIT_RETRYABLE),
-                summary,
-                retryable: false,
-                recycle_threshold: 0,
-                expected: JobStatus::Running,
-            },
+            Finish::requeued_as_preempted(summary, ResourceStatus::Idle),
         );
         if let Some(job) = self.state.job(job_id).filter(|_| done) {
             let detail = if job.status == JobStatus::Pending {

@@ -12,6 +12,7 @@ mod requests;
 mod resources;
 mod stockouts;
 
+use super::aggregate::EXIT_RETRYABLE;
 use super::config::{EngineConfig, backoff_secs};
 use super::fleet_index::{EntryFacts, FleetIndex};
 use super::memo::Memo;
@@ -66,6 +67,25 @@ struct Finish<'s> {
     recycle_threshold: u32,
     /// The job must be in this status (else the finish is a no-op).
     expected: JobStatus,
+}
+
+impl<'s> Finish<'s> {
+    /// A running attempt stopped by a preemption's like (a notice, a displacement, a
+    /// controlled interruption): requeued with no infrastructure retry counted, its TPU left
+    /// in `resource_status`.
+    fn requeued_as_preempted(summary: &'s str, resource_status: ResourceStatus) -> Self {
+        Finish {
+            attempt_status: AttemptStatus::Interrupted,
+            reason: EndReason::Preempted,
+            job_status: JobStatus::Pending,
+            resource_status,
+            exit_code: Some(EXIT_RETRYABLE),
+            summary,
+            retryable: false,
+            recycle_threshold: 0,
+            expected: JobStatus::Running,
+        }
+    }
 }
 
 pub(crate) struct Pass<'a> {
