@@ -573,6 +573,39 @@ fn simulate_exit_codes() {
         code(&["simulate", "../notice.yaml", "--policy", ""]),
         Some(2)
     );
+    // A variants file is read as strictly as a scenario: a list, an unknown parameter or a
+    // missing file stop the command before anything runs.
+    let dir = tempfile::tempdir().unwrap();
+    let variants = |text: &str| {
+        let path = dir.path().join("variants.yaml");
+        std::fs::write(&path, text).unwrap();
+        let out = tpu_runner(
+            &[
+                "simulate",
+                "../notice.yaml",
+                "--variants",
+                path.to_str().unwrap(),
+                "--compare",
+            ],
+            &fixtures,
+        );
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (status, err) = variants("policies: [classic]\n");
+    assert_eq!(status, Some(1), "{err}");
+    assert!(err.contains("expected a mapping of labels"), "{err}");
+    let (status, err) = variants("policies:\n  fast: {name: frugal, race_afterr: 5m}\n");
+    assert_eq!(status, Some(1), "{err}");
+    assert!(err.contains("did you mean `race_after`?"), "{err}");
+    let (status, out) = variants("policies:\n  fast: {name: frugal, race_after: 5m}\n");
+    assert_eq!(status, Some(0), "{out}");
+    assert_eq!(
+        code(&["simulate", "../notice.yaml", "--variants", "absent.yaml"]),
+        Some(3)
+    );
     // A scenario whose data is missing is left out; the others run and are shown.
     let out = tpu_runner(
         &["simulate", "missing-trace.yaml", "../notice.yaml"],
@@ -1376,4 +1409,69 @@ fn an_oversized_state_document_is_refused_before_it_is_read() {
         );
     }
     assert!(!dir.path().join("s.db").exists(), "nothing was created");
+}
+
+/// The README's comparison of policies (`simulate --variants … --compare`) is what the binary
+/// prints, scenario by scenario. Each scenario's table depends only on its own runs, so each
+/// runs alone. An unoptimised build checks the two cheapest (the rest take minutes without
+/// optimisation); an optimised one checks every scenario, the two replaying spot traces when
+/// the traces are beside the checkout (`../shared/data` or `TPU_RUNNER_TRACES`).
+#[test]
+fn readme_comparison_of_policies_is_what_simulate_compare_prints() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let pasted = readme
+        .split("<!-- simulate --compare: begin -->\n")
+        .nth(1)
+        .and_then(|rest| rest.split("<!-- simulate --compare: end -->").next())
+        .expect("the README pastes the comparison between its markers");
+    let traces = std::env::var_os("TPU_RUNNER_TRACES")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root().join("../shared/data"));
+    let traces = traces.join("spot-traces").is_dir().then_some(traces);
+    let mut scenarios = vec!["regional-stockout.yaml", "trc-mixed.yaml"];
+    if !cfg!(debug_assertions) {
+        scenarios.push("philly-replay.yaml");
+        if traces.is_some() {
+            scenarios.extend(["traces/preemption-storm.yaml", "traces/spot-stockouts.yaml"]);
+        }
+    }
+    for file in scenarios {
+        let scenario = format!("scenarios/{file}");
+        let mut args = vec![
+            "simulate",
+            &scenario,
+            "--variants",
+            "scenarios/policies/comparison.yaml",
+            "--seeds",
+            "1..=10",
+            "--compare",
+        ];
+        let dir;
+        if let Some(t) = &traces {
+            dir = t.display().to_string();
+            args.extend(["--traces", &dir]);
+        }
+        let out = tpu_runner(&args, &root());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let printed = String::from_utf8_lossy(&out.stdout);
+        let name = printed
+            .lines()
+            .next()
+            .and_then(|l| l.split("**").nth(1))
+            .expect("a table per scenario, under its name in bold");
+        let shown = pasted
+            .split_once(&format!("**{name}**"))
+            .map(|(_, rest)| format!("**{name}**{}", rest.split("\n**").next().unwrap()))
+            .unwrap_or_else(|| panic!("the README's comparison has no table for {name}"));
+        assert_eq!(
+            shown.trim_end(),
+            printed.trim_end(),
+            "the README's comparison of {name} differs from `tpu-runner {}`",
+            args.join(" ")
+        );
+    }
 }

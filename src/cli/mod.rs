@@ -154,6 +154,17 @@ enum Command {
         /// Policies to compare, comma-separated (default: the scenario's).
         #[arg(long, value_name = "NAME[,NAME...]")]
         policy: Option<String>,
+        /// Run the policy variants of this file in every scenario (`policies:`, labels to
+        /// variants laid over each scenario's fleet policy, as in a scenario); --policy then
+        /// picks among them.
+        #[arg(long, value_name = "FILE")]
+        variants: Option<PathBuf>,
+        /// Print, instead of the table, one Markdown table per scenario comparing its
+        /// policies over the seeds: goodput, cost, waits p50/p95 and efficiency with their
+        /// 95 % confidence intervals, and each policy's paired difference in goodput from the
+        /// first one's.
+        #[arg(long, conflicts_with = "json")]
+        compare: bool,
         /// Print the JSON records (docs/simulate-json.md) on stdout instead of the table.
         #[arg(long)]
         json: bool,
@@ -795,6 +806,8 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             seed,
             seeds,
             policy,
+            variants,
+            compare,
             json,
             output,
             report,
@@ -811,6 +824,8 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             seed,
             seeds: seeds.as_deref(),
             policies: policy.as_deref(),
+            variants: variants.as_deref(),
+            compare,
             json,
             output: output.as_deref(),
             report: report.as_deref(),

@@ -81,8 +81,11 @@ pub(crate) fn run(opts: &StackOpts, window: Window, as_json: bool) -> Result<Exi
             format!("{:.2} chip-h", m.lost_chip_hours),
         ),
         (
-            "wait p50 / p99",
-            format!("{:.0} s / {:.0} s", m.queue_wait_s.p50, m.queue_wait_s.p99),
+            "wait p50 / p95 / p99",
+            format!(
+                "{:.0} s / {:.0} s / {:.0} s",
+                m.queue_wait_s.p50, m.queue_wait_s.p95, m.queue_wait_s.p99
+            ),
         ),
         (
             "JCT p50 / p99",

@@ -22,6 +22,8 @@ pub(crate) struct SimulateArgs<'a> {
     pub seed: Option<u64>,
     pub seeds: Option<&'a str>,
     pub policies: Option<&'a str>,
+    pub variants: Option<&'a Path>,
+    pub compare: bool,
     pub json: bool,
     pub output: Option<&'a Path>,
     pub report: Option<&'a Path>,
@@ -217,6 +219,26 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
             s.chaos = Some(ChaosSpec::defaults(s.horizon_secs));
         }
         apply_limits(s, args.horizon_hours, args.max_jobs);
+    }
+    if let Some(path) = args.variants {
+        let text =
+            crate::files::read_text(path, crate::files::SPEC_LIMIT).map_err(|e| Failure {
+                message: format!("error: cannot read `{}`: {e}\n", path.display()),
+                status: ExitStatus::Io,
+            })?;
+        for s in &mut scenarios {
+            let (labels, variants) = scenario::read_variants(path, &text, &s.fleet.policy)
+                .map_err(|e| Failure {
+                    message: e.to_string(),
+                    status: if matches!(e, ScenarioError::Invalid(_)) {
+                        ExitStatus::Invalid
+                    } else {
+                        ExitStatus::Io
+                    },
+                })?;
+            s.policies = labels;
+            s.variants.extend(variants);
+        }
     }
     let seeds_override = match (args.seed, args.seeds) {
         (Some(s), None) => Some(vec![s]),
@@ -419,6 +441,8 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
     }
     if args.json {
         print_stdout(&report::json(&ok));
+    } else if args.compare {
+        print_stdout(&report::compare(&ok));
     } else {
         print_stdout(&(report::table(&ok) + &report::paired_comparisons(&ok)));
     }

@@ -15,6 +15,8 @@ pub struct Stats {
     pub mean: f64,
     /// Median.
     pub p50: f64,
+    /// 95th percentile.
+    pub p95: f64,
     /// 99th percentile.
     pub p99: f64,
     /// Sample size.
@@ -33,6 +35,7 @@ impl Stats {
         Stats {
             mean: v.iter().sum::<f64>() / v.len() as f64,
             p50: rank(0.5),
+            p95: rank(0.95),
             p99: rank(0.99),
             n: v.len(),
         }
@@ -175,34 +178,40 @@ pub fn capacity_cost(
         .sum()
 }
 
-/// The mean of paired differences with its 95 % confidence interval (Student's t).
+/// A sample's mean with its 95 % confidence interval (Student's t).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Paired {
-    /// Pairs.
+pub struct Interval {
+    /// Sample size.
     pub n: usize,
-    /// Mean difference.
+    /// Mean.
     pub mean: f64,
-    /// Half the interval's width (NaN with fewer than two pairs).
+    /// Half the interval's width (NaN with fewer than two values).
     pub half_width: f64,
 }
 
-impl Paired {
-    /// The differences `b[i] - a[i]` (runs on the same seed: common random numbers).
-    pub fn of(a: &[f64], b: &[f64]) -> Paired {
-        let d: Vec<f64> = a.iter().zip(b).map(|(a, b)| b - a).collect();
-        let n = d.len();
-        let mean = d.iter().sum::<f64>() / n.max(1) as f64;
+impl Interval {
+    /// The interval of the mean of `values`.
+    pub fn of(values: &[f64]) -> Interval {
+        let n = values.len();
+        let mean = values.iter().sum::<f64>() / n.max(1) as f64;
         let half_width = if n < 2 {
             f64::NAN
         } else {
-            let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+            let var = values.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
             t95(n - 1) * (var / n as f64).sqrt()
         };
-        Paired {
+        Interval {
             n,
             mean,
             half_width,
         }
+    }
+
+    /// The interval of the mean difference `b[i] - a[i]` (runs on the same seed: common
+    /// random numbers).
+    pub fn paired(a: &[f64], b: &[f64]) -> Interval {
+        let d: Vec<f64> = a.iter().zip(b).map(|(a, b)| b - a).collect();
+        Interval::of(&d)
     }
 
     /// Whether the interval leaves out zero.
@@ -443,19 +452,19 @@ mod tests {
     #[test]
     fn percentiles() {
         let s = Stats::of(&[1.0, 2.0, 3.0, 4.0]);
-        assert_eq!((s.mean, s.p50, s.p99, s.n), (2.5, 2.0, 4.0, 4));
+        assert_eq!((s.mean, s.p50, s.p95, s.p99, s.n), (2.5, 2.0, 4.0, 4.0, 4));
     }
 
     #[test]
     fn paired_differences_have_a_t_interval() {
         // Differences 1, 2, 3: mean 2, sd 1, t(2) = 4.303: half width 4.303 / sqrt(3).
-        let p = Paired::of(&[0.0, 0.0, 0.0], &[1.0, 2.0, 3.0]);
+        let p = Interval::paired(&[0.0, 0.0, 0.0], &[1.0, 2.0, 3.0]);
         assert_eq!((p.n, p.mean), (3, 2.0));
         assert!((p.half_width - 4.303 / 3f64.sqrt()).abs() < 1e-9);
         assert!(!p.significant(), "the interval [-0.48, 4.48] covers zero");
-        let p = Paired::of(&[0.0; 5], &[2.0, 2.1, 1.9, 2.0, 2.0]);
+        let p = Interval::paired(&[0.0; 5], &[2.0, 2.1, 1.9, 2.0, 2.0]);
         assert!(p.significant());
-        let one = Paired::of(&[1.0], &[3.0]);
+        let one = Interval::paired(&[1.0], &[3.0]);
         assert!(
             one.half_width.is_nan() && !one.significant(),
             "one run has no interval"

@@ -11,7 +11,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::harness::{RunResult, Sample};
-use super::metrics::{Metrics, Paired};
+use super::metrics::{Interval, Metrics};
 use crate::spec::FleetSpec;
 use crate::spec::fleet::QuotaKey;
 
@@ -523,7 +523,7 @@ pub fn paired_comparisons(results: &[RunResult]) -> String {
             for (name, f, digits, higher_is_better) in METRICS {
                 let a: Vec<f64> = pairs.iter().map(|(a, _)| f(a)).collect();
                 let b: Vec<f64> = pairs.iter().map(|(_, b)| f(b)).collect();
-                let p = Paired::of(&a, &b);
+                let p = Interval::paired(&a, &b);
                 let verdict = if !p.half_width.is_finite() {
                     "one run: no interval".to_owned()
                 } else if !p.significant() {
@@ -572,6 +572,122 @@ pub fn paired_comparisons(results: &[RunResult]) -> String {
                     },
                 );
             }
+        }
+    }
+    out
+}
+
+/// What `simulate --compare` shows of each policy: header, value, digits.
+const COMPARED: [(&str, fn(&Metrics) -> f64, usize); 6] = [
+    ("goodput chip-h", |m| m.goodput_chip_hours, 0),
+    ("goodput ratio", |m| m.goodput_ratio, 2),
+    ("efficiency", |m| m.efficiency, 2),
+    ("cost $", |m| m.cost_usd, 0),
+    ("wait p50 (min)", |m| m.queue_wait_s.p50 / 60.0, 1),
+    ("wait p95 (min)", |m| m.queue_wait_s.p95 / 60.0, 1),
+];
+
+/// The paired differences `simulate --compare` shows: header, value, digits.
+const COMPARED_PAIRED: [(&str, fn(&Metrics) -> f64, usize); 2] = [
+    ("goodput chip-h", |m| m.goodput_chip_hours, 2),
+    ("goodput ratio", |m| m.goodput_ratio, 3),
+];
+
+/// `a ±h`: a mean and the half-width of its 95 % interval (the mean alone for one run).
+fn fmt_interval(i: Interval, digits: usize) -> String {
+    if i.half_width.is_finite() {
+        format!("{:.digits$} ±{:.digits$}", i.mean, i.half_width)
+    } else {
+        format!("{:.digits$}", i.mean)
+    }
+}
+
+/// One Markdown table per scenario comparing its policies over their seeds (`simulate
+/// --compare`): each metric's mean with its 95 % confidence interval, and each policy's
+/// paired difference in goodput from the first policy on the seeds both ran, with whether
+/// it is higher, lower or the same within its interval.
+pub fn compare(results: &[RunResult]) -> String {
+    let mut scenarios: Vec<&str> = Vec::new();
+    for r in results {
+        if !scenarios.contains(&r.scenario.as_str()) {
+            scenarios.push(&r.scenario);
+        }
+    }
+    let mut out = String::new();
+    for scenario in scenarios {
+        let runs: Vec<&RunResult> = results.iter().filter(|r| r.scenario == scenario).collect();
+        let mut policies: Vec<&str> = Vec::new();
+        for r in &runs {
+            if !policies.contains(&r.policy.as_str()) {
+                policies.push(&r.policy);
+            }
+        }
+        let first = policies[0];
+        let seeds = runs.iter().filter(|r| r.policy == first).count();
+        let _ = writeln!(
+            out,
+            "{}**{scenario}**, {seeds} seed{}: mean ±95 % confidence interval; Δ: the paired difference from `{first}` on the same seeds [95 % interval]\n",
+            if out.is_empty() { "" } else { "\n" },
+            if seeds == 1 { "" } else { "s" },
+        );
+        out.push_str("| policy |");
+        for (name, ..) in COMPARED {
+            let _ = write!(out, " {name} |");
+        }
+        for (name, ..) in COMPARED_PAIRED {
+            let _ = write!(out, " Δ {name} |");
+        }
+        out.push_str("\n|---|");
+        out.push_str(&"---:|".repeat(COMPARED.len() + COMPARED_PAIRED.len()));
+        out.push('\n');
+        for policy in &policies {
+            let mine: Vec<&RunResult> = runs
+                .iter()
+                .copied()
+                .filter(|r| r.policy == *policy)
+                .collect();
+            let _ = write!(out, "| {policy} |");
+            for (_, f, digits) in COMPARED {
+                let values: Vec<f64> = mine.iter().map(|r| f(&r.metrics)).collect();
+                let _ = write!(out, " {} |", fmt_interval(Interval::of(&values), digits));
+            }
+            let pairs: Vec<(&Metrics, &Metrics)> = runs
+                .iter()
+                .filter(|r| r.policy == first)
+                .filter_map(|a| {
+                    mine.iter()
+                        .find(|b| b.seed == a.seed)
+                        .map(|b| (&a.metrics, &b.metrics))
+                })
+                .collect();
+            for (_, f, digits) in COMPARED_PAIRED {
+                if *policy == first {
+                    out.push_str(" — |");
+                    continue;
+                }
+                let a: Vec<f64> = pairs.iter().map(|(a, _)| f(a)).collect();
+                let b: Vec<f64> = pairs.iter().map(|(_, b)| f(b)).collect();
+                let p = Interval::paired(&a, &b);
+                if !p.half_width.is_finite() {
+                    let _ = write!(out, " {:+.digits$} |", p.mean);
+                } else {
+                    let word = if !p.significant() {
+                        "same"
+                    } else if p.mean > 0.0 {
+                        "higher"
+                    } else {
+                        "lower"
+                    };
+                    let _ = write!(
+                        out,
+                        " {:+.digits$} [{:+.digits$}, {:+.digits$}] {word} |",
+                        p.mean,
+                        p.mean - p.half_width,
+                        p.mean + p.half_width
+                    );
+                }
+            }
+            out.push('\n');
         }
     }
     out

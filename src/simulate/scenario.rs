@@ -743,6 +743,45 @@ fn read_policies(
     }
 }
 
+/// The policy variants of a `simulate --variants` file (`policies:`, a mapping of labels to
+/// variants as in a scenario, and an optional `description:`), laid over `base` (each
+/// scenario's fleet policy): the labels in file order and their policies. Read with the
+/// scenario's strict reader, errors at their lines.
+pub fn read_variants(
+    path: &Path,
+    text: &str,
+    base: &PolicySpec,
+) -> Result<(Vec<String>, BTreeMap<String, PolicySpec>), ScenarioError> {
+    let file = path.display().to_string();
+    let root = yaml::parse(&file, text).map_err(ScenarioError::Invalid)?;
+    let mut c = Checker::new(text);
+    let read = (|| {
+        let f = c.mapping(
+            &root,
+            "",
+            "a mapping with `policies:` (labels to policy variants)",
+            &["description", "policies"],
+            &[],
+        )?;
+        if let Some(n) = f.get("description") {
+            c.string(n, "description", "a text");
+        }
+        let node = f.required(&mut c, "policies", "a mapping of labels to policy variants")?;
+        if !matches!(node.value, Value::Map(_)) {
+            c.expected(
+                node,
+                "policies",
+                "a mapping of labels to policy variants (`{default: {name: classic}, frugal-5m: {name: frugal, race_after: 5m}}`)",
+            );
+            return None;
+        }
+        read_policies(&mut c, node, base)
+    })();
+    c.finish(&file, read)
+        .map_err(ScenarioError::Invalid)?
+        .ok_or_else(|| ScenarioError::Io(format!("`{file}` could not be read")))
+}
+
 impl Scenario {
     /// The policy a run labelled `label` runs: a variant the scenario names, or a policy
     /// name as the fleet would run it.
