@@ -36,6 +36,7 @@ fn request(attempt: &str, tpu: &str, workers: u32) -> LaunchRequest {
         command: "true".into(),
         bucket: BUCKET.into(),
         checkpoint_dir: format!("{BUCKET}/jobs/job-bench/checkpoints"),
+        checkpoint_from: None,
         env: BTreeMap::new(),
         bundle: None,
         caches: Vec::new(),

@@ -63,6 +63,8 @@ pub trait ObjectStore: Send + Sync {
     fn put(&self, uri: &str, data: &[u8], create_only: bool) -> Result<(), ObjectError>;
     /// Objects whose address starts with `prefix` (`gs://BUCKET/PREFIX`), in name order.
     fn list(&self, prefix: &str) -> Result<Vec<Listed>, ObjectError>;
+    /// Copies the object `from` to `to` (replacing it), inside the store.
+    fn copy(&self, from: &str, to: &str) -> Result<(), ObjectError>;
     /// Deletes the object; absent is success.
     fn delete(&self, uri: &str) -> Result<(), ObjectError>;
     /// Where bucket `gs://B` lives, lower case as GCP names regions (`us-east1`; `us` or
@@ -151,6 +153,14 @@ impl ObjectStore for Gcs {
                 updated: o.updated,
             })
             .collect())
+    }
+
+    fn copy(&self, from: &str, to: &str) -> Result<(), ObjectError> {
+        let (from_bucket, from_name) = split(from)?;
+        let (to_bucket, to_name) = split(to)?;
+        self.0
+            .rewrite(from_bucket, from_name, to_bucket, to_name)
+            .map_err(|e| fail(format!("copying {from} to {to}: {e}")))
     }
 
     fn delete(&self, uri: &str) -> Result<(), ObjectError> {
@@ -307,6 +317,24 @@ impl ObjectStore for LocalDir {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+
+    fn copy(&self, from: &str, to: &str) -> Result<(), ObjectError> {
+        let source = self.path(from)?;
+        let target = self.path(to)?;
+        let dir = target.parent().expect("an object has a folder");
+        std::fs::create_dir_all(dir).map_err(|e| io(to, e))?;
+        // Through a temporary file beside it, so a reader never sees half an object.
+        let temp = tempfile::Builder::new()
+            .prefix(".copy")
+            .suffix(".tmp")
+            .tempfile_in(dir)
+            .map_err(|e| io(to, e))?;
+        let (mut input, _) =
+            crate::files::open_regular(&source).map_err(|e| fail(format!("{from}: {e}")))?;
+        std::io::copy(&mut input, &mut temp.as_file()).map_err(|e| io(from, e))?;
+        temp.persist(&target).map_err(|e| io(to, e.error))?;
+        Ok(())
     }
 
     fn delete(&self, uri: &str) -> Result<(), ObjectError> {

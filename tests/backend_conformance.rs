@@ -275,6 +275,7 @@ fn launch(attempt: &str, job: &str, tpu: &str, zone: &str) -> Action {
         command: "python train.py".into(),
         bucket: "conf-bucket".into(),
         checkpoint_dir: "gs://conf-bucket/jobs/j/checkpoints".into(),
+        checkpoint_from: None,
         env: BTreeMap::new(),
         bundle: None,
         caches: Vec::new(),

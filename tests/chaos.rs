@@ -146,16 +146,23 @@ fn short_sweep_with_every_fault_finds_nothing() {
         // The default policy over 150 seeds, each policy option over 50.
         for label in &s.policies {
             let seeds = if label == "classic" { 150 } else { 50 };
-            let (mut cooled, mut displacing) = (0u64, 0u64);
+            let (mut cooled, mut displacing, mut moved) = (0u64, 0u64, 0u64);
             for seed in 1..=seeds {
                 // Counts the passes that saw a pool cooling (the memory is exercised) and those
-                // that saw a displacement under way (priority preemption is).
+                // that saw a displacement under way (priority preemption is) or a job moved
+                // to another region (the region move is).
                 let mut watch = |state: &mut State, _: &mut Vec<Action>, now: Timestamp| {
                     cooled += u64::from(state.pools.values().any(|m| m.cooling(now)));
                     displacing += u64::from(state.jobs.values().any(|j| {
                         j.attempt()
                             .is_some_and(|a| a.displaced_by.is_some() && !a.status.is_terminal())
                     }));
+                    moved += u64::from(
+                        state
+                            .jobs
+                            .values()
+                            .any(|j| j.placement.as_ref().is_some_and(|p| p.since.is_some())),
+                    );
                 };
                 let hooks = Hooks {
                     mutator: Some(&mut watch),
@@ -183,6 +190,11 @@ fn short_sweep_with_every_fault_finds_nothing() {
                 displacing > 0,
                 policy.priority_preemption.enabled(),
                 "{rel} {label}: passes with a displacement under way: {displacing}"
+            );
+            assert_eq!(
+                moved > 0,
+                policy.region_move.enabled(),
+                "{rel} {label}: passes with a job moved to another region: {moved}"
             );
         }
         // Every injector fired at least once over the sweep.

@@ -23,8 +23,17 @@ fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64)
             Action::DeleteQueuedResource { name, .. } => format!("delete queued resource {name}"),
             Action::DeleteNode { name, .. } => format!("delete node {name}"),
             Action::Launch(l) => format!(
-                "launch {} of {} on {} ({} workers, bucket {})",
-                l.attempt_id, l.job_id, l.tpu_name, l.worker_count, l.bucket
+                "launch {} of {} on {} ({} workers, bucket {}{})",
+                l.attempt_id,
+                l.job_id,
+                l.tpu_name,
+                l.worker_count,
+                l.bucket,
+                l.checkpoint_from
+                    .as_ref()
+                    .map_or(String::new(), |from| format!(
+                        ", checkpoints copied from {from}"
+                    ))
             ),
             Action::Cancel {
                 attempt_id,
@@ -81,6 +90,9 @@ fn summarize(index: &FleetIndex, out: &PassOutput, state: &State, now_secs: i64)
         }
         if let Some(p) = &j.placement {
             line.push_str(&format!("; pinned {}", p.region));
+            if let Some(r) = &p.bucket_region {
+                line.push_str(&format!(" (bucket in {r})"));
+            }
         }
         if let Some(t) = j.not_before {
             line.push_str(&format!("; not before +{}s", t.as_secs() - support::EPOCH));

@@ -208,10 +208,10 @@ fn build_jobs(jobs: &[JobGen]) -> Vec<Job> {
                 .collect();
             let mut job = Job::new(spec, support::at(g.submitted), buckets);
             if let Some(z) = g.pinned {
-                job.placement = Some(tpu_runner::engine::state::Placement {
-                    region: region(z),
-                    bucket: format!("gs://b-{}", region(z)),
-                });
+                job.placement = Some(tpu_runner::engine::state::Placement::new(
+                    &region(z),
+                    &format!("gs://b-{}", region(z)),
+                ));
             }
             if g.backoff {
                 job.not_before = Some(support::at(1000));

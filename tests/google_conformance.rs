@@ -628,6 +628,13 @@ fn the_cloud_storage_client_speaks_the_storage_v1_document() {
             .unwrap()
     );
     assert_eq!(s.list(&bucket, "jobs/").unwrap().len(), 1);
+    // A moved job's checkpoints are copied inside Cloud Storage (`objects.rewrite`).
+    s.rewrite(&bucket, name, &bucket, "moved/w-0.json").unwrap();
+    assert_eq!(
+        s.get(&bucket, "moved/w-0.json", 1 << 20).unwrap().unwrap(),
+        b"{\"a\":1}"
+    );
+    s.delete(&bucket, "moved/w-0.json").unwrap();
     s.delete(&bucket, name).unwrap();
     assert!(s.get(&bucket, name, 1 << 20).unwrap().is_none());
     let reached = judge(&google::APIS["storage"], &proxy.exchanges(), false);
@@ -640,6 +647,7 @@ fn the_cloud_storage_client_speaks_the_storage_v1_document() {
             "storage.objects.get",
             "storage.objects.insert",
             "storage.objects.list",
+            "storage.objects.rewrite",
         ]
     );
 }

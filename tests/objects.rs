@@ -148,6 +148,19 @@ fn objects_are_written_read_listed_and_deleted_alike() {
         assert!(!store.download(&uri("gone"), dest.path(), 1 << 20).unwrap());
         store.delete(&uri(names[2])).unwrap();
         assert_eq!(store.get(&uri(names[2]), 1 << 20).unwrap(), None, "{kind}");
+        // Copies inside the store, replacing what is there; an absent source is an error.
+        store.copy(&uri(names[1]), &uri("moved/w 1 ✓.log")).unwrap();
+        store.copy(&uri(names[0]), &uri("moved/x")).unwrap();
+        store.copy(&uri(names[1]), &uri("moved/x")).unwrap();
+        for copy in ["moved/w 1 ✓.log", "moved/x"] {
+            assert_eq!(
+                store.get(&uri(copy), 1 << 20).unwrap().as_deref(),
+                Some(&b"body 1"[..]),
+                "{kind}: {copy}"
+            );
+        }
+        assert!(store.copy(&uri("gone"), &uri("moved/y")).is_err(), "{kind}");
+        assert_eq!(store.get(&uri("moved/y"), 1 << 20).unwrap(), None, "{kind}");
         // Malformed addresses are errors, not panics.
         assert!(store.get("gs://", 10).is_err());
         assert!(store.get("s3://b/x", 10).is_err());
@@ -168,11 +181,26 @@ fn listings_follow_every_page() {
     assert_eq!(listed[1_049].name, "p/01049");
 }
 
+/// The agents of a launch report through Cloud Storage, and before the command starts copy
+/// the checkpoints of a job moved from another region (`checkpoint_from`: the directory in its
+/// previous bucket) into its new one, keeping what is there already.
 #[test]
-fn the_agent_reports_through_cloud_storage() {
+fn the_agent_reports_and_copies_checkpoints_through_cloud_storage() {
     let Some(endpoint) = emulator() else { return };
     let bucket = format!("agent-{}", std::process::id());
     let gcs = Arc::new(gcs_bucket(&endpoint, &bucket));
+    let old = format!("agent-old-{}", std::process::id());
+    gcs.client()
+        .create_bucket("test-project", &old, "EUROPE-WEST4")
+        .expect("bucket");
+    let from = format!("gs://{old}/jobs/job-gcs/checkpoints");
+    let to = format!("gs://{bucket}/jobs/job-gcs/checkpoints");
+    for (name, body) in [("step-100/state", "100"), ("step-200/state", "200")] {
+        gcs.put(&format!("{from}/{name}"), body.as_bytes(), false)
+            .unwrap();
+    }
+    gcs.put(&format!("{to}/step-200/state"), b"written since", false)
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     // The agents find the emulator as the controller does: STORAGE_EMULATOR_HOST.
     let transport = Local {
@@ -194,7 +222,8 @@ fn the_agent_reports_through_cloud_storage() {
         worker_count: 4,
         command: "echo \"hello from $TPU_WORKER_HOST\"".into(),
         bucket: format!("gs://{bucket}"),
-        checkpoint_dir: format!("gs://{bucket}/jobs/job-gcs/checkpoints"),
+        checkpoint_dir: to.clone(),
+        checkpoint_from: Some(from.clone()),
         env: BTreeMap::new(),
         bundle: None,
         caches: Vec::new(),
@@ -234,6 +263,18 @@ fn the_agent_reports_through_cloud_storage() {
         .unwrap()
         .unwrap();
     assert_eq!(log, b"hello from tpu-gcs-w-3\n");
+    for (name, body) in [
+        ("step-100/state", &b"100"[..]),
+        ("step-200/state", b"written since"),
+    ] {
+        assert_eq!(
+            gcs.get(&format!("{to}/{name}"), 1 << 20)
+                .unwrap()
+                .as_deref(),
+            Some(body),
+            "{name}"
+        );
+    }
 }
 
 /// A listing while writers replace objects (each write goes through a temporary file renamed

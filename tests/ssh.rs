@@ -101,6 +101,7 @@ fn request(attempt: &str, workers: u32, command: &str) -> LaunchRequest {
         command: command.into(),
         bucket: BUCKET.into(),
         checkpoint_dir: format!("{BUCKET}/jobs/job-ssh/checkpoints"),
+        checkpoint_from: None,
         env: BTreeMap::from([("GREETING".to_owned(), "it's \"here\" $(nope)".to_owned())]),
         bundle: None,
         caches: Vec::new(),

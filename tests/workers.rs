@@ -190,6 +190,7 @@ impl Rig {
             command: command.into(),
             bucket: self.bucket.clone(),
             checkpoint_dir: format!("{}/jobs/{job}/checkpoints", self.bucket),
+            checkpoint_from: None,
             env: BTreeMap::new(),
             bundle: None,
             caches: Vec::new(),

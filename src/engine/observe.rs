@@ -520,6 +520,11 @@ pub struct LaunchRequest {
     pub bucket: String,
     /// Stable across retries: `<bucket>/jobs/<job>/checkpoints`.
     pub checkpoint_dir: String,
+    /// The checkpoint directory of the job's previous bucket, to copy into `checkpoint_dir`
+    /// before the command starts (the job was moved to another region with
+    /// `move_checkpoints: true`; objects already there are kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_from: Option<String>,
     /// The job's environment.
     pub env: BTreeMap<String, String>,
     /// The content bundle in the job's bucket, named by its SHA-256

@@ -222,13 +222,45 @@ impl JobStatus {
     }
 }
 
-/// Where a job was first placed; every retry stays there (same bucket, same checkpoints).
+/// Where a job is placed: every retry stays there (same bucket, same checkpoints) unless the
+/// fleet's policy moves it after repeated preemptions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     /// Exact region of the selected bucket (`storage_region`).
     pub region: String,
     /// The selected bucket (`JOB_BUCKET`).
     pub bucket: String,
+    /// The bucket's region when the job was moved away from it without its checkpoints
+    /// (`move_checkpoints: false`); `None`: `region`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_region: Option<String>,
+    /// The checkpoint directory to copy into this bucket's before the next attempt's command
+    /// starts (a move with `move_checkpoints: true`); cleared once an attempt's workers report
+    /// launched (they copy before they start the command).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_from: Option<String>,
+    /// When the job was moved here (`None`: placed here first): preemptions before do not
+    /// count towards the next move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Timestamp>,
+}
+
+impl Placement {
+    /// A first placement: `bucket` in `region`.
+    pub fn new(region: &str, bucket: &str) -> Placement {
+        Placement {
+            region: region.to_owned(),
+            bucket: bucket.to_owned(),
+            bucket_region: None,
+            checkpoint_from: None,
+            since: None,
+        }
+    }
+
+    /// The region of the job's bucket (and checkpoints).
+    pub fn bucket_region(&self) -> &str {
+        self.bucket_region.as_deref().unwrap_or(&self.region)
+    }
 }
 
 /// A bucket of the job and the region it lives in (found at submit).

@@ -133,6 +133,7 @@ pub fn pending_jobs(n_jobs: usize, epoch: Timestamp) -> Vec<Job> {
                     Priority::High,
                 ][((h >> 40) % 4) as usize],
                 retry_on_infrastructure_failure: true,
+                move_checkpoints: false,
             };
             Job::new(spec, epoch.plus_secs((h >> 44) as i64 % 86_400), buckets)
         })

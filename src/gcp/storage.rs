@@ -250,6 +250,56 @@ impl Storage {
         serde_json::from_slice(&reply.body).map_err(|e| malformed(&format!("upload reply: {e}")))
     }
 
+    /// Copies an object within Cloud Storage (`objects.rewrite`: the bytes never leave it),
+    /// calling again with the rewrite token until it is done (large objects across
+    /// locations take several calls).
+    pub fn rewrite(
+        &self,
+        from_bucket: &str,
+        from_name: &str,
+        to_bucket: &str,
+        to_name: &str,
+    ) -> Result<(), ApiError> {
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase", default)]
+        struct Progress {
+            done: bool,
+            rewrite_token: String,
+        }
+        let base = format!(
+            "{}/rewriteTo/b/{}/o/{}",
+            self.object_url(from_bucket, from_name),
+            encode(to_bucket),
+            encode(to_name)
+        );
+        let mut token = String::new();
+        for _ in 0..100_000 {
+            let url = if token.is_empty() {
+                base.clone()
+            } else {
+                format!("{base}?rewriteToken={}", encode(&token))
+            };
+            let reply = self.call(&|h| {
+                h.post(&url)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body("{}")
+            })?;
+            if let Some(e) = reply.error() {
+                return Err(e);
+            }
+            let progress: Progress = serde_json::from_slice(&reply.body)
+                .map_err(|e| malformed(&format!("rewrite reply: {e}")))?;
+            if progress.done {
+                return Ok(());
+            }
+            if progress.rewrite_token.is_empty() {
+                return Err(malformed("a rewrite neither done nor continued"));
+            }
+            token = progress.rewrite_token;
+        }
+        Err(malformed("a rewrite that never ends"))
+    }
+
     /// Every object whose name starts with `prefix`, in name order (all pages).
     pub fn list(&self, bucket: &str, prefix: &str) -> Result<Vec<ObjectMeta>, ApiError> {
         #[derive(Deserialize, Default)]

@@ -361,6 +361,7 @@ fn job_of(scenario: &Scenario, arrival: &JobArrival, types: &[gcp::TpuType]) -> 
         priority: [Priority::Low, Priority::Normal, Priority::High]
             [arrival.priority.min(2) as usize],
         retry_on_infrastructure_failure: true,
+        move_checkpoints: false,
     };
     Job::new(
         spec,

@@ -110,10 +110,32 @@ pub struct Metrics {
     pub wall_s: f64,
 }
 
+/// How many times `job`'s data crossed regions: each attempt run outside its bucket's region
+/// (a job moved without its checkpoints reads them from afar), or, for a job whose
+/// checkpoints move with it, each move (one copy).
+fn cross_region_moves(job: &Job) -> usize {
+    fn region(a: &crate::engine::state::Attempt) -> &str {
+        gcp::zone_region(&a.zone).unwrap_or("")
+    }
+    if job.spec.move_checkpoints {
+        job.attempts
+            .windows(2)
+            .filter(|w| region(&w[0]) != region(&w[1]))
+            .count()
+    } else {
+        let home = job.placement.as_ref().map(|p| p.bucket_region());
+        job.attempts
+            .iter()
+            .filter(|a| home.is_some_and(|h| h != region(a)))
+            .count()
+    }
+}
+
 /// Fills the job counts, retries, queue waits, completion times and egress of `metrics` from
 /// `jobs` (every job of the run or window, ended or not): the same for a simulated run and
 /// for what production recorded (`report`). `data_gb_per_attempt` moves for each attempt run
-/// outside the job's bucket region.
+/// outside the job's bucket region, or for each move of a job whose checkpoints move with
+/// it.
 pub fn add_job_metrics<'a>(
     metrics: &mut Metrics,
     jobs: impl Iterator<Item = &'a Job>,
@@ -137,16 +159,7 @@ pub fn add_job_metrics<'a>(
         {
             jcts.push(end.secs_since(job.submitted_at));
         }
-        for a in &job.attempts {
-            let tpu_region = gcp::zone_region(&a.zone).unwrap_or("");
-            if job
-                .placement
-                .as_ref()
-                .is_some_and(|p| p.region != tpu_region)
-            {
-                metrics.egress_gb += data_gb_per_attempt;
-            }
-        }
+        metrics.egress_gb += data_gb_per_attempt * cross_region_moves(job) as f64;
     }
     metrics.queue_wait_s = Stats::of(&waits);
     metrics.jct_s = Stats::of(&jcts);

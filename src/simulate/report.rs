@@ -578,11 +578,12 @@ pub fn paired_comparisons(results: &[RunResult]) -> String {
 }
 
 /// What `simulate --compare` shows of each policy: header, value, digits.
-const COMPARED: [(&str, fn(&Metrics) -> f64, usize); 6] = [
+const COMPARED: [(&str, fn(&Metrics) -> f64, usize); 7] = [
     ("goodput chip-h", |m| m.goodput_chip_hours, 0),
     ("goodput ratio", |m| m.goodput_ratio, 2),
     ("efficiency", |m| m.efficiency, 2),
     ("cost $", |m| m.cost_usd, 0),
+    ("of which egress $", |m| m.egress_usd, 0),
     ("wait p50 (min)", |m| m.queue_wait_s.p50 / 60.0, 1),
     ("wait p95 (min)", |m| m.queue_wait_s.p95 / 60.0, 1),
 ];

@@ -47,6 +47,11 @@ pub struct JobSpec {
     /// Whether preemption or infrastructure failure requeues the job (true) or fails it.
     #[serde(default = "yes")]
     pub retry_on_infrastructure_failure: bool,
+    /// Whether the checkpoint directory moves with the job when the fleet's policy moves it
+    /// to another of its regions after repeated preemptions (copied to that region's bucket
+    /// before its next attempt); false keeps it, and the job's bucket, where they are.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub move_checkpoints: bool,
 }
 
 fn default_bundle() -> String {
@@ -188,6 +193,7 @@ const JOB_FIELDS: &[&str] = &[
     "env",
     "priority",
     "retry_on_infrastructure_failure",
+    "move_checkpoints",
 ];
 
 const STORED_ONLY: &[(&str, &str)] = &[
@@ -408,6 +414,10 @@ fn read_job(
         Some(n) => c.boolean(n, &f.path("retry_on_infrastructure_failure")),
         None => Some(true),
     };
+    let move_checkpoints = match f.get("move_checkpoints") {
+        Some(n) => c.boolean(n, &f.path("move_checkpoints")),
+        None => Some(false),
+    };
 
     if c.error_count() > errors_before {
         return None;
@@ -426,6 +436,7 @@ fn read_job(
         env: env?,
         priority: priority?,
         retry_on_infrastructure_failure: retry?,
+        move_checkpoints: move_checkpoints?,
     };
     if let Some(fleet) = fleet {
         check_against_fleet(c, &f, &job, fleet);

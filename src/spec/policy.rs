@@ -77,6 +77,9 @@ pub enum PolicyName {
     Frugal,
     /// Baseline: SkyPilot managed jobs' `FAILOVER` (one zone at a time, cheapest first).
     SkypilotFailover,
+    /// Baseline: SkyPilot managed jobs' `EAGER_NEXT_REGION` (`FAILOVER`'s requests, and a
+    /// preempted job relaunched in another region at once).
+    SkypilotEagerNextRegion,
     /// Baseline: dstack's sequential offers with retry (cheapest first, no memory).
     DstackOffers,
     /// Baseline: Kueue's ordered flavors (fleet order; never moves on a stockout).
@@ -85,10 +88,11 @@ pub enum PolicyName {
 
 impl PolicyName {
     /// Every policy, as written.
-    pub const ALL: [PolicyName; 5] = [
+    pub const ALL: [PolicyName; 6] = [
         PolicyName::Classic,
         PolicyName::Frugal,
         PolicyName::SkypilotFailover,
+        PolicyName::SkypilotEagerNextRegion,
         PolicyName::DstackOffers,
         PolicyName::KueueFlavors,
     ];
@@ -99,6 +103,7 @@ impl PolicyName {
             PolicyName::Classic => "classic",
             PolicyName::Frugal => "frugal",
             PolicyName::SkypilotFailover => "skypilot-failover",
+            PolicyName::SkypilotEagerNextRegion => "skypilot-eager-next-region",
             PolicyName::DstackOffers => "dstack-offers",
             PolicyName::KueueFlavors => "kueue-flavors",
         }
@@ -113,7 +118,10 @@ impl PolicyName {
     pub fn is_baseline(self) -> bool {
         matches!(
             self,
-            PolicyName::SkypilotFailover | PolicyName::DstackOffers | PolicyName::KueueFlavors
+            PolicyName::SkypilotFailover
+                | PolicyName::SkypilotEagerNextRegion
+                | PolicyName::DstackOffers
+                | PolicyName::KueueFlavors
         )
     }
 
@@ -212,6 +220,36 @@ impl PriorityPreemption {
     }
 }
 
+/// `move_window` when the file does not set it: preemptions counted over 6 h.
+pub const DEFAULT_MOVE_WINDOW_SECS: i64 = 6 * 3600;
+
+/// Moving on after repeated preemptions (opt-in): a job preempted `after_preemptions` times
+/// within `window_secs` in the region it is pinned to is pinned to another of its regions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegionMove {
+    /// Preemptions in one region that move a job; 0 turns it off.
+    pub after_preemptions: u32,
+    /// Over how long they are counted.
+    pub window_secs: i64,
+}
+
+impl Default for RegionMove {
+    fn default() -> Self {
+        RegionMove {
+            after_preemptions: 0,
+            window_secs: DEFAULT_MOVE_WINDOW_SECS,
+        }
+    }
+}
+
+impl RegionMove {
+    /// True when it is on.
+    pub fn enabled(&self) -> bool {
+        self.after_preemptions > 0
+    }
+}
+
 /// The policy a fleet runs: its name, its parameters and the engine's timings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -225,6 +263,9 @@ pub struct PolicySpec {
     pub stockout: StockoutMemory,
     /// Priority preemption (any policy; off unless `priority_preemption_after` is set).
     pub priority_preemption: PriorityPreemption,
+    /// Moving on after repeated preemptions (any policy; off unless
+    /// `move_after_preemptions` is set).
+    pub region_move: RegionMove,
     /// The engine's timings.
     pub engine: EngineConfig,
 }
@@ -241,7 +282,9 @@ impl PolicySpec {
         let stockout = match name {
             // SkyPilot blocks a zone that failed for the rest of the launch and retries
             // with an exponential backoff from `RETRY_INIT_GAP_SECONDS` = 60 s.
-            PolicyName::SkypilotFailover => StockoutMemory::fail_fast(60, 3),
+            PolicyName::SkypilotFailover | PolicyName::SkypilotEagerNextRegion => {
+                StockoutMemory::fail_fast(60, 3)
+            }
             // dstack keeps no memory of failed offers (#1359): each retry starts again.
             PolicyName::DstackOffers => StockoutMemory::fail_fast(60, 0),
             _ => StockoutMemory::default(),
@@ -251,6 +294,14 @@ impl PolicySpec {
             race_after_secs: DEFAULT_RACE_AFTER_SECS,
             stockout,
             priority_preemption: PriorityPreemption::default(),
+            region_move: match name {
+                // `EAGER_NEXT_REGION` leaves the region of every preemption at once.
+                PolicyName::SkypilotEagerNextRegion => RegionMove {
+                    after_preemptions: 1,
+                    window_secs: DEFAULT_MOVE_WINDOW_SECS,
+                },
+                _ => RegionMove::default(),
+            },
             engine: EngineConfig::default(),
         }
     }
@@ -289,6 +340,9 @@ impl PolicySpec {
         }
         if self.priority_preemption.enabled() {
             v["priority_preemption"] = serde_json::json!(self.priority_preemption);
+        }
+        if self.region_move.enabled() {
+            v["region_move"] = serde_json::json!(self.region_move);
         }
         v
     }
@@ -329,6 +383,13 @@ impl PolicySpec {
                 ));
             }
         }
+        let (m, own_move) = (self.region_move, PolicySpec::named(self.name).region_move);
+        if m.after_preemptions != own_move.after_preemptions {
+            changed.push(format!("move_after_preemptions {}", m.after_preemptions));
+        }
+        if m.enabled() && m.window_secs != own_move.window_secs {
+            changed.push(format!("move_window {}", show_secs(m.window_secs)));
+        }
         let defaults = serde_json::to_value(EngineConfig::default()).expect("plain data");
         let ours = serde_json::to_value(self.engine).expect("plain data");
         for (k, v) in ours.as_object().into_iter().flatten() {
@@ -367,6 +428,8 @@ const POLICY_FIELDS: &[&str] = &[
     "stockout_doublings",
     "priority_preemption_after",
     "priority_preemption_window",
+    "move_after_preemptions",
+    "move_window",
     "engine",
 ];
 
@@ -520,6 +583,24 @@ pub fn read_policy(
     if let Some(n) = f.get("priority_preemption_window") {
         match duration(c, n, &f.path("priority_preemption_window"), 0, 7 * 86_400) {
             Some(s) => spec.priority_preemption.window_secs = s,
+            None => ok = false,
+        }
+    }
+    if let Some(n) = f.get("move_after_preemptions") {
+        match c.integer(
+            n,
+            &f.path("move_after_preemptions"),
+            0,
+            100,
+            "a whole number",
+        ) {
+            Some(k) => spec.region_move.after_preemptions = k as u32,
+            None => ok = false,
+        }
+    }
+    if let Some(n) = f.get("move_window") {
+        match duration(c, n, &f.path("move_window"), 60, 30 * 86_400) {
+            Some(s) => spec.region_move.window_secs = s,
             None => ok = false,
         }
     }

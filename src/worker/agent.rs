@@ -211,6 +211,51 @@ pub(crate) fn free_bytes(dir: &Path) -> u64 {
 /// Keeps the declared caches that are ready, deletes every other, evicts the least
 /// recently used while the disk is below `floor`, and links each declared cache into the
 /// job directory. The error names what could not be done.
+/// Copies into `to` (a moved job's checkpoint directory in its new bucket) every object of
+/// `from` (the one it left) that `to` does not hold yet, inside the object store: each worker
+/// of the attempt does it before the command starts, so whichever starts first finds them
+/// all, and an attempt after a failed copy finishes it. Objects already in `to` (written
+/// since the move) are kept. Returns what it did, for the preflight log.
+fn copy_checkpoints(objects: &dyn ObjectStore, from: &str, to: &str) -> Result<String, String> {
+    let prefix = |dir: &str| format!("{}/", dir.trim_end_matches('/'));
+    let (from, to) = (prefix(from), prefix(to));
+    let bucket_of = |uri: &str| -> Result<String, String> {
+        crate::objects::split(uri)
+            .map(|(b, _)| format!("gs://{b}/"))
+            .map_err(|e| e.to_string())
+    };
+    let (from_bucket, to_bucket) = (bucket_of(&from)?, bucket_of(&to)?);
+    let present: std::collections::BTreeSet<String> = objects
+        .list(&to)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|o| o.name)
+        .collect();
+    let to_name = to.strip_prefix(&to_bucket).unwrap_or(&to);
+    let from_name = from.strip_prefix(&from_bucket).unwrap_or(&from);
+    let (mut copied, mut kept) = (0, 0);
+    for object in objects.list(&from).map_err(|e| e.to_string())? {
+        let Some(rel) = object.name.strip_prefix(from_name) else {
+            continue;
+        };
+        let target = format!("{to_name}{rel}");
+        if present.contains(&target) {
+            kept += 1;
+            continue;
+        }
+        objects
+            .copy(
+                &format!("{from_bucket}{}", object.name),
+                &format!("{to_bucket}{target}"),
+            )
+            .map_err(|e| format!("copying the checkpoints of the job's previous region: {e}"))?;
+        copied += 1;
+    }
+    Ok(format!(
+        "checkpoints: {copied} objects copied from {from} to {to}, {kept} already there"
+    ))
+}
+
 fn prepare_caches(spec: &LaunchSpec, dirs: &Dirs, floor: u64) -> Result<Vec<String>, String> {
     let declared: Vec<&crate::spec::job::Cache> = spec.request.caches.iter().collect();
     std::fs::create_dir_all(&dirs.cache_root).map_err(|e| format!("cache root: {e}"))?;
@@ -435,6 +480,9 @@ pub fn launch(
                     "bundle {uri} is not named by its digest: not verified"
                 ));
             }
+        }
+        if let Some(from) = &r.checkpoint_from {
+            preflight.push(copy_checkpoints(objects, from, &r.checkpoint_dir)?);
         }
         preflight.extend(prepare_caches(spec, &dirs, spec.min_free_bytes)?);
         Ok::<(), String>(())

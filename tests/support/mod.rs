@@ -12,8 +12,8 @@ use tpu_runner::engine::observe::{
     QrState, QueuedResourceInfo,
 };
 use tpu_runner::engine::state::{
-    Attempt, AttemptStatus, BucketRegion, FailureCounter, Job, JobStatus, Owner, Placement,
-    Resource, ResourceStatus, State,
+    Attempt, AttemptStatus, BucketRegion, EndReason, FailureCounter, Job, JobStatus, Owner,
+    Placement, Resource, ResourceStatus, State,
 };
 use tpu_runner::engine::{FleetIndex, Observation, Timestamp};
 use tpu_runner::spec::{self, FleetSpec, JobSpec, Name, Priority, TpuRequest, TpuType};
@@ -105,6 +105,11 @@ pub struct CaseJob {
     pub infra_failures: u32,
     #[serde(default)]
     pub not_before: Option<i64>,
+    /// Earlier attempts a cloud preemption ended at these times, in the pinned region.
+    #[serde(default)]
+    pub preempted_at: Vec<i64>,
+    #[serde(default)]
+    pub move_checkpoints: bool,
 }
 
 fn pending() -> JobStatus {
@@ -260,6 +265,7 @@ pub fn job_spec(
         env: BTreeMap::new(),
         priority,
         retry_on_infrastructure_failure: retry,
+        move_checkpoints: false,
     }
 }
 
@@ -289,10 +295,44 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
         job.infra_failures = j.infra_failures;
         job.not_before = j.not_before.map(at);
         if let Some(region) = &j.pinned {
-            job.placement = Some(Placement {
-                region: region.clone(),
-                bucket: format!("gs://b-{region}"),
-            });
+            job.placement = Some(Placement::new(region, &format!("gs://b-{region}")));
+        }
+        job.spec.move_checkpoints = j.move_checkpoints;
+        for (k, t) in j.preempted_at.iter().enumerate() {
+            let region = j
+                .pinned
+                .as_deref()
+                .expect("earlier preemptions need `pinned`");
+            let mut earlier = Attempt {
+                id: Name::new(&format!("p{k}")),
+                resource_id: Name::new(&format!("gone-{k}")),
+                tpu_name: Name::new(&format!("gone-{k}")),
+                zone: Name::new(&format!("{region}-b")),
+                status: AttemptStatus::Running,
+                created_at: at(t - 600),
+                started_at: Some(at(t - 500)),
+                ended_at: None,
+                end_reason: None,
+                exit_code: None,
+                error_summary: String::new(),
+                launch_failures: 0,
+                failed_launch: false,
+                stop_failures: 0,
+                lost: None,
+                interrupting: false,
+                displaced_by: None,
+            };
+            earlier
+                .end(
+                    AttemptStatus::Interrupted,
+                    EndReason::Preempted,
+                    None,
+                    "TPU preempted or lost",
+                    at(*t),
+                )
+                .expect("a running attempt ends");
+            job.attempts.push(earlier);
+            job.interruptions += 1;
         }
         if let Some(a) = &j.attempt {
             let (_, name, rid) = resolve(index, &a.tpu);

@@ -121,8 +121,9 @@ pub fn of_spec(spec: &PolicySpec) -> Box<dyn Policy> {
         PolicyName::Frugal => Box::new(Frugal {
             race_after_secs: spec.race_after_secs,
         }),
-        PolicyName::SkypilotFailover | PolicyName::DstackOffers | PolicyName::KueueFlavors => {
-            Box::new(Sequential::of(spec.name).expect("a baseline"))
-        }
+        PolicyName::SkypilotFailover
+        | PolicyName::SkypilotEagerNextRegion
+        | PolicyName::DstackOffers
+        | PolicyName::KueueFlavors => Box::new(Sequential::of(spec.name).expect("a baseline")),
     }
 }

@@ -35,7 +35,9 @@ impl Sequential {
     /// The baseline named `name` (`None` for tpu-runner's own policies).
     pub fn of(name: PolicyName) -> Option<Sequential> {
         let (order, moves_on_stockout) = match name {
-            PolicyName::SkypilotFailover | PolicyName::DstackOffers => (Order::Price, true),
+            PolicyName::SkypilotFailover
+            | PolicyName::SkypilotEagerNextRegion
+            | PolicyName::DstackOffers => (Order::Price, true),
             PolicyName::KueueFlavors => (Order::Fleet, false),
             PolicyName::Classic | PolicyName::Frugal => return None,
         };

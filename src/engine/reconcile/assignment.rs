@@ -172,10 +172,7 @@ impl<'a> Pass<'a> {
         let placement = match &job.placement {
             Some(p) => p.clone(),
             None => match job.bucket_regions.iter().find(|b| b.region == region) {
-                Some(b) => Placement {
-                    region: region.to_owned(),
-                    bucket: b.bucket.clone(),
-                },
+                Some(b) => Placement::new(region, &b.bucket),
                 None => return,
             },
         };

@@ -187,6 +187,15 @@ impl<'a> Pass<'a> {
             {
                 self.out.violations.push(e.to_string());
             }
+            // The workers copied a moved job's checkpoints before they started its command.
+            if let Some(p) = self
+                .state
+                .jobs
+                .get_mut(job_id)
+                .and_then(|j| j.placement.as_mut())
+            {
+                p.checkpoint_from = None;
+            }
             self.event(
                 "distributed_job_launched",
                 Some(job_id),

@@ -6,6 +6,7 @@
 
 mod assignment;
 mod attempts;
+mod moves;
 mod priority;
 mod refresh;
 mod requests;
@@ -470,7 +471,7 @@ impl<'a> Pass<'a> {
                         job_status: JobStatus::Pending,
                         resource_status: ResourceStatus::Preempted,
                         exit_code: None,
-                        summary: "TPU preempted or lost",
+                        summary: moves::CLOUD_PREEMPTION,
                         retryable: false,
                         recycle_threshold: 0,
                         expected: JobStatus::Running,
@@ -493,6 +494,9 @@ impl<'a> Pass<'a> {
                         Some(&owner.attempt_id),
                         detail.into(),
                     );
+                    if requeued {
+                        self.consider_move(&owner.job_id);
+                    }
                 }
                 return;
             }
@@ -530,6 +534,10 @@ fn launch_request(job: &Job, resource: &Resource, attempt_id: &Name) -> Action {
         .as_ref()
         .map(|p| p.bucket.clone())
         .unwrap_or_default();
+    let checkpoint_from = job
+        .placement
+        .as_ref()
+        .and_then(|p| p.checkpoint_from.clone());
     Action::Launch(Box::new(LaunchRequest {
         attempt_id: *attempt_id,
         job_id: job.id,
@@ -540,6 +548,7 @@ fn launch_request(job: &Job, resource: &Resource, attempt_id: &Name) -> Action {
         worker_count: resource.worker_count,
         command: job.spec.command.clone(),
         checkpoint_dir: format!("{bucket}/jobs/{}/checkpoints", job.id),
+        checkpoint_from,
         bundle: bundle_uri(&job.spec.bundle, &bucket),
         bucket,
         env: job.spec.env.clone(),
