@@ -480,26 +480,27 @@ const METRICS: [Metric; 7] = [
     ("cost $", |m| m.cost_usd, 0, false),
 ];
 
+/// Each distinct value once, in the order first seen (scenarios and policies as they ran).
+fn first_seen<'r>(values: impl Iterator<Item = &'r str>) -> Vec<&'r str> {
+    let mut out: Vec<&str> = Vec::new();
+    for v in values {
+        if !out.contains(&v) {
+            out.push(v);
+        }
+    }
+    out
+}
+
 /// Each scenario's policies compared pairwise with the first, on the seeds both ran (common
 /// random numbers: the same cloud and workload for both): per metric the mean difference
 /// with its 95 % confidence interval, which policy is better where the interval leaves out
 /// zero, and a verdict. Empty when no scenario ran two policies.
 pub fn paired_comparisons(results: &[RunResult]) -> String {
-    let mut scenarios: Vec<&str> = Vec::new();
-    for r in results {
-        if !scenarios.contains(&r.scenario.as_str()) {
-            scenarios.push(&r.scenario);
-        }
-    }
+    let scenarios = first_seen(results.iter().map(|r| r.scenario.as_str()));
     let mut out = String::new();
     for scenario in scenarios {
         let runs: Vec<&RunResult> = results.iter().filter(|r| r.scenario == scenario).collect();
-        let mut policies: Vec<&str> = Vec::new();
-        for r in &runs {
-            if !policies.contains(&r.policy.as_str()) {
-                policies.push(&r.policy);
-            }
-        }
+        let policies = first_seen(runs.iter().map(|r| r.policy.as_str()));
         let Some((base, others)) = policies.split_first() else {
             continue;
         };
@@ -608,21 +609,11 @@ fn fmt_interval(i: Interval, digits: usize) -> String {
 /// paired difference in goodput from the first policy on the seeds both ran, with whether
 /// it is higher, lower or the same within its interval.
 pub fn compare(results: &[RunResult]) -> String {
-    let mut scenarios: Vec<&str> = Vec::new();
-    for r in results {
-        if !scenarios.contains(&r.scenario.as_str()) {
-            scenarios.push(&r.scenario);
-        }
-    }
+    let scenarios = first_seen(results.iter().map(|r| r.scenario.as_str()));
     let mut out = String::new();
     for scenario in scenarios {
         let runs: Vec<&RunResult> = results.iter().filter(|r| r.scenario == scenario).collect();
-        let mut policies: Vec<&str> = Vec::new();
-        for r in &runs {
-            if !policies.contains(&r.policy.as_str()) {
-                policies.push(&r.policy);
-            }
-        }
+        let policies = first_seen(runs.iter().map(|r| r.policy.as_str()));
         let first = policies[0];
         let seeds = runs.iter().filter(|r| r.policy == first).count();
         let _ = writeln!(
@@ -755,12 +746,7 @@ fn policies_on_the_same_axes(
     scenario: &str,
     runs: &[&RunResult],
 ) -> Result<Vec<String>, String> {
-    let mut policies: Vec<&str> = Vec::new();
-    for r in runs {
-        if !policies.contains(&r.policy.as_str()) {
-            policies.push(&r.policy);
-        }
-    }
+    let policies = first_seen(runs.iter().map(|r| r.policy.as_str()));
     let seed = runs.iter().map(|r| r.seed).find(|s| {
         policies
             .iter()
