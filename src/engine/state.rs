@@ -615,6 +615,29 @@ pub struct Attempt {
 }
 
 impl Attempt {
+    /// A new attempt, launching on the TPU `resource_id` (`tpu_name` in `zone`) since `now`.
+    pub fn new(id: Name, resource_id: Name, tpu_name: Name, zone: Name, now: Timestamp) -> Attempt {
+        Attempt {
+            id,
+            resource_id,
+            tpu_name,
+            zone,
+            status: AttemptStatus::Launching,
+            created_at: now,
+            started_at: None,
+            ended_at: None,
+            end_reason: None,
+            exit_code: None,
+            error_summary: String::new(),
+            launch_failures: 0,
+            failed_launch: false,
+            stop_failures: 0,
+            lost: None,
+            interrupting: false,
+            displaced_by: None,
+        }
+    }
+
     /// Marks the attempt running (from launching).
     pub fn start(&mut self, now: Timestamp) -> Result<(), IllegalTransition> {
         if self.status != AttemptStatus::Launching {

@@ -303,25 +303,16 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
                 .pinned
                 .as_deref()
                 .expect("earlier preemptions need `pinned`");
-            let mut earlier = Attempt {
-                id: Name::new(&format!("p{k}")),
-                resource_id: Name::new(&format!("gone-{k}")),
-                tpu_name: Name::new(&format!("gone-{k}")),
-                zone: Name::new(&format!("{region}-b")),
-                status: AttemptStatus::Running,
-                created_at: at(t - 600),
-                started_at: Some(at(t - 500)),
-                ended_at: None,
-                end_reason: None,
-                exit_code: None,
-                error_summary: String::new(),
-                launch_failures: 0,
-                failed_launch: false,
-                stop_failures: 0,
-                lost: None,
-                interrupting: false,
-                displaced_by: None,
-            };
+            let mut earlier = Attempt::new(
+                Name::new(&format!("p{k}")),
+                Name::new(&format!("gone-{k}")),
+                Name::new(&format!("gone-{k}")),
+                Name::new(&format!("{region}-b")),
+                at(t - 600),
+            );
+            earlier
+                .start(at(t - 500))
+                .expect("a launching attempt starts");
             earlier
                 .end(
                     AttemptStatus::Interrupted,

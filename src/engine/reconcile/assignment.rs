@@ -6,9 +6,7 @@ use super::{Pass, launch_request};
 use crate::engine::demand::Demand;
 use crate::engine::memo::{is_candidate, is_pending};
 use crate::engine::policy::{AssignInput, CapacityInput};
-use crate::engine::state::{
-    Attempt, AttemptStatus, JobStatus, Placement, Resource, ResourceStatus, State,
-};
+use crate::engine::state::{Attempt, JobStatus, Placement, Resource, ResourceStatus, State};
 use crate::engine::time::Timestamp;
 use crate::spec::{Name, NameSet, names};
 
@@ -198,25 +196,13 @@ impl<'a> Pass<'a> {
         job.assigned_resource = Some(*resource_id);
         job.current_attempt = Some(attempt_id);
         job.not_before = None;
-        job.attempts.push(Attempt {
-            id: attempt_id,
-            resource_id: *resource_id,
-            tpu_name: resource.tpu_name,
-            zone: resource.zone,
-            status: AttemptStatus::Launching,
-            created_at: now,
-            started_at: None,
-            ended_at: None,
-            end_reason: None,
-            exit_code: None,
-            error_summary: String::new(),
-            launch_failures: 0,
-            failed_launch: false,
-            stop_failures: 0,
-            lost: None,
-            interrupting: false,
-            displaced_by: None,
-        });
+        job.attempts.push(Attempt::new(
+            attempt_id,
+            *resource_id,
+            resource.tpu_name,
+            resource.zone,
+            now,
+        ));
         // Launched at the end of the pass (the original's second attempt pass).
         self.new_launches
             .push(launch_request(job, resource, &attempt_id));

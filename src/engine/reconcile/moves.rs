@@ -49,10 +49,7 @@ impl<'a> Pass<'a> {
             return;
         };
         let from = placement.region.clone();
-        let old_bucket_region = placement
-            .bucket_region
-            .clone()
-            .unwrap_or_else(|| from.clone());
+        let old_bucket_region = placement.bucket_region().to_owned();
         let checkpoint_dir = format!("{}/jobs/{job_id}/checkpoints", placement.bucket);
         let next = if job.spec.move_checkpoints {
             Placement {
