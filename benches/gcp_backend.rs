@@ -55,6 +55,8 @@ fn serve(s: &Scenario, clock: Clock, provisioned: bool) -> Running {
             Ustr::from(&format!("{node}-qr")),
             Ustr::from(&node),
             &entry.tpu_type.to_string(),
+            tpu_runner::backend::sim::pool_model(entry.provisioning_model),
+            entry.reservation.as_deref(),
             labels,
         );
     }
@@ -138,6 +140,8 @@ fn gcp_backend(c: &mut Criterion) {
                         .clone()
                         .unwrap_or_else(|| "v2-alpha-tpuv6e".into()),
                     entry_id: entry.id,
+                    model: entry.provisioning_model,
+                    reservation: entry.reservation.clone(),
                 }
             })
             .collect()

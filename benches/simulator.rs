@@ -65,7 +65,15 @@ fn with_waiting(scenario: &scenario::Scenario, n: usize) -> SimCloud {
     for i in 0..n {
         let name = qr_name(i);
         cloud
-            .create_queued_resource(zone, name, name, "v6e-8", std::sync::Arc::clone(&labels))
+            .create_queued_resource(
+                zone,
+                name,
+                name,
+                "v6e-8",
+                tpu_runner_sim::PoolModel::Spot,
+                None,
+                std::sync::Arc::clone(&labels),
+            )
             .expect("the pool exists and the name is new");
     }
     cloud

@@ -25,7 +25,7 @@ use tpu_runner::gcp::http::{Endpoint, RetryPolicy};
 use tpu_runner::gcp::tpu::{Client, Quotas};
 use tpu_runner::simulate::harness::{self, EPOCH, Hooks, RunOptions, RunResult};
 use tpu_runner::simulate::scenario::{self, Scenario};
-use tpu_runner::spec::{FleetSpec, Name, NameMap, TpuType};
+use tpu_runner::spec::{FleetSpec, Name, NameMap, ProvisioningModel, TpuType};
 use tpu_runner_sim::SimCloud;
 
 fn load(rel: &str) -> Scenario {
@@ -135,6 +135,8 @@ fn cloud(adjust: &dyn Fn(&mut tpu_runner_sim::CloudConfig)) -> SimCloud {
     let pool = |zone: &str, accelerator: &str, chips, hosts, slices| PoolConfig {
         zone: zone.into(),
         accelerator: accelerator.into(),
+        model: PoolModel::Spot,
+        reservation: None,
         chips,
         hosts,
         capacity: Capacity::Constant(slices),
@@ -146,6 +148,17 @@ fn cloud(adjust: &dyn Fn(&mut tpu_runner_sim::CloudConfig)) -> SimCloud {
     config.pools = vec![
         pool(EAST, "v6e-8", 8, 2, 2),
         pool(WEST, "v5litepod-16", 16, 4, 1),
+        PoolConfig {
+            model: PoolModel::OnDemand,
+            reclaims: false,
+            ..pool(EAST, "v6e-8", 8, 2, 1)
+        },
+        PoolConfig {
+            model: PoolModel::Reserved,
+            reservation: Some("conf-res".into()),
+            reclaims: false,
+            ..pool(EAST, "v6e-8", 8, 2, 1)
+        },
     ];
     adjust(&mut config);
     let mut cloud = SimCloud::new(config);
@@ -253,6 +266,17 @@ impl Sides {
 }
 
 fn create(name: &str, zone: &str, tpu_type: &str) -> Action {
+    create_as(name, zone, tpu_type, ProvisioningModel::Spot, None)
+}
+
+/// A create of on-demand or reserved capacity.
+fn create_as(
+    name: &str,
+    zone: &str,
+    tpu_type: &str,
+    model: ProvisioningModel,
+    reservation: Option<&str>,
+) -> Action {
     Action::CreateQueuedResource {
         name: Name::new(&format!("{name}-qr")),
         node_id: Name::new(name),
@@ -260,6 +284,8 @@ fn create(name: &str, zone: &str, tpu_type: &str) -> Action {
         tpu_type: TpuType::parse(tpu_type).expect("type"),
         runtime: "v2-alpha-tpuv6e".into(),
         entry_id: Name::new("east"),
+        model,
+        reservation: reservation.map(str::to_owned),
     }
 }
 
@@ -316,7 +342,9 @@ fn the_same_actions_give_the_same_observations_and_outcomes() {
     assert_eq!(inv.0.len(), 1, "only the adopted TPU exists");
     assert!(inv.1.is_empty());
 
-    // Creates: two fit, a third waits, a duplicate and an unknown type are refused.
+    // Creates: two fit, a third waits, a duplicate and an unknown type are refused; on-demand
+    // and reserved capacity come from their own pools, a reservation that does not exist is
+    // refused for good.
     let outcomes = s.act(
         &[
             create("tpu-a", EAST, "v6e-8"),
@@ -324,8 +352,32 @@ fn the_same_actions_give_the_same_observations_and_outcomes() {
             create("tpu-c", EAST, "v6e-8"),
             create("tpu-a", EAST, "v6e-8"),
             create("tpu-x", WEST, "v6e-8"),
+            create_as("tpu-d", EAST, "v6e-8", ProvisioningModel::OnDemand, None),
+            create_as(
+                "tpu-r",
+                EAST,
+                "v6e-8",
+                ProvisioningModel::Reserved,
+                Some("conf-res"),
+            ),
+            create_as(
+                "tpu-q",
+                EAST,
+                "v6e-8",
+                ProvisioningModel::Reserved,
+                Some("other"),
+            ),
         ],
         "creates",
+    );
+    assert_eq!(outcomes[5..7], [Outcome::Done, Outcome::Done]);
+    assert!(
+        matches!(
+            outcomes[7],
+            Outcome::Refused(tpu_runner::engine::observe::CloudFailure::Permanent(_))
+        ),
+        "{:?}",
+        outcomes[7]
     );
     assert_eq!(outcomes[0], Outcome::Done);
     assert!(matches!(
@@ -345,7 +397,11 @@ fn the_same_actions_give_the_same_observations_and_outcomes() {
     }
     let (nodes, qrs) = s.observe("provisioned");
     assert!(nodes.iter().any(|n| n.name == "tpu-a"), "{nodes:?}");
-    assert_eq!(qrs.len(), 3);
+    assert_eq!(qrs.len(), 5);
+    let model = |name: &str| nodes.iter().find(|n| n.name == name).map(|n| n.model());
+    assert_eq!(model("tpu-a"), Some(ProvisioningModel::Spot));
+    assert_eq!(model("tpu-d"), Some(ProvisioningModel::OnDemand));
+    assert_eq!(model("tpu-r"), Some(ProvisioningModel::Reserved));
 
     // Launches: one on a READY TPU, one on a missing TPU; the reports agree while it runs.
     let outcomes = s.act(

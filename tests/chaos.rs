@@ -77,6 +77,8 @@ fn ignore_limits(_: &mut State, actions: &mut Vec<Action>, _: Timestamp) {
                 tpu_type,
                 runtime,
                 entry_id,
+                model,
+                reservation,
             } => Some(Action::CreateQueuedResource {
                 name: format!("{name}-x").into(),
                 node_id: format!("{node_id}-x").into(),
@@ -84,6 +86,8 @@ fn ignore_limits(_: &mut State, actions: &mut Vec<Action>, _: Timestamp) {
                 tpu_type: tpu_type.clone(),
                 runtime: runtime.clone(),
                 entry_id: *entry_id,
+                model: *model,
+                reservation: reservation.clone(),
             }),
             _ => None,
         })

@@ -18,6 +18,7 @@ use tpu_runner::emulator::{self, Clock, Running, Shared, World, lock};
 use tpu_runner::gcp::discovery::Api;
 use tpu_runner::gcp::http::{Endpoint, RetryPolicy};
 use tpu_runner::gcp::tpu::{Client, QrRequest, Quotas};
+use tpu_runner::spec::ProvisioningModel;
 
 #[path = "support/google.rs"]
 mod google;
@@ -225,7 +226,8 @@ fn error_shape(status: u16, body: &[u8]) -> Result<(), String> {
 const PROJECT: &str = "conf-project";
 const EAST: &str = "us-east1-d";
 
-/// An emulated cloud with a single-host pool and a four-host one in `EAST`.
+/// An emulated cloud with a single-host pool and a four-host one in `EAST` (Spot), and
+/// single-host on-demand capacity and a reservation `conf-res` of two slices there.
 fn world() -> Shared {
     use tpu_runner_sim::model::*;
     let scenario = tpu_runner::simulate::scenario::load(
@@ -236,6 +238,8 @@ fn world() -> Shared {
     let pool = |accelerator: &str, chips, hosts| PoolConfig {
         zone: EAST.into(),
         accelerator: accelerator.into(),
+        model: PoolModel::Spot,
+        reservation: None,
         chips,
         hosts,
         capacity: Capacity::Constant(4),
@@ -243,7 +247,22 @@ fn world() -> Shared {
         outages: Vec::new(),
         reclaims: true,
     };
-    config.pools = vec![pool("v6e-8", 8, 1), pool("v6e-16", 16, 4)];
+    config.pools = vec![
+        pool("v6e-8", 8, 1),
+        pool("v6e-16", 16, 4),
+        PoolConfig {
+            model: PoolModel::OnDemand,
+            reclaims: false,
+            ..pool("v6e-8", 8, 1)
+        },
+        PoolConfig {
+            model: PoolModel::Reserved,
+            reservation: Some("conf-res".into()),
+            capacity: Capacity::Constant(2),
+            reclaims: false,
+            ..pool("v6e-8", 8, 1)
+        },
+    ];
     let cloud = tpu_runner_sim::SimCloud::new(config);
     let sim = tpu_runner::backend::sim::SimBackend::new(
         cloud,
@@ -269,6 +288,8 @@ fn client(url: &str) -> Client {
 
 fn request(id: &str, accelerator: &str) -> QrRequest {
     QrRequest {
+        model: ProvisioningModel::Spot,
+        reservation: None,
         id: format!("{id}-qr"),
         node_id: id.into(),
         zone: EAST.into(),
@@ -326,6 +347,41 @@ fn the_tpu_client_and_the_emulator_speak_the_tpu_api_v2_document() {
     )
     .unwrap();
     lock(&world).sim.cloud.set_stockout(EAST, false);
+    // On-demand and reserved capacity: the `guaranteed` tier, with a `reservationName` for
+    // the reservation; a stockout of Spot capacity does not touch them.
+    c.create_queued_resource(
+        &QrRequest {
+            model: ProvisioningModel::OnDemand,
+            ..request("conf-on-demand", "v6e-8")
+        },
+        "6f1c1b3e-0000-4000-8000-000000000008",
+    )
+    .unwrap();
+    c.create_queued_resource(
+        &QrRequest {
+            model: ProvisioningModel::Reserved,
+            reservation: Some("conf-res".into()),
+            ..request("conf-reserved", "v6e-8")
+        },
+        "6f1c1b3e-0000-4000-8000-000000000009",
+    )
+    .unwrap();
+    let unknown = c.create_queued_resource(
+        &QrRequest {
+            model: ProvisioningModel::Reserved,
+            reservation: Some("no-such-reservation".into()),
+            ..request("conf-unreserved", "v6e-8")
+        },
+        "6f1c1b3e-0000-4000-8000-00000000000a",
+    );
+    let err = unknown.expect_err("a reservation that does not exist is refused");
+    assert!(
+        matches!(
+            tpu_runner::backend::gcp::cloud_failure(&err),
+            tpu_runner::engine::observe::CloudFailure::Permanent(_)
+        ),
+        "{err}"
+    );
     lock(&world).sim.cloud.advance_to(7_200_000);
     assert!(lock(&world).sim.cloud.preempt_now(EAST, "conf-spot"));
     lock(&world).sim.cloud.set_stockout(EAST, true);
@@ -345,9 +401,21 @@ fn the_tpu_client_and_the_emulator_speak_the_tpu_api_v2_document() {
         states.contains("WAITING_FOR_RESOURCES") && states.contains("SUSPENDED"),
         "{states:?}"
     );
+    let model_of = |id: &str| {
+        let qr = qrs.iter().find(|q| q.id() == format!("{id}-qr")).unwrap();
+        (qr.is_spot(), qr.is_reserved(), qr.state.state.clone())
+    };
+    assert_eq!(model_of("conf-spot"), (true, false, "SUSPENDED".into()));
+    assert_eq!(model_of("conf-on-demand"), (false, false, "ACTIVE".into()));
+    assert_eq!(model_of("conf-reserved"), (false, true, "ACTIVE".into()));
+    assert!(!qrs.iter().any(|q| q.id() == "conf-unreserved-qr"));
     let nodes = c.list_nodes(&[EAST.to_owned()]).remove(0).unwrap();
     let states: BTreeSet<&str> = nodes.iter().map(|n| n.state.as_str()).collect();
     assert!(states.contains("PREEMPTED"), "{states:?}");
+    let node = |id: &str| nodes.iter().find(|n| n.id() == id).unwrap();
+    assert!(node("conf-spot").is_spot() && !node("conf-spot").is_reserved());
+    assert!(!node("conf-on-demand").is_spot() && !node("conf-on-demand").is_reserved());
+    assert!(!node("conf-reserved").is_spot() && node("conf-reserved").is_reserved());
 
     let got = c.get_nodes(&[
         (EAST.to_owned(), "conf-big".to_owned()),
@@ -446,6 +514,8 @@ fn a_controller_on_the_emulator_sends_and_receives_only_what_the_document_define
         tpu_type: TpuType::parse("v6e-8").unwrap(),
         runtime: "v2-alpha-tpuv6e".into(),
         entry_id: Name::new("east"),
+        model: tpu_runner::spec::ProvisioningModel::Spot,
+        reservation: None,
     };
     let scope = InventoryScope {
         runner: "conf",
@@ -846,6 +916,8 @@ fn the_emulators_memory_is_bounded_under_listings_and_long_names() {
                     ustr::Ustr::from(&format!("conf-{i}-qr")),
                     ustr::Ustr::from(&format!("conf-{i}")),
                     "v6e-8",
+                    tpu_runner_sim::PoolModel::Spot,
+                    None,
                     Arc::new(BTreeMap::from([(
                         "managed-by".to_owned(),
                         "conf".to_owned(),

@@ -559,6 +559,8 @@ fn a_freed_slice_goes_to_the_oldest_request_still_waiting() {
                 name(i),
                 name(i),
                 "v6e-8",
+                tpu_runner_sim::PoolModel::Spot,
+                None,
                 Arc::new(Default::default()),
             )
             .unwrap()
@@ -630,6 +632,8 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
                 ustr(&format!("qr-{node}")),
                 ustr(node),
                 "v6e-8",
+                tpu_runner_sim::PoolModel::Spot,
+                None,
                 labels(runner),
             )
             .unwrap();

@@ -358,6 +358,8 @@ impl ApiRig {
                     ustr::Ustr::from("tpu-ssh-qr"),
                     ustr::Ustr::from(TPU),
                     "v6e-8",
+                    tpu_runner_sim::PoolModel::Spot,
+                    None,
                     labels,
                 )
                 .unwrap();

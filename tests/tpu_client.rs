@@ -17,6 +17,7 @@ use tpu_runner::gcp::http::RetryPolicy;
 use tpu_runner::gcp::tpu::{
     self, Client, Endpoint, Node, Operation, QrRequest, QueuedResource, Quotas,
 };
+use tpu_runner::spec::ProvisioningModel;
 
 fn fixture(name: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -114,6 +115,8 @@ fn documented_queued_resource_replies_parse() {
 
 fn request() -> QrRequest {
     QrRequest {
+        model: ProvisioningModel::Spot,
+        reservation: None,
         id: "lab-runner-east-v6e-1-1a2b3c4d-qr".into(),
         node_id: "lab-runner-east-v6e-1-1a2b3c4d".into(),
         zone: "us-east1-d".into(),
@@ -138,6 +141,57 @@ fn request() -> QrRequest {
 fn the_create_request_has_the_documented_shape() {
     let expected: Value = serde_json::from_str(&fixture("create-qr-request.json")).unwrap();
     assert_eq!(tpu::create_body("my-project-123", &request()), expected);
+}
+
+/// On-demand capacity is the `guaranteed` tier; a reservation's adds its full name.
+#[test]
+fn on_demand_and_reserved_requests_have_the_documented_shape() {
+    let on_demand: Value =
+        serde_json::from_str(&fixture("create-qr-request-on-demand.json")).unwrap();
+    let request_as = |model, reservation: Option<&str>| QrRequest {
+        model,
+        reservation: reservation.map(str::to_owned),
+        ..request()
+    };
+    assert_eq!(
+        tpu::create_body(
+            "my-project-123",
+            &request_as(ProvisioningModel::OnDemand, None)
+        ),
+        on_demand
+    );
+    let reserved: Value =
+        serde_json::from_str(&fixture("create-qr-request-reserved.json")).unwrap();
+    assert_eq!(
+        tpu::create_body(
+            "my-project-123",
+            &request_as(ProvisioningModel::Reserved, Some("lab-v6e-reservation"))
+        ),
+        reserved
+    );
+    // A reply for it reads back as reserved, not Spot.
+    let reply: QueuedResource = serde_json::from_str(&fixture("qr-v2-reserved.json")).unwrap();
+    assert!(reply.is_reserved() && !reply.is_spot());
+    let info = tpu_runner::backend::gcp::qr_info(&reply, "us-east1-d").unwrap();
+    assert_eq!(info.model(), ProvisioningModel::Reserved);
+    let waiting: QueuedResource = serde_json::from_str(&fixture("qr-v2-waiting.json")).unwrap();
+    assert_eq!(
+        tpu_runner::backend::gcp::qr_info(&waiting, "us-east1-d")
+            .unwrap()
+            .model(),
+        ProvisioningModel::Spot
+    );
+    let guaranteed = r#"{"name": "q", "guaranteed": {}, "tpu": {"nodeSpec": [{"nodeId": "n", "node": {"acceleratorType": "v6e-8"}}]}}"#;
+    let guaranteed: QueuedResource = serde_json::from_str(guaranteed).unwrap();
+    assert_eq!(
+        tpu_runner::backend::gcp::qr_info(&guaranteed, "us-east1-d")
+            .unwrap()
+            .model(),
+        ProvisioningModel::OnDemand
+    );
+    let node: Node =
+        serde_json::from_str(r#"{"name": "n", "schedulingConfig": {"reserved": true}}"#).unwrap();
+    assert!(node.is_reserved() && !node.is_spot());
 }
 
 /// One scripted reply: status, extra headers, body; `None` closes the connection without

@@ -853,6 +853,8 @@ fn the_emulators_tpus_end_their_workers_when_they_go() {
                 ustr::Ustr::from("tpu-emu-qr"),
                 ustr::Ustr::from("tpu-emu"),
                 "v6e-8",
+                tpu_runner_sim::PoolModel::Spot,
+                None,
                 labels,
             )
             .unwrap();

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use ustr::{Ustr, UstrMap};
 
-use crate::model::{ApiConfig, CallKind, Capacity, CloudConfig, JobBehaviour, Latency};
+use crate::model::{ApiConfig, CallKind, Capacity, CloudConfig, JobBehaviour, Latency, PoolModel};
 use crate::rng::SimRng;
 use crate::waiting::WaitingQueue;
 use crate::zoned::{InZone, ZonedTable};
@@ -67,6 +67,10 @@ pub struct QrView<'a> {
     pub state: QrState,
     /// Labels given at creation.
     pub labels: &'a Labels,
+    /// How what it asks for is paid for.
+    pub model: PoolModel,
+    /// The reservation it asks in (`Reserved` only).
+    pub reservation: Option<Ustr>,
 }
 
 /// What the cloud says of a failed queued resource (`failedData.error.message`).
@@ -96,6 +100,8 @@ pub struct NodeView<'a> {
     pub queued_resource: Option<Ustr>,
     /// Spot capacity (false for existing on-demand nodes).
     pub spot: bool,
+    /// Created in a reservation.
+    pub reserved: bool,
 }
 
 /// The answer to a zone listing.
@@ -125,8 +131,10 @@ pub enum ApiError {
     AlreadyExists,
     /// The object does not exist.
     NotFound,
-    /// No pool of this type in this zone.
+    /// No pool of this type and provisioning model in this zone.
     NoSuchPool,
+    /// No reservation of this name for this type in this zone.
+    NoSuchReservation,
 }
 
 /// Result of a remote command (launch).
@@ -273,6 +281,8 @@ struct Qr {
     node_id: Ustr,
     accelerator: String,
     pool: usize,
+    model: PoolModel,
+    reservation: Option<Ustr>,
     state: QrState,
     created_at: Millis,
     labels: Labels,
@@ -296,6 +306,8 @@ struct Node {
     launched: Vec<Ustr>,
     caches: BTreeSet<String>,
     spot: bool,
+    /// Its pool's model (on-demand for existing nodes).
+    model: PoolModel,
     /// When a preemption notice was given (the TPU goes away `preemption_notice_secs` later).
     notice_at: Option<Millis>,
 }
@@ -310,6 +322,8 @@ impl Qr {
             accelerator: &self.accelerator,
             state: self.state,
             labels: &self.labels,
+            model: self.model,
+            reservation: self.reservation,
         }
     }
 }
@@ -326,6 +340,7 @@ impl Node {
             labels: &self.labels,
             queued_resource: self.queued_resource,
             spot: self.spot,
+            reserved: self.model == PoolModel::Reserved,
         }
     }
 }
@@ -579,9 +594,30 @@ impl SimCloud {
                 acc.api_calls.insert(kind.name(), calls);
             }
         }
+        // A reservation is billed whole for the whole run, held or not; its nodes add nothing.
+        let secs = t as f64 / 1000.0;
+        for p in self
+            .config
+            .pools
+            .iter()
+            .filter(|p| p.model == PoolModel::Reserved)
+        {
+            let slices = match p.capacity {
+                Capacity::Constant(n) => n,
+                _ => 0,
+            };
+            let chip_secs = secs * f64::from(slices) * f64::from(p.chips);
+            acc.allocated_chip_secs += chip_secs;
+            *acc.allocated_chip_secs_by_type
+                .entry(format!("{}/{}", p.accelerator, p.model.as_str()))
+                .or_default() += chip_secs;
+        }
         let mut active: Vec<&Node> = self.nodes.values().collect();
         active.sort_by_key(|n| n.serial);
         for node in active {
+            if node.model == PoolModel::Reserved {
+                continue;
+            }
             if let Some(since) = node.active_since {
                 let secs = t.saturating_sub(since) as f64 / 1000.0;
                 acc.allocated_chip_secs += secs * node.chips as f64;
@@ -992,6 +1028,7 @@ impl SimCloud {
         let now = self.now;
         if let Some(node) = self.nodes.get_mut(key)
             && let Some(since) = node.active_since.take()
+            && node.model != PoolModel::Reserved
         {
             let secs = (now - since) as f64 / 1000.0 * node.chips as f64;
             self.accounting.allocated_chip_secs += secs;
@@ -1186,7 +1223,8 @@ impl SimCloud {
             run: None,
             launched: Vec::new(),
             caches: BTreeSet::new(),
-            spot: true,
+            spot: self.config.pools[pool].model == PoolModel::Spot,
+            model: self.config.pools[pool].model,
             notice_at: None,
         };
         self.serial += 1;
@@ -1323,13 +1361,17 @@ impl SimCloud {
         }
     }
 
-    /// Creates a Spot queued resource for one node.
+    /// Creates a queued resource for one node in the pool of `accelerator` and `model` in
+    /// `zone` (a reserved one: in the reservation named `reservation`).
+    #[allow(clippy::too_many_arguments)]
     pub fn create_queued_resource(
         &mut self,
         zone: Ustr,
         name: Ustr,
         node_id: Ustr,
         accelerator: &str,
+        model: PoolModel,
+        reservation: Option<&str>,
         labels: Labels,
     ) -> Result<(), ApiError> {
         let lost_reply = self.api(ApiCall::CreateQueuedResource, true)?;
@@ -1339,9 +1381,18 @@ impl SimCloud {
         let pool = self
             .pool_index
             .get(&zone)
-            .and_then(|in_zone| in_zone.iter().find(|(a, _)| a == accelerator))
+            .and_then(|in_zone| {
+                in_zone
+                    .iter()
+                    .find(|(a, p)| a == accelerator && self.config.pools[*p].model == model)
+            })
             .map(|&(_, pool)| pool)
             .ok_or(ApiError::NoSuchPool)?;
+        if model == PoolModel::Reserved
+            && self.config.pools[pool].reservation.as_deref() != reservation
+        {
+            return Err(ApiError::NoSuchReservation);
+        }
         self.serial += 1;
         let qr = Qr {
             serial: self.serial,
@@ -1350,6 +1401,10 @@ impl SimCloud {
             node_id,
             accelerator: accelerator.to_owned(),
             pool,
+            model,
+            reservation: reservation
+                .filter(|_| model == PoolModel::Reserved)
+                .map(Ustr::from),
             state: QrState::WaitingForResources,
             created_at: self.now,
             labels,
@@ -1586,6 +1641,7 @@ impl SimCloud {
                 launched: Vec::new(),
                 caches: BTreeSet::new(),
                 spot: false,
+                model: PoolModel::OnDemand,
                 notice_at: None,
             },
         );
@@ -1634,12 +1690,16 @@ impl SimCloud {
 
     // ----- faults injected by hand (the emulator's control endpoints) -------------------
 
-    /// Stocks out every pool of `zone` (`on`), or lifts it: a stocked-out pool offers no
-    /// capacity, so its Spot TPUs beyond that are preempted (with notice) and its waiting
-    /// requests wait. Returns the pools it applies to (0: no such zone).
+    /// Stocks out every pool of `zone` but its reservations (their capacity is held for
+    /// the project) (`on`), or lifts it: a stocked-out pool offers no capacity, so its Spot
+    /// TPUs beyond that are preempted (with notice) and its waiting requests wait. Returns
+    /// the pools it applies to (0: no such zone).
     pub fn set_stockout(&mut self, zone: &str, on: bool) -> usize {
         let pools: Vec<usize> = (0..self.config.pools.len())
-            .filter(|&p| self.config.pools[p].zone == zone)
+            .filter(|&p| {
+                let pool = &self.config.pools[p];
+                pool.zone == zone && pool.model != PoolModel::Reserved
+            })
             .collect();
         for &pool in &pools {
             self.stocked_out[pool] = on;
@@ -2111,10 +2171,9 @@ impl SimCloud {
 }
 
 fn price_key(node: &Node) -> String {
-    let model = match (node.pool, node.spot) {
-        (usize::MAX, _) => "adopted",
-        (_, true) => "spot",
-        (_, false) => "on-demand",
+    let model = match node.pool {
+        usize::MAX => "adopted",
+        _ => node.model.as_str(),
     };
     format!("{}/{model}", node.accelerator)
 }

@@ -14,7 +14,7 @@ mod zoned;
 pub use cloud::{Accounting, QR_FAILED_MESSAGE, SimCloud};
 pub use model::{
     ApiConfig, ApiLatency, ApiQuota, CallKind, Capacity, CloudConfig, CloudFaults, JobBehaviour,
-    Latency, PoolConfig, WorkerConfig,
+    Latency, PoolConfig, PoolModel, WorkerConfig,
 };
 pub use rng::SimRng;
 pub use trace::SpotTrace;

@@ -57,13 +57,41 @@ pub struct Latency {
     pub sigma: f64,
 }
 
-/// Spot capacity of one accelerator type in one zone.
+/// How a pool's capacity is paid for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PoolModel {
+    /// Spot: preemptible, billed while held, at the Spot price.
+    #[default]
+    Spot,
+    /// On-demand: never preempted, billed while held, at the list price.
+    OnDemand,
+    /// A reservation: never preempted, its whole size billed for the whole run whether held
+    /// or not (what GCP charges for a reservation), at the list price.
+    Reserved,
+}
+
+impl PoolModel {
+    /// `spot`, `on-demand` or `reserved` (the cost key's suffix).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolModel::Spot => "spot",
+            PoolModel::OnDemand => "on-demand",
+            PoolModel::Reserved => "reserved",
+        }
+    }
+}
+
+/// Capacity of one accelerator type in one zone under one provisioning model.
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
     /// Zone.
     pub zone: String,
     /// Accelerator type (`v6e-16`).
     pub accelerator: String,
+    /// Spot, on-demand or a reservation.
+    pub model: PoolModel,
+    /// The reservation's name (`Reserved` pools): requests naming another are refused.
+    pub reservation: Option<String>,
     /// Chips per slice.
     pub chips: u32,
     /// Hosts (workers) per slice.

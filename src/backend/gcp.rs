@@ -84,6 +84,7 @@ pub fn node_info(node: &Node, zone: &str) -> Result<NodeInfo, String> {
         state: node_state(&node.state),
         health: health(&node.health),
         spot: node.is_spot(),
+        reserved: node.is_reserved(),
         labels: Arc::new(node.labels.clone()),
         queued_resource: (!node.queued_resource.is_empty())
             .then(|| Name::new(node.queued_resource.rsplit('/').next().unwrap_or_default())),
@@ -107,6 +108,7 @@ pub fn qr_info(qr: &QueuedResource, zone: &str) -> Result<QueuedResourceInfo, St
         tpu_type: tpu_type(&spec.node.accelerator_type)?,
         state: qr_state(&qr.state.state),
         spot: qr.is_spot(),
+        reserved: qr.is_reserved(),
         labels: Arc::new(qr.labels().clone()),
         failure: qr.state.error.clone(),
     })
@@ -293,6 +295,8 @@ impl CreateSettings {
             );
         }
         QrRequest {
+            model: crate::spec::ProvisioningModel::Spot,
+            reservation: None,
             id: name.to_string(),
             node_id: node_id.to_string(),
             zone: zone.to_string(),
@@ -368,10 +372,14 @@ impl GcpBackend {
                 tpu_type,
                 runtime,
                 entry_id,
+                model,
+                reservation,
             } => {
-                let request = self
+                let mut request = self
                     .settings
                     .request(name, node_id, zone, tpu_type, runtime, entry_id);
+                request.model = *model;
+                request.reservation = reservation.clone();
                 Box::pin(async move {
                     refused(
                         api.create_queued_resource(&request, &request_id)

@@ -19,7 +19,7 @@ use crate::engine::observe::{
 };
 use crate::engine::{Action, InventoryScope, Timestamp};
 use crate::gcp::http;
-use crate::spec::{Name, NameMap, TpuType};
+use crate::spec::{Name, NameMap, ProvisioningModel, TpuType};
 
 /// The simulated cloud seen through the backend boundary.
 #[derive(Debug)]
@@ -161,11 +161,21 @@ fn node_info(n: &simc::NodeView<'_>, public_ip: bool) -> Option<NodeInfo> {
         },
         health: Health::Healthy,
         spot: n.spot,
+        reserved: n.reserved,
         labels: n.labels.clone(),
         queued_resource: n.queued_resource.map(Name::from_ustr),
         worker_count: n.hosts,
         public_ip,
     })
+}
+
+/// The simulated pool model of a provisioning model.
+pub fn pool_model(model: ProvisioningModel) -> tpu_runner_sim::PoolModel {
+    match model {
+        ProvisioningModel::Spot => tpu_runner_sim::PoolModel::Spot,
+        ProvisioningModel::OnDemand => tpu_runner_sim::PoolModel::OnDemand,
+        ProvisioningModel::Reserved => tpu_runner_sim::PoolModel::Reserved,
+    }
 }
 
 fn qr_info(q: &simc::QrView<'_>) -> Option<QueuedResourceInfo> {
@@ -183,7 +193,8 @@ fn qr_info(q: &simc::QrView<'_>) -> Option<QueuedResourceInfo> {
             simc::QrState::Suspended => QrState::Suspended,
             simc::QrState::Deleting => QrState::Deleting,
         },
-        spot: true,
+        spot: q.model == tpu_runner_sim::PoolModel::Spot,
+        reserved: q.model == tpu_runner_sim::PoolModel::Reserved,
         labels: q.labels.clone(),
         failure: (q.state == simc::QrState::Failed).then(|| simc::QR_FAILED_MESSAGE.to_owned()),
     })
@@ -301,6 +312,11 @@ pub fn api_refusal(e: &ApiError, zone: &str, what: &str) -> http::ApiError {
             429,
             "RESOURCE_EXHAUSTED",
             format!("There is no more capacity in the zone \"{zone}\"; it offers no such accelerator type"),
+        ),
+        ApiError::NoSuchReservation => (
+            400,
+            "INVALID_ARGUMENT",
+            format!("Reservation for '{what}' not found in zone \"{zone}\" for this accelerator type"),
         ),
     };
     http::ApiError {
@@ -497,6 +513,8 @@ impl SimBackend {
                 zone,
                 tpu_type,
                 entry_id,
+                model,
+                reservation,
                 ..
             } => {
                 // One label set per entry, shared by its objects (as a listing filters them).
@@ -516,6 +534,8 @@ impl SimBackend {
                     name.ustr(),
                     node_id.ustr(),
                     &tpu_type.to_string(),
+                    pool_model(*model),
+                    reservation.as_deref(),
                     labels,
                 ) {
                     Ok(()) => Outcome::Done,

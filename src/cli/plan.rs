@@ -76,9 +76,15 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
         ]);
         let up =
             matches!(r.status, ResourceStatus::Idle | ResourceStatus::Busy) || r.owner.is_some();
-        let spot = index.entry_index(&r.entry_id).is_some_and(|e| {
-            index.entry(e).provisioning_model == crate::spec::ProvisioningModel::Spot
-        });
+        let model = index
+            .entry_index(&r.entry_id)
+            .map_or(crate::spec::ProvisioningModel::OnDemand, |e| {
+                index.entry(e).provisioning_model
+            });
+        let (spot, reserved) = (
+            model == crate::spec::ProvisioningModel::Spot,
+            model == crate::spec::ProvisioningModel::Reserved,
+        );
         if !r.adopted && (up || r.status == ResourceStatus::Provisioning) {
             obs.queued_resources.push(Arc::new(QueuedResourceInfo {
                 name: names::queued_resource_name(&r.tpu_name),
@@ -90,7 +96,8 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
                 } else {
                     QrState::WaitingForResources
                 },
-                spot: true,
+                spot,
+                reserved,
                 labels: labels.clone().into(),
                 failure: None,
             }));
@@ -103,6 +110,7 @@ fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Obs
                 state: NodeState::Ready,
                 health: Health::Healthy,
                 spot,
+                reserved,
                 labels: if r.adopted {
                     Default::default()
                 } else {

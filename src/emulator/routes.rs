@@ -84,6 +84,7 @@ fn api_fail(e: &ApiError, zone: &str, what: &str) -> Fail {
             "DEADLINE_EXCEEDED" => "DEADLINE_EXCEEDED",
             "ALREADY_EXISTS" => "ALREADY_EXISTS",
             "NOT_FOUND" => "NOT_FOUND",
+            "INVALID_ARGUMENT" => "INVALID_ARGUMENT",
             _ => "INTERNAL",
         },
         message: e.message,
@@ -288,6 +289,8 @@ fn node_json(w: &World, n: &simc::NodeView<'_>) -> Value {
     }
     if n.spot {
         node["schedulingConfig"] = json!({"spot": true});
+    } else if n.reserved {
+        node["schedulingConfig"] = json!({"reserved": true});
     }
     if let Some(qr) = n.queued_resource {
         node["queuedResource"] = json!(format!(
@@ -328,9 +331,18 @@ fn qr_json(w: &World, q: &simc::QrView<'_>) -> Value {
                 "labels": **q.labels,
             },
         }]},
-        "spot": {},
         "state": state,
     });
+    match q.model {
+        tpu_runner_sim::PoolModel::Spot => qr["spot"] = json!({}),
+        _ => qr["guaranteed"] = json!({}),
+    }
+    if let Some(r) = q.reservation {
+        qr["reservationName"] = json!(format!(
+            "projects/{project}/locations/{}/reservations/{r}",
+            q.zone
+        ));
+    }
     if let Some(c) = created {
         qr["createTime"] = json!(c.create_time);
         qr["tpu"]["nodeSpec"][0]["node"]["runtimeVersion"] = json!(c.runtime_version);
@@ -519,8 +531,12 @@ struct MutationQuery {
     force: Option<bool>,
 }
 
-/// What a create body asks for (the emulator serves Spot requests for one node).
+/// What a create body asks for (the emulator serves requests for one node).
 struct CreateBody {
+    /// The tier: `spot`, or `guaranteed` (with `reservationName`: reserved).
+    model: tpu_runner_sim::PoolModel,
+    /// The reservation's last name segment.
+    reservation: Option<String>,
     node_id: String,
     accelerator: String,
     runtime_version: String,
@@ -528,7 +544,7 @@ struct CreateBody {
     labels: BTreeMap<String, String>,
 }
 
-fn create_body(body: &Value, zone: &str) -> Result<CreateBody, Fail> {
+fn create_body(body: &Value, project: &str, zone: &str) -> Result<CreateBody, Fail> {
     let specs = body
         .pointer("/tpu/nodeSpec")
         .and_then(Value::as_array)
@@ -538,12 +554,45 @@ fn create_body(body: &Value, zone: &str) -> Result<CreateBody, Fail> {
             "the emulator serves queued resources of exactly one node spec",
         ));
     };
-    if body.get("spot").is_none() {
-        return Err(Fail::invalid(
-            "the emulator models Spot capacity only: set `spot: {}`",
-        ));
-    }
     let text = |v: &Value, p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_owned);
+    // `tier` is a union (`spot` or `guaranteed`); the emulator wants one, as tpu-runner sends.
+    let reservation = match body.get("reservationName") {
+        None => None,
+        Some(v) => {
+            let name = v
+                .as_str()
+                .ok_or_else(|| Fail::invalid("reservationName must be a string"))?;
+            let prefix = format!("projects/{project}/locations/{zone}/reservations/");
+            match name.strip_prefix(&prefix) {
+                Some(r) if !r.is_empty() && !r.contains('/') => Some(r.to_owned()),
+                _ => {
+                    return Err(Fail::invalid(format!(
+                        "reservationName {name:?} is not of the form {prefix}{{reservation}}"
+                    )));
+                }
+            }
+        }
+    };
+    let model = match (body.get("spot"), body.get("guaranteed"), &reservation) {
+        (Some(_), Some(_), _) => {
+            return Err(Fail::invalid(
+                "tier: only one of `spot` and `guaranteed` may be set",
+            ));
+        }
+        (Some(_), None, Some(_)) => {
+            return Err(Fail::invalid(
+                "reservationName cannot be used with the Spot tier",
+            ));
+        }
+        (Some(_), None, None) => tpu_runner_sim::PoolModel::Spot,
+        (None, Some(_), None) => tpu_runner_sim::PoolModel::OnDemand,
+        (None, Some(_), Some(_)) => tpu_runner_sim::PoolModel::Reserved,
+        (None, None, _) => {
+            return Err(Fail::invalid(
+                "the emulator wants a tier: set `spot: {}` or `guaranteed: {}`",
+            ));
+        }
+    };
     let parent = text(spec, "/parent").unwrap_or_default();
     if !parent.ends_with(&format!("/locations/{zone}")) {
         return Err(Fail::invalid(format!(
@@ -564,6 +613,8 @@ fn create_body(body: &Value, zone: &str) -> Result<CreateBody, Fail> {
         })
         .unwrap_or_default();
     Ok(CreateBody {
+        model,
+        reservation,
         node_id,
         accelerator,
         runtime_version: text(spec, "/node/runtimeVersion").unwrap_or_default(),
@@ -592,7 +643,7 @@ async fn create_qr(
                 .filter(|id| !id.is_empty())
                 .ok_or_else(|| Fail::invalid("queuedResourceId is required"))?;
             let Json(body) = body.ok_or_else(|| Fail::invalid("a JSON body is required"))?;
-            let create = create_body(&body, &zone)?;
+            let create = create_body(&body, &project, &zone)?;
             for (what, name) in [
                 ("queuedResourceId", id.as_str()),
                 ("nodeId", create.node_id.as_str()),
@@ -611,6 +662,8 @@ async fn create_qr(
                 Ustr::from(&id),
                 Ustr::from(&create.node_id),
                 &create.accelerator,
+                create.model,
+                create.reservation.as_deref(),
                 Arc::new(create.labels),
             );
             let took_effect = matches!(result, Ok(()) | Err(ApiError::Timeout))

@@ -583,6 +583,8 @@ impl<'a> Pass<'a> {
                 tpu_type: entry.tpu_type.clone(),
                 runtime,
                 entry_id: entry.id,
+                model: entry.provisioning_model,
+                reservation: entry.reservation.clone(),
             });
             self.track_provisioning(e, name);
             remaining[quota] -= chips;
@@ -591,7 +593,10 @@ impl<'a> Pass<'a> {
                 None,
                 Some(name),
                 None,
-                format!("entry={}", entry.id),
+                match entry.provisioning_model {
+                    crate::spec::ProvisioningModel::Spot => format!("entry={}", entry.id),
+                    model => format!("entry={}; model={}", entry.id, model.as_str()),
+                },
             );
             missing -= 1;
         }

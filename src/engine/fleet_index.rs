@@ -47,7 +47,7 @@ pub struct FleetIndex {
     entry_quota: Vec<usize>,
     /// Positions in `quotas` by provisioning model and zone, with each key's quota family
     /// (an observed object's key is found without building one).
-    quota_by_zone: rustc_hash::FxHashMap<(bool, Name), Vec<(String, usize)>>,
+    quota_by_zone: rustc_hash::FxHashMap<(ProvisioningModel, Name), Vec<(String, usize)>>,
     /// Zones of the managed entries (listed on every pass).
     managed_zones: BTreeSet<Name>,
     /// The same zones, hashed (only looked up).
@@ -132,11 +132,13 @@ impl FleetIndex {
                 quotas.partition_point(|(k, _)| *k < key)
             })
             .collect();
-        let mut quota_by_zone: rustc_hash::FxHashMap<(bool, Name), Vec<(String, usize)>> =
-            Default::default();
+        let mut quota_by_zone: rustc_hash::FxHashMap<
+            (ProvisioningModel, Name),
+            Vec<(String, usize)>,
+        > = Default::default();
         for (i, (key, _)) in quotas.iter().enumerate() {
             quota_by_zone
-                .entry((key.model == ProvisioningModel::Spot, Name::new(&key.zone)))
+                .entry((key.model, Name::new(&key.zone)))
                 .or_default()
                 .push((key.family.clone(), i));
         }
@@ -200,7 +202,7 @@ impl FleetIndex {
     }
 
     /// Entry match for a queued resource: its node id must be a declared managed ordinal of
-    /// an entry with the same zone, type and labels, and the name must be `qr-<node>`.
+    /// an entry with the same zone, type, model and labels, and the name must be `qr-<node>`.
     pub fn queued_resource_entry(&self, qr: &QueuedResourceInfo) -> Option<usize> {
         self.qr_facts(qr).entry.map(|e| e as usize)
     }
@@ -213,10 +215,7 @@ impl FleetIndex {
         let same_place = |e: &TpuEntry| e.zone == node.zone && e.tpu_type == node.tpu_type;
         let entry = declared.and_then(|d| {
             let entry = self.entry(d.entry);
-            let model_ok = match entry.provisioning_model {
-                ProvisioningModel::Spot => node.spot,
-                ProvisioningModel::OnDemand => !node.spot,
-            };
+            let model_ok = entry.provisioning_model == node.model();
             // Entry ids are unique: the `fleet-entry` label names this entry exactly when it
             // resolves to its index.
             let labels_ok = entry.is_adopted() || label_entry == Some(d.entry);
@@ -225,8 +224,8 @@ impl FleetIndex {
         EntryFacts {
             declared,
             entry,
-            labelled: self.labelled(node.spot, label_entry, same_place),
-            quota: self.quota_at(node.spot, &node.tpu_type, node.zone),
+            labelled: self.labelled(label_entry, same_place),
+            quota: self.quota_at(node.model(), &node.tpu_type, node.zone),
         }
     }
 
@@ -241,15 +240,15 @@ impl FleetIndex {
                 && d.ordinal > 0
                 && qr.name.strip_prefix(names::QR_PREFIX) == Some(qr.node_id.as_str())
                 && same_place(entry)
-                && qr.spot
+                && qr.model() == entry.provisioning_model
                 && label_entry == Some(d.entry);
             ok.then_some(d.entry as u32)
         });
         EntryFacts {
             declared,
             entry,
-            labelled: self.labelled(qr.spot, label_entry, same_place),
-            quota: self.quota_at(qr.spot, &qr.tpu_type, qr.zone),
+            labelled: self.labelled(label_entry, same_place),
+            quota: self.quota_at(qr.model(), &qr.tpu_type, qr.zone),
         }
     }
 
@@ -262,16 +261,16 @@ impl FleetIndex {
         self.entry_index(&Name::existing(labels.get(LABEL_FLEET_ENTRY)?)?)
     }
 
-    /// The managed Spot entry an object is labelled for, any ordinal (including ones above
-    /// `count`, so a lowered count drains the extra TPUs): Spot, labelled by this runner for
-    /// a managed entry of the same zone and type.
+    /// The managed entry an object is labelled for, any ordinal (including ones above
+    /// `count`, so a lowered count drains the extra TPUs) and any provisioning model (so
+    /// TPUs of an entry whose model changed are drained too): labelled by this runner for a
+    /// managed entry of the same zone and type.
     fn labelled(
         &self,
-        spot: bool,
         label_entry: Option<usize>,
         same_place: impl Fn(&TpuEntry) -> bool,
     ) -> Option<u32> {
-        let e = label_entry.filter(|_| spot)?;
+        let e = label_entry?;
         let entry = self.entry(e);
         (!entry.is_adopted() && same_place(entry)).then_some(e as u32)
     }
@@ -335,10 +334,10 @@ impl FleetIndex {
 
     /// The position in `quotas` of the quota key of an object of `tpu_type` in `zone`, if
     /// the fleet has one.
-    fn quota_at(&self, spot: bool, tpu_type: &TpuType, zone: Name) -> Option<usize> {
+    fn quota_at(&self, model: ProvisioningModel, tpu_type: &TpuType, zone: Name) -> Option<usize> {
         let family = tpu_type.quota_family();
         self.quota_by_zone
-            .get(&(spot, zone))?
+            .get(&(model, zone))?
             .iter()
             .find(|(f, _)| f == family)
             .map(|&(_, i)| i)
@@ -350,12 +349,12 @@ impl FleetIndex {
 pub struct EntryFacts {
     /// Where its node name (a queued resource's node id) is declared.
     pub declared: Option<Declared>,
-    /// Entry match (§3.2). A node: managed entries need the same zone, type, Spot model and
-    /// the runner's labels; adopted entries the exact name, zone, type and model. A queued
-    /// resource: its node id a declared managed ordinal of an entry with the same zone, type
-    /// and labels, and its name `qr-<node>`.
+    /// Entry match (§3.2). A node: managed entries need the same zone, type, provisioning
+    /// model and the runner's labels; adopted entries the exact name, zone, type and model. A
+    /// queued resource: its node id a declared managed ordinal of an entry with the same
+    /// zone, type, model and labels, and its name `qr-<node>`.
     pub entry: Option<u32>,
-    /// The managed Spot entry it is labelled for, any ordinal.
+    /// The managed entry it is labelled for, any ordinal and model.
     pub labelled: Option<u32>,
     /// The position in `FleetIndex::quotas` of the quota key whose chips it holds, if the
     /// fleet has that key (whoever created it).

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::time::Timestamp;
-use crate::spec::{Name, NameMap, TpuType};
+use crate::spec::{Name, NameMap, ProvisioningModel, TpuType};
 
 /// Label naming the runner on managed TPUs and queued resources.
 pub const LABEL_MANAGED_BY: &str = "managed-by";
@@ -94,6 +94,9 @@ pub struct NodeInfo {
     pub health: Health,
     /// Spot (preemptible) capacity.
     pub spot: bool,
+    /// Created in a reservation.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reserved: bool,
     /// Labels (shared: reading the same object again copies nothing).
     #[serde(default)]
     pub labels: Labels,
@@ -180,6 +183,18 @@ impl NodeInfo {
     pub fn is_operational(&self) -> bool {
         self.state == NodeState::Ready && self.health == Health::Healthy
     }
+
+    /// How it is paid for.
+    pub fn model(&self) -> ProvisioningModel {
+        ProvisioningModel::of(self.spot, self.reserved)
+    }
+}
+
+impl QueuedResourceInfo {
+    /// How what it asks for is paid for.
+    pub fn model(&self) -> ProvisioningModel {
+        ProvisioningModel::of(self.spot, self.reserved)
+    }
 }
 
 /// A queued resource as the TPU API describes it.
@@ -197,6 +212,9 @@ pub struct QueuedResourceInfo {
     pub state: QrState,
     /// Spot tier.
     pub spot: bool,
+    /// Asks for capacity of a reservation.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reserved: bool,
     /// Labels (shared, as for nodes).
     #[serde(default)]
     pub labels: Labels,
@@ -408,6 +426,12 @@ pub enum Action {
         runtime: String,
         /// Fleet entry (label).
         entry_id: Name,
+        /// How its capacity is paid for (the queued resource's tier).
+        #[serde(default = "spot")]
+        model: ProvisioningModel,
+        /// The reservation it asks in (`reserved` only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reservation: Option<String>,
     },
     /// Delete a queued resource (and its node).
     DeleteQueuedResource {
@@ -549,6 +573,11 @@ impl Action {
             Action::RecoverDisk { .. } => "recover_disk",
         }
     }
+}
+
+/// The model of a create action written before models existed.
+fn spot() -> ProvisioningModel {
+    ProvisioningModel::Spot
 }
 
 /// The kind of the event a controller records before its first pass's decisions: the

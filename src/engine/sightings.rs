@@ -74,6 +74,9 @@ fn node_event(old: Option<&NodeInfo>, new: Option<&NodeInfo>, at: Timestamp) -> 
         "zone={} type={} spot={}",
         shown.zone, shown.tpu_type, shown.spot
     );
+    if shown.reserved {
+        detail.push_str(" reserved=true");
+    }
     if let Some(o) = old {
         // Labels, endpoints and the like change nothing a trace records.
         if new.is_some_and(|n| n.state == o.state && n.health == o.health) {
@@ -111,6 +114,9 @@ fn qr_event(
         "qr={} zone={} type={} spot={}",
         shown.name, shown.zone, shown.tpu_type, shown.spot
     );
+    if shown.reserved {
+        detail.push_str(" reserved=true");
+    }
     if let Some(o) = old {
         if new.is_some_and(|n| n.state == o.state && n.failure == o.failure) {
             return None;
@@ -176,6 +182,7 @@ mod tests {
             state,
             health: Health::Healthy,
             spot: true,
+            reserved: false,
             labels: Default::default(),
             queued_resource: None,
             worker_count: 1,
@@ -191,6 +198,7 @@ mod tests {
             tpu_type: TpuType::parse("v4-8").unwrap(),
             state,
             spot: true,
+            reserved: false,
             labels: Default::default(),
             failure: failure.map(str::to_owned),
         })

@@ -65,6 +65,7 @@ pub fn fleet(n_entries: usize, count_per_entry: u32) -> FleetSpec {
                 tpu_type: TpuType::parse(TYPES[(i / 7) % TYPES.len()]).expect("valid"),
                 zone: Name::new(&zone),
                 provisioning_model: ProvisioningModel::Spot,
+                reservation: None,
                 chip_limit: chip_limit.max(1),
                 keep_warm_count: 0,
                 runtime: Some("v2-alpha-tpuv6e".into()),
@@ -176,6 +177,7 @@ pub fn planning_instance(
             tpu_type: entry.tpu_type.clone(),
             state: QrState::Active,
             spot: true,
+            reserved: false,
             labels: labels.clone(),
             failure: None,
         }));
@@ -186,6 +188,7 @@ pub fn planning_instance(
             state: NodeState::Ready,
             health: Health::Healthy,
             spot: true,
+            reserved: false,
             labels,
             queued_resource: None,
             worker_count: 1,

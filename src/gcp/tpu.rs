@@ -1,6 +1,6 @@
 //! Cloud TPU API v2 REST client: nodes and queued resources listed per zone (paginated,
-//! several zones at once with a bound), nodes fetched by name, Spot queued resources created
-//! and deleted with a `requestId` (a retry after a lost reply is idempotent), nodes deleted
+//! several zones at once with a bound), nodes fetched by name, queued resources (Spot,
+//! on-demand or in a reservation) created and deleted with a `requestId` (a retry after a lost reply is idempotent), nodes deleted
 //! (absent is success), guest attributes read per worker, long-running operations read.
 //! Every request carries only what its method declares in Google's discovery document
 //! (`tests/google_conformance.rs` checks it). Proto-JSON is parsed tolerantly: unknown fields
@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 
 pub use super::http::Endpoint;
 use super::http::{self, ApiError, RetryPolicy, malformed, retryable, transport};
+use crate::spec::ProvisioningModel;
 
 /// `TPU_RUNNER_TPU_ENDPOINT` when set (an emulator, no credentials), else production.
 pub fn endpoint_from_env() -> Endpoint {
@@ -119,6 +120,11 @@ impl Node {
             || self.scheduling_config.preemptible
             || self.provisioning_model.eq_ignore_ascii_case("SPOT")
     }
+
+    /// Created in a reservation (`schedulingConfig.reserved`; v2alpha1 `RESERVED`).
+    pub fn is_reserved(&self) -> bool {
+        self.scheduling_config.reserved || self.provisioning_model.eq_ignore_ascii_case("RESERVED")
+    }
 }
 
 /// A queued resource as the API returns it.
@@ -133,8 +139,10 @@ pub struct QueuedResource {
     pub tpu: QrTpu,
     /// Present (`{}`) for the Spot tier.
     pub spot: Option<Value>,
-    /// Present for the guaranteed tier.
+    /// Present for the guaranteed tier (on-demand or reserved capacity).
     pub guaranteed: Option<Value>,
+    /// `projects/P/locations/Z/reservations/R` when it asks for a reservation's capacity.
+    pub reservation_name: String,
     /// The state and its data.
     pub state: QrState,
     /// v2alpha1 top-level labels.
@@ -229,11 +237,27 @@ impl QueuedResource {
         }
     }
 
-    /// Spot tier (the default of the original when nothing says otherwise).
+    /// Spot tier (the default of the original when nothing says otherwise: no tier, no
+    /// reservation, no v2alpha1 model).
     pub fn is_spot(&self) -> bool {
         self.spot.is_some()
             || self.provisioning_model.eq_ignore_ascii_case("SPOT")
-            || (self.guaranteed.is_none() && self.provisioning_model.is_empty())
+            || (self.guaranteed.is_none()
+                && self.provisioning_model.is_empty()
+                && self.reservation_name.is_empty())
+    }
+
+    /// Asks for a reservation's capacity: `reservationName` (v2), or v2alpha1's
+    /// `guaranteed.reserved` or `RESERVED` model.
+    pub fn is_reserved(&self) -> bool {
+        !self.reservation_name.is_empty()
+            || self
+                .guaranteed
+                .as_ref()
+                .and_then(|g| g.get("reserved"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+            || self.provisioning_model.eq_ignore_ascii_case("RESERVED")
     }
 }
 
@@ -282,9 +306,13 @@ fn last_segment(name: &str) -> &str {
     name.rsplit('/').next().unwrap_or(name)
 }
 
-/// What a Spot queued resource is created with.
+/// What a queued resource is created with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QrRequest {
+    /// Its tier: `spot`, or `guaranteed` for on-demand and reserved capacity.
+    pub model: ProvisioningModel,
+    /// The reservation (its last name segment) a `reserved` request asks in.
+    pub reservation: Option<String>,
     /// Queued resource id.
     pub id: String,
     /// Node id.
@@ -333,14 +361,28 @@ pub fn create_body(project: &str, r: &QrRequest) -> Value {
             "scope": ["https://www.googleapis.com/auth/cloud-platform"],
         });
     }
-    json!({
+    let mut body = json!({
         "tpu": {"nodeSpec": [{
             "parent": format!("projects/{project}/locations/{}", r.zone),
             "nodeId": r.node_id,
             "node": node,
         }]},
-        "spot": {},
-    })
+    });
+    // `tier` is a union of `spot` and `guaranteed`; a reservation is named beside it.
+    match (r.model, &r.reservation) {
+        (ProvisioningModel::Spot, _) => body["spot"] = json!({}),
+        (ProvisioningModel::OnDemand, _) | (ProvisioningModel::Reserved, None) => {
+            body["guaranteed"] = json!({})
+        }
+        (ProvisioningModel::Reserved, Some(reservation)) => {
+            body["guaranteed"] = json!({});
+            body["reservationName"] = json!(format!(
+                "projects/{project}/locations/{}/reservations/{reservation}",
+                r.zone
+            ));
+        }
+    }
+    body
 }
 
 /// Calls per minute the client allows itself, per quota.
@@ -520,7 +562,7 @@ impl Client {
         })
     }
 
-    /// Creates a Spot queued resource; `request_id` (a UUID) makes a retry idempotent.
+    /// Creates a queued resource; `request_id` (a UUID) makes a retry idempotent.
     pub fn create_queued_resource(
         &self,
         r: &QrRequest,
@@ -653,7 +695,7 @@ pub struct GuestAttribute {
 pub struct Api(Arc<Inner>);
 
 impl Api {
-    /// Creates a Spot queued resource (see `Client::create_queued_resource`).
+    /// Creates a queued resource (see `Client::create_queued_resource`).
     pub async fn create_queued_resource(
         &self,
         r: &QrRequest,

@@ -272,6 +272,8 @@ pub fn cloud_config(scenario: &Scenario, seed: u64, chaos: Option<&ChaosSpec>) -
             .map(|p| PoolConfig {
                 zone: p.zone.clone(),
                 accelerator: p.tpu_type.to_string(),
+                model: crate::backend::sim::pool_model(p.model),
+                reservation: p.reservation.clone(),
                 chips: p.tpu_type.chips(),
                 hosts: hosts_of(&p.tpu_type),
                 capacity: p.capacity.clone(),

@@ -103,6 +103,8 @@ pub fn metrics(
                             "adopted"
                         } else if f.get("spot") == Some(&"true") {
                             "spot"
+                        } else if f.get("reserved") == Some(&"true") {
+                            "reserved"
                         } else {
                             "on-demand"
                         };

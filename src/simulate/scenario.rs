@@ -12,7 +12,8 @@ use tpu_runner_sim::{ApiConfig, ApiLatency, ApiQuota, Capacity, Latency, SpotTra
 
 use crate::spec::yaml::{self, Checker, Fields, Node, Value};
 use crate::spec::{
-    EntryKind, FleetSpec, PolicyName, PolicySpec, SpecErrors, TpuType, gcp, parse_fleet,
+    EntryKind, FleetSpec, PolicyName, PolicySpec, ProvisioningModel, SpecErrors, TpuEntry, TpuType,
+    gcp, parse_fleet,
 };
 
 /// A validated scenario.
@@ -159,13 +160,17 @@ pub struct CloudSpec {
     pub pools: Vec<PoolSpec>,
 }
 
-/// Capacity of one (zone, type).
+/// Capacity of one (zone, type, provisioning model).
 #[derive(Clone, Debug)]
 pub struct PoolSpec {
     /// Zone.
     pub zone: String,
     /// Type.
     pub tpu_type: TpuType,
+    /// Spot, on-demand or a reservation.
+    pub model: ProvisioningModel,
+    /// The reservation's name (`reserved` pools).
+    pub reservation: Option<String>,
     /// Slices over time.
     pub capacity: Capacity,
     /// Random preemptions per node-hour.
@@ -948,27 +953,52 @@ struct PoolDefaults {
     preemption_per_hour: f64,
 }
 
-/// One pool per managed (zone, type) of the fleet: listed ones as given, the others from the
-/// defaults.
+/// True when `pool` serves `entry`: a managed entry of the same zone, type, model and
+/// reservation.
+fn serves(pool: &PoolSpec, entry: &TpuEntry) -> bool {
+    !matches!(entry.kind, EntryKind::Adopted { .. })
+        && pool.zone == entry.zone.as_str()
+        && pool.tpu_type == entry.tpu_type
+        && pool.model == entry.provisioning_model
+        && pool.reservation == entry.reservation
+}
+
+/// One pool per managed (zone, type, model, reservation) of the fleet: listed ones as given,
+/// the others from the defaults (Spot), unlimited and never preempted (on-demand), or as
+/// large as the entries it serves (a reservation).
 fn fleet_pools(fleet: &FleetSpec, listed: &[PoolSpec], defaults: &PoolDefaults) -> Vec<PoolSpec> {
     let mut pools: Vec<PoolSpec> = listed.to_vec();
     for entry in &fleet.tpus {
-        if matches!(entry.kind, EntryKind::Adopted { .. }) {
+        if matches!(entry.kind, EntryKind::Adopted { .. }) || pools.iter().any(|p| serves(p, entry))
+        {
             continue;
         }
-        if !pools
-            .iter()
-            .any(|p| p.zone == entry.zone && p.tpu_type == entry.tpu_type)
-        {
-            pools.push(PoolSpec {
-                zone: entry.zone.to_string(),
-                tpu_type: entry.tpu_type.clone(),
-                capacity: defaults.capacity.clone(),
-                preemption_per_hour: defaults.preemption_per_hour,
-                outages: Vec::new(),
-                reclaims: true,
-            });
+        let mut pool = PoolSpec {
+            zone: entry.zone.to_string(),
+            tpu_type: entry.tpu_type.clone(),
+            model: entry.provisioning_model,
+            reservation: entry.reservation.clone(),
+            capacity: defaults.capacity.clone(),
+            preemption_per_hour: defaults.preemption_per_hour,
+            outages: Vec::new(),
+            reclaims: entry.provisioning_model == ProvisioningModel::Spot,
+        };
+        match entry.provisioning_model {
+            ProvisioningModel::Spot => {}
+            ProvisioningModel::OnDemand => {
+                (pool.capacity, pool.preemption_per_hour) = (Capacity::Unlimited, 0.0);
+            }
+            ProvisioningModel::Reserved => {
+                let slices = fleet
+                    .tpus
+                    .iter()
+                    .filter(|e| serves(&pool, e))
+                    .map(TpuEntry::ceiling)
+                    .sum();
+                (pool.capacity, pool.preemption_per_hour) = (Capacity::Constant(slices), 0.0);
+            }
         }
+        pools.push(pool);
     }
     pools
 }
@@ -1167,29 +1197,33 @@ fn read_cloud(
                     let Some(pool) = read_pool(c, node, &path, dir, unreadable) else {
                         continue;
                     };
-                    let used = fleet.tpus.iter().any(|e| {
-                        matches!(e.kind, EntryKind::Managed { .. })
-                            && e.zone == pool.zone
-                            && e.tpu_type == pool.tpu_type
-                    });
+                    let used = fleet.tpus.iter().any(|e| serves(&pool, e));
+                    let what = match &pool.reservation {
+                        Some(r) => format!(
+                            "{} {} in {} (reservation {r})",
+                            pool.model.as_str(),
+                            pool.tpu_type,
+                            pool.zone
+                        ),
+                        None => {
+                            format!("{} {} in {}", pool.model.as_str(), pool.tpu_type, pool.zone)
+                        }
+                    };
                     if !used {
                         c.error(
                             node,
                             &path,
                             format!(
-                                "no managed fleet entry is a {} in {}: this pool would never be used",
-                                pool.tpu_type, pool.zone
+                                "no managed fleet entry is a {what}: this pool would never be used"
                             ),
                         );
-                    } else if pools
-                        .iter()
-                        .any(|p| p.zone == pool.zone && p.tpu_type == pool.tpu_type)
-                    {
-                        c.error(
-                            node,
-                            &path,
-                            format!("a second pool for {} in {}", pool.tpu_type, pool.zone),
-                        );
+                    } else if pools.iter().any(|p| {
+                        p.zone == pool.zone
+                            && p.tpu_type == pool.tpu_type
+                            && p.model == pool.model
+                            && p.reservation == pool.reservation
+                    }) {
+                        c.error(node, &path, format!("a second pool for {what}"));
                     } else {
                         pools.push(pool);
                     }
@@ -1257,6 +1291,8 @@ fn read_pool(
         &[
             "zone",
             "type",
+            "model",
+            "reservation",
             "capacity",
             "preemption_per_hour",
             "outages_hours",
@@ -1264,6 +1300,36 @@ fn read_pool(
         ],
         &[],
     )?;
+    const MODELS: &str = "`spot`, `on-demand` or `reserved`";
+    let model = f.get("model").map_or(Some(ProvisioningModel::Spot), |n| {
+        let m = c.string(n, &f.path("model"), MODELS)?;
+        let model = ProvisioningModel::parse(&m);
+        if model.is_none() {
+            c.expected(n, &f.path("model"), MODELS);
+        }
+        model
+    });
+    let reservation = f
+        .get("reservation")
+        .and_then(|n| c.nonempty_string(n, &f.path("reservation"), "the reservation's name"));
+    match (model, &reservation) {
+        (Some(ProvisioningModel::Reserved), None) => {
+            f.required(
+                c,
+                "reservation",
+                "the reservation's name, as its fleet entry names it",
+            );
+        }
+        (Some(m), Some(_)) if m != ProvisioningModel::Reserved => {
+            let n = f.get("reservation").unwrap_or(node);
+            c.error(
+                n,
+                &f.path("reservation"),
+                "`reservation` applies only to `model: reserved`",
+            );
+        }
+        _ => {}
+    }
     let zone = f.required(c, "zone", "a zone").and_then(|n| {
         let z = c.nonempty_string(n, &f.path("zone"), "a zone")?;
         gcp::zone_region(&z)
@@ -1323,13 +1389,37 @@ fn read_pool(
             }),
         None => Some(Vec::new()),
     };
+    let (model, capacity, preemption) = (model?, capacity?, preemption?);
+    if model != ProvisioningModel::Spot {
+        if let Some(n) = f.get("preemption_per_hour").filter(|_| preemption > 0.0) {
+            c.error(
+                n,
+                &f.path("preemption_per_hour"),
+                format!("{} capacity is never preempted", model.as_str()),
+            );
+        }
+        if let Some(n) = f.get("reclaim") {
+            c.error(n, &f.path("reclaim"), "only Spot capacity is reclaimed");
+        }
+    }
+    if model == ProvisioningModel::Reserved && !matches!(capacity, Capacity::Constant(_)) {
+        let n = f.get("capacity").unwrap_or(node);
+        c.error_hint(
+            n,
+            &f.path("capacity"),
+            "a reservation's capacity is its size: a number of slices",
+            "a reservation is billed whole for the whole run, so its size must be fixed",
+        );
+    }
     Some(PoolSpec {
         zone: zone?,
         tpu_type: tpu_type?,
-        capacity: capacity?,
-        preemption_per_hour: preemption?,
+        model,
+        reservation,
+        capacity,
+        preemption_per_hour: preemption,
         outages: outages?,
-        reclaims: reclaims?,
+        reclaims: reclaims? && model == ProvisioningModel::Spot,
     })
 }
 

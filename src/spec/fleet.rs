@@ -85,8 +85,11 @@ pub struct TpuEntry {
     pub tpu_type: TpuType,
     /// Zone.
     pub zone: Name,
-    /// Spot or on-demand.
+    /// Spot, on-demand or reserved.
     pub provisioning_model: ProvisioningModel,
+    /// The reservation a `reserved` entry's TPUs are created in (its last name segment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
     /// Chip ceiling shared by every entry with the same (model, family, zone): the quota
     /// the user is willing to use there (required, as in the original).
     pub chip_limit: u32,
@@ -103,7 +106,7 @@ pub struct TpuEntry {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum EntryKind {
-    /// tpu-runner creates up to `count` Spot TPUs through queued resources.
+    /// tpu-runner creates up to `count` TPUs of the entry's model through queued resources.
     Managed {
         /// Ceiling on TPUs of this entry.
         count: u32,
@@ -222,6 +225,7 @@ const ENTRY_FIELDS: &[&str] = &[
     "existing",
     "runtime",
     "provisioning_model",
+    "reservation",
     "chip_limit",
     "keep_warm_count",
 ];
@@ -597,19 +601,36 @@ fn read_entry(
                 })
                 .ok()
         });
+    const MODELS: &str = "`spot`, `on-demand` or `reserved`";
     let provisioning_model = match f.get("provisioning_model") {
         Some(n) => c
-            .string(n, &f.path("provisioning_model"), "`spot` or `on-demand`")
-            .and_then(|m| match m.trim().to_lowercase().as_str() {
-                "spot" => Some(ProvisioningModel::Spot),
-                "on-demand" => Some(ProvisioningModel::OnDemand),
-                _ => {
-                    c.expected(n, &f.path("provisioning_model"), "`spot` or `on-demand`");
+            .string(n, &f.path("provisioning_model"), MODELS)
+            .and_then(|m| match ProvisioningModel::parse(&m) {
+                Some(model) => Some(model),
+                None => {
+                    c.expected(n, &f.path("provisioning_model"), MODELS);
                     None
                 }
             }),
         None => Some(ProvisioningModel::Spot),
     };
+    let reservation = f.get("reservation").and_then(|n| {
+        let name = c.nonempty_string(n, &f.path("reservation"), "a reservation name")?;
+        if let Err(e) = gcp::check_reservation_name(&name) {
+            c.expected(n, &f.path("reservation"), &e);
+            return None;
+        }
+        if provisioning_model.is_some_and(|m| m != ProvisioningModel::Reserved) {
+            c.error_hint(
+                n,
+                &f.path("reservation"),
+                "`reservation` applies only to `provisioning_model: reserved`",
+                "remove it, or set `provisioning_model: reserved`",
+            );
+            return None;
+        }
+        Some(name)
+    });
     let chip_limit = f
         .required(
             c,
@@ -727,9 +748,15 @@ fn read_entry(
                     );
                 }
             }
-            if provisioning_model == Some(ProvisioningModel::OnDemand) {
-                let n = f.get("provisioning_model").unwrap_or(f.node());
-                c.error_hint(n, &f.path("provisioning_model"), "managed TPUs must be `spot`", "tpu-runner creates only Spot TPUs; adopt an on-demand TPU with `existing: <name>`");
+            if provisioning_model == Some(ProvisioningModel::Reserved)
+                && f.get("reservation").is_none()
+            {
+                c.error_hint(
+                    f.node(),
+                    &f.path("reservation"),
+                    "required field `reservation` is missing",
+                    "a managed `reserved` entry creates its TPUs in a reservation: name it, e.g. `reservation: my-v6e-reservation`",
+                );
             }
             count.map(|count| EntryKind::Managed { count })
         }
@@ -743,6 +770,7 @@ fn read_entry(
         tpu_type: tpu_type?,
         zone: Name::new(&zone?),
         provisioning_model: provisioning_model?,
+        reservation,
         chip_limit: chip_limit?,
         keep_warm_count: keep_warm_count?,
         runtime,

@@ -240,20 +240,83 @@ impl<'de> Deserialize<'de> for TpuType {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ProvisioningModel {
-    /// Spot capacity (preemptible, cheaper). The only model tpu-runner provisions itself.
+    /// Spot capacity (preemptible, cheaper): what every job may take.
     Spot,
-    /// On-demand capacity (only for adopted TPUs).
+    /// On-demand capacity (never preempted, list price): taken by a job that waited
+    /// `on_demand_after` for Spot.
     OnDemand,
+    /// Capacity of a named reservation (paid whether used or not): taken by a job that
+    /// waited `reserved_after` for Spot.
+    Reserved,
 }
 
 impl ProvisioningModel {
+    /// Every model, in the order a job may fall back through them.
+    pub const ALL: [ProvisioningModel; 3] = [
+        ProvisioningModel::Spot,
+        ProvisioningModel::Reserved,
+        ProvisioningModel::OnDemand,
+    ];
+
     /// The YAML spelling.
     pub fn as_str(self) -> &'static str {
         match self {
             ProvisioningModel::Spot => "spot",
             ProvisioningModel::OnDemand => "on-demand",
+            ProvisioningModel::Reserved => "reserved",
         }
     }
+
+    /// The model written `text` (trimmed, any case).
+    pub fn parse(text: &str) -> Option<ProvisioningModel> {
+        let text = text.trim().to_lowercase();
+        ProvisioningModel::ALL
+            .into_iter()
+            .find(|m| m.as_str() == text)
+    }
+
+    /// The model of an object the API describes as Spot or not, reserved or not.
+    pub fn of(spot: bool, reserved: bool) -> ProvisioningModel {
+        match (spot, reserved) {
+            (true, _) => ProvisioningModel::Spot,
+            (false, true) => ProvisioningModel::Reserved,
+            (false, false) => ProvisioningModel::OnDemand,
+        }
+    }
+
+    /// A bit of a [`ModelSet`].
+    pub const fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// A set of provisioning models, as bits (`ProvisioningModel::bit`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ModelSet(pub u8);
+
+impl ModelSet {
+    /// Spot only: what a job that has not waited may take.
+    pub const SPOT: ModelSet = ModelSet(ProvisioningModel::Spot.bit());
+    /// Every model.
+    pub const ALL: ModelSet = ModelSet(0b111);
+
+    /// True when `model` is in the set.
+    pub fn has(self, model: ProvisioningModel) -> bool {
+        self.0 & model.bit() != 0
+    }
+
+    /// The set with `model` added.
+    pub fn with(self, model: ProvisioningModel) -> ModelSet {
+        ModelSet(self.0 | model.bit())
+    }
+}
+
+/// Checks a reservation name: 1–63 lowercase letters, digits or hyphens, starting with a
+/// letter (the last segment of `projects/P/locations/Z/reservations/R`).
+pub fn check_reservation_name(name: &str) -> Result<(), String> {
+    check_node_name(name).map_err(|_| {
+        "a reservation name: up to 63 lowercase letters, digits or hyphens, starting with a letter and not ending with a hyphen".to_owned()
+    })
 }
 
 #[cfg(test)]

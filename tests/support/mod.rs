@@ -394,6 +394,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
             state: n.state,
             health: n.health,
             spot: entry.provisioning_model == spec::ProvisioningModel::Spot,
+            reserved: entry.provisioning_model == spec::ProvisioningModel::Reserved,
             labels: labels.into(),
             queued_resource: (!entry.is_adopted())
                 .then(|| spec::names::queued_resource_name(&name)),
@@ -414,7 +415,8 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
             node_id: name,
             tpu_type: entry.tpu_type.clone(),
             state: q.state,
-            spot: true,
+            spot: entry.provisioning_model == spec::ProvisioningModel::Spot,
+            reserved: entry.provisioning_model == spec::ProvisioningModel::Reserved,
             labels: labels.into(),
             failure: None,
         }));

@@ -25,7 +25,7 @@ use super::state::{
 };
 use super::time::Timestamp;
 use crate::spec::fleet::SshTransport;
-use crate::spec::{Name, NameSet, ProvisioningModel};
+use crate::spec::{Name, NameSet};
 
 /// What one pass decided.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -261,14 +261,15 @@ impl<'a> Pass<'a> {
         node.is_operational() && self.transport_ok(node)
     }
 
-    /// A non-adopted declared ordinal of a managed Spot entry (eligible for recycling).
+    /// A non-adopted declared ordinal of a managed entry, of any model (eligible for
+    /// recycling: tpu-runner made it and can make it again).
     fn recyclable(&self, resource: &Resource) -> bool {
         !resource.adopted
             && self.index.is_declared(resource)
-            && self.index.entry_index(&resource.entry_id).is_some_and(|e| {
-                let entry = self.index.entry(e);
-                !entry.is_adopted() && entry.provisioning_model == ProvisioningModel::Spot
-            })
+            && self
+                .index
+                .entry_index(&resource.entry_id)
+                .is_some_and(|e| !self.index.entry(e).is_adopted())
     }
 
     pub(super) fn delete_qr(&mut self, name: &Name, zone: &Name) {
