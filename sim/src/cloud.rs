@@ -2155,6 +2155,21 @@ impl SimCloud {
         out
     }
 
+    /// Live (Creating/Ready) nodes per pool, in pool order (existing nodes are in none).
+    pub fn live_per_pool(&self) -> Vec<u32> {
+        let mut out = vec![0; self.config.pools.len()];
+        for n in self
+            .nodes
+            .values()
+            .filter(|n| matches!(n.state, NodeState::Creating | NodeState::Ready))
+        {
+            if let Some(count) = out.get_mut(n.pool) {
+                *count += 1;
+            }
+        }
+        out
+    }
+
     /// Live (Creating/Ready) nodes per accelerator type and zone: (zone, type) → count.
     pub fn live_nodes(&self) -> BTreeMap<(String, String), u32> {
         let mut out = BTreeMap::new();

@@ -5,6 +5,7 @@
 use super::fleet_index::FleetIndex;
 use super::state::{Job, RegionChoice, Resource};
 use super::time::Timestamp;
+use crate::spec::gcp::ModelSet;
 use crate::spec::{EntryKind, TpuEntry, TpuRequest, TpuType};
 
 /// Where a job may run, borrowed from the job (no allocation per job). Equality looks at
@@ -21,6 +22,8 @@ pub struct Requirement<'a> {
     pub tpu_name: Option<&'a str>,
     /// Allowed regions.
     pub regions: RegionChoice<'a>,
+    /// Provisioning models of the managed TPUs it may take (adopted TPUs: any).
+    pub models: ModelSet,
 }
 
 impl Requirement<'_> {
@@ -40,6 +43,7 @@ impl PartialEq for Requirement<'_> {
             && self.zone == other.zone
             && self.tpu_name == other.tpu_name
             && pa == pb
+            && self.models == other.models
             && ra.len() == rb.len()
             && ra.iter().zip(rb).all(|(a, b)| a.region == b.region)
     }
@@ -51,19 +55,19 @@ impl Eq for Requirement<'_> {}
 /// cached requirement fingerprints: most jobs are grouped without reading their strings.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum ClassKey<'a> {
-    /// Not pinned: types, zone, TPU name and bucket regions.
-    AnyOf(u128),
-    /// Pinned to a region: types, zone and TPU name, and the region.
-    Pinned(u128, &'a str),
+    /// Not pinned: types, zone, TPU name and bucket regions, and the models.
+    AnyOf(u128, ModelSet),
+    /// Pinned to a region: types, zone and TPU name, the region and the models.
+    Pinned(u128, &'a str, ModelSet),
 }
 
 impl<'a> ClassKey<'a> {
-    /// The key of `job`'s requirement.
-    pub(crate) fn of(job: &'a Job) -> ClassKey<'a> {
+    /// The key of `job`'s requirement when it may take managed TPUs of `models`.
+    pub(crate) fn of(job: &'a Job, models: ModelSet) -> ClassKey<'a> {
         let print = job.print();
         match &job.placement {
-            Some(p) => ClassKey::Pinned(print.base, &p.region),
-            None => ClassKey::AnyOf(print.with_regions),
+            Some(p) => ClassKey::Pinned(print.base, &p.region, models),
+            None => ClassKey::AnyOf(print.with_regions, models),
         }
     }
 }
@@ -76,6 +80,21 @@ impl<'a> Requirement<'a> {
             zone: job.spec.zone.as_deref(),
             tpu_name: job.spec.tpu_name.as_deref(),
             regions: job.candidate_regions(),
+            models: ModelSet::ALL,
+        }
+    }
+
+    /// The requirement of `job` at `now`: the managed models its wait has opened to it
+    /// (every model in a fleet of Spot entries only).
+    pub fn at(index: &FleetIndex, job: &'a Job, now: Timestamp) -> Requirement<'a> {
+        let models = if index.has_fallback {
+            job.models_at(&index.fleet.policy.fallback, now).0
+        } else {
+            ModelSet::ALL
+        };
+        Requirement {
+            models,
+            ..Requirement::of(job)
         }
     }
 
@@ -95,7 +114,9 @@ impl<'a> Requirement<'a> {
     /// otherwise an adopted entry or a managed one with `count > 0`.
     pub fn accepts_entry(&self, index: &FleetIndex, entry_index: usize) -> bool {
         let entry: &TpuEntry = index.entry(entry_index);
-        if !self.place_ok(&entry.tpu_type, &entry.zone) {
+        if !self.place_ok(&entry.tpu_type, &entry.zone)
+            || (!entry.is_adopted() && !self.models.has(entry.provisioning_model))
+        {
             return false;
         }
         match (self.tpu_name, &entry.kind) {
@@ -112,6 +133,17 @@ impl<'a> Requirement<'a> {
     pub fn accepts_resource(&self, resource: &Resource) -> bool {
         self.place_ok(&resource.tpu_type, &resource.zone)
             && self.tpu_name.is_none_or(|n| n == resource.tpu_name)
+    }
+
+    /// `accepts_resource`, and a managed TPU's provisioning model is one the job may take.
+    pub fn accepts_tpu(&self, index: &FleetIndex, resource: &Resource) -> bool {
+        self.accepts_resource(resource)
+            && (self.models == ModelSet::ALL
+                || resource.adopted
+                || index.owns_record(resource).is_none_or(|e| {
+                    let entry = index.entry(e);
+                    entry.is_adopted() || self.models.has(entry.provisioning_model)
+                }))
     }
 }
 
@@ -172,10 +204,20 @@ impl<'a> Demand<'a> {
         // for determinism and much cheaper than ordered keys at 100k jobs.
         let mut by_req: rustc_hash::FxHashMap<ClassKey<'a>, u32> = rustc_hash::FxHashMap::default();
         let mut demand = Demand::default();
+        let fallback = &index.fleet.policy.fallback;
         for job in pending {
-            let class = *by_req.entry(ClassKey::of(job)).or_insert_with(|| {
-                let req = Requirement::of(job);
-                let (entries, managed_entries) = known.of(job, || {
+            // Which managed models it may take matters only to a fleet that has others.
+            let models = if index.has_fallback {
+                job.models_at(fallback, now).0
+            } else {
+                ModelSet::ALL
+            };
+            let class = *by_req.entry(ClassKey::of(job, models)).or_insert_with(|| {
+                let req = Requirement {
+                    models,
+                    ..Requirement::of(job)
+                };
+                let (entries, managed_entries) = known.of(job, models, || {
                     let entries: Vec<u32> = (0..index.fleet.tpus.len())
                         .filter(|&e| req.accepts_entry(index, e))
                         .map(|e| e as u32)
@@ -222,15 +264,20 @@ impl<'a> Demand<'a> {
 /// change (the engine keeps one; bounded, emptied when it grows large).
 #[derive(Debug, Default)]
 pub(crate) struct ClassEntries {
-    any_of: rustc_hash::FxHashMap<u128, (Vec<u32>, u32)>,
-    pinned: rustc_hash::FxHashMap<(u128, String), (Vec<u32>, u32)>,
+    any_of: rustc_hash::FxHashMap<(u128, ModelSet), (Vec<u32>, u32)>,
+    pinned: rustc_hash::FxHashMap<(u128, String, ModelSet), (Vec<u32>, u32)>,
 }
 
 impl ClassEntries {
     /// More requirements than a queue plausibly holds classes of: start afresh.
     const MAX: usize = 1 << 14;
 
-    fn of(&mut self, job: &Job, derive: impl FnOnce() -> (Vec<u32>, u32)) -> (Vec<u32>, u32) {
+    fn of(
+        &mut self,
+        job: &Job,
+        models: ModelSet,
+        derive: impl FnOnce() -> (Vec<u32>, u32),
+    ) -> (Vec<u32>, u32) {
         if self.any_of.len() + self.pinned.len() >= Self::MAX {
             *self = ClassEntries::default();
         }
@@ -238,9 +285,12 @@ impl ClassEntries {
         let known = match &job.placement {
             Some(p) => self
                 .pinned
-                .entry((print.base, p.region.clone()))
+                .entry((print.base, p.region.clone(), models))
                 .or_insert_with(derive),
-            None => self.any_of.entry(print.with_regions).or_insert_with(derive),
+            None => self
+                .any_of
+                .entry((print.with_regions, models))
+                .or_insert_with(derive),
         };
         known.clone()
     }

@@ -14,6 +14,7 @@ use super::observe::{Action, Observation};
 use super::reconcile::PassOutput;
 use super::state::{JobStatus, RegionChoice, ResourceStatus, State};
 use super::time::Timestamp;
+use crate::spec::gcp::ModelSet;
 use crate::spec::{EntryKind, TpuRequest};
 
 /// Names a reason lists at most; the rest are counted.
@@ -117,6 +118,15 @@ pub enum Reason {
         /// How many more.
         more: usize,
     },
+    /// Entries of another provisioning model are not open to it yet (Spot first).
+    SpotFirst {
+        /// The model (`on-demand`, `reserved`).
+        model: String,
+        /// Its compatible entries of that model.
+        entries: Vec<String>,
+        /// When they open to it (`None`: never, by the fleet's policy).
+        from: Option<Timestamp>,
+    },
     /// Nothing in particular: capacity may come.
     WaitingForCapacity {
         /// Compatible entries.
@@ -182,6 +192,22 @@ impl std::fmt::Display for Reason {
                     .join("; "),
                 more(*n)
             ),
+            Reason::SpotFirst {
+                model,
+                entries,
+                from,
+            } => match from {
+                Some(t) => write!(
+                    f,
+                    "Spot first: {model} entries ({}) open to it at {t}",
+                    entries.join(", ")
+                ),
+                None => write!(
+                    f,
+                    "Spot only: the policy never gives it {model} entries ({})",
+                    entries.join(", ")
+                ),
+            },
             Reason::WaitingForCapacity { entries } => write!(
                 f,
                 "waiting for capacity: {entries} compatible entr{}",
@@ -278,15 +304,27 @@ pub fn explain(
         .values()
         .filter(|j| j.status == JobStatus::Pending)
     {
+        let models = if index.has_fallback {
+            job.models_at(&index.fleet.policy.fallback, now).0
+        } else {
+            ModelSet::ALL
+        };
+        let req = Requirement {
+            models,
+            ..Requirement::of(job)
+        };
         let class = by_class
-            .entry(ClassKey::of(job))
-            .or_insert_with(|| class_reasons(&facts, &Requirement::of(job)));
+            .entry(ClassKey::of(job, models))
+            .or_insert_with(|| class_reasons(&facts, &req));
         let mut codes = Vec::new();
         if let Some(t) = job.not_before.filter(|t| *t > now) {
             codes.push(Reason::BackingOff {
                 failures: job.infra_failures,
                 until: t,
             });
+        }
+        if models != ModelSet::ALL {
+            codes.extend(spot_first(index, job, &Requirement::of(job), models));
         }
         codes.extend(class.iter().cloned());
         result.push(Explanation {
@@ -296,6 +334,39 @@ pub fn explain(
         });
     }
     result
+}
+
+/// The entries of each provisioning model `job` may not take yet (it may take `models`),
+/// and when they open to it.
+fn spot_first(
+    index: &FleetIndex,
+    job: &crate::engine::state::Job,
+    all: &Requirement<'_>,
+    models: ModelSet,
+) -> Vec<Reason> {
+    let fallback = &index.fleet.policy.fallback;
+    crate::spec::ProvisioningModel::ALL
+        .into_iter()
+        .filter(|m| !models.has(*m))
+        .filter_map(|model| {
+            let entries: Vec<String> = (0..index.fleet.tpus.len())
+                .filter(|&e| {
+                    let entry = index.entry(e);
+                    !entry.is_adopted()
+                        && entry.provisioning_model == model
+                        && all.accepts_entry(index, e)
+                })
+                .map(|e| index.entry(e).id.to_string())
+                .collect();
+            (!entries.is_empty()).then(|| Reason::SpotFirst {
+                model: model.as_str().to_owned(),
+                entries,
+                from: fallback
+                    .after(model)
+                    .map(|after| job.waiting_since().plus_secs(after)),
+            })
+        })
+        .collect()
 }
 
 /// What every class's reasons read, gathered once per pass.

@@ -54,6 +54,9 @@ pub struct FleetIndex {
     managed_zone_set: NameSet,
     /// Each entry's stockout-memory pool (`zone/type/model`), formatted once.
     pool_keys: Vec<String>,
+    /// Some managed entry is on-demand or reserved: jobs take those only after waiting for
+    /// Spot (`policy.on_demand_after`, `reserved_after`).
+    pub has_fallback: bool,
 }
 
 impl FleetIndex {
@@ -153,7 +156,12 @@ impl FleetIndex {
             .iter()
             .map(super::state::PoolMemory::key)
             .collect();
+        let has_fallback = fleet
+            .tpus
+            .iter()
+            .any(|e| !e.is_adopted() && e.provisioning_model != ProvisioningModel::Spot);
         FleetIndex {
+            has_fallback,
             fleet,
             declared,
             ordinals,

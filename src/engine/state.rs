@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::sorted_map::SortedMap;
 use super::time::Timestamp;
-use crate::spec::{JobSpec, Name, TpuType};
+use crate::spec::gcp::ModelSet;
+use crate::spec::{JobSpec, Name, ProvisioningModel, TpuType};
 
 /// Version of the JSON state schema. Bump on any incompatible change.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -456,6 +457,39 @@ impl Job {
             Some(p) => RegionChoice::Pinned(&p.region),
             None => RegionChoice::AnyOf(&self.bucket_regions),
         }
+    }
+
+    /// Since when it has waited for a TPU: the end of its last attempt, or its submission.
+    pub fn waiting_since(&self) -> Timestamp {
+        self.attempts
+            .last()
+            .and_then(|a| a.ended_at)
+            .unwrap_or(self.submitted_at)
+    }
+
+    /// The provisioning models of the managed entries it may take now under `fallback`:
+    /// Spot always, another model once it has waited that model's wait; and when the next
+    /// model opens to it, if one will.
+    pub fn models_at(
+        &self,
+        fallback: &crate::spec::policy::Fallback,
+        now: Timestamp,
+    ) -> (ModelSet, Option<Timestamp>) {
+        let since = self.waiting_since();
+        let mut models = ModelSet::SPOT;
+        let mut next: Option<Timestamp> = None;
+        for model in ProvisioningModel::ALL {
+            let Some(after) = fallback.after(model) else {
+                continue;
+            };
+            if now.elapsed_since(since, after) {
+                models = models.with(model);
+            } else {
+                let at = since.plus_secs(after);
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+        }
+        (models, next)
     }
 
     /// True when the job may run in `region`.

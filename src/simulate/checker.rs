@@ -300,7 +300,8 @@ impl Invariants {
                 if other.status == JobStatus::Pending
                     && other.spec.priority.rank() > rank
                     && other.not_before.is_none_or(|t| t <= v.now)
-                    && Requirement::of(other).accepts_resource(resource)
+                    && Requirement::at(v.engine.index(), other, v.now)
+                        .accepts_tpu(v.engine.index(), resource)
                 {
                     return Err(format!(
                         "priority order held at assignment: {job_id} ({:?}) got {resource_id} while {} ({:?}) could use it and waits",
@@ -323,17 +324,21 @@ impl Invariants {
         }
         let index = v.engine.index();
         let cloud = v.cloud;
-        let pools: BTreeMap<(&str, String), usize> = cloud
+        let pools: BTreeMap<(&str, String, tpu_runner_sim::PoolModel), usize> = cloud
             .config()
             .pools
             .iter()
             .enumerate()
-            .map(|(i, p)| ((p.zone.as_str(), p.accelerator.clone()), i))
+            .map(|(i, p)| ((p.zone.as_str(), p.accelerator.clone(), p.model), i))
             .collect();
-        let live = cloud.live_nodes();
+        let live = cloud.live_per_pool();
         let free = |e: usize| -> bool {
             let entry = index.entry(e);
-            let key = (entry.zone.as_str(), entry.tpu_type.to_string());
+            let key = (
+                entry.zone.as_str(),
+                entry.tpu_type.to_string(),
+                crate::backend::sim::pool_model(entry.provisioning_model),
+            );
             match &entry.kind {
                 EntryKind::Adopted { .. } => v
                     .state
@@ -348,13 +353,9 @@ impl Invariants {
                         .filter(|r| r.entry_id == entry.id && r.is_busy())
                         .count() as u32;
                     busy < *count
-                        && pools.get(&key).is_some_and(|&p| {
-                            let used = live
-                                .get(&(entry.zone.to_string(), entry.tpu_type.to_string()))
-                                .copied()
-                                .unwrap_or(0);
-                            cloud.available_slices()[p] > used
-                        })
+                        && pools
+                            .get(&key)
+                            .is_some_and(|&p| cloud.available_slices()[p] > live[p])
                 }
             }
         };
@@ -365,7 +366,7 @@ impl Invariants {
             .values()
             .filter(|j| j.status == JobStatus::Pending)
         {
-            let req = Requirement::of(job);
+            let req = Requirement::at(index, job, v.now);
             if !(0..index.fleet.tpus.len()).any(|e| req.accepts_entry(index, e) && free(e)) {
                 continue;
             }

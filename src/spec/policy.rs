@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::gcp::ProvisioningModel;
 use super::yaml::{self, Checker, Node, Value};
 
 /// Timing and limits of the reconcile engine (the original's §3.11 values and the limits the
@@ -250,6 +251,50 @@ impl RegionMove {
     }
 }
 
+/// `on_demand_after` when the file does not set it: a job that waited 1 h for Spot capacity
+/// may take an on-demand TPU (measured: docs/policies.md, "Spot first").
+pub const DEFAULT_ON_DEMAND_AFTER_SECS: i64 = 3600;
+
+/// Spot first, then on-demand or a reservation: how long a job waits for Spot capacity
+/// before it may take a managed TPU of the other models (`None`: never). The wait restarts
+/// with every attempt, so a job goes back to Spot at its next restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Fallback {
+    /// Wait before on-demand entries (`None`: never).
+    pub on_demand_after_secs: Option<i64>,
+    /// Wait before reserved entries (`None`: never; 0: at once, a reservation is paid for
+    /// whether used or not).
+    pub reserved_after_secs: Option<i64>,
+}
+
+impl Default for Fallback {
+    fn default() -> Self {
+        Fallback {
+            on_demand_after_secs: Some(DEFAULT_ON_DEMAND_AFTER_SECS),
+            reserved_after_secs: Some(0),
+        }
+    }
+}
+
+impl Fallback {
+    /// Every model at once (what the peers do with a mixed candidate list: they order it by
+    /// price or by the fleet, and take the first that grants).
+    pub const AT_ONCE: Fallback = Fallback {
+        on_demand_after_secs: Some(0),
+        reserved_after_secs: Some(0),
+    };
+
+    /// How long a job waits for Spot before it may take `model` (`None`: never).
+    pub fn after(&self, model: ProvisioningModel) -> Option<i64> {
+        match model {
+            ProvisioningModel::Spot => Some(0),
+            ProvisioningModel::OnDemand => self.on_demand_after_secs,
+            ProvisioningModel::Reserved => self.reserved_after_secs,
+        }
+    }
+}
+
 /// The policy a fleet runs: its name, its parameters and the engine's timings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -266,6 +311,9 @@ pub struct PolicySpec {
     /// Moving on after repeated preemptions (any policy; off unless
     /// `move_after_preemptions` is set).
     pub region_move: RegionMove,
+    /// Spot first, then on-demand or a reservation (any policy; matters only to a fleet
+    /// with managed on-demand or reserved entries).
+    pub fallback: Fallback,
     /// The engine's timings.
     pub engine: EngineConfig,
 }
@@ -301,6 +349,12 @@ impl PolicySpec {
                     window_secs: DEFAULT_MOVE_WINDOW_SECS,
                 },
                 _ => RegionMove::default(),
+            },
+            // The peers take every candidate they are given at once, in their own order.
+            fallback: if name.is_baseline() {
+                Fallback::AT_ONCE
+            } else {
+                Fallback::default()
             },
             engine: EngineConfig::default(),
         }
@@ -343,6 +397,9 @@ impl PolicySpec {
         }
         if self.region_move.enabled() {
             v["region_move"] = serde_json::json!(self.region_move);
+        }
+        if self.fallback != PolicySpec::named(self.name).fallback {
+            v["fallback"] = serde_json::json!(self.fallback);
         }
         v
     }
@@ -390,6 +447,23 @@ impl PolicySpec {
         if m.enabled() && m.window_secs != own_move.window_secs {
             changed.push(format!("move_window {}", show_secs(m.window_secs)));
         }
+        let own_fallback = PolicySpec::named(self.name).fallback;
+        for (key, ours, own) in [
+            (
+                "on_demand_after",
+                self.fallback.on_demand_after_secs,
+                own_fallback.on_demand_after_secs,
+            ),
+            (
+                "reserved_after",
+                self.fallback.reserved_after_secs,
+                own_fallback.reserved_after_secs,
+            ),
+        ] {
+            if ours != own {
+                changed.push(format!("{key} {}", ours.map_or("never".into(), show_secs)));
+            }
+        }
         let defaults = serde_json::to_value(EngineConfig::default()).expect("plain data");
         let ours = serde_json::to_value(self.engine).expect("plain data");
         for (k, v) in ours.as_object().into_iter().flatten() {
@@ -430,6 +504,8 @@ const POLICY_FIELDS: &[&str] = &[
     "priority_preemption_window",
     "move_after_preemptions",
     "move_window",
+    "on_demand_after",
+    "reserved_after",
     "engine",
 ];
 
@@ -601,6 +677,20 @@ pub fn read_policy(
     if let Some(n) = f.get("move_window") {
         match duration(c, n, &f.path("move_window"), 60, 30 * 86_400) {
             Some(s) => spec.region_move.window_secs = s,
+            None => ok = false,
+        }
+    }
+    for (key, field) in [
+        ("on_demand_after", &mut spec.fallback.on_demand_after_secs),
+        ("reserved_after", &mut spec.fallback.reserved_after_secs),
+    ] {
+        let Some(n) = f.get(key) else { continue };
+        if matches!(&n.value, Value::Str(s) if s.trim() == "never") {
+            *field = None;
+            continue;
+        }
+        match duration(c, n, &f.path(key), 0, 30 * 86_400) {
+            Some(s) => *field = Some(s),
             None => ok = false,
         }
     }

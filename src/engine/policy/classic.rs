@@ -24,7 +24,7 @@ impl Policy for Classic {
 
     fn assign(&self, input: &AssignInput<'_>) -> Vec<Pair> {
         let order = priority_order(input.demand, |j| input.demand.jobs[j].assignable);
-        match_in_order(input.demand, &order, input.tpus)
+        match_in_order(input.index, input.demand, &order, input.tpus)
     }
 
     fn desired_counts(&self, input: &CapacityInput<'_>) -> Vec<u32> {
@@ -34,7 +34,7 @@ impl Policy for Classic {
             BTreeSet::new()
         } else {
             let order = priority_order(demand, |j| input.waiting[j]);
-            match_in_order(demand, &order, input.idle_adopted)
+            match_in_order(input.index, demand, &order, input.idle_adopted)
                 .into_iter()
                 .map(|(j, _)| j)
                 .collect()
@@ -93,6 +93,7 @@ pub(super) fn priority_order(demand: &Demand<'_>, keep: impl Fn(usize) -> bool) 
 /// Matches jobs (`order`, indices into `demand.jobs`) to `tpus` with the class-graph matcher,
 /// then picks concrete TPUs: preferred class first, adopted first, lowest id.
 pub(super) fn match_in_order(
+    index: &FleetIndex,
     demand: &Demand<'_>,
     order: &[usize],
     tpus: &[&Resource],
@@ -100,15 +101,21 @@ pub(super) fn match_in_order(
     if order.is_empty() || tpus.is_empty() {
         return Vec::new();
     }
-    // TPU classes: same type and zone (and name, when some job pins that name) are
-    // interchangeable for every job. Class ids follow preference: adopted first, lowest id.
+    // TPU classes: same type and zone (and name, when some job pins that name; and model,
+    // when the fleet has managed entries that are not Spot) are interchangeable for every
+    // job. Class ids follow preference: adopted first, lowest id.
     let pinned: BTreeSet<&str> = demand
         .classes
         .iter()
         .filter_map(|c| c.req.tpu_name)
         .collect();
-    let mut class_of_key: BTreeMap<(&crate::spec::TpuType, &str, Option<&str>), usize> =
-        BTreeMap::new();
+    type Key<'k> = (
+        &'k crate::spec::TpuType,
+        &'k str,
+        Option<&'k str>,
+        Option<crate::spec::ProvisioningModel>,
+    );
+    let mut class_of_key: BTreeMap<Key<'_>, usize> = BTreeMap::new();
     let mut members: Vec<VecDeque<usize>> = Vec::new();
     let mut ranked: Vec<usize> = (0..tpus.len()).collect();
     ranked.sort_by(|&a, &b| (!tpus[a].adopted, &tpus[a].id).cmp(&(!tpus[b].adopted, &tpus[b].id)));
@@ -117,8 +124,16 @@ pub(super) fn match_in_order(
         let name = pinned
             .contains(r.tpu_name.as_str())
             .then_some(r.tpu_name.as_str());
+        // A managed TPU's model decides which jobs may take it.
+        let model = (index.has_fallback && !r.adopted)
+            .then(|| {
+                index
+                    .owns_record(r)
+                    .map(|e| index.entry(e).provisioning_model)
+            })
+            .flatten();
         let c = *class_of_key
-            .entry((&r.tpu_type, r.zone.as_str(), name))
+            .entry((&r.tpu_type, r.zone.as_str(), name, model))
             .or_insert_with(|| {
                 members.push(VecDeque::new());
                 members.len() - 1
@@ -136,7 +151,7 @@ pub(super) fn match_in_order(
                 let req = demand.classes[dc as usize].req;
                 compat.push(
                     (0..members.len())
-                        .filter(|&c| req.accepts_resource(tpus[members[c][0]]))
+                        .filter(|&c| req.accepts_tpu(index, tpus[members[c][0]]))
                         .map(|c| c as u32)
                         .collect(),
                 );

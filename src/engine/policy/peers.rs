@@ -49,9 +49,14 @@ impl Sequential {
     }
 }
 
-/// USD per hour of one TPU of `entry` at list price (unknown families last).
+/// USD per hour one more TPU of `entry` costs at list price (unknown families last): a
+/// reservation's nothing, as it is paid for whether used or not.
 fn hourly_price(entry: &TpuEntry) -> f64 {
-    let spot = entry.provisioning_model == crate::spec::ProvisioningModel::Spot;
+    use crate::spec::ProvisioningModel;
+    let spot = match entry.provisioning_model {
+        ProvisioningModel::Reserved => return 0.0,
+        model => model == ProvisioningModel::Spot,
+    };
     crate::spec::prices::per_chip_hour(entry.tpu_type.quota_family(), spot)
         .map_or(f64::MAX, |p| p * f64::from(entry.chips_per_tpu()))
 }

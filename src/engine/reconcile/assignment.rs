@@ -98,6 +98,20 @@ impl<'a> Pass<'a> {
             let desired = self.policy.desired_counts(&capacity);
             let mut waits = waits;
             waits.extend(self.policy.changes_at(&capacity));
+            // A waiting job's wait opening another provisioning model to it changes its
+            // class: a pass must run then.
+            if index.has_fallback {
+                let fallback = &index.fleet.policy.fallback;
+                waits.extend(
+                    demand
+                        .jobs
+                        .iter()
+                        .zip(&waiting)
+                        .filter(|(_, w)| **w)
+                        .filter_map(|(j, _)| j.job.models_at(fallback, now).1)
+                        .min(),
+                );
+            }
             // Names asked for by a class with a waiting job (no need to visit every job).
             let mut class_waits = vec![false; demand.classes.len()];
             for (j, w) in demand.jobs.iter().zip(&waiting) {
@@ -157,7 +171,8 @@ impl<'a> Pass<'a> {
         let usable = job.status == JobStatus::Pending
             && resource.status == ResourceStatus::Idle
             && !resource.is_busy()
-            && crate::engine::demand::Requirement::of(job).accepts_resource(resource);
+            && crate::engine::demand::Requirement::at(self.index, job, now)
+                .accepts_tpu(self.index, resource);
         if !usable {
             self.out.violations.push(format!(
                 "policy {policy} paired job {job_id} with unusable TPU {resource_id}"

@@ -63,20 +63,13 @@ impl<'a> Pass<'a> {
                     .iter()
                     .any(|(v, _)| v.spec.priority < j.spec.priority)
             })
-            .filter(|j| {
-                let since = j
-                    .attempts
-                    .last()
-                    .and_then(|a| a.ended_at)
-                    .unwrap_or(j.submitted_at);
-                now.elapsed_since(since, rule.after_secs)
-            })
+            .filter(|j| now.elapsed_since(j.waiting_since(), rule.after_secs))
             .collect();
         // Queue order: higher priority first, then FIFO.
         waiters.sort_by_key(|j| (std::cmp::Reverse(j.spec.priority), j.submitted_at, j.id));
         let mut chosen: Vec<(Name, Name)> = Vec::new();
         for waiter in waiters {
-            let req = Requirement::of(waiter);
+            let req = Requirement::at(self.index, waiter, now);
             let best = victims
                 .iter()
                 .enumerate()
@@ -84,7 +77,7 @@ impl<'a> Pass<'a> {
                 .filter(|(_, (v, _))| {
                     v.assigned_resource
                         .and_then(|r| self.state.resources.get(&r))
-                        .is_some_and(|r| req.accepts_resource(r))
+                        .is_some_and(|r| req.accepts_tpu(self.index, r))
                 })
                 // Least work at risk: the most recently started; then the lowest priority,
                 // the latest submitted.
