@@ -151,6 +151,8 @@ fn short_sweep_with_every_fault_finds_nothing() {
         for label in &s.policies {
             let seeds = if label == "classic" { 150 } else { 50 };
             let (mut cooled, mut displacing, mut moved) = (0u64, 0u64, 0u64);
+            let mut off_spot = 0u64;
+            let index = tpu_runner::engine::FleetIndex::new(s.fleet.clone());
             for seed in 1..=seeds {
                 // Counts the passes that saw a pool cooling (the memory is exercised) and those
                 // that saw a displacement under way (priority preemption is) or a job moved
@@ -167,6 +169,15 @@ fn short_sweep_with_every_fault_finds_nothing() {
                             .values()
                             .any(|j| j.placement.as_ref().is_some_and(|p| p.since.is_some())),
                     );
+                    // A job runs on a managed TPU that is not Spot (the fallback is).
+                    off_spot += u64::from(state.resources.values().any(|r| {
+                        r.is_busy()
+                            && !r.adopted
+                            && index.owns_record(r).is_some_and(|e| {
+                                index.entry(e).provisioning_model
+                                    != tpu_runner::spec::ProvisioningModel::Spot
+                            })
+                    }));
                 };
                 let hooks = Hooks {
                     mutator: Some(&mut watch),
@@ -199,6 +210,14 @@ fn short_sweep_with_every_fault_finds_nothing() {
                 moved > 0,
                 policy.region_move.enabled(),
                 "{rel} {label}: passes with a job moved to another region: {moved}"
+            );
+            let falls_back = index.has_fallback
+                && (policy.fallback.on_demand_after_secs.is_some()
+                    || policy.fallback.reserved_after_secs.is_some());
+            assert_eq!(
+                off_spot > 0,
+                falls_back,
+                "{rel} {label}: passes with a job on on-demand or reserved capacity: {off_spot}"
             );
         }
         // Every injector fired at least once over the sweep.

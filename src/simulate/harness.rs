@@ -474,12 +474,15 @@ pub fn run(
         .policy(policy_name)
         .unwrap_or_else(|| scenario.fleet.policy.clone());
     let tick_ms = spec.engine.reconcile_interval_secs.max(1) as u64 * 1000;
+    let liveness = !spec.name.waits_out_stockouts();
     let engine = Engine::with_policy(spec, scenario.fleet.clone());
     let chaos = options.chaos;
     let mut chaos_rng = SimRng::new(seed, "chaos");
     let mut invariants = (chaos.is_some() || options.check_invariants).then(|| {
         Invariants::new(
-            chaos.map(|c| EPOCH.plus_secs(c.stop_secs as i64)),
+            chaos
+                .filter(|_| liveness)
+                .map(|c| EPOCH.plus_secs(c.stop_secs as i64)),
             chaos.map_or(7200, |c| c.liveness_secs),
         )
     });

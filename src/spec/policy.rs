@@ -126,6 +126,13 @@ impl PolicyName {
         )
     }
 
+    /// True for a policy that waits out a stockout in the entry it asked (Kueue's flavors
+    /// move on only when one is full, #2560): a job may then wait while another entry has
+    /// room, so the simulator's liveness check does not hold it to a bound.
+    pub fn waits_out_stockouts(self) -> bool {
+        self == PolicyName::KueueFlavors
+    }
+
     /// Every name, for messages (`classic, frugal, …`).
     pub fn list() -> String {
         PolicyName::ALL.map(PolicyName::as_str).join(", ")
@@ -251,9 +258,9 @@ impl RegionMove {
     }
 }
 
-/// `on_demand_after` when the file does not set it: a job that waited 1 h for Spot capacity
+/// `on_demand_after` when the file does not set it: a job that waited 30 min for Spot capacity
 /// may take an on-demand TPU (measured: docs/policies.md, "Spot first").
-pub const DEFAULT_ON_DEMAND_AFTER_SECS: i64 = 3600;
+pub const DEFAULT_ON_DEMAND_AFTER_SECS: i64 = 1800;
 
 /// Spot first, then on-demand or a reservation: how long a job waits for Spot capacity
 /// before it may take a managed TPU of the other models (`None`: never). The wait restarts
