@@ -1432,7 +1432,11 @@ fn readme_comparison_of_policies_is_what_simulate_compare_prints() {
     if !cfg!(debug_assertions) {
         scenarios.push("philly-replay.yaml");
         if traces.is_some() {
-            scenarios.extend(["traces/preemption-storm.yaml", "traces/spot-stockouts.yaml"]);
+            scenarios.extend([
+                "traces/preemption-storm.yaml",
+                "traces/spot-stockouts.yaml",
+                "traces/spot-or-on-demand.yaml",
+            ]);
         }
     }
     for file in scenarios {
