@@ -586,4 +586,41 @@ mod tests {
             cooled[0]
         );
     }
+
+    /// A job that has not waited `on_demand_after` is told when the fleet's on-demand
+    /// entries open to it; with `never`, that they never will; once open, nothing is said.
+    #[test]
+    fn spot_first_is_a_reason_until_the_wait_is_up() {
+        let epoch = Timestamp::from_secs(1_767_225_600);
+        let mut fleet = synthetic::fleet(4, 2);
+        fleet.tpus[1].provisioning_model = crate::spec::ProvisioningModel::OnDemand;
+        let on_demand = fleet.tpus[1].id.to_string();
+        let reasons_at = |after: Option<i64>, waited: i64| -> Vec<String> {
+            let mut fleet = fleet.clone();
+            fleet.policy.fallback.on_demand_after_secs = after;
+            let (mut state, obs) = synthetic::planning_instance(&fleet, 40, 60, epoch);
+            let now = epoch.plus_secs(waited);
+            let engine = Engine::new(fleet, EngineConfig::default(), Box::new(Classic));
+            let out = engine.reconcile(&mut state, &obs, now);
+            explain(engine.index(), &state, &obs, &out, now)
+                .into_iter()
+                .flat_map(|w| w.reasons)
+                .filter(|r| r.contains(&on_demand))
+                .collect()
+        };
+        let soon = reasons_at(Some(1800), 100);
+        assert!(!soon.is_empty());
+        assert!(
+            soon.iter()
+                .all(|r| r.starts_with("Spot first: on-demand entries") && r.contains(" at ")),
+            "{soon:?}"
+        );
+        let never = reasons_at(None, 100);
+        assert!(
+            !never.is_empty() && never.iter().all(|r| r.starts_with("Spot only")),
+            "{never:?}"
+        );
+        let open = reasons_at(Some(1800), 2 * 86_400);
+        assert!(open.iter().all(|r| !r.contains("Spot first")), "{open:?}");
+    }
 }
