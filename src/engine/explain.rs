@@ -127,6 +127,14 @@ pub enum Reason {
         /// When they open to it (`None`: never, by the fleet's policy).
         from: Option<Timestamp>,
     },
+    /// A running lower-priority job is being stopped to free its TPU for it (priority
+    /// preemption): it is assigned once the victim's workers are confirmed stopped.
+    Displacing {
+        /// The victim.
+        victim: String,
+        /// Its TPU.
+        tpu: String,
+    },
     /// Nothing in particular: capacity may come.
     WaitingForCapacity {
         /// Compatible entries.
@@ -208,6 +216,10 @@ impl std::fmt::Display for Reason {
                     entries.join(", ")
                 ),
             },
+            Reason::Displacing { victim, tpu } => write!(
+                f,
+                "displacing lower-priority job {victim} from TPU {tpu}: assigned once its workers have stopped"
+            ),
             Reason::WaitingForCapacity { entries } => write!(
                 f,
                 "waiting for capacity: {entries} compatible entr{}",
@@ -296,6 +308,22 @@ pub fn explain(
         usable_adopted,
         now,
     };
+    // Jobs a priority preemption under way is freeing a TPU for: waiter → (victim, TPU).
+    let displacing: rustc_hash::FxHashMap<
+        crate::spec::Name,
+        (crate::spec::Name, crate::spec::Name),
+    > = if index.fleet.policy.priority_preemption.enabled() {
+        state
+            .jobs
+            .values()
+            .filter_map(|j| {
+                let a = j.attempt().filter(|a| !a.status.is_terminal())?;
+                Some((a.displaced_by?, (j.id, a.tpu_name)))
+            })
+            .collect()
+    } else {
+        Default::default()
+    };
     // What depends only on the requirement, once per class.
     let mut by_class: rustc_hash::FxHashMap<ClassKey<'_>, Vec<Reason>> = Default::default();
     let mut result = Vec::new();
@@ -325,6 +353,12 @@ pub fn explain(
         }
         if models != ModelSet::ALL {
             codes.extend(spot_first(index, job, &Requirement::of(job), models));
+        }
+        if let Some((victim, tpu)) = displacing.get(&job.id) {
+            codes.push(Reason::Displacing {
+                victim: victim.to_string(),
+                tpu: tpu.to_string(),
+            });
         }
         codes.extend(class.iter().cloned());
         result.push(Explanation {
@@ -584,6 +618,43 @@ mod tests {
             cooled[0].contains(&pool) && cooled[0].contains("a request waited 10m"),
             "{}",
             cooled[0]
+        );
+    }
+
+    /// A waiting job a priority preemption is freeing a TPU for says so, naming the victim.
+    #[test]
+    fn a_displacement_under_way_is_the_waiters_reason() {
+        let epoch = Timestamp::from_secs(1_767_225_600);
+        let mut fleet = synthetic::fleet(4, 2);
+        fleet.policy.priority_preemption.after_secs = 600;
+        let (mut state, obs) = synthetic::planning_instance(&fleet, 40, 60, epoch);
+        let now = epoch.plus_secs(100);
+        let engine = Engine::new(fleet, EngineConfig::default(), Box::new(Classic));
+        let out = engine.reconcile(&mut state, &obs, now);
+        let waiter = state
+            .jobs
+            .values()
+            .find(|j| j.status == JobStatus::Pending)
+            .map(|j| j.id)
+            .expect("a waiting job");
+        let victim = state
+            .jobs
+            .values_mut()
+            .find(|j| j.status == JobStatus::Running)
+            .expect("a running job");
+        let attempt = victim.attempts.last_mut().expect("its attempt");
+        attempt.displaced_by = Some(waiter);
+        let (victim, tpu) = (victim.id.to_string(), attempt.tpu_name.to_string());
+        let waiting = explain(engine.index(), &state, &obs, &out, now);
+        let reasons = &waiting
+            .iter()
+            .find(|w| w.job_id == waiter.as_str())
+            .expect("explained")
+            .reasons;
+        assert!(
+            reasons.iter().any(|r| r
+                == &format!("displacing lower-priority job {victim} from TPU {tpu}: assigned once its workers have stopped")),
+            "{reasons:?}"
         );
     }
 
