@@ -204,19 +204,10 @@ impl<'a> Demand<'a> {
         // for determinism and much cheaper than ordered keys at 100k jobs.
         let mut by_req: rustc_hash::FxHashMap<ClassKey<'a>, u32> = rustc_hash::FxHashMap::default();
         let mut demand = Demand::default();
-        let fallback = &index.fleet.policy.fallback;
         for job in pending {
-            // Which managed models it may take matters only to a fleet that has others.
-            let models = if index.has_fallback {
-                job.models_at(fallback, now).0
-            } else {
-                ModelSet::ALL
-            };
+            let req = Requirement::at(index, job, now);
+            let models = req.models;
             let class = *by_req.entry(ClassKey::of(job, models)).or_insert_with(|| {
-                let req = Requirement {
-                    models,
-                    ..Requirement::of(job)
-                };
                 let (entries, managed_entries) = known.of(job, models, || {
                     let entries: Vec<u32> = (0..index.fleet.tpus.len())
                         .filter(|&e| req.accepts_entry(index, e))

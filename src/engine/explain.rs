@@ -332,15 +332,8 @@ pub fn explain(
         .values()
         .filter(|j| j.status == JobStatus::Pending)
     {
-        let models = if index.has_fallback {
-            job.models_at(&index.fleet.policy.fallback, now).0
-        } else {
-            ModelSet::ALL
-        };
-        let req = Requirement {
-            models,
-            ..Requirement::of(job)
-        };
+        let req = Requirement::at(index, job, now);
+        let models = req.models;
         let class = by_class
             .entry(ClassKey::of(job, models))
             .or_insert_with(|| class_reasons(&facts, &req));
