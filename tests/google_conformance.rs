@@ -611,6 +611,28 @@ fn the_emulator_refuses_unknown_parameters_and_fields_as_google_does() {
     create["tpu"]["nodeSpec"][0]["node"]["networkConfig"]["enableExternalIps"] = json!("yes");
     refused(call("POST", &qrs, Some(&create)));
     refused(call("GET", &format!("{base}/nodes?pageSize=ten"), None));
+    // `tier` is a union: both tiers, none, or a reservation with Spot or in another zone are
+    // refused (the emulator is no kinder than the document).
+    let invalid = |(status, body): (u16, Value)| {
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["status"], "INVALID_ARGUMENT", "{body}");
+    };
+    let spot = tpu_runner::gcp::tpu::create_body(PROJECT, &request("conf-x", "v6e-8"));
+    let mut both = spot.clone();
+    both["guaranteed"] = json!({});
+    invalid(call("POST", &qrs, Some(&both)));
+    let mut neither = spot.clone();
+    neither.as_object_mut().unwrap().remove("spot");
+    invalid(call("POST", &qrs, Some(&neither)));
+    let mut spot_reserved = spot.clone();
+    spot_reserved["reservationName"] =
+        json!(format!("projects/{PROJECT}/locations/{EAST}/reservations/conf-res"));
+    invalid(call("POST", &qrs, Some(&spot_reserved)));
+    let mut elsewhere = neither.clone();
+    elsewhere["guaranteed"] = json!({});
+    elsewhere["reservationName"] =
+        json!(format!("projects/{PROJECT}/locations/us-west1-a/reservations/conf-res"));
+    invalid(call("POST", &qrs, Some(&elsewhere)));
     // Google's parser takes a field's proto name too: this one is refused only because the
     // node does not exist.
     let (status, _) = call(
