@@ -625,13 +625,15 @@ fn the_emulator_refuses_unknown_parameters_and_fields_as_google_does() {
     neither.as_object_mut().unwrap().remove("spot");
     invalid(call("POST", &qrs, Some(&neither)));
     let mut spot_reserved = spot.clone();
-    spot_reserved["reservationName"] =
-        json!(format!("projects/{PROJECT}/locations/{EAST}/reservations/conf-res"));
+    spot_reserved["reservationName"] = json!(format!(
+        "projects/{PROJECT}/locations/{EAST}/reservations/conf-res"
+    ));
     invalid(call("POST", &qrs, Some(&spot_reserved)));
     let mut elsewhere = neither.clone();
     elsewhere["guaranteed"] = json!({});
-    elsewhere["reservationName"] =
-        json!(format!("projects/{PROJECT}/locations/us-west1-a/reservations/conf-res"));
+    elsewhere["reservationName"] = json!(format!(
+        "projects/{PROJECT}/locations/us-west1-a/reservations/conf-res"
+    ));
     invalid(call("POST", &qrs, Some(&elsewhere)));
     // Google's parser takes a field's proto name too: this one is refused only because the
     // node does not exist.
