@@ -312,7 +312,7 @@ fn lifecycle(store: Option<String>) {
             .unwrap_or(0)
     };
     let before = specs("j01");
-    let (code, _) = rig.run(&["submit", "job.yaml", "--job-id", "j01"]);
+    let (code, _) = rig.run(&["submit", "job.yaml", "--name", "j01"]);
     assert_eq!(code, 2);
     assert_eq!(
         specs("j01"),
@@ -573,9 +573,9 @@ fn interrupt_spot_stops_the_attempt_before_the_next_one_starts() {
     let attempt = job["attempts"].as_array().unwrap().last().unwrap().clone();
     let (code, out) = rig.run(&[
         "interrupt-spot",
-        attempt["resource_id"].as_str().unwrap(),
-        "--job-id",
         "long",
+        "--tpu",
+        attempt["resource_id"].as_str().unwrap(),
         "--attempt-id",
         attempt["id"].as_str().unwrap(),
     ]);
@@ -751,7 +751,7 @@ fn submit_starts_the_cloud_run_controller() {
         request_line
     });
     let out = rig
-        .command(&["submit", "job.yaml", "--job-id", "one", "--json"])
+        .command(&["submit", "job.yaml", "--name", "one", "--json"])
         .env(
             "TPU_RUNNER_RUN_ENDPOINT",
             format!("http://127.0.0.1:{port}"),
@@ -776,7 +776,7 @@ fn submit_starts_the_cloud_run_controller() {
     );
     // Nobody answers: the job is queued all the same, and the exit code says the trigger failed.
     let out = rig
-        .command(&["submit", "job.yaml", "--job-id", "two"])
+        .command(&["submit", "job.yaml", "--name", "two"])
         .env("TPU_RUNNER_RUN_ENDPOINT", "http://127.0.0.1:1")
         .output()
         .unwrap();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::exit_codes::ExitStatus;
-use super::stack::{STACK_FILE, Stack, StackFile, StackOpts};
+use super::stack::{Stack, StackFile, StackOpts};
 use super::{Failure, print_stdout};
 use crate::backend::CloudBackend;
 use crate::backend::gcp::{CreateSettings, GcpBackend};
@@ -472,8 +472,8 @@ pub(crate) fn controller(args: &ControllerArgs<'_>) -> Result<ExitStatus, Failur
 
 /// What `local up` is given.
 pub(crate) struct LocalUpArgs<'a> {
-    /// The stack's folder.
-    pub dir: &'a Path,
+    /// The stack's folder (default: `local` in the user's state folder).
+    pub dir: Option<&'a Path>,
     /// Virtual seconds per wall second.
     pub speed: f64,
     /// Where the emulator listens.
@@ -499,7 +499,24 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
             "error: --speed must be a positive number\n".into(),
         ));
     }
-    let dir = args.dir;
+    // One local stack per user: the commands find it through its registration.
+    if let Some(other) = super::stack::local_stack()? {
+        return Err(fail(
+            ExitStatus::Usage,
+            format!(
+                "error: a local stack runs already (process {}, store {})\n  = hint: stop it with Ctrl-C in its terminal; give another one its own TPU_RUNNER_HOME\n",
+                other.pid, other.store
+            ),
+        ));
+    }
+    let default_dir;
+    let dir = match args.dir {
+        Some(dir) => dir,
+        None => {
+            default_dir = super::stack::state_home()?.join("local");
+            default_dir.as_path()
+        }
+    };
     std::fs::create_dir_all(dir).map_err(|e| io(&dir.display().to_string(), &e))?;
     let dir = dir
         .canonicalize()
@@ -550,18 +567,13 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
         tpu_endpoint: running.url(),
         objects: objects_dir.clone(),
         workers: workers_dir.clone(),
+        pid: std::process::id(),
     };
-    let stack_file = Path::new(STACK_FILE);
-    if let Some(parent) = stack_file.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| io(STACK_FILE, &e))?;
-    }
-    std::fs::write(
-        stack_file,
-        serde_json::to_string_pretty(&file).expect("serialisable"),
-    )
-    .map_err(|e| io(STACK_FILE, &e))?;
+    let registered = file
+        .register()
+        .map_err(|e| fail(ExitStatus::Io, format!("error: {e}\n")))?;
     eprint!(
-        "local stack up in {}:\n  TPU API emulator  {} (wall clock × {})\n  store             {store}\n  objects           {} (buckets {})\n  workers           {}\n  fleet             {}\n\nIn another terminal, from this folder:\n  tpu-runner submit examples/hello/job.yaml\n  tpu-runner watch hello\n  tpu-runner status\n\nThe controller's events follow as JSON lines. Stop with Ctrl-C.\n\n",
+        "local stack up in {}:\n  TPU API emulator  {} (wall clock × {})\n  store             {store}\n  objects           {} (buckets {})\n  workers           {}\n  fleet             {}\n  registered in     {}\n\nIn another terminal, from any folder (a job's buckets: {}):\n  tpu-runner submit examples/hello\n  tpu-runner watch hello\n  tpu-runner status\n\nThe emulator's own API (preempt a TPU, stock a zone out) is at TPU_RUNNER_TPU_ENDPOINT={}\nThe controller's events follow as JSON lines. Stop with Ctrl-C.\n\n",
         dir.display(),
         running.url(),
         args.speed,
@@ -569,6 +581,9 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
         buckets.join(", "),
         workers_dir.display(),
         fleet_path.display(),
+        registered.display(),
+        buckets.join(", "),
+        running.url(),
     );
     let stack = Stack {
         fleet_path,
@@ -603,7 +618,7 @@ pub(crate) fn local_up(args: &LocalUpArgs<'_>) -> Result<ExitStatus, Failure> {
     );
     // The emulator's TPUs go with it: so do their workers' processes.
     Local::stop_all(&workers_dir);
-    let _ = std::fs::remove_file(stack_file);
+    file.unregister();
     drop(running);
     stop.store(true, Ordering::SeqCst);
     result

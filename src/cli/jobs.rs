@@ -23,15 +23,33 @@ fn line(value: serde_json::Value) {
     print_stdout(&format!("{value}\n"));
 }
 
+/// What `submit` is asked.
+pub(crate) struct SubmitArgs<'a> {
+    pub manifest: &'a Path,
+    pub names: &'a [String],
+    pub env: &'a [String],
+    pub env_files: &'a [std::path::PathBuf],
+    pub command: Option<&'a str>,
+    pub json: bool,
+}
+
 /// `submit`.
-pub(crate) fn submit(
-    opts: &StackOpts,
-    manifest: &Path,
-    ids: &[String],
-    json: bool,
-) -> Result<ExitStatus, Failure> {
+pub(crate) fn submit(opts: &StackOpts, args: &SubmitArgs<'_>) -> Result<ExitStatus, Failure> {
+    let json = args.json;
+    let manifest = &submit::manifest_path(args.manifest);
+    let mut overrides = submit::Overrides::default();
+    for file in args.env_files {
+        overrides.add_file(file).map_err(fail_submit)?;
+    }
+    for pair in args.env {
+        overrides.add_pair(pair).map_err(fail_submit)?;
+    }
+    if let Some(command) = args.command {
+        overrides.set_command(command).map_err(fail_submit)?;
+    }
     let stack = Stack::resolve(opts)?;
-    let jobs = submit::read_jobs(manifest, &stack.fleet, ids).map_err(fail_submit)?;
+    let mut jobs = submit::read_jobs(manifest, &stack.fleet, args.names).map_err(fail_submit)?;
+    overrides.apply(&mut jobs);
     let objects = stack.objects()?;
     let mut store = stack.open_store(true)?;
     let base = manifest
@@ -60,8 +78,9 @@ pub(crate) fn submit(
             line(v);
         } else {
             print_stdout(&format!(
-                "submitted {} (priority {}, may run in {})\n",
+                "submitted {} (job {}, priority {}, may run in {})\n",
                 s.job_id,
+                s.name,
                 priority_word(s.priority),
                 s.regions.join(", ")
             ));
@@ -80,6 +99,7 @@ pub(crate) fn submit(
         None
     };
     let ids: Vec<&str> = submitted.iter().map(|s| s.job_id.as_str()).collect();
+    let first_name = submitted.first().map_or("JOB", |s| s.name.as_str());
     if json {
         if let Some(operation) = &triggered {
             line(
@@ -96,10 +116,9 @@ pub(crate) fn submit(
             (None, false) => "start the controller (`tpu-runner controller`) if none runs".into(),
         };
         print_stdout(&format!(
-            "{} job(s) queued in {}; {controller}. Follow one with `tpu-runner watch {}`.\n",
+            "{} job(s) queued in {}; {controller}. Follow one with `tpu-runner watch {first_name}`.\n",
             submitted.len(),
             store.describe(),
-            ids.first().unwrap_or(&"JOB")
         ));
     }
     Ok(ExitStatus::Ok)
@@ -147,13 +166,13 @@ fn fail_submit(e: SubmitError) -> Failure {
             message: text,
             status: ExitStatus::Invalid,
         },
-        SubmitError::Objects(text) => Failure {
+        SubmitError::Unreadable(text) | SubmitError::Objects(text) => Failure {
             message: text,
             status: ExitStatus::Io,
         },
         SubmitError::Exist(_) => Failure {
             message: format!(
-                "error: {e}\n  = hint: nothing was submitted; pick new ids with --job-id or in the manifest\n"
+                "error: {e}\n  = hint: nothing was submitted; an `id:` in the manifest is used once: remove it (or write `name:` instead) and each submit is a new run\n"
             ),
             status: ExitStatus::Usage,
         },
@@ -176,6 +195,54 @@ fn priority_word(p: Priority) -> &'static str {
         Priority::Normal => "normal",
         Priority::High => "high",
     }
+}
+
+/// The job `what` names: that job id, else the latest run of the job with that name. An
+/// unknown one is `Err` with what to say: the closest id or name the store knows, if any.
+pub(crate) fn resolve(
+    store: &mut dyn crate::store::StateStore,
+    what: &str,
+) -> Result<Result<Name, String>, Failure> {
+    if crate::spec::job::check_job_id(what).is_ok() {
+        let id = Name::new(what);
+        if !store
+            .existing_jobs(&[id])
+            .map_err(|e| store_failure(&e))?
+            .is_empty()
+        {
+            return Ok(Ok(id));
+        }
+        if let Some(latest) = store
+            .runs_named(what, 1)
+            .map_err(|e| store_failure(&e))?
+            .first()
+        {
+            return Ok(Ok(*latest));
+        }
+    }
+    // Unknown: offer the closest of the active jobs and those ended in the last 30 days.
+    let mut known: Vec<String> = Vec::new();
+    let active = store.load_active().map_err(|e| store_failure(&e))?;
+    let since = wall_clock().plus_secs(-30 * 86_400);
+    let finished = store
+        .finished_jobs(since, 1_000)
+        .map_err(|e| store_failure(&e))?;
+    for job in active.state.jobs.values().chain(finished.iter()) {
+        known.push(job.id.to_string());
+        known.push(job.spec.name().to_owned());
+    }
+    let hint = crate::spec::diagnostic::closest(what, known.iter().map(String::as_str))
+        .map(|c| format!(" (did you mean `{c}`?)"))
+        .unwrap_or_default();
+    Ok(Err(format!("{what}: no such job id or job name{hint}")))
+}
+
+/// [`resolve`] for commands that need the job: an unknown one fails (exit 1).
+fn resolve_one(store: &mut dyn crate::store::StateStore, what: &str) -> Result<Name, Failure> {
+    resolve(store, what)?.map_err(|message| Failure {
+        message: format!("error: {message}\n"),
+        status: ExitStatus::Invalid,
+    })
 }
 
 /// Where a job is or was: resource, zone and attempt words for tables and events.
@@ -243,7 +310,7 @@ pub(crate) fn status(opts: &StackOpts, json: bool) -> Result<ExitStatus, Failure
             let (tpu, zone, attempt) = whereabouts(j);
             vec![
                 j.id.to_string(),
-                j.status.as_str().into(),
+                j.status.word().into(),
                 priority_word(j.spec.priority).into(),
                 j.placement
                     .as_ref()
@@ -310,9 +377,21 @@ pub(crate) fn cancel(
     let stack = Stack::resolve(opts)?;
     let mut store = stack.open_store(false)?;
     let mut exit = ExitStatus::Ok;
-    for id in ids {
+    for what in ids {
+        let id = match resolve(store.as_mut(), what)? {
+            Ok(id) => id,
+            Err(message) => {
+                exit = ExitStatus::Invalid;
+                if json {
+                    line(json!({"job_id": what, "status": "unknown", "error": message}));
+                } else {
+                    print_stdout(&format!("{message}\n"));
+                }
+                continue;
+            }
+        };
         let result = store
-            .cancel_job(&Name::new(id), if_pending, wall_clock())
+            .cancel_job(&id, if_pending, wall_clock())
             .map_err(|e| store_failure(&e))?;
         let (value, text) = match &result {
             CancelResult::Unknown => {
@@ -335,10 +414,10 @@ pub(crate) fn cancel(
                 json!({"job_id": id, "status": status.as_str()}),
                 match (status, changed) {
                     (JobStatus::Cancelling, true) => format!(
-                        "{id}: cancelling (the controller stops its workers, then it is deactivated)\n"
+                        "{id}: cancelling (the controller stops its workers, then it is cancelled)\n"
                     ),
-                    (JobStatus::Deactivated, true) => format!("{id}: deactivated\n"),
-                    (s, _) => format!("{id}: already {}\n", s.as_str()),
+                    (JobStatus::Deactivated, true) => format!("{id}: cancelled\n"),
+                    (s, _) => format!("{id}: already {}\n", s.word()),
                 },
             ),
         };
@@ -360,8 +439,10 @@ pub(crate) fn set_priority(
 ) -> Result<ExitStatus, Failure> {
     let stack = Stack::resolve(opts)?;
     let mut store = stack.open_store(false)?;
+    let name = resolve_one(store.as_mut(), id)?;
+    let id = name.as_str();
     let result = store
-        .reprioritize(&Name::new(id), priority, wall_clock())
+        .reprioritize(&name, priority, wall_clock())
         .map_err(|e| store_failure(&e))?;
     let word = priority_word(priority);
     let (value, text, exit) = match result {
@@ -374,7 +455,7 @@ pub(crate) fn set_priority(
             json!({"job_id": id, "status": "conflict", "job_status": status.as_str()}),
             format!(
                 "{id}: is {}: only a pending job's priority can change\n",
-                status.as_str()
+                status.word()
             ),
             ExitStatus::Usage,
         ),
@@ -432,7 +513,9 @@ pub(crate) fn logs(opts: &StackOpts, id: &str, json: bool) -> Result<ExitStatus,
     let stack = Stack::resolve(opts)?;
     let mut store = stack.open_store(false)?;
     let objects = stack.objects()?;
-    let Some(job) = store.job(&Name::new(id)).map_err(|e| store_failure(&e))? else {
+    let name = resolve_one(store.as_mut(), id)?;
+    let id = name.as_str();
+    let Some(job) = store.job(&name).map_err(|e| store_failure(&e))? else {
         return Err(Failure {
             message: format!("error: {id}: no such job\n"),
             status: ExitStatus::Invalid,
@@ -507,10 +590,25 @@ pub(crate) fn watch(
     let mut store = stack.open_store(false)?;
     let objects = stack.objects()?;
     let interrupted = super::interrupt_flag();
+    let name = match resolve(store.as_mut(), id)? {
+        Ok(name) => name,
+        Err(message) => {
+            if json {
+                eprintln!(
+                    "{}",
+                    json!({"event": "error", "error": "unknown job", "job_id": id, "message": message})
+                );
+            } else {
+                eprintln!("error: {message}");
+            }
+            return Ok(ExitStatus::Invalid);
+        }
+    };
+    let id = name.as_str();
     let mut last_state = String::new();
     let mut shown: std::collections::BTreeMap<String, usize> = Default::default();
     loop {
-        let Some(job) = store.job(&Name::new(id)).map_err(|e| store_failure(&e))? else {
+        let Some(job) = store.job(&name).map_err(|e| store_failure(&e))? else {
             if json {
                 eprintln!(
                     "{}",
@@ -539,7 +637,7 @@ pub(crate) fn watch(
             } else {
                 print_stdout(&format!(
                     "{id}: {}{}\n",
-                    job.status.as_str(),
+                    job.status.word(),
                     job.attempt()
                         .map(|a| format!(
                             " — attempt {} {} on {} ({})",
@@ -608,9 +706,9 @@ pub(crate) fn watch(
 /// refused (unknown target, not a managed Spot TPU running that attempt, already asked).
 pub(crate) fn interrupt_spot(
     opts: &StackOpts,
-    resource: &str,
-    job: &str,
-    attempt: &str,
+    what: &str,
+    tpu: Option<&str>,
+    attempt: Option<&str>,
     json: bool,
 ) -> Result<ExitStatus, Failure> {
     use crate::spec::fleet::EntryKind;
@@ -618,6 +716,23 @@ pub(crate) fn interrupt_spot(
     use crate::store::InterruptResult;
     let stack = Stack::resolve(opts)?;
     let mut store = stack.open_store(false)?;
+    let id = resolve_one(store.as_mut(), what)?;
+    let current = store
+        .job(&id)
+        .map_err(|e| store_failure(&e))?
+        .and_then(|j| j.attempt().map(|a| (a.resource_id, a.id)));
+    let (resource, attempt) = match (tpu, attempt, current) {
+        (Some(t), Some(a), _) => (t.to_owned(), a.to_owned()),
+        (t, a, Some((resource, current))) => (
+            t.map_or_else(|| resource.to_string(), str::to_owned),
+            a.map_or_else(|| current.to_string(), str::to_owned),
+        ),
+        (_, _, None) => {
+            eprintln!("error: not filed: {id} has no attempt running (it waits or has ended)");
+            return Ok(ExitStatus::Invalid);
+        }
+    };
+    let (resource, job, attempt) = (resource.as_str(), id.as_str(), attempt.as_str());
     let fleet = stack.fleet.clone();
     let eligible = move |entry: &Name| {
         fleet.entry(entry.as_str()).is_some_and(|e| {

@@ -230,15 +230,24 @@ enum Command {
     /// Submit the jobs of a manifest: bundles uploaded to every candidate region's bucket,
     /// every job queued at once (or none).
     #[command(
-        after_help = "Examples:\n  tpu-runner submit examples/hello/job.yaml\n  tpu-runner submit job.yaml --job-id train-a --job-id train-b --json\n\nExit codes: 0 submitted; 1 the manifest is invalid; 2 a job id is taken (nothing\nwas submitted); 3 a bucket, bundle or upload failed; 5 the store failed."
+        after_help = "Each submit is a new run of each job, with a fresh id (its name and six letters or\ndigits, shown at once); `watch`, `logs` and `cancel` take the name for its latest run.\nA job with an `id:` in the manifest is submitted once under that id.\n\nExamples:\n  tpu-runner submit examples/hello\n  tpu-runner submit job.yaml --name train-a --name train-b --json\n  tpu-runner submit --env LR=3e-4 --command 'python3 train.py --steps 10'\n\nExit codes: 0 submitted; 1 the manifest (or an --env) is invalid; 2 a manifest id is\ntaken (nothing was submitted); 3 the manifest cannot be read, or a bucket, bundle or\nupload failed; 5 the store failed."
     )]
     Submit {
-        /// The job manifest.
+        /// The job manifest, or a folder holding `job.yaml`.
         #[arg(default_value = "job.yaml")]
         manifest: PathBuf,
-        /// Submit only these jobs (exact ids, in manifest order).
-        #[arg(long = "job-id", value_name = "ID")]
-        job_ids: Vec<String>,
+        /// Submit only the jobs with these names (in manifest order).
+        #[arg(long = "name", value_name = "NAME")]
+        names: Vec<String>,
+        /// Set a variable in every submitted job (NAME=VALUE; repeatable; after --env-file).
+        #[arg(long = "env", value_name = "NAME=VALUE")]
+        env: Vec<String>,
+        /// Set the variables of a file (NAME=VALUE per line, `#` comments) in every job.
+        #[arg(long = "env-file", value_name = "PATH")]
+        env_files: Vec<PathBuf>,
+        /// Run this shell command instead of the manifest's (a quick try).
+        #[arg(long, value_name = "CMD")]
+        command: Option<String>,
         /// One JSON line per job instead of text.
         #[arg(long)]
         json: bool,
@@ -290,20 +299,21 @@ enum Command {
         #[command(flatten)]
         stack: stack::StackOpts,
     },
-    /// Ask the controller to interrupt a managed Spot TPU running an attempt, as a Spot
-    /// preemption would (for testing checkpoint and resume).
+    /// Ask the controller to interrupt the managed Spot TPU a job runs on, as a Spot
+    /// preemption would (its command gets the notice first): to see a job checkpoint and
+    /// resume.
     #[command(
-        after_help = "Example:\n  tpu-runner interrupt-spot local-stack-east-1-0a1b2c3d --job-id resume --attempt-id attempt-1234abcd\n\nExit codes: 0 filed; 1 refused (the message says why); 5 the store failed."
+        after_help = "Examples:\n  tpu-runner interrupt-spot resume\n  tpu-runner interrupt-spot resume-k3x9q2 --tpu local-stack-east-1-0a1b2c3d --attempt-id attempt-1234abcd\n\nExit codes: 0 filed; 1 refused (the message says why); 5 the store failed."
     )]
     InterruptSpot {
-        /// The TPU record (`tpu-runner status` lists them).
-        resource: String,
-        /// The job it runs.
+        /// The job (a name: its latest run; or a run's id).
+        job: String,
+        /// Only if it runs on this TPU record (default: the one its attempt runs on).
+        #[arg(long, value_name = "TPU")]
+        tpu: Option<String>,
+        /// Only if this attempt runs (default: its current one).
         #[arg(long)]
-        job_id: String,
-        /// The attempt it runs.
-        #[arg(long)]
-        attempt_id: String,
+        attempt_id: Option<String>,
         /// A JSON line.
         #[arg(long)]
         json: bool,
@@ -470,14 +480,17 @@ enum Command {
 enum LocalCommand {
     /// Start the local stack in the foreground: the TPU API emulator (its TPUs backed by
     /// worker agents on this machine), a local object store with a bucket per region, the
-    /// SQLite store and the controller. Commands run from the same folder use it.
+    /// SQLite store and the controller. While it runs, commands run from any folder without
+    /// --fleet use it.
     #[command(
-        after_help = "Example (two terminals, from a clone):\n  tpu-runner local up\n  tpu-runner submit examples/hello/job.yaml && tpu-runner watch hello\n\nExit codes: 0 stopped with Ctrl-C; 3 cannot write the stack's folder or listen."
+        after_help = "Example (two terminals):\n  tpu-runner local up\n  tpu-runner submit examples/hello && tpu-runner watch hello\n\nExit codes: 0 stopped with Ctrl-C; 2 a local stack runs already; 3 cannot write the\nstack's folder or listen."
     )]
     Up {
-        /// The stack's folder (store, objects, worker roots).
-        #[arg(long, default_value = ".tpu-runner/local", value_name = "DIR")]
-        dir: PathBuf,
+        /// The stack's folder (store, objects, worker roots; default: `local` in the state
+        /// folder: TPU_RUNNER_HOME, else $XDG_STATE_HOME/tpu-runner, else
+        /// ~/.local/state/tpu-runner, where the stack also registers itself).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
         /// Virtual seconds per wall second for the emulated cloud (provisioning, deletes).
         #[arg(long, default_value_t = 20.0, value_name = "X")]
         speed: f64,
@@ -663,12 +676,29 @@ impl WorkerOpts {
 #[derive(Debug, clap::Args)]
 struct StoreOpts {
     /// The state store: `sqlite:PATH` or `firestore` (project and runner from the fleet) or
-    /// `firestore:PROJECT/DATABASE`. Default: `.tpu-runner/state.db` beside the fleet file.
+    /// `firestore:PROJECT/DATABASE`. Default: the running local stack's, else
+    /// `.tpu-runner/state.db` beside the fleet file.
     #[arg(long, env = "TPU_RUNNER_STORE", value_name = "URL")]
     store: Option<String>,
-    /// The fleet file (names a Firestore store's project and collections).
-    #[arg(long, env = "TPU_RUNNER_DEPLOYMENT", default_value = "deployment.yaml")]
-    fleet: PathBuf,
+    /// The fleet file (names a Firestore store's project and collections; default: the
+    /// running local stack's, else `deployment.yaml`).
+    #[arg(long, env = "TPU_RUNNER_DEPLOYMENT", value_name = "PATH")]
+    fleet: Option<PathBuf>,
+}
+
+impl StoreOpts {
+    /// The store and fleet these name; with neither, the running local stack's (as the job
+    /// commands find it), else `deployment.yaml`'s.
+    fn resolve(&self) -> Result<(Option<String>, PathBuf), Failure> {
+        match (&self.store, &self.fleet) {
+            (store, Some(fleet)) => Ok((store.clone(), fleet.clone())),
+            (Some(store), None) => Ok((Some(store.clone()), PathBuf::from("deployment.yaml"))),
+            (None, None) => {
+                let (fleet, local) = stack::default_fleet()?;
+                Ok((local.map(|l| l.store), fleet))
+            }
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -841,10 +871,11 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             output,
             force,
         }) => state::export(
-            &state::StoreArgs {
-                store: store.store.as_deref(),
-                fleet: &store.fleet,
-            },
+            &{
+                let (url, fleet) = store.resolve()?;
+                state::OwnedStoreArgs { store: url, fleet }
+            }
+            .args(),
             output.as_deref(),
             force,
         ),
@@ -853,18 +884,20 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             window,
             kind,
         }) => events::print(
-            &state::StoreArgs {
-                store: store.store.as_deref(),
-                fleet: &store.fleet,
-            },
+            &{
+                let (url, fleet) = store.resolve()?;
+                state::OwnedStoreArgs { store: url, fleet }
+            }
+            .args(),
             window.window()?,
             &kind,
         ),
         Command::State(StateCommand::Import { file, store }) => state::import(
-            &state::StoreArgs {
-                store: store.store.as_deref(),
-                fleet: &store.fleet,
-            },
+            &{
+                let (url, fleet) = store.resolve()?;
+                state::OwnedStoreArgs { store: url, fleet }
+            }
+            .args(),
             &file,
         ),
         Command::Emulator {
@@ -886,10 +919,23 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
         }),
         Command::Submit {
             manifest,
-            job_ids,
+            names,
+            env,
+            env_files,
+            command,
             json,
             stack,
-        } => jobs::submit(&stack, &manifest, &job_ids, json),
+        } => jobs::submit(
+            &stack,
+            &jobs::SubmitArgs {
+                manifest: &manifest,
+                names: &names,
+                env: &env,
+                env_files: &env_files,
+                command: command.as_deref(),
+                json,
+            },
+        ),
         Command::Status { json, stack } => jobs::status(&stack, json),
         Command::Report {
             window,
@@ -939,12 +985,12 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             )
         }
         Command::InterruptSpot {
-            resource,
-            job_id,
+            job,
+            tpu,
             attempt_id,
             json,
             stack,
-        } => jobs::interrupt_spot(&stack, &resource, &job_id, &attempt_id, json),
+        } => jobs::interrupt_spot(&stack, &job, tpu.as_deref(), attempt_id.as_deref(), json),
         Command::Logs { job, json, stack } => jobs::logs(&stack, &job, json),
         Command::ProbeAdoptedDeviceOwners {
             resource,
@@ -993,7 +1039,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             listen,
             interval,
         }) => controller::local_up(&controller::LocalUpArgs {
-            dir: &dir,
+            dir: dir.as_deref(),
             speed,
             listen: &listen,
             interval,

@@ -167,8 +167,8 @@ pub(crate) fn jobs_summary(
                     .join(","),
             };
             let mut row = vec![
-                if j.id_generated {
-                    format!("{} (generated)", j.id)
+                if j.fresh_id {
+                    format!("{}-… (a new run per submit)", j.name())
                 } else {
                     j.id.clone()
                 },

@@ -1,8 +1,9 @@
 //! Where the lifecycle commands (`submit`, `watch`, `controller` …) find everything, in one
 //! place: the fleet, the store, the TPU API, the object store and local workers. Each comes
-//! from its flag, else its environment variable, else the local stack this folder runs
-//! (`.tpu-runner/local/stack.json`, written by `tpu-runner local up`), else the default
-//! (GCP). Reads configuration only; opens nothing it is not asked to.
+//! from its flag, else its environment variable; with no fleet named, from the local stack
+//! when one runs (it registers itself in the user's state folder, so commands find it from
+//! any folder), else `deployment.yaml` here (GCP). Reads configuration only; opens nothing
+//! it is not asked to.
 
 use std::path::{Path, PathBuf};
 
@@ -16,13 +17,32 @@ use crate::objects::{LocalDir, ObjectStore};
 use crate::spec::FleetSpec;
 use crate::store::StateStore;
 
-/// Where `tpu-runner local up` describes the stack it runs, relative to its folder.
-pub const STACK_FILE: &str = ".tpu-runner/local/stack.json";
+/// The file in the state folder where a running `tpu-runner local up` registers its stack.
+pub const REGISTRY_FILE: &str = "local-stack.json";
+
+/// The user's state folder: `TPU_RUNNER_HOME`, else `$XDG_STATE_HOME/tpu-runner`, else
+/// `~/.local/state/tpu-runner` (the local stack's registration and, by default, its data).
+pub fn state_home() -> Result<PathBuf, Failure> {
+    let var = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("TPU_RUNNER_HOME")
+        .or_else(|| var("XDG_STATE_HOME").map(|d| d.join("tpu-runner")))
+        .or_else(|| var("HOME").map(|h| h.join(".local/state/tpu-runner")))
+        .filter(|p| p.is_absolute())
+        .ok_or_else(|| Failure {
+            message: "error: no state folder: set TPU_RUNNER_HOME (or HOME) to an absolute path\n"
+                .into(),
+            status: ExitStatus::Usage,
+        })
+}
 
 /// The flags every lifecycle command shares.
 #[derive(Debug, Default, clap::Args)]
 pub struct StackOpts {
-    /// The fleet file (default: the local stack's, else `deployment.yaml`).
+    /// The fleet file (default: the running local stack's, else `deployment.yaml`).
     #[arg(long, env = "TPU_RUNNER_DEPLOYMENT", value_name = "PATH")]
     pub fleet: Option<PathBuf>,
     /// The state store: `sqlite:PATH`, `firestore` or `firestore:PROJECT/DATABASE`
@@ -38,7 +58,7 @@ pub struct StackOpts {
     pub objects: Option<PathBuf>,
 }
 
-/// What `local up` records for the commands run beside it.
+/// What `local up` registers for the commands run anywhere while it runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StackFile {
     /// The fleet file.
@@ -51,6 +71,101 @@ pub struct StackFile {
     pub objects: PathBuf,
     /// The worker roots of the emulator's TPUs.
     pub workers: PathBuf,
+    /// The process of `local up` (a registration whose process is gone is stale).
+    #[serde(default)]
+    pub pid: u32,
+}
+
+impl StackFile {
+    /// Registers this stack as the user's running one: written whole to a fresh file, then
+    /// renamed over the registration (a reader never sees half of it).
+    pub fn register(&self) -> Result<PathBuf, String> {
+        let home = state_home().map_err(|f| f.message.trim().to_owned())?;
+        std::fs::create_dir_all(&home)
+            .map_err(|e| format!("cannot create {}: {e}", home.display()))?;
+        let path = home.join(REGISTRY_FILE);
+        let mut tmp = tempfile::NamedTempFile::new_in(&home)
+            .map_err(|e| format!("cannot write in {}: {e}", home.display()))?;
+        std::io::Write::write_all(
+            &mut tmp,
+            serde_json::to_string_pretty(self)
+                .expect("serialisable")
+                .as_bytes(),
+        )
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        tmp.persist(&path)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        Ok(path)
+    }
+
+    /// Removes the registration if it is still this stack's.
+    pub fn unregister(&self) {
+        if let Ok(home) = state_home() {
+            let path = home.join(REGISTRY_FILE);
+            if read_registry(&path)
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.pid == self.pid)
+            {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+
+    /// True while its process lives.
+    pub fn running(&self) -> bool {
+        use nix::errno::Errno;
+        let Ok(pid) = i32::try_from(self.pid) else {
+            return false;
+        };
+        pid > 0
+            && matches!(
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+                Ok(()) | Err(Errno::EPERM)
+            )
+    }
+}
+
+fn read_registry(path: &Path) -> Result<Option<StackFile>, Failure> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(None);
+    }
+    let text = super::read_text(path, 1 << 20, None)?;
+    serde_json::from_str(&text).map(Some).map_err(|e| Failure {
+        message: format!(
+            "error: `{}` is damaged ({e})\n  = hint: restart `tpu-runner local up`, or remove the file\n",
+            path.display()
+        ),
+        status: ExitStatus::Invalid,
+    })
+}
+
+/// The local stack that runs now, as it registered itself, if one does.
+pub fn local_stack() -> Result<Option<StackFile>, Failure> {
+    let path = state_home()?.join(REGISTRY_FILE);
+    Ok(read_registry(&path)?.filter(StackFile::running))
+}
+
+/// What a command without a fleet says: where a fleet would have come from.
+fn no_fleet() -> Failure {
+    Failure {
+        message: "error: no fleet: the local stack is not running (start it with `tpu-runner local up`), and there is no deployment.yaml here\n  = hint: for a GCP fleet pass --fleet PATH or set TPU_RUNNER_DEPLOYMENT (`tpu-runner init` writes an example)\n".into(),
+        status: ExitStatus::Io,
+    }
+}
+
+/// The fleet file a command uses when none is named: the running local stack's, else
+/// `deployment.yaml` here; neither is an error that says so.
+pub fn default_fleet() -> Result<(PathBuf, Option<StackFile>), Failure> {
+    if let Some(local) = local_stack()? {
+        return Ok((local.fleet.clone(), Some(local)));
+    }
+    let here = PathBuf::from("deployment.yaml");
+    if std::fs::symlink_metadata(&here).is_ok() {
+        Ok((here, None))
+    } else {
+        Err(no_fleet())
+    }
 }
 
 /// Everything resolved.
@@ -69,30 +184,14 @@ pub struct Stack {
     pub workers: Option<PathBuf>,
 }
 
-/// Reads the local stack file of the current folder, if there is one.
-pub fn local_stack() -> Result<Option<StackFile>, Failure> {
-    let path = Path::new(STACK_FILE);
-    if !path.exists() {
-        return Ok(None);
-    }
-    let text = super::read_text(path, 1 << 20, None)?;
-    serde_json::from_str(&text).map(Some).map_err(|e| Failure {
-        message: format!(
-            "error: `{STACK_FILE}` is damaged ({e})\n  = hint: restart `tpu-runner local up`, or remove the file to use GCP\n"
-        ),
-        status: ExitStatus::Invalid,
-    })
-}
-
 impl Stack {
-    /// Resolves `opts` (flag, environment, local stack, default) and reads the fleet.
+    /// Resolves `opts`: each part from its flag or environment variable; with no fleet
+    /// named, the rest from the running local stack (else GCP with `deployment.yaml` here).
     pub fn resolve(opts: &StackOpts) -> Result<Stack, Failure> {
-        let local = local_stack()?;
-        let fleet_path = opts
-            .fleet
-            .clone()
-            .or_else(|| local.as_ref().map(|l| l.fleet.clone()))
-            .unwrap_or_else(|| PathBuf::from("deployment.yaml"));
+        let (fleet_path, local) = match &opts.fleet {
+            Some(path) => (path.clone(), None),
+            None => default_fleet()?,
+        };
         let fleet = load_fleet(&fleet_path)?;
         Ok(Stack {
             fleet_path,
@@ -144,9 +243,15 @@ impl Stack {
             Some(dir) => Ok(Box::new(LocalDir::new(dir))),
             None => crate::objects::Gcs::new(crate::gcp::storage::endpoint_from_env())
                 .map(|g| Box::new(g) as Box<dyn ObjectStore>)
-                .map_err(|e| Failure {
-                    message: format!("error: Cloud Storage: {e}\n"),
-                    status: ExitStatus::Io,
+                .map_err(|e| {
+                    let e = e.to_string();
+                    let e = e.strip_prefix("Cloud Storage: ").unwrap_or(&e);
+                    Failure {
+                        message: format!(
+                            "error: Cloud Storage: {e}\n  = hint: sign in with `gcloud auth application-default login`, or use the local stack (`tpu-runner local up`, then no --fleet)\n"
+                        ),
+                        status: ExitStatus::Io,
+                    }
                 }),
         }
     }

@@ -19,6 +19,24 @@ pub(crate) struct StoreArgs<'a> {
     pub fleet: &'a Path,
 }
 
+/// [`StoreArgs`] owning what they name.
+pub(crate) struct OwnedStoreArgs {
+    /// The store URL, if named.
+    pub store: Option<String>,
+    /// The fleet file.
+    pub fleet: std::path::PathBuf,
+}
+
+impl OwnedStoreArgs {
+    /// Borrowed.
+    pub fn args(&self) -> StoreArgs<'_> {
+        StoreArgs {
+            store: self.store.as_deref(),
+            fleet: &self.fleet,
+        }
+    }
+}
+
 pub(crate) fn store_failure(e: &StoreError) -> Failure {
     Failure {
         message: format!("error: {e}\n"),

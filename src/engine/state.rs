@@ -221,6 +221,15 @@ impl JobStatus {
             JobStatus::Deactivated => "deactivated",
         }
     }
+
+    /// The word a person reads: as [`as_str`](Self::as_str), but `cancelled` for the
+    /// stored `deactivated` (the original's word, kept in records and JSON).
+    pub fn word(self) -> &'static str {
+        match self {
+            JobStatus::Deactivated => "cancelled",
+            other => other.as_str(),
+        }
+    }
 }
 
 /// Where a job is placed: every retry stays there (same bucket, same checkpoints) unless the

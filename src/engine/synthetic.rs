@@ -118,7 +118,8 @@ pub fn pending_jobs(n_jobs: usize, epoch: Timestamp) -> Vec<Job> {
                 .collect();
             let spec = JobSpec {
                 id: format!("job-{i:06}"),
-                id_generated: false,
+                name: None,
+                fresh_id: false,
                 tpu: TpuRequest::OneOf(types),
                 bundle: ".".into(),
                 command: "python train.py".into(),

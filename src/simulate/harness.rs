@@ -351,7 +351,8 @@ fn job_of(scenario: &Scenario, arrival: &JobArrival, types: &[gcp::TpuType]) -> 
         .collect();
     let spec = JobSpec {
         id: arrival.id.clone(),
-        id_generated: false,
+        name: None,
+        fresh_id: false,
         tpu: TpuRequest::OneOf(types.to_vec()),
         bundle: ".".into(),
         command: "python train.py".into(),

@@ -140,3 +140,14 @@ impl fmt::Display for SpecErrors {
 }
 
 impl std::error::Error for SpecErrors {}
+
+/// The candidate closest to `word` when one is close enough to be a likely slip (Jaro-Winkler
+/// above 0.8): what "did you mean" offers.
+pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .map(|c| (strsim::jaro_winkler(c, word), c))
+        .filter(|(score, _)| *score > 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, c)| c)
+}

@@ -15,11 +15,17 @@ use super::yaml::{self, Checker, Node, Value};
 /// A validated job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobSpec {
-    /// Job id (given, or generated from its index and fields).
+    /// The job's id: given in the manifest (`id:`, used once), else its name until `submit`
+    /// gives it a fresh run id (`NAME-xxxxxx`).
     pub id: String,
-    /// True when `id` was generated because the manifest gave none.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub id_generated: bool,
+    /// The job's name (`name:`, else the manifest's folder): what `watch`, `logs` and
+    /// `cancel` accept for its latest run. Absent: the id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// True when the manifest gave no `id`: each `submit` is a new run with a fresh id.
+    /// Read from the manifest only; never stored.
+    #[serde(skip)]
+    pub fresh_id: bool,
     /// Acceptable TPU types.
     pub tpu: TpuRequest,
     /// Code bundle: a local directory, a local tar archive, or a `gs://` URI.
@@ -183,6 +189,7 @@ pub const MIN_ROOT_FREE_KB: &str = "TPU_RUNNER_MIN_ROOT_FREE_KB";
 
 const JOB_FIELDS: &[&str] = &[
     "id",
+    "name",
     "tpu",
     "bundle",
     "command",
@@ -219,6 +226,69 @@ const STORED_ONLY: &[(&str, &str)] = &[
     ),
 ];
 
+/// How many characters `submit` adds to a name for a run's id (`-` and six letters or
+/// digits), so a name is at most 128 − 7 long.
+pub const RUN_SUFFIX_LEN: usize = 7;
+
+/// Checks a job name: a job id short enough for a run suffix.
+pub fn check_job_name(name: &str) -> Result<(), String> {
+    if name.len() > 128 - RUN_SUFFIX_LEN {
+        return Err(format!(
+            "a job name of 1 to {} letters, digits, `.`, `_` or `-`, starting with a letter or digit (`submit` adds a run suffix)",
+            128 - RUN_SUFFIX_LEN
+        ));
+    }
+    check_job_id(name).map_err(|_| {
+        format!(
+            "a job name of 1 to {} letters, digits, `.`, `_` or `-`, starting with a letter or digit",
+            128 - RUN_SUFFIX_LEN
+        )
+    })
+}
+
+/// The name of a manifest's `index`-th job that names none: its folder's name (`count`
+/// unnamed jobs: with `-N`, 1-based), as a valid name.
+pub fn default_job_name(folder: &str, index: usize, count: usize) -> String {
+    let mut base = names::slug(folder);
+    if base == "item" && folder.trim().is_empty() {
+        base = "job".into();
+    }
+    base.truncate(100);
+    let base = base.trim_end_matches('-').to_owned();
+    let base = if base.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        base
+    } else {
+        format!("job-{base}")
+    };
+    if count > 1 {
+        format!("{base}-{}", index + 1)
+    } else {
+        base
+    }
+}
+
+impl JobSpec {
+    /// The job's name (its id when it has none).
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.id)
+    }
+
+    /// Names the jobs of a manifest in `folder` that have neither `id` nor `name`.
+    pub fn name_unnamed(jobs: &mut [JobSpec], folder: &str) {
+        let count = jobs
+            .iter()
+            .filter(|j| j.fresh_id && j.name.is_none())
+            .count();
+        let mut k = 0;
+        for job in jobs.iter_mut().filter(|j| j.fresh_id && j.name.is_none()) {
+            let name = default_job_name(folder, k, count);
+            job.id = name.clone();
+            job.name = Some(name);
+            k += 1;
+        }
+    }
+}
+
 /// Checks a job id: 1–128 letters, digits, `.`, `_` or `-`, starting with a letter or digit.
 /// Ids become Firestore document ids, GCS path segments and shell words.
 pub fn check_job_id(id: &str) -> Result<(), String> {
@@ -235,14 +305,35 @@ pub fn check_job_id(id: &str) -> Result<(), String> {
 }
 
 /// Parses and validates a job manifest. With `fleet`, also checks every job can run on it.
+/// A job with neither `id` nor `name` is named after the folder `file` names (see
+/// [`parse_jobs_in`]).
 pub fn parse_jobs(
     file: &str,
     source: &str,
     fleet: Option<&FleetSpec>,
 ) -> Result<Vec<JobSpec>, SpecErrors> {
+    let folder = std::path::Path::new(file)
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    parse_jobs_in(file, source, fleet, &folder)
+}
+
+/// [`parse_jobs`] for a manifest in the folder named `folder` (its last component; empty:
+/// unnamed jobs are `job`, `job-2` …).
+pub fn parse_jobs_in(
+    file: &str,
+    source: &str,
+    fleet: Option<&FleetSpec>,
+    folder: &str,
+) -> Result<Vec<JobSpec>, SpecErrors> {
     let root = yaml::parse(file, source)?;
     let mut c = Checker::new(source);
-    let jobs = read_jobs(&mut c, &root, fleet);
+    let mut jobs = read_jobs(&mut c, &root, fleet);
+    if let Some(jobs) = &mut jobs {
+        JobSpec::name_unnamed(jobs, folder);
+    }
     c.finish(file, jobs)
         .and_then(|j| j.ok_or_else(|| super::incomplete(file, source)))
 }
@@ -272,8 +363,21 @@ fn read_jobs(c: &mut Checker<'_>, root: &Node, fleet: Option<&FleetSpec>) -> Opt
     }
     c.unique(
         jobs.iter()
+            .filter(|(j, _, _)| !j.fresh_id)
             .map(|(j, n, i)| (j.id.clone(), *n, format!("{}.id", yaml::index("jobs", *i)))),
         "job id",
+    );
+    c.unique(
+        jobs.iter()
+            .filter(|(j, _, _)| j.name.is_some())
+            .map(|(j, n, i)| {
+                (
+                    j.name().to_owned(),
+                    *n,
+                    format!("{}.name", yaml::index("jobs", *i)),
+                )
+            }),
+        "job name",
     );
     Some(jobs.into_iter().map(|(j, _, _)| j).collect())
 }
@@ -297,14 +401,15 @@ fn read_job(
                     .ok()?;
                 Some((id, false))
             }),
-        None => {
-            let raw = match yaml::to_json(node) {
-                serde_json::Value::Object(map) => map,
-                _ => serde_json::Map::new(),
-            };
-            Some((names::generated_job_id(index, &raw), true))
-        }
+        None => Some((String::new(), true)),
     };
+    let name = f.get("name").and_then(|n| {
+        let name = c.nonempty_string(n, &f.path("name"), "a job name (a string)")?;
+        check_job_name(&name)
+            .map_err(|e| c.expected(n, &f.path("name"), &e))
+            .ok()?;
+        Some(name)
+    });
     let tpu = f
         .required(c, "tpu", "a TPU type, a list of acceptable types, or `any`")
         .and_then(|n| read_tpu_request(c, n, &f.path("tpu")));
@@ -347,7 +452,13 @@ fn read_job(
     };
     let command = f
         .required(c, "command", "the shell command to run on every worker")
-        .and_then(|n| c.nonempty_string(n, &f.path("command"), "a non-empty shell command"));
+        .and_then(|n| {
+            let command = c.nonempty_string(n, &f.path("command"), "a non-empty shell command")?;
+            check_command(&command)
+                .map_err(|e| c.expected(n, &f.path("command"), &e))
+                .ok()?;
+            Some(command)
+        });
     let tpu_name = f.get("tpu_name").and_then(|n| {
         let name = c.nonempty_string(n, &f.path("tpu_name"), "a TPU name")?;
         gcp::check_node_name(&name)
@@ -422,10 +533,18 @@ fn read_job(
     if c.error_count() > errors_before {
         return None;
     }
-    let (id, id_generated) = id?;
+    let (id, fresh_id) = id?;
+    // Until `submit` gives it a run id, a job without one goes by its name (or, when it has
+    // none, the name its folder gives it: `name_unnamed`).
+    let id = if fresh_id {
+        name.clone().unwrap_or_default()
+    } else {
+        id
+    };
     let job = JobSpec {
         id,
-        id_generated,
+        name,
+        fresh_id,
         tpu: tpu?,
         bundle: bundle?,
         command: command?,
@@ -589,24 +708,16 @@ fn read_env(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<BTreeMap<Str
             continue;
         };
         let p = yaml::join(path, name);
-        let valid = name.starts_with(|ch: char| ch.is_ascii_alphabetic() || ch == '_')
-            && name
-                .chars()
-                .all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
-        if !valid {
-            c.expected(key, &p, "a variable name matching `[A-Za-z_][A-Za-z0-9_]*`");
-            continue;
-        }
-        if RESERVED_ENV.contains(&name)
-            || (name.starts_with("TPU_RUNNER_") && name != MIN_ROOT_FREE_KB)
-        {
-            c.error_hint(
-                key,
-                &p,
-                format!("`{name}` is set by tpu-runner and cannot be overridden"),
-                "rename the variable",
-            );
-            continue;
+        match check_env_name(name) {
+            Err(EnvProblem::Reserved(why)) => {
+                c.error_hint(key, &p, why, "rename the variable");
+                continue;
+            }
+            Err(EnvProblem::Invalid(why)) => {
+                c.expected(key, &p, &why);
+                continue;
+            }
+            Ok(()) => {}
         }
         let text = match &value.value {
             Value::Str(s) => s.clone(),
@@ -616,17 +727,92 @@ fn read_env(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<BTreeMap<Str
                 continue;
             }
         };
-        if name == MIN_ROOT_FREE_KB && !text.trim().parse::<u64>().is_ok_and(|kb| kb >= 1_048_576) {
-            c.expected(
-                value,
-                &p,
-                "an integer number of KiB, at least 1048576 (1 GiB)",
-            );
+        if let Err(why) = check_env_value(name, &text) {
+            c.expected(value, &p, &why);
             continue;
         }
         env.insert(name.to_owned(), text);
     }
     Some(env)
+}
+
+/// Why an environment variable's name is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnvProblem {
+    /// Not `[A-Za-z_][A-Za-z0-9_]*` (what was expected).
+    Invalid(String),
+    /// tpu-runner sets it (the message).
+    Reserved(String),
+}
+
+impl std::fmt::Display for EnvProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EnvProblem::Invalid(e) => write!(f, "expected {e}"),
+            EnvProblem::Reserved(e) => f.write_str(e),
+        }
+    }
+}
+
+/// The longest single argument or environment string the kernel passes to a command
+/// (`MAX_ARG_STRLEN`, 32 pages): a longer value or command could never start.
+pub const MAX_ARG_BYTES: usize = 128 * 1024;
+
+/// Checks a variable name a job sets (`env:`, `submit --env`): the rule of the manifest and
+/// of the worker, in one place.
+pub fn check_env_name(name: &str) -> Result<(), EnvProblem> {
+    let valid = name.starts_with(|ch: char| ch.is_ascii_alphabetic() || ch == '_')
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
+    if !valid {
+        return Err(EnvProblem::Invalid(
+            "a variable name matching `[A-Za-z_][A-Za-z0-9_]*`".into(),
+        ));
+    }
+    if RESERVED_ENV.contains(&name) || (name.starts_with("TPU_RUNNER_") && name != MIN_ROOT_FREE_KB)
+    {
+        return Err(EnvProblem::Reserved(format!(
+            "`{name}` is set by tpu-runner and cannot be overridden"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks the value of variable `name`: no NUL (a process environment cannot hold one),
+/// within the kernel's limit for one string, and the root-disk floor an integer ≥ 1 GiB.
+pub fn check_env_value(name: &str, value: &str) -> Result<(), String> {
+    if value.contains('\0') {
+        return Err("a value without NUL characters (an environment cannot hold one)".into());
+    }
+    if name.len() + 1 + value.len() >= MAX_ARG_BYTES {
+        return Err(format!(
+            "a value under {} KiB (the kernel's limit for one variable)",
+            MAX_ARG_BYTES / 1024
+        ));
+    }
+    if name == MIN_ROOT_FREE_KB && !value.trim().parse::<u64>().is_ok_and(|kb| kb >= 1_048_576) {
+        return Err("an integer number of KiB, at least 1048576 (1 GiB)".into());
+    }
+    Ok(())
+}
+
+/// Checks a job's command: not blank, no NUL, within the kernel's limit for one argument
+/// (it is passed to `bash -lc` whole).
+pub fn check_command(command: &str) -> Result<(), String> {
+    if command.trim().is_empty() {
+        return Err("a non-empty shell command".into());
+    }
+    if command.contains('\0') {
+        return Err("a command without NUL characters (a process argument cannot hold one)".into());
+    }
+    if command.len() >= MAX_ARG_BYTES {
+        return Err(format!(
+            "a command under {} KiB (the kernel's limit for one argument; ship a script in the bundle instead)",
+            MAX_ARG_BYTES / 1024
+        ));
+    }
+    Ok(())
 }
 
 /// Which fleet entries could ever run `job` (type, zone and tpu_name rules; regions are

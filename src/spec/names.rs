@@ -315,26 +315,17 @@ pub fn default_bucket_name(project: &str, runner: &str) -> String {
     format!("{head}-{}", &sha1_hex(full.as_bytes())[..10])
 }
 
-/// The id `validate-jobs` shows for a job without one: `job-<10 hex>` over the 0-based index
-/// and the job's raw fields (as the original does).
-pub fn generated_job_id(index: usize, raw_fields: &serde_json::Map<String, Json>) -> String {
-    let mut value = raw_fields.clone();
-    value.insert("index".into(), Json::from(index));
-    stable_id("job", &Json::Object(value))
-}
-
-/// The id `submit` gives a job without one: `slug(RUN_NAME or job-<i>)[:40]-<stamp>-<6 hex>`.
-/// `stamp` is `YYYYmmdd-HHMMSS` (UTC, one per run) and `random_hex` six hex digits; both come
-/// from the caller so this stays pure.
-pub fn submit_job_id(
-    run_name: Option<&str>,
-    index_1based: usize,
-    stamp: &str,
-    random_hex: &str,
-) -> String {
-    let base = slug(run_name.unwrap_or(&format!("job-{index_1based}")));
-    let base = base[..base.len().min(40)].trim_end_matches('-');
-    format!("{base}-{stamp}-{random_hex}")
+/// A run's id: the job's name, `-` and six letters or digits drawn from `random` (the
+/// caller's randomness, so this stays pure): `hello-k3x9q2`.
+pub fn run_id(name: &str, random: u64) -> String {
+    const ALPHABET: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut bits = random;
+    let mut suffix = String::with_capacity(6);
+    for _ in 0..6 {
+        suffix.push(ALPHABET[(bits % 36) as usize] as char);
+        bits /= 36;
+    }
+    format!("{name}-{suffix}")
 }
 
 #[cfg(test)]
@@ -446,14 +437,14 @@ mod tests {
     }
 
     #[test]
-    fn submit_ids() {
+    fn run_ids_are_the_name_and_six_letters_or_digits() {
+        assert_eq!(run_id("hello", 0), "hello-000000");
+        let id = run_id("train.a_1", u64::MAX);
         assert_eq!(
-            submit_job_id(None, 3, "20261130-010203", "abc123"),
-            "job-3-20261130-010203-abc123"
+            id.len(),
+            "train.a_1".len() + super::super::job::RUN_SUFFIX_LEN
         );
-        assert_eq!(
-            submit_job_id(Some("My Big_Run"), 1, "20261130-010203", "abc123"),
-            "my-big-run-20261130-010203-abc123"
-        );
+        assert!(super::super::job::check_job_id(&id).is_ok());
+        assert_ne!(run_id("x", 1), run_id("x", 2));
     }
 }

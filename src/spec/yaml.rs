@@ -295,12 +295,8 @@ impl<'s> Checker<'s> {
             } else if allowed.contains(&name) {
                 fields.push((name, key, value));
             } else {
-                let suggestion = allowed
-                    .iter()
-                    .map(|a| (strsim::jaro_winkler(a, name), *a))
-                    .filter(|(score, _)| *score > 0.8)
-                    .max_by(|a, b| a.0.total_cmp(&b.0))
-                    .map(|(_, a)| format!("did you mean `{a}`? "))
+                let suggestion = super::diagnostic::closest(name, allowed.iter().copied())
+                    .map(|a| format!("did you mean `{a}`? "))
                     .unwrap_or_default();
                 let mut sorted: Vec<&str> = allowed.to_vec();
                 sorted.sort_unstable();

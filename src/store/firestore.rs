@@ -1008,6 +1008,31 @@ impl StateStore for FirestoreStore {
         Ok(found)
     }
 
+    fn runs_named(&mut self, name: &str, limit: usize) -> Res<Vec<Name>> {
+        // An equality filter only (no composite index to deploy): the runs of one name are
+        // few, ordered here by submission.
+        let jobs = self.names().jobs;
+        let docs = self.all(
+            &jobs,
+            vec![Filter::new("spec.name", "EQUAL", json!(name))],
+            None,
+        )?;
+        let mut runs: Vec<(i64, Name)> = docs
+            .iter()
+            .map(|d| {
+                let at = d
+                    .fields
+                    .get("submitted_at")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0);
+                (at, Name::new(d.id()))
+            })
+            .collect();
+        runs.sort_by(|a, b| b.cmp(a));
+        runs.truncate(limit);
+        Ok(runs.into_iter().map(|(_, id)| id).collect())
+    }
+
     fn finished_jobs(&mut self, since: Timestamp, limit: usize) -> Res<Vec<Job>> {
         let names = self.names();
         let docs = self

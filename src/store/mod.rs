@@ -186,6 +186,10 @@ pub trait StateStore {
     /// id): `submit` asks before it uploads anything.
     fn existing_jobs(&mut self, ids: &[Name]) -> Result<Vec<Name>, StoreError>;
 
+    /// The runs of the job named `name` (`spec.name`), latest submitted first, at most
+    /// `limit`: what `watch NAME` follows.
+    fn runs_named(&mut self, name: &str, limit: usize) -> Result<Vec<Name>, StoreError>;
+
     /// Finished jobs (succeeded, failed, deactivated) ended at or after `since`, oldest
     /// first, at most `limit`.
     fn finished_jobs(&mut self, since: Timestamp, limit: usize) -> Result<Vec<Job>, StoreError>;

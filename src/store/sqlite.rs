@@ -73,6 +73,9 @@ const MIGRATIONS: &[&str] = &[
          doc TEXT NOT NULL
      );
      CREATE INDEX events_job ON events (job_id, seq) WHERE job_id IS NOT NULL;",
+    // Version 2: a job's runs by name (`watch NAME` follows the latest).
+    "CREATE INDEX jobs_name ON jobs (json_extract(doc, '$.spec.name'), submitted_at)
+         WHERE json_extract(doc, '$.spec.name') IS NOT NULL;",
 ];
 
 /// The schema version this build writes.
@@ -753,6 +756,22 @@ impl StateStore for SqliteStore {
             found.sort();
             found.dedup();
             Ok(found)
+        })
+    }
+
+    fn runs_named(&mut self, name: &str, limit: usize) -> Res<Vec<Name>> {
+        self.read(|tx, path| {
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT id FROM jobs WHERE json_extract(doc, '$.spec.name') = ?1
+                     ORDER BY submitted_at DESC, id DESC LIMIT ?2",
+                )
+                .map_err(|e| store_err(path, e))?;
+            let ids = stmt
+                .query_map(params![name, limit as i64], |row| row.get::<_, String>(0))
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| store_err(path, e))?;
+            Ok(ids.iter().map(|id| Name::new(id)).collect())
         })
     }
 

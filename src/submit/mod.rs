@@ -22,8 +22,10 @@ use crate::store::{CreateResult, StateStore};
 /// What was submitted for one job.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Submitted {
-    /// The job id.
+    /// The job id (this run's).
     pub job_id: String,
+    /// The job's name (`watch NAME` follows its latest run).
+    pub name: String,
     /// Its priority.
     pub priority: Priority,
     /// Regions it may run in (a bucket there and an entry it accepts), sorted.
@@ -41,6 +43,8 @@ pub struct Submitted {
 pub enum SubmitError {
     /// The manifest is invalid (rendered diagnostics).
     Invalid(String),
+    /// The manifest (or an env file) could not be read.
+    Unreadable(String),
     /// A bucket, bundle or upload failed: what and why.
     Objects(String),
     /// These job ids exist already (active or finished): nothing was created.
@@ -52,7 +56,9 @@ pub enum SubmitError {
 impl std::fmt::Display for SubmitError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SubmitError::Invalid(text) | SubmitError::Objects(text) => f.write_str(text),
+            SubmitError::Invalid(text)
+            | SubmitError::Unreadable(text)
+            | SubmitError::Objects(text) => f.write_str(text),
             SubmitError::Exist(ids) => write!(
                 f,
                 "job ids already used (a job id is never reused, even after it finished): {}",
@@ -63,34 +69,55 @@ impl std::fmt::Display for SubmitError {
     }
 }
 
-/// Reads and validates the jobs of `manifest` against `fleet` and keeps those `ids` name
-/// (exact, unique, present; manifest order), or all of them.
+/// The manifest a `submit` argument names: the file, or `DIR/job.yaml` for a folder.
+pub fn manifest_path(arg: &Path) -> std::path::PathBuf {
+    if arg.is_dir() {
+        arg.join("job.yaml")
+    } else {
+        arg.to_path_buf()
+    }
+}
+
+/// Reads and validates the jobs of `manifest` (a file, or a folder's `job.yaml`) against
+/// `fleet` and keeps those `names` name (exact, unique, present; manifest order), or all of
+/// them. A job without `id` or `name` is named after the manifest's folder.
 pub fn read_jobs(
     manifest: &Path,
     fleet: &FleetSpec,
-    ids: &[String],
+    names: &[String],
 ) -> Result<Vec<JobSpec>, SubmitError> {
-    let text = crate::files::read_text(manifest, crate::files::SPEC_LIMIT).map_err(|e| {
-        SubmitError::Invalid(format!(
-            "error: cannot read `{}`: {e}\n",
+    let manifest = manifest_path(manifest);
+    let text = crate::files::read_text(&manifest, crate::files::SPEC_LIMIT).map_err(|e| {
+        SubmitError::Unreadable(format!(
+            "error: cannot read the job manifest `{}`: {e}\n",
             manifest.display()
         ))
     })?;
-    let jobs = spec::parse_jobs(&manifest.display().to_string(), &text, Some(fleet))
-        .map_err(|e| SubmitError::Invalid(e.render()))?;
-    if ids.is_empty() {
+    let folder = manifest
+        .canonicalize()
+        .ok()
+        .and_then(|p| {
+            p.parent()
+                .and_then(|d| d.file_name())
+                .map(|f| f.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    let jobs =
+        spec::job::parse_jobs_in(&manifest.display().to_string(), &text, Some(fleet), &folder)
+            .map_err(|e| SubmitError::Invalid(e.render()))?;
+    if names.is_empty() {
         return Ok(jobs);
     }
     let mut problems = Vec::new();
-    for (i, id) in ids.iter().enumerate() {
-        if ids[..i].contains(id) {
-            problems.push(format!("--job-id {id} is given twice"));
-        } else if !jobs.iter().any(|j| &j.id == id) {
+    for (i, name) in names.iter().enumerate() {
+        if names[..i].contains(name) {
+            problems.push(format!("--name {name} is given twice"));
+        } else if !jobs.iter().any(|j| j.name() == name) {
             problems.push(format!(
-                "--job-id {id}: no such job in {} (it has: {})",
+                "--name {name}: no such job in {} (it has: {})",
                 manifest.display(),
                 jobs.iter()
-                    .map(|j| j.id.as_str())
+                    .map(JobSpec::name)
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
@@ -102,7 +129,83 @@ pub fn read_jobs(
             problems.join("\nerror: ")
         )));
     }
-    Ok(jobs.into_iter().filter(|j| ids.contains(&j.id)).collect())
+    Ok(jobs
+        .into_iter()
+        .filter(|j| names.iter().any(|n| n == j.name()))
+        .collect())
+}
+
+/// What `submit` changes in every job it submits, for a quick try: variables added (or
+/// replaced) and the command replaced. Checked by the manifest's own rules.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    /// `--env-file` then `--env` variables, in order (a later one wins).
+    pub env: Vec<(String, String)>,
+    /// `--command`.
+    pub command: Option<String>,
+}
+
+impl Overrides {
+    /// Adds `K=V` (from `--env`).
+    pub fn add_pair(&mut self, pair: &str) -> Result<(), SubmitError> {
+        let Some((name, value)) = pair.split_once('=') else {
+            return Err(SubmitError::Invalid(format!(
+                "error: --env {pair:?}: expected NAME=VALUE\n"
+            )));
+        };
+        self.add(name, value, "--env")
+    }
+
+    /// Adds the variables of an env file: `NAME=VALUE` per line (the value verbatim after the
+    /// first `=`), blank lines and lines starting with `#` skipped.
+    pub fn add_file(&mut self, path: &Path) -> Result<(), SubmitError> {
+        let text = crate::files::read_text(path, 1 << 20).map_err(|e| {
+            SubmitError::Unreadable(format!("error: cannot read `{}`: {e}\n", path.display()))
+        })?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.strip_suffix('\r').unwrap_or(line);
+            if line.trim().is_empty() || line.trim_start().starts_with('#') {
+                continue;
+            }
+            let at = format!("{}:{}", path.display(), n + 1);
+            let Some((name, value)) = line.split_once('=') else {
+                return Err(SubmitError::Invalid(format!(
+                    "error: {at}: expected NAME=VALUE, found {line:?}\n"
+                )));
+            };
+            self.add(name.trim(), value, &at)?;
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, name: &str, value: &str, at: &str) -> Result<(), SubmitError> {
+        let invalid = |why: String| SubmitError::Invalid(format!("error: {at}: {why}\n"));
+        spec::job::check_env_name(name).map_err(|e| invalid(format!("{name:?}: {e}")))?;
+        spec::job::check_env_value(name, value)
+            .map_err(|e| invalid(format!("{name}: expected {e}")))?;
+        self.env.push((name.to_owned(), value.to_owned()));
+        Ok(())
+    }
+
+    /// Sets the command (from `--command`).
+    pub fn set_command(&mut self, command: &str) -> Result<(), SubmitError> {
+        spec::job::check_command(command)
+            .map_err(|e| SubmitError::Invalid(format!("error: --command: expected {e}\n")))?;
+        self.command = Some(command.to_owned());
+        Ok(())
+    }
+
+    /// Applies these to every job.
+    pub fn apply(&self, jobs: &mut [JobSpec]) {
+        for job in jobs {
+            for (name, value) in &self.env {
+                job.env.insert(name.clone(), value.clone());
+            }
+            if let Some(command) = &self.command {
+                job.command = command.clone();
+            }
+        }
+    }
 }
 
 /// The regions of `job`'s buckets (each one exact region, one bucket per region), keeping
@@ -172,6 +275,40 @@ pub fn runs_on<'f>(
         .collect()
 }
 
+/// Gives each job without a manifest id a fresh run id (`NAME-xxxxxx`), drawn again while
+/// one is taken, and refuses when a manifest id is taken: all before anything is uploaded,
+/// so nothing of a refused job lands in a bucket (its spec beside the existing job's).
+fn assign_run_ids(jobs: &mut [JobSpec], store: &mut dyn StateStore) -> Result<(), SubmitError> {
+    for job in jobs.iter_mut().filter(|j| j.fresh_id) {
+        job.name = Some(job.name().to_owned());
+    }
+    for _ in 0..8 {
+        for job in jobs.iter_mut().filter(|j| j.fresh_id) {
+            let random = uuid::Uuid::new_v4().as_u64_pair().0;
+            job.id = crate::spec::names::run_id(job.name(), random);
+        }
+        let ids: Vec<crate::spec::Name> =
+            jobs.iter().map(|j| crate::spec::Name::new(&j.id)).collect();
+        let exist = store.existing_jobs(&ids).map_err(SubmitError::Store)?;
+        let fixed: Vec<String> = jobs
+            .iter()
+            .filter(|j| !j.fresh_id && exist.iter().any(|e| e.as_str() == j.id))
+            .map(|j| j.id.clone())
+            .collect();
+        if !fixed.is_empty() {
+            return Err(SubmitError::Exist(fixed));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if exist.is_empty() && ids.iter().all(|id| seen.insert(*id)) {
+            return Ok(());
+        }
+    }
+    Err(SubmitError::Objects(
+        "error: no free run id after 8 draws (is the store answering the same for every id?)\n"
+            .into(),
+    ))
+}
+
 /// Uploads `data` create-only to `uri`; an object already there must hold the same bytes.
 fn upload(objects: &dyn ObjectStore, uri: &str, data: &[u8]) -> Result<(), SubmitError> {
     match objects.put(uri, data, true) {
@@ -202,15 +339,8 @@ pub fn submit(
     now: Timestamp,
     progress: &mut dyn FnMut(&str, usize),
 ) -> Result<Vec<Submitted>, SubmitError> {
-    // A refused id is refused before anything is uploaded: nothing of a refused job may
-    // land in a bucket (its spec beside the existing job's).
-    let ids: Vec<crate::spec::Name> = jobs.iter().map(|j| crate::spec::Name::new(&j.id)).collect();
-    let exist = store.existing_jobs(&ids).map_err(SubmitError::Store)?;
-    if !exist.is_empty() {
-        return Err(SubmitError::Exist(
-            exist.iter().map(|n| n.to_string()).collect(),
-        ));
-    }
+    let mut jobs = jobs;
+    assign_run_ids(&mut jobs, store)?;
     let mut locations = BTreeMap::new();
     let mut built: BTreeMap<String, bundle::Bundle> = BTreeMap::new();
     let token = uuid::Uuid::new_v4().simple().to_string();
@@ -250,6 +380,7 @@ pub fn submit(
         }
         submitted.push(Submitted {
             job_id: job.id.clone(),
+            name: job.name().to_owned(),
             priority: job.priority,
             regions: regions.iter().map(|r| r.region.clone()).collect(),
             bundles,

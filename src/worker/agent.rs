@@ -414,6 +414,16 @@ pub fn launch(
         crate::spec::job::check_job_id(id)
             .map_err(|rule| format!("the {what} {id:?} is not {rule}"))?;
     }
+    // The manifest's rules for the environment and the command, as `submit` applies them: a
+    // refused one is a set-up failure with its reason, never a command that cannot start.
+    for (name, value) in &r.env {
+        crate::spec::job::check_env_name(name)
+            .map_err(|e| format!("the variable {name:?}: {e}"))?;
+        crate::spec::job::check_env_value(name, value)
+            .map_err(|e| format!("the variable {name}: expected {e}"))?;
+    }
+    crate::spec::job::check_command(&r.command)
+        .map_err(|e| format!("the command: expected {e}"))?;
     spec.check_timings()?;
     let _lock = lock(root)?;
     let dirs = root.dirs(job, attempt);

@@ -246,7 +246,8 @@ pub fn job_spec(
 ) -> JobSpec {
     JobSpec {
         id: id.into(),
-        id_generated: false,
+        name: None,
+        fresh_id: false,
         tpu: if tpu == "any" {
             TpuRequest::Any
         } else {
