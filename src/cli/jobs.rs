@@ -12,7 +12,7 @@ use serde_json::json;
 use super::exit_codes::ExitStatus;
 use super::stack::{Stack, StackOpts};
 use super::state::store_failure;
-use super::{Failure, print_stdout, table};
+use super::{Failure, print_stdout};
 use crate::controller::wall_clock;
 use crate::engine::commands::{CancelResult, ReprioritizeResult};
 use crate::engine::state::{Job, JobStatus};
@@ -81,7 +81,7 @@ pub(crate) fn submit(opts: &StackOpts, args: &SubmitArgs<'_>) -> Result<ExitStat
                 "submitted {} (job {}, priority {}, may run in {})\n",
                 s.job_id,
                 s.name,
-                priority_word(s.priority),
+                s.priority.as_str(),
                 s.regions.join(", ")
             ));
         }
@@ -189,14 +189,6 @@ fn human_bytes(n: usize) -> String {
     }
 }
 
-fn priority_word(p: Priority) -> &'static str {
-    match p {
-        Priority::Low => "low",
-        Priority::Normal => "normal",
-        Priority::High => "high",
-    }
-}
-
 /// The job `what` names: that job id, else the latest run of the job with that name. An
 /// unknown one is `Err` with what to say: the closest id or name the store knows, if any.
 pub(crate) fn resolve(
@@ -254,116 +246,6 @@ fn whereabouts(job: &Job) -> (String, String, String) {
             format!("{} ({})", a.id, a.status.as_str()),
         ),
         None => ("-".into(), "-".into(), "-".into()),
-    }
-}
-
-/// `status`: the active jobs and TPU records.
-pub(crate) fn status(opts: &StackOpts, json: bool) -> Result<ExitStatus, Failure> {
-    let stack = Stack::resolve(opts)?;
-    let mut store = stack.open_store(false)?;
-    let loaded = store.load_active().map_err(|e| store_failure(&e))?;
-    let state = loaded.state;
-    if json {
-        let jobs: Vec<_> = state.jobs.values().collect();
-        let resources: Vec<_> = state.resources.values().collect();
-        let requests: Vec<_> = state.interruption_requests.values().collect();
-        let mut job_counts = std::collections::BTreeMap::<&str, usize>::new();
-        for j in &jobs {
-            *job_counts.entry(j.status.as_str()).or_default() += 1;
-        }
-        let mut tpu_counts = std::collections::BTreeMap::<&str, usize>::new();
-        for r in &resources {
-            *tpu_counts.entry(r.status.as_str()).or_default() += 1;
-        }
-        let entries: Vec<_> = stack
-            .fleet
-            .tpus
-            .iter()
-            .map(|e| {
-                json!({
-                    "id": e.id.as_str(),
-                    "type": e.tpu_type.to_string(),
-                    "zone": e.zone.as_str(),
-                    "adopted": e.is_adopted(),
-                    "ceiling_count": e.ceiling(),
-                    "keep_warm_count": e.keep_warm_count,
-                    "records": resources.iter().filter(|r| r.entry_id == e.id).count(),
-                })
-            })
-            .collect();
-        line(json!({
-            "schema_version": crate::engine::state::SCHEMA_VERSION,
-            "generated_at": wall_clock(),
-            "fleet": {"name": stack.fleet.name, "project": stack.fleet.project, "idle_timeout_seconds": stack.fleet.idle_timeout_seconds, "entries": entries},
-            "store": store.describe(),
-            "jobs": {"counts": job_counts, "items": jobs},
-            "resources": {"counts": tpu_counts, "items": resources},
-            "interruption_requests": requests,
-        }));
-        return Ok(ExitStatus::Ok);
-    }
-    let now = wall_clock();
-    let rows: Vec<Vec<String>> = state
-        .jobs
-        .values()
-        .map(|j| {
-            let (tpu, zone, attempt) = whereabouts(j);
-            vec![
-                j.id.to_string(),
-                j.status.word().into(),
-                priority_word(j.spec.priority).into(),
-                j.placement
-                    .as_ref()
-                    .map_or("-".into(), |p| p.region.clone()),
-                tpu,
-                zone,
-                attempt,
-                format!("{}", j.attempts.len()),
-                age(now, j.submitted_at),
-            ]
-        })
-        .collect();
-    let mut text = format!("{} ({}):\n", stack.fleet.name, store.describe());
-    if rows.is_empty() {
-        text.push_str("  no active jobs\n");
-    } else {
-        text.push_str(&table(
-            &[
-                "JOB", "STATUS", "PRIORITY", "REGION", "TPU", "ZONE", "ATTEMPT", "ATTEMPTS", "AGE",
-            ],
-            &rows,
-        ));
-    }
-    let tpus: Vec<Vec<String>> = state
-        .resources
-        .values()
-        .map(|r| {
-            vec![
-                r.tpu_name.to_string(),
-                r.zone.to_string(),
-                r.tpu_type.to_string(),
-                r.status.as_str().into(),
-                r.owner
-                    .as_ref()
-                    .map_or("-".into(), |o| o.job_id.to_string()),
-            ]
-        })
-        .collect();
-    if !tpus.is_empty() {
-        text.push('\n');
-        text.push_str(&table(&["TPU", "ZONE", "TYPE", "STATUS", "JOB"], &tpus));
-    }
-    print_stdout(&text);
-    Ok(ExitStatus::Ok)
-}
-
-fn age(now: crate::engine::Timestamp, then: crate::engine::Timestamp) -> String {
-    let secs = now.secs_since(then).max(0.0) as u64;
-    match secs {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86_400),
     }
 }
 
@@ -444,7 +326,7 @@ pub(crate) fn set_priority(
     let result = store
         .reprioritize(&name, priority, wall_clock())
         .map_err(|e| store_failure(&e))?;
-    let word = priority_word(priority);
+    let word = priority.as_str();
     let (value, text, exit) = match result {
         ReprioritizeResult::Unknown => (
             json!({"job_id": id, "status": "unknown"}),
@@ -466,7 +348,7 @@ pub(crate) fn set_priority(
         ),
         ReprioritizeResult::Reprioritized { old, .. } => (
             json!({"job_id": id, "status": "reprioritized", "priority": word}),
-            format!("{id}: priority {} → {word}\n", priority_word(old)),
+            format!("{id}: priority {} → {word}\n", old.as_str()),
             ExitStatus::Ok,
         ),
     };

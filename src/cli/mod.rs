@@ -11,6 +11,7 @@ mod exit_codes;
 mod jobs;
 mod output;
 mod plan;
+mod queue;
 mod report;
 mod simulate;
 mod stack;
@@ -254,12 +255,33 @@ enum Command {
         #[command(flatten)]
         stack: stack::StackOpts,
     },
-    /// Show the active jobs and TPUs.
+    /// The queue: every active run in the order the controller serves it, each waiting one
+    /// with why; with --all or --since, the runs that ended too. Then the TPUs.
     #[command(
-        after_help = "Examples:\n  tpu-runner status\n  tpu-runner status --json | jq '.jobs.items[] | {id, status}'\n\nExit codes: 0; 5 the store failed."
+        after_help = "Examples:\n  tpu-runner status\n  tpu-runner status --all --name train\n  tpu-runner status --since 24h --state failed\n  tpu-runner status --json | jq '.queue.items[] | {job_id, status, waiting}'\n\nExit codes: 0; 2 a bad filter; 5 the store failed."
     )]
     Status {
-        /// The state as one JSON document instead of tables.
+        /// Also the runs that ended in the last 7 days (latest first).
+        #[arg(long)]
+        all: bool,
+        /// The runs that ended since this time (RFC 3339) or this long ago (`24h`, `7d`).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Only runs in this state (pending, running, cancelling, succeeded, failed,
+        /// cancelled; repeatable).
+        #[arg(long = "state", value_name = "STATE")]
+        states: Vec<String>,
+        /// Only the runs of this job name (or this run id).
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
+        /// Only runs of this priority.
+        #[arg(long, value_parser = ["low", "normal", "high"])]
+        priority: Option<String>,
+        /// At most this many rows per table (0: all).
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// The state as one JSON document (the queue with reasons, the records, the
+        /// history with --all) instead of tables.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -936,7 +958,32 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
                 json,
             },
         ),
-        Command::Status { json, stack } => jobs::status(&stack, json),
+        Command::Status {
+            all,
+            since,
+            states,
+            name,
+            priority,
+            limit,
+            json,
+            stack,
+        } => {
+            let since =
+                events::Window::parse(since.as_deref(), None, crate::controller::wall_clock())?
+                    .since;
+            queue::status(
+                &stack,
+                &queue::StatusArgs {
+                    all,
+                    since,
+                    states: &states,
+                    name: name.as_deref(),
+                    priority: priority.as_deref().and_then(crate::spec::Priority::parse),
+                    limit,
+                    json,
+                },
+            )
+        }
         Command::Report {
             window,
             json,

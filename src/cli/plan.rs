@@ -57,7 +57,11 @@ pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
 
 /// The cloud as the state believes it to be: ready TPUs for idle and busy records, waiting
 /// requests for provisioning ones, healthy workers for running attempts.
-fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Observation {
+pub(crate) fn assumed_observation(
+    index: &FleetIndex,
+    state: &State,
+    now: Timestamp,
+) -> Observation {
     let mut obs = Observation::default();
     for job in state.jobs.values() {
         if let Some(a) = job.attempt().filter(|a| !a.status.is_terminal()) {

@@ -248,7 +248,7 @@ impl Stack {
                     let e = e.strip_prefix("Cloud Storage: ").unwrap_or(&e);
                     Failure {
                         message: format!(
-                            "error: Cloud Storage: {e}\n  = hint: sign in with `gcloud auth application-default login`, or use the local stack (`tpu-runner local up`, then no --fleet)\n"
+                            "error: Cloud Storage: {e}\n  = hint: or use the local stack: `tpu-runner local up`, then commands without --fleet\n"
                         ),
                         status: ExitStatus::Io,
                     }

@@ -107,6 +107,8 @@ pub struct Query<'a> {
     pub start_after: Option<Value>,
     /// At most this many documents.
     pub limit: Option<usize>,
+    /// Newest first: `order_by` (and the name) descending.
+    pub descending: bool,
 }
 
 /// The client.
@@ -284,10 +286,15 @@ impl Client {
                 None => page,
             };
             let mut order = Vec::new();
+            let direction = if query.descending {
+                "DESCENDING"
+            } else {
+                "ASCENDING"
+            };
             if let Some(field) = query.order_by {
-                order.push(json!({ "field": { "fieldPath": field }, "direction": "ASCENDING" }));
+                order.push(json!({ "field": { "fieldPath": field }, "direction": direction }));
             }
-            order.push(json!({ "field": { "fieldPath": "__name__" }, "direction": "ASCENDING" }));
+            order.push(json!({ "field": { "fieldPath": "__name__" }, "direction": direction }));
             let mut structured = json!({
                 "from": [{ "collectionId": query.collection }],
                 "orderBy": order,

@@ -144,6 +144,15 @@ impl Priority {
         self as u8
     }
 
+    /// `low`, `normal` or `high`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+        }
+    }
+
     /// Parses `low`, `normal` or `high` (trimmed, any case).
     pub fn parse(text: &str) -> Option<Priority> {
         match text.trim().to_lowercase().as_str() {

@@ -565,6 +565,43 @@ impl FirestoreStore {
         Ok(Loaded { state, base })
     }
 
+    /// Finished jobs ended at or after `since`, by end time (`descending`: latest first).
+    fn finished_in_order(
+        &mut self,
+        since: Timestamp,
+        limit: usize,
+        descending: bool,
+    ) -> Res<Vec<Job>> {
+        let names = self.names();
+        let docs = self
+            .client
+            .query(
+                &Query {
+                    collection: &names.jobs,
+                    filters: vec![Filter::new(
+                        "ended_ms",
+                        "GREATER_THAN_OR_EQUAL",
+                        json!(since.0),
+                    )],
+                    order_by: Some("ended_ms"),
+                    limit: Some(limit),
+                    descending,
+                    ..Query::default()
+                },
+                None,
+                PAGE,
+            )
+            .map_err(|e| self.error(&e))?;
+        let mut jobs = Vec::new();
+        for doc in docs {
+            if doc.fields.get("active") == Some(&json!(false)) {
+                let id = Name::new(doc.id());
+                jobs.extend(self.job(&id)?);
+            }
+        }
+        Ok(jobs)
+    }
+
     fn all(&mut self, collection: &str, filters: Vec<Filter>, tx: Option<&str>) -> Res<Vec<Doc>> {
         self.client
             .query(
@@ -1034,33 +1071,11 @@ impl StateStore for FirestoreStore {
     }
 
     fn finished_jobs(&mut self, since: Timestamp, limit: usize) -> Res<Vec<Job>> {
-        let names = self.names();
-        let docs = self
-            .client
-            .query(
-                &Query {
-                    collection: &names.jobs,
-                    filters: vec![Filter::new(
-                        "ended_ms",
-                        "GREATER_THAN_OR_EQUAL",
-                        json!(since.0),
-                    )],
-                    order_by: Some("ended_ms"),
-                    limit: Some(limit),
-                    ..Query::default()
-                },
-                None,
-                PAGE,
-            )
-            .map_err(|e| self.error(&e))?;
-        let mut jobs = Vec::new();
-        for doc in docs {
-            if doc.fields.get("active") == Some(&json!(false)) {
-                let id = Name::new(doc.id());
-                jobs.extend(self.job(&id)?);
-            }
-        }
-        Ok(jobs)
+        self.finished_in_order(since, limit, false)
+    }
+
+    fn latest_finished(&mut self, since: Timestamp, limit: usize) -> Res<Vec<Job>> {
+        self.finished_in_order(since, limit, true)
     }
 
     fn events_after(&mut self, after: u64, limit: usize) -> Res<Vec<(u64, Event)>> {

@@ -194,6 +194,10 @@ pub trait StateStore {
     /// first, at most `limit`.
     fn finished_jobs(&mut self, since: Timestamp, limit: usize) -> Result<Vec<Job>, StoreError>;
 
+    /// Finished jobs ended at or after `since`, the latest ended first, at most `limit`
+    /// (the history `status --all` pages through).
+    fn latest_finished(&mut self, since: Timestamp, limit: usize) -> Result<Vec<Job>, StoreError>;
+
     /// Events with sequence numbers above `after`, oldest first, at most `limit`, each with
     /// its sequence number (in commit order: SQLite's row ids, Firestore's event counter).
     fn events_after(&mut self, after: u64, limit: usize) -> Result<Vec<(u64, Event)>, StoreError>;

@@ -187,6 +187,28 @@ impl SqliteStore {
         Ok(())
     }
 
+    /// Finished jobs ended at or after `since` in `order` (an ORDER BY of `ended_at, id`).
+    fn finished_in_order(&mut self, since: Timestamp, limit: usize, order: &str) -> Res<Vec<Job>> {
+        self.read(|tx, path| {
+            let ids: Vec<String> = {
+                let mut stmt = tx
+                    .prepare(&format!(
+                        "SELECT id FROM jobs WHERE active = 0 AND ended_at >= ?1
+                         ORDER BY {order} LIMIT ?2"
+                    ))
+                    .map_err(|e| store_err(path, e))?;
+                stmt.query_map(params![since.0, limit as i64], |r| r.get(0))
+                    .and_then(|rows| rows.collect())
+                    .map_err(|e| store_err(path, e))?
+            };
+            let mut jobs = Vec::with_capacity(ids.len());
+            for id in ids {
+                jobs.extend(read_job(tx, path, &id)?.map(|(j, _)| j));
+            }
+            Ok(jobs)
+        })
+    }
+
     fn fail(&self, message: String) -> StoreError {
         StoreError {
             store: self.describe(),
@@ -776,24 +798,11 @@ impl StateStore for SqliteStore {
     }
 
     fn finished_jobs(&mut self, since: Timestamp, limit: usize) -> Res<Vec<Job>> {
-        self.read(|tx, path| {
-            let ids: Vec<String> = {
-                let mut stmt = tx
-                    .prepare(
-                        "SELECT id FROM jobs WHERE active = 0 AND ended_at >= ?1
-                         ORDER BY ended_at, id LIMIT ?2",
-                    )
-                    .map_err(|e| store_err(path, e))?;
-                stmt.query_map(params![since.0, limit as i64], |r| r.get(0))
-                    .and_then(|rows| rows.collect())
-                    .map_err(|e| store_err(path, e))?
-            };
-            let mut jobs = Vec::with_capacity(ids.len());
-            for id in ids {
-                jobs.extend(read_job(tx, path, &id)?.map(|(j, _)| j));
-            }
-            Ok(jobs)
-        })
+        self.finished_in_order(since, limit, "ended_at, id")
+    }
+
+    fn latest_finished(&mut self, since: Timestamp, limit: usize) -> Res<Vec<Job>> {
+        self.finished_in_order(since, limit, "ended_at DESC, id DESC")
     }
 
     fn events_after(&mut self, after: u64, limit: usize) -> Res<Vec<(u64, Event)>> {

@@ -1,0 +1,433 @@
+//! `status`: the queue and the history. The queue is every active run in the order the
+//! controller serves it (running first, then pending by priority, most-constrained, FIFO),
+//! each waiting run with why (the reasons `plan` gives, from the engine's `explain` on the
+//! same pass the controller would make now); the history is the runs that ended, latest
+//! first, with how long they waited and ran, how they ended and their exit code. Reads the
+//! store; decides nothing.
+
+use serde::Serialize;
+use serde_json::json;
+
+use super::exit_codes::ExitStatus;
+use super::stack::{Stack, StackOpts};
+use super::state::store_failure;
+use super::{Failure, print_stdout, table};
+use crate::controller::wall_clock;
+use crate::engine::demand::Demand;
+use crate::engine::explain::{Explanation, Reason, explain};
+use crate::engine::state::{Job, JobStatus, State};
+use crate::engine::{Engine, Timestamp};
+use crate::spec::Priority;
+
+/// What `status` shows.
+pub(crate) struct StatusArgs<'a> {
+    /// Also the runs that ended (since `since`, else the last 7 days).
+    pub all: bool,
+    /// Finished runs ended at or after this.
+    pub since: Option<Timestamp>,
+    /// Only runs in these states (`pending`, `running`, `cancelling`, `succeeded`,
+    /// `failed`, `cancelled`).
+    pub states: &'a [String],
+    /// Only runs of this job name (or this run id).
+    pub name: Option<&'a str>,
+    /// Only runs of this priority.
+    pub priority: Option<Priority>,
+    /// At most this many rows per table (0: all).
+    pub limit: usize,
+    /// JSON instead of tables.
+    pub json: bool,
+}
+
+/// One active run in queue order.
+#[derive(Serialize)]
+struct QueueRow<'a> {
+    /// 1-based place among the waiting runs (running ones have none).
+    position: Option<usize>,
+    job_id: &'a str,
+    name: &'a str,
+    status: &'static str,
+    priority: Priority,
+    submitted_at: Timestamp,
+    /// Where it runs (TPU, zone) or is placed (region).
+    tpu_name: Option<&'a str>,
+    zone: Option<&'a str>,
+    region: Option<&'a str>,
+    attempts: usize,
+    /// Interruptions (preemptions, maintenance) it came back from.
+    recoveries: u32,
+    /// Why it waits (sentences), most important first.
+    waiting: Vec<String>,
+    /// The same as codes.
+    codes: Vec<Reason>,
+}
+
+/// One finished run.
+#[derive(Serialize)]
+struct HistoryRow<'a> {
+    job_id: &'a str,
+    name: &'a str,
+    status: &'static str,
+    priority: Priority,
+    submitted_at: Timestamp,
+    started_at: Option<Timestamp>,
+    ended_at: Option<Timestamp>,
+    /// Seconds from submission to the first start.
+    waited_secs: Option<f64>,
+    /// Seconds from the first start to the end.
+    ran_secs: Option<f64>,
+    attempts: usize,
+    recoveries: u32,
+    /// The last attempt's exit code.
+    exit_code: Option<i32>,
+    /// Why it ended (the record's end reason, else the last attempt's).
+    end_reason: String,
+}
+
+fn wanted(job: &Job, args: &StatusArgs<'_>) -> bool {
+    (args.states.is_empty()
+        || args
+            .states
+            .iter()
+            .any(|s| s == job.status.word() || s == job.status.as_str()))
+        && args
+            .name
+            .is_none_or(|n| job.spec.name() == n || job.id.as_str() == n)
+        && args.priority.is_none_or(|p| job.spec.priority == p)
+}
+
+/// The active runs in queue order, with the waiting ones' reasons.
+fn queue<'s>(stack: &Stack, state: &'s State, now: Timestamp) -> Vec<QueueRow<'s>> {
+    let engine = Engine::with_policy(stack.fleet.policy.clone(), stack.fleet.clone());
+    let observation = super::plan::assumed_observation(engine.index(), state, now);
+    let mut after = state.clone();
+    let out = engine.reconcile(&mut after, &observation, now);
+    let mut why: rustc_hash::FxHashMap<&str, Explanation> =
+        explain(engine.index(), &after, &observation, &out, now)
+            .into_iter()
+            .map(|e| {
+                let id = crate::spec::Name::new(&e.job_id).as_str();
+                (id, e)
+            })
+            .collect();
+    let mut running: Vec<&Job> = state
+        .jobs
+        .values()
+        .filter(|j| j.status != JobStatus::Pending)
+        .collect();
+    running.sort_by_key(|j| {
+        (
+            j.attempt()
+                .map_or(j.submitted_at, |a| a.started_at.unwrap_or(a.created_at)),
+            j.id,
+        )
+    });
+    let demand = Demand::build(
+        engine.index(),
+        state
+            .jobs
+            .values()
+            .filter(|j| j.status == JobStatus::Pending),
+        now,
+    );
+    let mut pending: Vec<_> = demand.jobs.iter().collect();
+    pending.sort_by(|a, b| a.order_key.cmp(&b.order_key).then(a.job.id.cmp(&b.job.id)));
+    let row = |job: &'s Job, position: Option<usize>, why: Option<Explanation>| {
+        let attempt = job.attempt().filter(|a| !a.status.is_terminal());
+        let (waiting, codes) = match why {
+            Some(e) => (e.reasons, e.codes),
+            None if job.status == JobStatus::Pending => (
+                vec!["a compatible TPU is free: the controller's next pass starts it".into()],
+                Vec::new(),
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
+        QueueRow {
+            position,
+            job_id: job.id.as_str(),
+            name: job.spec.name(),
+            status: job.status.word(),
+            priority: job.spec.priority,
+            submitted_at: job.submitted_at,
+            tpu_name: attempt.map(|a| a.tpu_name.as_str()),
+            zone: attempt.map(|a| a.zone.as_str()),
+            region: job.placement.as_ref().map(|p| p.region.as_str()),
+            attempts: job.attempts.len(),
+            recoveries: job.interruptions,
+            waiting,
+            codes,
+        }
+    };
+    let mut rows: Vec<QueueRow<'s>> = running.into_iter().map(|j| row(j, None, None)).collect();
+    for (k, p) in pending.into_iter().enumerate() {
+        rows.push(row(p.job, Some(k + 1), why.remove(p.job.id.as_str())));
+    }
+    rows
+}
+
+fn history(job: &Job) -> HistoryRow<'_> {
+    let started = job.attempts.iter().filter_map(|a| a.started_at).min();
+    let last = job.attempts.last();
+    HistoryRow {
+        job_id: job.id.as_str(),
+        name: job.spec.name(),
+        status: job.status.word(),
+        priority: job.spec.priority,
+        submitted_at: job.submitted_at,
+        started_at: started,
+        ended_at: job.ended_at,
+        waited_secs: started.map(|s| s.secs_since(job.submitted_at).max(0.0)),
+        ran_secs: started
+            .zip(job.ended_at)
+            .map(|(s, e)| e.secs_since(s).max(0.0)),
+        attempts: job.attempts.len(),
+        recoveries: job.interruptions,
+        exit_code: last.and_then(|a| a.exit_code),
+        end_reason: job
+            .end_reason
+            .clone()
+            .filter(|r| !r.is_empty())
+            .or_else(|| {
+                last.map(|a| a.error_summary.clone())
+                    .filter(|e| !e.is_empty())
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// A duration in a few characters: `45s`, `12m`, `3.5h`, `2d`.
+pub(crate) fn short_duration(secs: f64) -> String {
+    let secs = secs.max(0.0);
+    match secs {
+        s if s < 120.0 => format!("{}s", s as u64),
+        s if s < 7200.0 => format!("{}m", (s / 60.0) as u64),
+        s if s < 172_800.0 => format!("{:.1}h", s / 3600.0),
+        s => format!("{}d", (s / 86_400.0) as u64),
+    }
+}
+
+fn take<T>(rows: Vec<T>, limit: usize) -> (Vec<T>, usize) {
+    if limit == 0 || rows.len() <= limit {
+        return (rows, 0);
+    }
+    let more = rows.len() - limit;
+    let mut rows = rows;
+    rows.truncate(limit);
+    (rows, more)
+}
+
+/// `status`.
+pub(crate) fn status(opts: &StackOpts, args: &StatusArgs<'_>) -> Result<ExitStatus, Failure> {
+    for s in args.states {
+        if ![
+            "pending",
+            "running",
+            "cancelling",
+            "succeeded",
+            "failed",
+            "cancelled",
+            "deactivated",
+        ]
+        .contains(&s.as_str())
+        {
+            return Err(Failure {
+                message: format!(
+                    "error: --state {s}: expected pending, running, cancelling, succeeded, failed or cancelled\n"
+                ),
+                status: ExitStatus::Usage,
+            });
+        }
+    }
+    let stack = Stack::resolve(opts)?;
+    let mut store = stack.open_store(false)?;
+    let state = store.load_active().map_err(|e| store_failure(&e))?.state;
+    let now = wall_clock();
+    let rows: Vec<QueueRow<'_>> = queue(&stack, &state, now)
+        .into_iter()
+        .filter(|r| wanted(&state.jobs[&crate::spec::Name::new(r.job_id)], args))
+        .collect();
+    let finished: Vec<Job> = if args.all || args.since.is_some() {
+        let since = args.since.unwrap_or_else(|| now.plus_secs(-7 * 86_400));
+        // Filters apply after the read: read a page beyond the limit's worth.
+        let want = if args.limit == 0 {
+            usize::MAX
+        } else {
+            args.limit.saturating_mul(20).max(1000)
+        };
+        store
+            .latest_finished(since, want)
+            .map_err(|e| store_failure(&e))?
+            .into_iter()
+            .filter(|j| wanted(j, args))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let done: Vec<HistoryRow<'_>> = finished.iter().map(history).collect();
+    let (rows, more_active) = take(rows, args.limit);
+    let (done, more_done) = take(done, args.limit);
+    if args.json {
+        let jobs: Vec<&Job> = rows
+            .iter()
+            .map(|r| &state.jobs[&crate::spec::Name::new(r.job_id)])
+            .collect();
+        let resources: Vec<_> = state.resources.values().collect();
+        let mut job_counts = std::collections::BTreeMap::<&str, usize>::new();
+        for j in state.jobs.values() {
+            *job_counts.entry(j.status.as_str()).or_default() += 1;
+        }
+        let mut tpu_counts = std::collections::BTreeMap::<&str, usize>::new();
+        for r in &resources {
+            *tpu_counts.entry(r.status.as_str()).or_default() += 1;
+        }
+        let entries: Vec<_> = stack
+            .fleet
+            .tpus
+            .iter()
+            .map(|e| {
+                json!({
+                    "id": e.id.as_str(),
+                    "type": e.tpu_type.to_string(),
+                    "zone": e.zone.as_str(),
+                    "adopted": e.is_adopted(),
+                    "ceiling_count": e.ceiling(),
+                    "keep_warm_count": e.keep_warm_count,
+                    "records": resources.iter().filter(|r| r.entry_id == e.id).count(),
+                })
+            })
+            .collect();
+        let mut doc = json!({
+            "schema_version": crate::engine::state::SCHEMA_VERSION,
+            "generated_at": now,
+            "fleet": {"name": stack.fleet.name, "project": stack.fleet.project, "idle_timeout_seconds": stack.fleet.idle_timeout_seconds, "entries": entries},
+            "store": store.describe(),
+            "queue": {"items": rows, "more": more_active},
+            "jobs": {"counts": job_counts, "items": jobs},
+            "resources": {"counts": tpu_counts, "items": resources},
+            "interruption_requests": state.interruption_requests.values().collect::<Vec<_>>(),
+        });
+        if args.all || args.since.is_some() {
+            doc["history"] = json!({"items": done, "more": more_done});
+        }
+        print_stdout(&format!("{doc}\n"));
+        return Ok(ExitStatus::Ok);
+    }
+    let running = state
+        .jobs
+        .values()
+        .filter(|j| j.status != JobStatus::Pending)
+        .count();
+    let mut text = format!(
+        "{} ({}): {} active run{}, {running} running, {} waiting\n",
+        stack.fleet.name,
+        store.describe(),
+        state.jobs.len(),
+        if state.jobs.len() == 1 { "" } else { "s" },
+        state.jobs.len() - running,
+    );
+    if rows.is_empty() {
+        text.push_str("  no active runs match\n");
+    } else {
+        let table_rows: Vec<Vec<String>> = rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.position.map_or("-".into(), |p| p.to_string()),
+                    r.job_id.into(),
+                    r.name.into(),
+                    r.status.into(),
+                    r.priority.as_str().into(),
+                    short_duration(now.secs_since(r.submitted_at)),
+                    match (r.tpu_name, r.zone, r.region) {
+                        (Some(t), Some(z), _) => format!("{t} ({z})"),
+                        (_, _, Some(region)) => region.into(),
+                        _ => "-".into(),
+                    },
+                    r.attempts.to_string(),
+                    r.recoveries.to_string(),
+                    r.waiting.first().cloned().unwrap_or_else(|| "-".into()),
+                ]
+            })
+            .collect();
+        text.push_str(&table(
+            &[
+                "#",
+                "RUN",
+                "NAME",
+                "STATE",
+                "PRIORITY",
+                "AGE",
+                "WHERE",
+                "ATTEMPTS",
+                "RECOVERED",
+                "WAITING BECAUSE",
+            ],
+            &table_rows,
+        ));
+        if more_active > 0 {
+            text.push_str(&format!(
+                "  … and {more_active} more active runs (--limit 0 shows all)\n"
+            ));
+        }
+    }
+    if args.all || args.since.is_some() {
+        text.push_str(&format!("\nfinished ({}):\n", done.len() + more_done));
+        if done.is_empty() {
+            text.push_str("  none in this window\n");
+        } else {
+            let table_rows: Vec<Vec<String>> = done
+                .iter()
+                .map(|h| {
+                    vec![
+                        h.job_id.into(),
+                        h.name.into(),
+                        h.status.into(),
+                        h.ended_at.map_or("-".into(), |e| {
+                            format!("{} ago", short_duration(now.secs_since(e)))
+                        }),
+                        h.waited_secs.map_or("-".into(), short_duration),
+                        h.ran_secs.map_or("-".into(), short_duration),
+                        h.attempts.to_string(),
+                        h.exit_code.map_or("-".into(), |c| c.to_string()),
+                        if h.end_reason.is_empty() {
+                            "-".into()
+                        } else {
+                            h.end_reason.clone()
+                        },
+                    ]
+                })
+                .collect();
+            text.push_str(&table(
+                &[
+                    "RUN", "NAME", "STATE", "ENDED", "WAITED", "RAN", "ATTEMPTS", "EXIT", "REASON",
+                ],
+                &table_rows,
+            ));
+            if more_done > 0 {
+                text.push_str(&format!(
+                    "  … and {more_done} more (--limit 0 shows all, --since narrows)\n"
+                ));
+            }
+        }
+    }
+    let tpus: Vec<Vec<String>> = state
+        .resources
+        .values()
+        .map(|r| {
+            vec![
+                r.tpu_name.to_string(),
+                r.zone.to_string(),
+                r.tpu_type.to_string(),
+                r.status.as_str().into(),
+                r.owner
+                    .as_ref()
+                    .map_or("-".into(), |o| o.job_id.to_string()),
+            ]
+        })
+        .collect();
+    if !tpus.is_empty() {
+        text.push('\n');
+        text.push_str(&table(&["TPU", "ZONE", "TYPE", "STATUS", "RUN"], &tpus));
+    }
+    print_stdout(&text);
+    Ok(ExitStatus::Ok)
+}
