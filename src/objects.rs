@@ -57,6 +57,9 @@ pub fn split(uri: &str) -> Result<(&str, &str), ObjectError> {
 pub trait ObjectStore: Send + Sync {
     /// The object's bytes (`None`: absent); refused above `limit` bytes.
     fn get(&self, uri: &str, limit: u64) -> Result<Option<Vec<u8>>, ObjectError>;
+    /// The object's bytes from `offset` on, at most `limit` of them (`None`: absent; empty:
+    /// nothing past `offset`): a ranged read, so following a growing log costs what it grew.
+    fn get_from(&self, uri: &str, offset: u64, limit: u64) -> Result<Option<Vec<u8>>, ObjectError>;
     /// Copies the object to `path` (at most `limit` bytes); false when absent.
     fn download(&self, uri: &str, path: &Path, limit: u64) -> Result<bool, ObjectError>;
     /// Writes the object; `create_only`: fails with `exists` if it is there.
@@ -110,6 +113,13 @@ impl ObjectStore for Gcs {
         let (bucket, name) = split(uri)?;
         self.0
             .get(bucket, name, limit)
+            .map_err(|e| fail(format!("reading {uri}: {e}")))
+    }
+
+    fn get_from(&self, uri: &str, offset: u64, limit: u64) -> Result<Option<Vec<u8>>, ObjectError> {
+        let (bucket, name) = split(uri)?;
+        self.0
+            .get_from(bucket, name, offset, limit)
             .map_err(|e| fail(format!("reading {uri}: {e}")))
     }
 
@@ -233,6 +243,26 @@ impl ObjectStore for LocalDir {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(fail(format!("{uri}: {e}"))),
         }
+    }
+
+    fn get_from(&self, uri: &str, offset: u64, limit: u64) -> Result<Option<Vec<u8>>, ObjectError> {
+        use std::io::{Read, Seek};
+        let path = self.path(uri)?;
+        let (mut file, meta) = match crate::files::open_regular(&path) {
+            Ok(opened) => opened,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(fail(format!("{uri}: {e}"))),
+        };
+        if offset >= meta.len() {
+            return Ok(Some(Vec::new()));
+        }
+        file.seek(std::io::SeekFrom::Start(offset))
+            .map_err(|e| io(uri, e))?;
+        let mut data = Vec::new();
+        file.take(limit)
+            .read_to_end(&mut data)
+            .map_err(|e| io(uri, e))?;
+        Ok(Some(data))
     }
 
     fn download(&self, uri: &str, path: &Path, limit: u64) -> Result<bool, ObjectError> {

@@ -4,8 +4,6 @@
 //! (`--json`). No decision is made here: the store applies the engine's rules.
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use serde_json::json;
 
@@ -15,7 +13,7 @@ use super::state::store_failure;
 use super::{Failure, print_stdout};
 use crate::controller::wall_clock;
 use crate::engine::commands::{CancelResult, ReprioritizeResult};
-use crate::engine::state::{Job, JobStatus};
+use crate::engine::state::JobStatus;
 use crate::spec::{Name, Priority};
 use crate::submit::{self, SubmitError};
 
@@ -230,23 +228,14 @@ pub(crate) fn resolve(
 }
 
 /// [`resolve`] for commands that need the job: an unknown one fails (exit 1).
-fn resolve_one(store: &mut dyn crate::store::StateStore, what: &str) -> Result<Name, Failure> {
+pub(crate) fn resolve_one(
+    store: &mut dyn crate::store::StateStore,
+    what: &str,
+) -> Result<Name, Failure> {
     resolve(store, what)?.map_err(|message| Failure {
         message: format!("error: {message}\n"),
         status: ExitStatus::Invalid,
     })
-}
-
-/// Where a job is or was: resource, zone and attempt words for tables and events.
-fn whereabouts(job: &Job) -> (String, String, String) {
-    match job.attempt() {
-        Some(a) => (
-            a.tpu_name.to_string(),
-            a.zone.to_string(),
-            format!("{} ({})", a.id, a.status.as_str()),
-        ),
-        None => ("-".into(), "-".into(), "-".into()),
-    }
 }
 
 /// `cancel`: each job's result; exit 0, 1 when a job is unknown, 2 on a conflict.
@@ -358,229 +347,6 @@ pub(crate) fn set_priority(
         print_stdout(&text);
     }
     Ok(exit)
-}
-
-/// The log objects of `job`'s attempts that exist, by attempt: (attempt, host, address).
-fn log_objects(
-    objects: &dyn crate::objects::ObjectStore,
-    job: &Job,
-) -> Vec<(String, String, String)> {
-    let Some(bucket) = job.placement.as_ref().map(|p| p.bucket.clone()) else {
-        return Vec::new();
-    };
-    let mut found = Vec::new();
-    for a in &job.attempts {
-        let prefix = crate::worker::attempt_prefix(&bucket, job.id.as_str(), a.id.as_str());
-        let Ok(listed) = objects.list(&format!("{prefix}logs/")) else {
-            continue;
-        };
-        let (b, _) = crate::objects::split(&prefix).unwrap_or(("", ""));
-        for o in listed {
-            let host = o
-                .name
-                .rsplit('/')
-                .next()
-                .and_then(|f| f.strip_suffix(".log"))
-                .unwrap_or("")
-                .to_owned();
-            found.push((a.id.to_string(), host, format!("gs://{b}/{}", o.name)));
-        }
-    }
-    found
-}
-
-/// `logs`: each attempt's result and its workers' output (`--json`: one line per attempt
-/// and per log).
-pub(crate) fn logs(opts: &StackOpts, id: &str, json: bool) -> Result<ExitStatus, Failure> {
-    let stack = Stack::resolve(opts)?;
-    let mut store = stack.open_store(false)?;
-    let objects = stack.objects()?;
-    let name = resolve_one(store.as_mut(), id)?;
-    let id = name.as_str();
-    let Some(job) = store.job(&name).map_err(|e| store_failure(&e))? else {
-        return Err(Failure {
-            message: format!("error: {id}: no such job\n"),
-            status: ExitStatus::Invalid,
-        });
-    };
-    let mut text = String::new();
-    for a in &job.attempts {
-        if json {
-            text.push_str(&format!(
-                "{}\n",
-                json!({"event": "attempt", "job_id": id, "attempt_id": a.id.as_str(), "status": a.status.as_str(), "exit_code": a.exit_code, "error": a.error_summary, "tpu_name": a.tpu_name.as_str(), "zone": a.zone.as_str()})
-            ));
-            continue;
-        }
-        text.push_str(&format!("[{}] status={}", a.id, a.status.as_str()));
-        if let Some(code) = a.exit_code {
-            text.push_str(&format!(" exit_code={code}"));
-        }
-        if !a.error_summary.is_empty() {
-            text.push_str(&format!(" error={}", a.error_summary));
-        }
-        text.push('\n');
-    }
-    let found = log_objects(objects.as_ref(), &job);
-    let mut failed = false;
-    for (attempt, host, uri) in &found {
-        let data = match objects.get(uri, 64 << 20) {
-            Ok(data) => data.unwrap_or_default(),
-            Err(e) => {
-                eprintln!("log retrieval failed: {e}");
-                failed = true;
-                continue;
-            }
-        };
-        let log = String::from_utf8_lossy(&data);
-        if json {
-            text.push_str(&format!(
-                "{}\n",
-                json!({"event": "log", "job_id": id, "attempt_id": attempt, "worker": host, "uri": uri, "text": log})
-            ));
-        } else {
-            text.push_str(&format!("\n[{attempt} log {host}] {uri}\n{log}"));
-        }
-    }
-    print_stdout(&text);
-    if found.is_empty() {
-        eprintln!(
-            "{id}: no output yet ({})",
-            if job.attempts.is_empty() {
-                "it has not started"
-            } else {
-                "its workers have not shipped any"
-            }
-        );
-    }
-    Ok(if failed {
-        ExitStatus::Invalid
-    } else {
-        ExitStatus::Ok
-    })
-}
-
-/// `watch`: state changes and new output lines until the job ends; exit 0 when it
-/// succeeded, 1 otherwise, 130 on Ctrl-C.
-pub(crate) fn watch(
-    opts: &StackOpts,
-    id: &str,
-    interval: Duration,
-    json: bool,
-) -> Result<ExitStatus, Failure> {
-    let stack = Stack::resolve(opts)?;
-    let mut store = stack.open_store(false)?;
-    let objects = stack.objects()?;
-    let interrupted = super::interrupt_flag();
-    let name = match resolve(store.as_mut(), id)? {
-        Ok(name) => name,
-        Err(message) => {
-            if json {
-                eprintln!(
-                    "{}",
-                    json!({"event": "error", "error": "unknown job", "job_id": id, "message": message})
-                );
-            } else {
-                eprintln!("error: {message}");
-            }
-            return Ok(ExitStatus::Invalid);
-        }
-    };
-    let id = name.as_str();
-    let mut last_state = String::new();
-    let mut shown: std::collections::BTreeMap<String, usize> = Default::default();
-    loop {
-        let Some(job) = store.job(&name).map_err(|e| store_failure(&e))? else {
-            if json {
-                eprintln!(
-                    "{}",
-                    json!({"event": "error", "error": "unknown job", "job_id": id})
-                );
-            } else {
-                eprintln!("error: {id}: no such job");
-            }
-            return Ok(ExitStatus::Invalid);
-        };
-        let (tpu, zone, attempt) = whereabouts(&job);
-        let state = format!("{} {tpu} {zone} {attempt}", job.status.as_str());
-        if state != last_state {
-            if json {
-                line(json!({
-                    "event": "state",
-                    "job_id": id,
-                    "status": job.status.as_str(),
-                    "attempt_id": job.attempt().map(|a| a.id.to_string()),
-                    "tpu_name": job.attempt().map(|a| a.tpu_name.to_string()),
-                    "zone": job.attempt().map(|a| a.zone.to_string()),
-                    "attempt_status": job.attempt().map(|a| a.status.as_str()),
-                    "region": job.placement.as_ref().map(|p| p.region.clone()),
-                    "checked_at": wall_clock(),
-                }));
-            } else {
-                print_stdout(&format!(
-                    "{id}: {}{}\n",
-                    job.status.word(),
-                    job.attempt()
-                        .map(|a| format!(
-                            " — attempt {} {} on {} ({})",
-                            a.id,
-                            a.status.as_str(),
-                            a.tpu_name,
-                            a.zone
-                        ))
-                        .unwrap_or_default()
-                ));
-            }
-            last_state = state;
-        }
-        // New output lines of every worker.
-        for (attempt, host, uri) in log_objects(objects.as_ref(), &job) {
-            let Ok(Some(data)) = objects.get(&uri, 64 << 20) else {
-                continue;
-            };
-            let text = String::from_utf8_lossy(&data);
-            let seen = shown.entry(uri.clone()).or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            // Only whole lines: a line still being written waits for its end.
-            let complete = if text.ends_with('\n') {
-                lines.len()
-            } else {
-                lines.len().saturating_sub(1)
-            };
-            for l in lines.iter().take(complete).skip(*seen) {
-                if json {
-                    line(
-                        json!({"event": "log", "job_id": id, "attempt_id": attempt, "worker": host, "line": l}),
-                    );
-                } else {
-                    print_stdout(&format!("[{host}] {l}\n"));
-                }
-            }
-            *seen = (*seen).max(complete);
-        }
-        if job.status.is_terminal() {
-            if let Some(p) = &job.placement {
-                let uri = format!("{}/jobs/{id}", p.bucket);
-                if json {
-                    line(json!({"event": "artifacts", "job_id": id, "uri": uri}));
-                } else {
-                    print_stdout(&format!("{id}: artifacts in {uri}\n"));
-                }
-            }
-            return Ok(if job.status == JobStatus::Succeeded {
-                ExitStatus::Ok
-            } else {
-                ExitStatus::Invalid
-            });
-        }
-        let until = std::time::Instant::now() + interval;
-        while std::time::Instant::now() < until {
-            if interrupted.load(Ordering::SeqCst) {
-                return Ok(ExitStatus::Interrupted);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
 }
 
 /// `interrupt-spot`: asks the controller to stop a managed Spot TPU running an attempt, as a

@@ -8,6 +8,7 @@ mod deploy;
 mod emulator;
 mod events;
 mod exit_codes;
+mod follow;
 mod jobs;
 mod output;
 mod plan;
@@ -40,13 +41,15 @@ pub struct Cli {
 }
 
 const EXIT_CODES_HELP: &str = "\
-Exit codes:
-  0  success (the file is valid)
-  1  the input was read but is invalid
-  2  usage error (unknown command, bad flag)
-  3  a file could not be read or written
+Exit codes (each command's --help says which it uses and what they mean there):
+  0  success
+  1  the input was read but is invalid (or, for watch, the run did not succeed)
+  2  usage error (unknown command, bad flag), or a refused request (a taken id)
+  3  a file could not be read or written (a missing manifest or fleet)
   4  a simulated run broke an invariant (the seed and a replay command are printed)
-  5  the state store failed (unreachable, damaged, refused; the message says what to do)";
+  5  the state store failed (unreachable, damaged, refused; the message says what to do)
+  75 probe-adopted-device-owners: a process holds an accelerator device
+  130 interrupted by Ctrl-C";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -356,17 +359,19 @@ enum Command {
         #[command(flatten)]
         ssh: SshOpts,
     },
-    /// Follow a job: its states and its workers' new output lines, until it ends.
+    /// Follow a run: every event recorded for it with its time (submitted, assigned,
+    /// started, interrupted and requeued, ended), why it waits while it waits, and its
+    /// workers' new output lines, until it ends.
     #[command(
-        after_help = "Examples:\n  tpu-runner watch hello\n  tpu-runner watch hello --json\n\nExit codes: 0 the job succeeded; 1 it failed, was cancelled, or is unknown; 130 Ctrl-C."
+        after_help = "Examples:\n  tpu-runner watch hello\n  tpu-runner watch hello-k3x9q2 --json\n\nExit codes: 0 the run succeeded; 1 it failed, was cancelled, or is unknown; 130 Ctrl-C."
     )]
     Watch {
-        /// Job id.
+        /// The job (a name: its latest run; or a run's id).
         job: String,
         /// Seconds between looks.
         #[arg(long, default_value_t = 2.0, value_name = "SECS")]
         interval: f64,
-        /// JSON lines (`state`, `log`, `artifacts` events).
+        /// JSON lines (`state`, `waiting`, `log`, `artifacts` events).
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -405,14 +410,23 @@ enum Command {
         #[command(flatten)]
         stack: stack::StackOpts,
     },
-    /// Print a job's attempts and their workers' output.
+    /// Print a run's attempts and their workers' output; --follow until it ends.
     #[command(
-        after_help = "Examples:\n  tpu-runner logs hello\n  tpu-runner logs hello --json | jq -r 'select(.event == \"log\") | .text'\n\nExit codes: 0; 1 unknown job or a log that could not be read; 5 the store failed."
+        after_help = "Examples:\n  tpu-runner logs hello\n  tpu-runner logs hello --follow --tail 20\n  tpu-runner logs hello --attempt 2\n  tpu-runner logs hello --json | jq -r 'select(.event == \"log\") | .line'\n\nExit codes: 0; 1 unknown job or attempt, or a log that could not be read; 5 the store\nfailed; 130 Ctrl-C while following."
     )]
     Logs {
-        /// Job id.
+        /// The job (a name: its latest run; or a run's id).
         job: String,
-        /// One JSON line per attempt and per worker log.
+        /// Only this attempt (its number from 1, or its id).
+        #[arg(long, value_name = "ATTEMPT")]
+        attempt: Option<String>,
+        /// Only the last N lines of each worker's log (then what follows, with --follow).
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
+        /// Keep printing new lines until the run ends.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// One JSON line per attempt and per output line.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -1024,7 +1038,7 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
                     status: ExitStatus::Usage,
                 });
             }
-            jobs::watch(
+            follow::watch(
                 &stack,
                 &job,
                 std::time::Duration::from_secs_f64(interval),
@@ -1038,7 +1052,24 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             json,
             stack,
         } => jobs::interrupt_spot(&stack, &job, tpu.as_deref(), attempt_id.as_deref(), json),
-        Command::Logs { job, json, stack } => jobs::logs(&stack, &job, json),
+        Command::Logs {
+            job,
+            attempt,
+            tail,
+            follow,
+            json,
+            stack,
+        } => follow::logs(
+            &stack,
+            &follow::LogsArgs {
+                job: &job,
+                attempt: attempt.as_deref(),
+                tail,
+                follow,
+                interval: std::time::Duration::from_secs(1),
+                json,
+            },
+        ),
         Command::ProbeAdoptedDeviceOwners {
             resource,
             stack,

@@ -164,6 +164,20 @@ fn queue<'s>(stack: &Stack, state: &'s State, now: Timestamp) -> Vec<QueueRow<'s
     rows
 }
 
+/// Why the pending run `id` waits now (the reasons `status` gives it), if it is pending.
+pub(crate) fn waiting_reasons(
+    stack: &Stack,
+    state: &State,
+    id: &crate::spec::Name,
+    now: Timestamp,
+) -> Option<Vec<String>> {
+    queue(stack, state, now)
+        .into_iter()
+        .find(|r| r.job_id == id.as_str())
+        .map(|r| r.waiting)
+        .filter(|w| !w.is_empty())
+}
+
 fn history(job: &Job) -> HistoryRow<'_> {
     let started = job.attempts.iter().filter_map(|a| a.started_at).min();
     let last = job.attempts.last();

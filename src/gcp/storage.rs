@@ -141,6 +141,38 @@ impl Storage {
         Ok(Some(reply.body.to_vec()))
     }
 
+    /// The object's bytes from `offset` on, at most `limit` (a `Range` request), or `None`
+    /// if it does not exist; empty when it holds nothing past `offset` (416).
+    pub fn get_from(
+        &self,
+        bucket: &str,
+        name: &str,
+        offset: u64,
+        limit: u64,
+    ) -> Result<Option<Vec<u8>>, ApiError> {
+        if limit == 0 {
+            return Ok(Some(Vec::new()));
+        }
+        let url = format!("{}?alt=media", self.object_url(bucket, name));
+        let range = format!("bytes={offset}-{}", offset.saturating_add(limit - 1));
+        let reply = self.call(&|h| h.get(&url).header(reqwest::header::RANGE, &range))?;
+        match reply.code {
+            404 => return Ok(None),
+            416 => return Ok(Some(Vec::new())),
+            _ => {}
+        }
+        if let Some(e) = reply.error() {
+            return Err(e);
+        }
+        // 206 is the range; 200 is the whole object (a server that ignores ranges).
+        let body = if reply.code == 206 {
+            &reply.body[..]
+        } else {
+            reply.body.get(offset as usize..).unwrap_or_default()
+        };
+        Ok(Some(body[..body.len().min(limit as usize)].to_vec()))
+    }
+
     /// Streams the object into `path` (created; at most `limit` bytes); false if it does not
     /// exist.
     pub fn download(

@@ -602,6 +602,46 @@ impl FirestoreStore {
         Ok(jobs)
     }
 
+    /// Events (of job `job`, if given) with sequence numbers above `after`, oldest first,
+    /// at most `limit`.
+    fn events_where(
+        &mut self,
+        job: Option<&Name>,
+        after: u64,
+        limit: usize,
+    ) -> Res<Vec<(u64, Event)>> {
+        let names = self.names();
+        let start = self
+            .client
+            .doc_name(&format!("{}/{after:020}", names.events));
+        let docs = self
+            .client
+            .query(
+                &Query {
+                    collection: &names.events,
+                    filters: job
+                        .map(|j| vec![Filter::new("job_id", "EQUAL", json!(j.as_str()))])
+                        .unwrap_or_default(),
+                    start_after: Some(json!([{ "referenceValue": start }])),
+                    limit: Some(limit),
+                    ..Query::default()
+                },
+                None,
+                PAGE,
+            )
+            .map_err(|e| self.error(&e))?;
+        let mut out = Vec::new();
+        for doc in docs {
+            let seq = doc.fields.get("seq").and_then(Value::as_u64).unwrap_or(0);
+            let mut fields = doc.fields.clone();
+            fields.remove("seq");
+            let event: Event = serde_json::from_value(Value::Object(fields))
+                .map_err(|e| self.bad(&doc.name, e))?;
+            out.push((seq, event));
+        }
+        Ok(out)
+    }
+
     fn all(&mut self, collection: &str, filters: Vec<Filter>, tx: Option<&str>) -> Res<Vec<Doc>> {
         self.client
             .query(
@@ -1078,34 +1118,14 @@ impl StateStore for FirestoreStore {
         self.finished_in_order(since, limit, true)
     }
 
+    fn job_events(&mut self, job: &Name, after: u64, limit: usize) -> Res<Vec<(u64, Event)>> {
+        // Event documents are named by their zero-padded sequence number: an equality filter
+        // in name order is sequence order, with no composite index to deploy.
+        self.events_where(Some(job), after, limit)
+    }
+
     fn events_after(&mut self, after: u64, limit: usize) -> Res<Vec<(u64, Event)>> {
-        let names = self.names();
-        let start = self
-            .client
-            .doc_name(&format!("{}/{after:020}", names.events));
-        let docs = self
-            .client
-            .query(
-                &Query {
-                    collection: &names.events,
-                    start_after: Some(json!([{ "referenceValue": start }])),
-                    limit: Some(limit),
-                    ..Query::default()
-                },
-                None,
-                PAGE,
-            )
-            .map_err(|e| self.error(&e))?;
-        let mut out = Vec::new();
-        for doc in docs {
-            let seq = doc.fields.get("seq").and_then(Value::as_u64).unwrap_or(0);
-            let mut fields = doc.fields.clone();
-            fields.remove("seq");
-            let event: Event = serde_json::from_value(Value::Object(fields))
-                .map_err(|e| self.bad(&doc.name, e))?;
-            out.push((seq, event));
-        }
-        Ok(out)
+        self.events_where(None, after, limit)
     }
 
     fn compact_events(&mut self, before: Timestamp, limit: usize) -> Res<usize> {

@@ -198,6 +198,15 @@ pub trait StateStore {
     /// (the history `status --all` pages through).
     fn latest_finished(&mut self, since: Timestamp, limit: usize) -> Result<Vec<Job>, StoreError>;
 
+    /// The events of job `job` with sequence numbers above `after`, oldest first, at most
+    /// `limit`, each with its sequence number: what `watch` follows.
+    fn job_events(
+        &mut self,
+        job: &Name,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Event)>, StoreError>;
+
     /// Events with sequence numbers above `after`, oldest first, at most `limit`, each with
     /// its sequence number (in commit order: SQLite's row ids, Firestore's event counter).
     fn events_after(&mut self, after: u64, limit: usize) -> Result<Vec<(u64, Event)>, StoreError>;

@@ -209,6 +209,40 @@ impl SqliteStore {
         })
     }
 
+    /// Events (of job `job`, if given) with sequence numbers above `after`, oldest first,
+    /// at most `limit`.
+    fn events_where(
+        &mut self,
+        job: Option<&str>,
+        after: u64,
+        limit: usize,
+    ) -> Res<Vec<(u64, Event)>> {
+        self.read(|tx, path| {
+            let mut stmt = tx
+                .prepare_cached(match job {
+                    Some(_) => {
+                        "SELECT seq, doc FROM events WHERE job_id = ?3 AND seq > ?1
+                         ORDER BY seq LIMIT ?2"
+                    }
+                    None => "SELECT seq, doc FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+                })
+                .map_err(|e| store_err(path, e))?;
+            let params = (after as i64, limit as i64);
+            let map = |r: &rusqlite::Row<'_>| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?));
+            let rows: Vec<(i64, String)> = match job {
+                Some(job) => stmt.query_map(params![params.0, params.1, job], map),
+                None => stmt.query_map(params![params.0, params.1], map),
+            }
+            .and_then(|rows| rows.collect())
+            .map_err(|e| store_err(path, e))?;
+            let mut out = Vec::new();
+            for (seq, doc) in rows {
+                out.push((seq as u64, parse(path, "events", &seq.to_string(), &doc)?));
+            }
+            Ok(out)
+        })
+    }
+
     fn fail(&self, message: String) -> StoreError {
         StoreError {
             store: self.describe(),
@@ -805,23 +839,12 @@ impl StateStore for SqliteStore {
         self.finished_in_order(since, limit, "ended_at DESC, id DESC")
     }
 
+    fn job_events(&mut self, job: &Name, after: u64, limit: usize) -> Res<Vec<(u64, Event)>> {
+        self.events_where(Some(job.as_str()), after, limit)
+    }
+
     fn events_after(&mut self, after: u64, limit: usize) -> Res<Vec<(u64, Event)>> {
-        self.read(|tx, path| {
-            let mut stmt = tx
-                .prepare("SELECT seq, doc FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")
-                .map_err(|e| store_err(path, e))?;
-            let rows = stmt
-                .query_map(params![after as i64, limit as i64], |r| {
-                    Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
-                })
-                .map_err(|e| store_err(path, e))?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (seq, doc) = row.map_err(|e| store_err(path, e))?;
-                out.push((seq as u64, parse(path, "events", &seq.to_string(), &doc)?));
-            }
-            Ok(out)
-        })
+        self.events_where(None, after, limit)
     }
 
     fn compact_events(&mut self, before: Timestamp, limit: usize) -> Res<usize> {

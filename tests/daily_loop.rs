@@ -1,0 +1,362 @@
+//! A researcher's day on the local stack, from a project folder outside the clone: submit
+//! the same manifest twice (two runs), watch by name (every state change with its time, why
+//! it waits, an interruption and the requeue), follow the logs, look at the queue and the
+//! history, cancel by name; and what each command says when it cannot go on (the stack
+//! stopped, a typo, a missing manifest). Real processes: `local up`, its emulator, its
+//! controller and its worker agents.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tpu-runner");
+
+/// A `local up` in its own state folder, and a project folder elsewhere.
+struct Day {
+    _tmp: tempfile::TempDir,
+    home: PathBuf,
+    project: PathBuf,
+    stack: Option<Child>,
+}
+
+impl Day {
+    fn new() -> Day {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().join("state");
+        let project = tmp.path().join("my-project");
+        std::fs::create_dir_all(&project).unwrap();
+        std::fs::write(
+            project.join("job.yaml"),
+            "jobs:\n  - name: train\n    tpu: v6e-8\n    command: bash train.sh\n    buckets: [gs://local-stack-us-east1, gs://local-stack-us-central1]\n",
+        )
+        .unwrap();
+        std::fs::write(
+            project.join("train.sh"),
+            "echo \"lr=${LR:-none}\"\nfor i in $(seq 1 ${STEPS:-3}); do echo \"step $i\"; sleep 0.2; done\n",
+        )
+        .unwrap();
+        Day {
+            _tmp: tmp,
+            home,
+            project,
+            stack: None,
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .current_dir(&self.project)
+            .env("TPU_RUNNER_HOME", &self.home)
+            .env_remove("TPU_RUNNER_DEPLOYMENT")
+            .env_remove("TPU_RUNNER_STORE")
+            .env_remove("TPU_RUNNER_TPU_ENDPOINT")
+            .env_remove("TPU_RUNNER_OBJECTS");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    fn up(&mut self) {
+        let mut child = self
+            .command(&["local", "up", "--speed", "50", "--interval", "0.5"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Up once it says where it registered.
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut said = String::new();
+        let until = Instant::now() + Duration::from_secs(60);
+        while !said.contains("registered in") {
+            assert!(Instant::now() < until, "local up said: {said}");
+            let mut line = String::new();
+            if err.read_line(&mut line).unwrap() == 0 {
+                panic!("local up ended: {said}");
+            }
+            said.push_str(&line);
+        }
+        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+        self.stack = Some(child);
+    }
+
+    fn down(&mut self) {
+        if let Some(mut child) = self.stack.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGINT,
+            );
+            let _ = child.wait();
+        }
+    }
+
+    fn submit(&self, extra: &[&str]) -> String {
+        let mut args = vec!["submit", "--json"];
+        args.extend_from_slice(extra);
+        let out = self.run(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let first: Value = serde_json::from_str(text(&out.stdout).lines().next().unwrap()).unwrap();
+        first["job_id"].as_str().unwrap().to_owned()
+    }
+
+    fn status(&self, extra: &[&str]) -> Value {
+        let mut args = vec!["status", "--json"];
+        args.extend_from_slice(extra);
+        let out = self.run(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn wait_for(&self, what: &str, mut done: impl FnMut() -> bool) {
+        let until = Instant::now() + Duration::from_secs(120);
+        while !done() {
+            assert!(Instant::now() < until, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+impl Drop for Day {
+    fn drop(&mut self) {
+        self.down();
+        tpu_runner::worker::transport::Local::stop_all(&self.home.join("local/workers"));
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn status_of(v: &Value, id: &str) -> Option<String> {
+    for list in [&v["queue"]["items"], &v["history"]["items"]] {
+        if let Some(r) = list
+            .as_array()
+            .and_then(|a| a.iter().find(|r| r["job_id"] == id))
+        {
+            return r["status"].as_str().map(str::to_owned);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_day_from_a_project_folder() {
+    let mut day = Day::new();
+    // Before the stack: every command says what is missing, and how to start it.
+    let before = day.run(&["status"]);
+    assert_eq!(before.status.code(), Some(3));
+    assert!(
+        text(&before.stderr)
+            .contains("the local stack is not running (start it with `tpu-runner local up`)"),
+        "{}",
+        text(&before.stderr)
+    );
+    day.up();
+
+    // The same manifest twice: two runs of one job, each with its own id.
+    let first = day.submit(&[]);
+    let second = day.submit(&["--env", "LR=3e-4", "--env", "STEPS=5"]);
+    assert_ne!(first, second);
+    for id in [&first, &second] {
+        assert!(
+            id.starts_with("train-") && id.len() == "train-".len() + 6,
+            "{id}"
+        );
+    }
+    // `submit DIR` reads DIR/job.yaml; a missing manifest is a file that cannot be read.
+    let from_dir = day.run(&["submit", ".", "--json"]);
+    assert!(from_dir.status.success(), "{}", text(&from_dir.stderr));
+    let third: Value = serde_json::from_slice(&from_dir.stdout).unwrap();
+    let third = third["job_id"].as_str().unwrap().to_owned();
+    let missing = day.run(&["submit", "nothere.yaml"]);
+    assert_eq!(missing.status.code(), Some(3), "{}", text(&missing.stderr));
+
+    // The queue right away: queue order, each waiting run with why.
+    let queue = day.status(&[]);
+    let items = queue["queue"]["items"].as_array().unwrap();
+    assert_eq!(items.len(), 3, "{queue}");
+    assert!(
+        items
+            .iter()
+            .filter(|r| r["status"] == "pending")
+            .all(|r| !r["waiting"].as_array().unwrap().is_empty()),
+        "a waiting run without a reason: {queue}"
+    );
+
+    // `watch` by name follows the latest run: each line timed, its output, its end.
+    let watch = day.run(&["watch", "train"]);
+    assert!(watch.status.success(), "{}", text(&watch.stderr));
+    let out = text(&watch.stdout);
+    assert!(out.contains(&format!("{third}: submitted")), "{out}");
+    assert!(out.contains("step 3"), "{out}");
+    assert!(out.contains(&format!("{third}: succeeded")), "{out}");
+    for line in out.lines().filter(|l| l.contains(&format!("{third}: "))) {
+        assert!(
+            line.starts_with("20") && line.as_bytes().get(19) == Some(&b'Z'),
+            "a state line without its time: {line}"
+        );
+    }
+    // The second run got its variables.
+    day.wait_for("the second run to end", || {
+        status_of(&day.status(&["--all"]), &second).as_deref() == Some("succeeded")
+    });
+    let logs = day.run(&["logs", &second]);
+    assert!(
+        text(&logs.stdout).contains("lr=3e-4"),
+        "{}",
+        text(&logs.stdout)
+    );
+    assert!(
+        text(&logs.stdout).contains("step 5"),
+        "{}",
+        text(&logs.stdout)
+    );
+
+    // A long run: followed, interrupted as a Spot preemption would, requeued, cancelled.
+    let long = day.submit(&["--env", "STEPS=400", "--command", "bash train.sh"]);
+    let watcher = day
+        .command(&["watch", "train", "--interval", "0.5"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let follower = day
+        .command(&["logs", "train", "--follow"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    day.wait_for("the long run to start", || {
+        text(&day.run(&["logs", "train"]).stdout).contains("step 2")
+    });
+    let interrupt = day.run(&["interrupt-spot", "train"]);
+    assert!(interrupt.status.success(), "{}", text(&interrupt.stderr));
+    day.wait_for("the long run's second attempt", || {
+        day.status(&[])["queue"]["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["job_id"] == long.as_str() && r["attempts"] == 2 && r["status"] == "running")
+    });
+    // A typo gets a suggestion, and changes nothing.
+    let typo = day.run(&["cancel", "trian"]);
+    assert_eq!(typo.status.code(), Some(1));
+    assert!(
+        text(&typo.stdout).contains("did you mean `train`?"),
+        "{}",
+        text(&typo.stdout)
+    );
+    let cancel = day.run(&["cancel", "train"]);
+    assert!(cancel.status.success(), "{}", text(&cancel.stderr));
+    assert!(
+        text(&cancel.stdout).contains(&format!("{long}: cancelling")),
+        "{}",
+        text(&cancel.stdout)
+    );
+    let watched = watcher.wait_with_output().unwrap();
+    assert_eq!(
+        watched.status.code(),
+        Some(1),
+        "a cancelled run is not a success"
+    );
+    let watched = text(&watched.stdout);
+    for said in [
+        "interrupted (interrupt-spot); requeued in its region",
+        "started",
+        "cancelled",
+    ] {
+        assert!(
+            watched.contains(said),
+            "watch never said `{said}`:\n{watched}"
+        );
+    }
+    let followed = follower.wait_with_output().unwrap();
+    assert!(followed.status.success());
+    let followed = text(&followed.stdout);
+    assert!(followed.contains("step 1"), "{followed}");
+    assert_eq!(
+        followed.lines().filter(|l| l.ends_with("] step 1")).count(),
+        2,
+        "both attempts' output, once each:\n{followed}"
+    );
+
+    // The history: every run, latest first, with how it ended.
+    let all = day.status(&["--all"]);
+    let history = all["history"]["items"].as_array().unwrap();
+    let ids: Vec<&str> = history
+        .iter()
+        .map(|r| r["job_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 4, "{all}");
+    assert_eq!(ids[0], long, "latest first: {ids:?}");
+    assert_eq!(status_of(&all, &long).as_deref(), Some("cancelled"));
+    assert!(history.iter().all(|r| r["name"] == "train"));
+    let table = text(&day.run(&["status", "--all"]).stdout);
+    assert!(
+        table.contains("cancelled") && table.contains("succeeded"),
+        "{table}"
+    );
+
+    // `state export` reads the stack's store from here too.
+    let export = day.run(&["state", "export"]);
+    assert!(export.status.success(), "{}", text(&export.stderr));
+
+    // Once the stack stops, commands say so (not "run init").
+    day.down();
+    for args in [&["status"][..], &["watch", "train"][..], &["submit"][..]] {
+        let out = day.run(args);
+        assert_eq!(out.status.code(), Some(3), "{args:?}");
+        assert!(
+            text(&out.stderr).contains("the local stack is not running"),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+/// A manifest `id:` is used once and refused again before anything is uploaded; the hint
+/// says how to launch again.
+#[test]
+fn a_fixed_id_is_refused_again_with_a_way_out() {
+    let mut day = Day::new();
+    std::fs::write(
+        day.project.join("fixed.yaml"),
+        "jobs:\n  - id: once\n    tpu: v6e-8\n    command: 'true'\n    buckets: [gs://local-stack-us-east1]\n",
+    )
+    .unwrap();
+    day.up();
+    assert_eq!(day.submit(&["fixed.yaml"]), "once");
+    let again = day.run(&["submit", "fixed.yaml"]);
+    assert_eq!(again.status.code(), Some(2));
+    let said = text(&again.stderr);
+    assert!(
+        said.contains("once") && said.contains("write `name:` instead"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("uploading"),
+        "uploaded before refusing: {said}"
+    );
+}
+
+/// With a GCP fleet and no credentials, the message names the cause once.
+#[test]
+fn no_credentials_is_said_once() {
+    let day = Day::new();
+    let fleet = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/local/deployment.yaml");
+    let out = day
+        .command(&["submit", "--fleet", fleet.to_str().unwrap()])
+        .env_remove("STORAGE_EMULATOR_HOST")
+        .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
+        .env("HOME", day.home.join("no-home"))
+        .env("GCE_METADATA_HOST", "127.0.0.1:9")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let said = text(&out.stderr);
+    assert!(said.contains("error: Cloud Storage: "), "{said}");
+    assert!(!said.contains("Cloud Storage: Cloud Storage"), "{said}");
+}
