@@ -461,7 +461,7 @@ fn lifecycle(store: Option<String>) {
     let (_, logs) = rig.run(&["logs", "resume"]);
     let starts: Vec<u32> = logs
         .lines()
-        .filter_map(|l| l.strip_prefix("starting at step "))
+        .filter_map(|l| l.split_once("starting at step ").map(|(_, rest)| rest))
         .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
         .collect();
     assert!(

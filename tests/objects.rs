@@ -161,6 +161,27 @@ fn objects_are_written_read_listed_and_deleted_alike() {
         }
         assert!(store.copy(&uri("gone"), &uri("moved/y")).is_err(), "{kind}");
         assert_eq!(store.get(&uri("moved/y"), 1 << 20).unwrap(), None, "{kind}");
+        // Ranged reads: from an offset, bounded, empty past the end, absent is `None`.
+        store.put(&uri("log"), b"line 1\nline 2\n", false).unwrap();
+        let from = |offset: u64, limit: u64| store.get_from(&uri("log"), offset, limit).unwrap();
+        assert_eq!(from(0, 6).as_deref(), Some(&b"line 1"[..]), "{kind}");
+        assert_eq!(from(7, 100).as_deref(), Some(&b"line 2\n"[..]), "{kind}");
+        assert_eq!(
+            from(14, 100).as_deref(),
+            Some(&b""[..]),
+            "{kind}: at the end"
+        );
+        assert_eq!(
+            from(99, 100).as_deref(),
+            Some(&b""[..]),
+            "{kind}: past the end"
+        );
+        assert_eq!(
+            from(3, 0).as_deref(),
+            Some(&b""[..]),
+            "{kind}: nothing asked"
+        );
+        assert_eq!(store.get_from(&uri("gone"), 0, 10).unwrap(), None, "{kind}");
         // Malformed addresses are errors, not panics.
         assert!(store.get("gs://", 10).is_err());
         assert!(store.get("s3://b/x", 10).is_err());

@@ -293,6 +293,84 @@ fn a_submission_is_recorded_with_its_spec_and_old_events_are_compacted() {
     }
 }
 
+/// What the daily commands read, alike on every store: a name's runs latest first, the
+/// history latest ended first, and one run's events in order (after a given one).
+#[test]
+fn runs_by_name_the_history_and_a_runs_events() {
+    let dir = tempfile::tempdir().unwrap();
+    for at in stores("daily", dir.path()) {
+        let mut store = at.open();
+        let s = &mut *store;
+        let mut runs = jobs(&["train-aaaaaa", "train-bbbbbb", "eval-cccccc", "fixed"]);
+        for (k, job) in runs.iter_mut().enumerate() {
+            job.submitted_at = T0.plus_secs(k as i64);
+        }
+        runs[0].spec.name = Some("train".into());
+        runs[1].spec.name = Some("train".into());
+        runs[2].spec.name = Some("eval".into());
+        for (k, job) in runs.iter().enumerate() {
+            s.create_jobs(std::slice::from_ref(job), T0.plus_secs(k as i64))
+                .unwrap();
+        }
+        assert_eq!(
+            s.runs_named("train", 10).unwrap(),
+            vec![Name::new("train-bbbbbb"), Name::new("train-aaaaaa")],
+            "{at:?}: latest submitted first"
+        );
+        assert_eq!(s.runs_named("train", 1).unwrap().len(), 1, "{at:?}");
+        assert!(
+            s.runs_named("fixed", 10).unwrap().is_empty(),
+            "{at:?}: an id is no name"
+        );
+        assert!(s.runs_named("nope", 10).unwrap().is_empty(), "{at:?}");
+        // Two runs end, a minute apart: the history lists the later first.
+        for (id, secs) in [("train-aaaaaa", 120), ("eval-cccccc", 60)] {
+            s.cancel_job(&Name::new(id), false, T0.plus_secs(secs))
+                .unwrap();
+        }
+        let latest: Vec<Name> = s
+            .latest_finished(T0, 10)
+            .unwrap()
+            .iter()
+            .map(|j| j.id)
+            .collect();
+        assert_eq!(
+            latest,
+            [Name::new("train-aaaaaa"), Name::new("eval-cccccc")],
+            "{at:?}"
+        );
+        let oldest: Vec<Name> = s
+            .finished_jobs(T0, 10)
+            .unwrap()
+            .iter()
+            .map(|j| j.id)
+            .collect();
+        assert_eq!(
+            oldest,
+            [Name::new("eval-cccccc"), Name::new("train-aaaaaa")],
+            "{at:?}"
+        );
+        assert_eq!(
+            s.latest_finished(T0.plus_secs(90), 10).unwrap().len(),
+            1,
+            "{at:?}"
+        );
+        // One run's events, in order, and only those after one already seen.
+        let mine = s.job_events(&Name::new("train-aaaaaa"), 0, 100).unwrap();
+        let kinds: Vec<&str> = mine.iter().map(|(_, e)| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["job_created", "cancel_requested"], "{at:?}");
+        assert!(
+            mine.iter()
+                .all(|(_, e)| e.job_id == Some(Name::new("train-aaaaaa")))
+        );
+        let after = s
+            .job_events(&Name::new("train-aaaaaa"), mine[0].0, 100)
+            .unwrap();
+        assert_eq!(after.len(), 1, "{at:?}");
+        assert_eq!(after[0].0, mine[1].0, "{at:?}");
+    }
+}
+
 #[test]
 fn cancel_follows_the_rules() {
     let dir = tempfile::tempdir().unwrap();
@@ -686,9 +764,16 @@ fn a_pass_never_overwrites_a_command_write() {
             JobStatus::Deactivated,
             "{at:?}: the cancel stands"
         );
-        assert!(
-            s.events_after(0, 10).unwrap().is_empty(),
-            "{at:?}: a refused pass writes no event"
+        let kinds: Vec<String> = s
+            .events_after(0, 10)
+            .unwrap()
+            .into_iter()
+            .map(|(_, e)| e.kind)
+            .collect();
+        assert_eq!(
+            kinds,
+            ["cancel_requested"],
+            "{at:?}: a refused pass writes no event (the cancel writes its own)"
         );
         // Redone from the fresh state, the pass commits and keeps a concurrent cancel of a
         // job it did not touch.
@@ -903,7 +988,7 @@ fn commands_child(store: &mut dyn StateStore, seed: u64) {
                 .reprioritize(&target, p, T0.plus_secs(k as i64))
                 .unwrap();
             say(
-                serde_json::json!({"op": "prio", "id": target.as_str(), "priority": tpu_runner::engine::commands::priority_name(p), "result": r}),
+                serde_json::json!({"op": "prio", "id": target.as_str(), "priority": p.as_str(), "result": r}),
             );
         }
     }
@@ -1090,7 +1175,7 @@ fn commands_and_a_controller_in_several_processes_lose_nothing() {
                             if std::ptr::eq(last.unwrap(), line) {
                                 let job = all[&id];
                                 assert_eq!(
-                                    tpu_runner::engine::commands::priority_name(job.spec.priority),
+                                    job.spec.priority.as_str(),
                                     line["priority"].as_str().unwrap(),
                                     "{at:?}: priority of {id} lost (child {seed})"
                                 );

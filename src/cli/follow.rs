@@ -144,6 +144,11 @@ pub(crate) fn sentence(e: &Event) -> String {
         "job_succeeded" => format!("succeeded (attempt {attempt})"),
         "job_failed" => format!("failed{detail}"),
         "job_cancelled" => format!("cancelled{detail}"),
+        "cancel_requested" if e.detail == "status=deactivated" => {
+            "cancelled (it had not started)".into()
+        }
+        "cancel_requested" => "cancel requested: its workers are being stopped".into(),
+        "pending_job_reprioritized" => format!("priority changed{detail}"),
         "job_moved" => format!("moved to another region{detail}"),
         "job_displaced" => format!("attempt {attempt} stopped for a higher-priority job{detail}"),
         "job_displacing" => format!("a lower-priority job is being stopped to free a TPU{detail}"),

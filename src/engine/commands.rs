@@ -139,6 +139,19 @@ pub fn cancel(
     }
 }
 
+/// The event a changed cancel appends: `cancel_requested`, with the status it left the job
+/// in (`deactivated`: it had not started; `cancelling`: its workers are being stopped).
+pub fn cancel_event(job: &Job, now: Timestamp) -> Event {
+    Event {
+        at: now,
+        kind: "cancel_requested".into(),
+        job_id: Some(job.id),
+        resource_id: None,
+        attempt_id: None,
+        detail: format!("status={}", job.status.as_str()),
+    }
+}
+
 fn provably_idle(job: &Job, tpus: &PreviousTpus) -> Result<(), String> {
     if job.status != JobStatus::Pending {
         return Err(format!("job is {}, not pending", job.status.as_str()));
@@ -211,23 +224,14 @@ pub fn reprioritize(
         attempt_id: None,
         detail: format!(
             "old_priority={}; new_priority={}",
-            priority_name(old),
-            priority_name(priority)
+            old.as_str(),
+            priority.as_str()
         ),
     };
     (
         ReprioritizeResult::Reprioritized { old, new: priority },
         Some(event),
     )
-}
-
-/// `low`, `normal` or `high`.
-pub fn priority_name(p: Priority) -> &'static str {
-    match p {
-        Priority::Low => "low",
-        Priority::Normal => "normal",
-        Priority::High => "high",
-    }
 }
 
 /// The id of the interruption request for (resource, job, attempt):

@@ -754,8 +754,14 @@ impl StateStore for FirestoreStore {
             let result = commands::cancel(read.as_mut().map(|(j, _)| j), if_pending, &tpus, now);
             match (&result, &read) {
                 (CancelResult::Status { changed: true, .. }, Some((job, doc))) => {
-                    let writes =
+                    let (next, counter) = store.event_counter(tx)?;
+                    let mut writes =
                         store.job_writes(job, Precondition::UpdateTime(doc.update_time.clone()))?;
+                    writes.extend(store.event_writes(
+                        &[commands::cancel_event(job, now)],
+                        next,
+                        counter,
+                    ));
                     Ok(Step::Commit(writes, result))
                 }
                 _ => Ok(Step::Done(result)),

@@ -575,6 +575,7 @@ impl StateStore for SqliteStore {
             let changed = matches!(result, CancelResult::Status { changed: true, .. });
             if changed && let Some((job, version)) = &read {
                 write_job(tx, path, job, version + 1)?;
+                append_events(tx, path, &[commands::cancel_event(job, now)])?;
             }
             Ok((result, changed))
         })
