@@ -4,6 +4,7 @@
 
 mod capture;
 mod controller;
+mod dashboard;
 mod deploy;
 mod emulator;
 mod events;
@@ -374,6 +375,23 @@ enum Command {
         /// JSON lines (`state`, `waiting`, `log`, `artifacts` events).
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        stack: stack::StackOpts,
+    },
+    /// Serve a read-only web page of the queue (why each run waits), the latest runs, the
+    /// TPUs by zone, the latest events and the last day's goodput ledger, refreshing on its
+    /// own.
+    #[command(
+        after_help = "Examples:\n  tpu-runner dashboard                  then open http://127.0.0.1:8471/\n  tpu-runner dashboard --listen 127.0.0.1:0 --refresh 2\n\nExit codes: 0 stopped with Ctrl-C; 2 bad flags; 3 cannot listen; 5 the store failed."
+    )]
+    Dashboard {
+        /// Where to listen (loopback by default: the page shows job names and commands'
+        /// output locations; put it behind your own authentication to share it).
+        #[arg(long, default_value = "127.0.0.1:8471", value_name = "ADDR")]
+        listen: String,
+        /// Seconds between reads of the store (and the page's refreshes).
+        #[arg(long, default_value_t = 5.0, value_name = "SECS")]
+        refresh: f64,
         #[command(flatten)]
         stack: stack::StackOpts,
     },
@@ -1045,6 +1063,17 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
                 json,
             )
         }
+        Command::Dashboard {
+            listen,
+            refresh,
+            stack,
+        } => dashboard::run(
+            &stack,
+            &dashboard::DashboardArgs {
+                listen: &listen,
+                refresh,
+            },
+        ),
         Command::InterruptSpot {
             job,
             tpu,

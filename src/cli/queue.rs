@@ -164,6 +164,23 @@ fn queue<'s>(stack: &Stack, state: &'s State, now: Timestamp) -> Vec<QueueRow<'s
     rows
 }
 
+/// The first `limit` runs of the queue as JSON (the dashboard's).
+pub(crate) fn queue_json(
+    stack: &Stack,
+    state: &State,
+    now: Timestamp,
+    limit: usize,
+) -> serde_json::Value {
+    let rows = queue(stack, state, now);
+    let more = rows.len().saturating_sub(limit);
+    json!({"items": rows.iter().take(limit).collect::<Vec<_>>(), "more": more})
+}
+
+/// A finished run as JSON (the dashboard's history).
+pub(crate) fn history_json(job: &Job) -> serde_json::Value {
+    serde_json::to_value(history(job)).unwrap_or_default()
+}
+
 /// Why the pending run `id` waits now (the reasons `status` gives it), if it is pending.
 pub(crate) fn waiting_reasons(
     stack: &Stack,
