@@ -1,9 +1,12 @@
-//! The whole `tpu-runner plan` command, as a user runs it, on snapshots of 4k, 20k and 100k
-//! pending jobs (one idle TPU per ten jobs, 100 to 500 fleet entries): the binary starts,
-//! reads and checks the fleet and the state, runs one pass, explains every waiting job and
-//! prints the text report (`text`) or the JSON one (`json`). The files are written once,
-//! outside the timed section. Issue 17's target: 100k jobs in under 2 s, output linear in
-//! jobs (the output sizes are printed once per size).
+//! The whole `tpu-runner plan` and `tpu-runner status` commands, as a user runs them, on
+//! snapshots of 4k, 20k and 100k pending jobs (one idle TPU per ten jobs, 100 to 500 fleet
+//! entries). `plan`: the binary starts, reads and checks the fleet and the state, runs one
+//! pass, explains every waiting job and prints the text report (`text`) or the JSON one
+//! (`json`). `status`: the same jobs imported into an SQLite store; the binary loads the
+//! active set, orders the queue, explains every waiting run and prints the first page
+//! (`text`, 50 rows), every run (`json`) or the page and the history (`all`). The files
+//! and stores are written once, outside the timed section. Issue 17's target: 100k jobs in
+//! under 2 s, output linear in jobs (the output sizes are printed once per size).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -115,5 +118,91 @@ fn plan_command(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, plan_command);
+/// Runs `status` (`how`: text, json, all) on the store in `dir`; the bytes it printed.
+fn status(dir: &Path, how: &str) -> usize {
+    let mut command = Command::new(BIN);
+    command.current_dir(dir).args([
+        "status",
+        "--fleet",
+        "deployment.yaml",
+        "--store",
+        "sqlite:state.db",
+    ]);
+    match how {
+        "json" => command.args(["--json", "--limit", "0"]),
+        "all" => command.arg("--all"),
+        _ => &mut command,
+    };
+    let out = command.output().expect("the binary runs");
+    assert!(
+        out.status.success(),
+        "status failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout.len()
+}
+
+fn status_command(c: &mut Criterion) {
+    let epoch = Timestamp::from_secs(1_767_225_600);
+    let mut group = c.benchmark_group("status_command");
+    group.sample_size(10);
+    let sizes: &[(usize, usize)] = if std::env::args().any(|a| a == "--bench") {
+        &[(4_000, 100), (20_000, 200), (100_000, 500)]
+    } else {
+        &[(4_000, 100)]
+    };
+    let mut dirs: Vec<(usize, tempfile::TempDir)> = Vec::new();
+    for &(n_jobs, n_entries) in sizes {
+        let n_idle = n_jobs / 10;
+        let count = (n_idle / n_entries + 1) as u32;
+        let fleet = synthetic::fleet(n_entries, count);
+        let (state, _) = synthetic::planning_instance(&fleet, n_jobs, n_idle, epoch);
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("deployment.yaml"), fleet_yaml(&fleet)).expect("fleet");
+        std::fs::write(
+            dir.path().join("state.json"),
+            serde_json::to_vec(&state).expect("state serialises"),
+        )
+        .expect("state");
+        let import = Command::new(BIN)
+            .current_dir(dir.path())
+            .args([
+                "state",
+                "import",
+                "state.json",
+                "--fleet",
+                "deployment.yaml",
+            ])
+            .args(["--store", "sqlite:state.db"])
+            .output()
+            .expect("the binary runs");
+        assert!(
+            import.status.success(),
+            "{}",
+            String::from_utf8_lossy(&import.stderr)
+        );
+        let sizes: Vec<usize> = ["text", "json", "all"]
+            .iter()
+            .map(|how| status(dir.path(), how))
+            .collect();
+        eprintln!(
+            "status_command: {n_jobs} jobs: text {} KB, JSON {} KB ({:.0} B/run)",
+            sizes[0] >> 10,
+            sizes[1] >> 10,
+            sizes[1] as f64 / n_jobs as f64
+        );
+        dirs.push((n_jobs, dir));
+    }
+    for (n_jobs, dir) in &dirs {
+        let path: PathBuf = dir.path().to_path_buf();
+        for how in ["text", "json", "all"] {
+            group.bench_function(BenchmarkId::new(how, n_jobs), |b| {
+                b.iter(|| status(&path, how))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, plan_command, status_command);
 criterion_main!(benches);

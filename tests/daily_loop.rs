@@ -360,3 +360,125 @@ fn no_credentials_is_said_once() {
     assert!(said.contains("error: Cloud Storage: "), "{said}");
     assert!(!said.contains("Cloud Storage: Cloud Storage"), "{said}");
 }
+
+/// A store with runs but no controller: what `status` and `watch` say about the queue.
+struct Queue {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    common: Vec<String>,
+}
+
+impl Queue {
+    fn new(manifest: &str) -> Queue {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let objects = tpu_runner::objects::LocalDir::new(dir.join("objects"));
+        objects
+            .create_bucket("gs://local-stack-us-east1", "US-EAST1")
+            .unwrap();
+        std::fs::write(dir.join("job.yaml"), manifest).unwrap();
+        let fleet = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/local/deployment.yaml");
+        let common = vec![
+            "--fleet".to_owned(),
+            fleet.display().to_string(),
+            "--store".to_owned(),
+            format!("sqlite:{}", dir.join("state.db").display()),
+            "--objects".to_owned(),
+            dir.join("objects").display().to_string(),
+            // An emulator's address: no Cloud Run controller to start.
+            "--tpu-endpoint".to_owned(),
+            "http://127.0.0.1:9".to_owned(),
+        ];
+        Queue {
+            _tmp: tmp,
+            dir,
+            common,
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args).args(&self.common).current_dir(&self.dir);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+}
+
+/// `status` lists runs in the order the controller serves them (priority first), not by
+/// id, and says why each waits; `watch` says it too, with its time, while the run waits.
+#[test]
+fn the_queue_is_in_service_order_and_says_why_each_run_waits() {
+    let q = Queue::new(
+        "jobs:\n  - name: a-normal\n    tpu: v6e-8\n    command: 'true'\n    buckets: [gs://local-stack-us-east1]\n  - name: b-high\n    tpu: v6e-8\n    priority: high\n    command: 'true'\n    buckets: [gs://local-stack-us-east1]\n  - name: c-low\n    tpu: v6e-8\n    priority: low\n    command: 'true'\n    buckets: [gs://local-stack-us-east1]\n",
+    );
+    let submitted = q.run(&["submit"]);
+    assert!(submitted.status.success(), "{}", text(&submitted.stderr));
+    let status = q.run(&["status", "--json"]);
+    let v: Value = serde_json::from_slice(&status.stdout).unwrap();
+    let items = v["queue"]["items"].as_array().unwrap();
+    let order: Vec<(&str, u64)> = items
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap(), r["position"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(order, [("b-high", 1), ("a-normal", 2), ("c-low", 3)]);
+    for r in items {
+        let why = r["waiting"][0].as_str().unwrap_or_default();
+        assert!(why.contains("capacity"), "{r}");
+        assert!(r["codes"].as_array().is_some_and(|c| !c.is_empty()), "{r}");
+    }
+    let table = text(&q.run(&["status"]).stdout);
+    let rows: Vec<&str> = table.lines().filter(|l| l.contains("pending")).collect();
+    assert!(
+        rows.len() == 3 && rows[0].contains("b-high") && rows[2].contains("c-low"),
+        "{table}"
+    );
+    assert!(table.contains("WAITING BECAUSE"), "{table}");
+    // `--state`, `--name`, `--priority` filter; a bad state is a usage error.
+    let only = q.run(&["status", "--json", "--priority", "low"]);
+    let v: Value = serde_json::from_slice(&only.stdout).unwrap();
+    assert_eq!(v["queue"]["items"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        q.run(&["status", "--state", "runing"]).status.code(),
+        Some(2)
+    );
+
+    // `watch` of a waiting run says why, with the time, and keeps waiting.
+    let mut watch = q
+        .command(&["watch", "a-normal", "--interval", "0.2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let _ = watch.kill();
+    let out = text(&watch.wait_with_output().unwrap().stdout);
+    let waiting = out
+        .lines()
+        .find(|l| l.contains(": waiting: "))
+        .unwrap_or_else(|| panic!("watch never said why it waits:\n{out}"));
+    assert!(
+        waiting.starts_with("20") && waiting.contains("capacity"),
+        "{waiting}"
+    );
+}
+
+/// The help and the docs say what the commands do now: no exit code 0 "the file is valid"
+/// for every command, and the resume example uses `interrupt-spot`, which the README names.
+#[test]
+fn help_and_examples_say_what_the_commands_do() {
+    let help = text(&Command::new(BIN).arg("--help").output().unwrap().stdout);
+    assert!(!help.contains("the file is valid"), "{help}");
+    assert!(help.contains("3  a file could not be read"), "{help}");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let resume = std::fs::read_to_string(root.join("examples/resume/job.yaml")).unwrap();
+    assert!(
+        resume.contains("tpu-runner interrupt-spot resume"),
+        "{resume}"
+    );
+    assert!(!resume.contains("TPU_RUNNER_TPU_ENDPOINT"), "{resume}");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(readme.contains("tpu-runner interrupt-spot resume"));
+    assert!(readme.contains("cargo install --path ."));
+}

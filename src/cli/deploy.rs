@@ -89,6 +89,14 @@ pub(crate) fn run(args: &DeployArgs<'_>) -> Result<ExitStatus, Failure> {
                 format!("error: cannot read this binary: {e}\n"),
             )
         })?;
+    // Every TPU worker downloads the agent at boot: a build with debug information is five
+    // times the size of the shipped one.
+    if agent.len() > 40 << 20 {
+        eprintln!(
+            "note: this binary is {} MB, and every TPU worker downloads it at boot: deploy from `cargo install --path . --profile dist` (about 17 MB, no debug information)",
+            agent.len() >> 20
+        );
+    }
     let deployment =
         crate::files::read_bytes(args.fleet, crate::files::SPEC_LIMIT).map_err(|e| {
             Failure::io(

@@ -3,7 +3,6 @@
 
 use std::io::Write as _;
 use std::path::Path;
-use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -11,13 +10,9 @@ use super::exit_codes::ExitStatus;
 use super::validate::load_fleet;
 use super::{Failure, print_stdout, read_text};
 use crate::engine::explain::{Explanation, explain};
-use crate::engine::observe::{
-    Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, QrState, QueuedResourceInfo,
-};
-use crate::engine::state::{ResourceStatus, SCHEMA_VERSION};
-use crate::engine::{Action, Engine, Event, FleetIndex, Observation, State, Timestamp};
+use crate::engine::state::SCHEMA_VERSION;
+use crate::engine::{Action, Engine, Event, State, Timestamp};
 use crate::spec::PolicyName;
-use crate::spec::names;
 
 /// Options of `plan`.
 pub(crate) struct PlanArgs<'a> {
@@ -53,80 +48,6 @@ pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
         message,
         status: ExitStatus::Invalid,
     })
-}
-
-/// The cloud as the state believes it to be: ready TPUs for idle and busy records, waiting
-/// requests for provisioning ones, healthy workers for running attempts.
-pub(crate) fn assumed_observation(
-    index: &FleetIndex,
-    state: &State,
-    now: Timestamp,
-) -> Observation {
-    let mut obs = Observation::default();
-    for job in state.jobs.values() {
-        if let Some(a) = job.attempt().filter(|a| !a.status.is_terminal()) {
-            let report = crate::engine::observe::AttemptReport {
-                launched: true,
-                heartbeat_at: Some(now),
-                ..Default::default()
-            };
-            obs.attempts.insert(a.id, report);
-        }
-    }
-    for r in state.resources.values() {
-        let labels = std::collections::BTreeMap::from([
-            (LABEL_MANAGED_BY.to_owned(), index.runner().to_owned()),
-            (LABEL_FLEET_ENTRY.to_owned(), r.entry_id.to_string()),
-        ]);
-        let up =
-            matches!(r.status, ResourceStatus::Idle | ResourceStatus::Busy) || r.owner.is_some();
-        let model = index
-            .entry_index(&r.entry_id)
-            .map_or(crate::spec::ProvisioningModel::OnDemand, |e| {
-                index.entry(e).provisioning_model
-            });
-        let (spot, reserved) = (
-            model == crate::spec::ProvisioningModel::Spot,
-            model == crate::spec::ProvisioningModel::Reserved,
-        );
-        if !r.adopted && (up || r.status == ResourceStatus::Provisioning) {
-            obs.queued_resources.push(Arc::new(QueuedResourceInfo {
-                name: names::queued_resource_name(&r.tpu_name),
-                zone: r.zone,
-                node_id: r.tpu_name,
-                tpu_type: r.tpu_type.clone(),
-                state: if up {
-                    QrState::Active
-                } else {
-                    QrState::WaitingForResources
-                },
-                spot,
-                reserved,
-                labels: labels.clone().into(),
-                failure: None,
-            }));
-        }
-        if up {
-            obs.nodes.push(Arc::new(NodeInfo {
-                name: r.tpu_name,
-                zone: r.zone,
-                tpu_type: r.tpu_type.clone(),
-                state: NodeState::Ready,
-                health: Health::Healthy,
-                spot,
-                reserved,
-                labels: if r.adopted {
-                    Default::default()
-                } else {
-                    labels.into()
-                },
-                queued_resource: None,
-                worker_count: r.worker_count,
-                public_ip: true,
-            }));
-        }
-    }
-    obs
 }
 
 pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
@@ -195,7 +116,7 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
                 status: ExitStatus::Invalid,
             })?
         }
-        None => assumed_observation(engine.index(), &state, now),
+        None => crate::engine::explain::assumed_observation(engine.index(), &state, now),
     };
     let out = engine.reconcile(&mut state, &observation, now);
     let waiting = explain(engine.index(), &state, &observation, &out, now);

@@ -13,8 +13,7 @@ use super::stack::{Stack, StackOpts};
 use super::state::store_failure;
 use super::{Failure, print_stdout, table};
 use crate::controller::wall_clock;
-use crate::engine::demand::Demand;
-use crate::engine::explain::{Explanation, Reason, explain};
+use crate::engine::explain::Reason;
 use crate::engine::state::{Job, JobStatus, State};
 use crate::engine::{Engine, Timestamp};
 use crate::spec::Priority;
@@ -95,73 +94,39 @@ fn wanted(job: &Job, args: &StatusArgs<'_>) -> bool {
         && args.priority.is_none_or(|p| job.spec.priority == p)
 }
 
-/// The active runs in queue order, with the waiting ones' reasons.
+/// The active runs in queue order, with the waiting ones' reasons (the engine's).
 fn queue<'s>(stack: &Stack, state: &'s State, now: Timestamp) -> Vec<QueueRow<'s>> {
     let engine = Engine::with_policy(stack.fleet.policy.clone(), stack.fleet.clone());
-    let observation = super::plan::assumed_observation(engine.index(), state, now);
-    let mut after = state.clone();
-    let out = engine.reconcile(&mut after, &observation, now);
-    let mut why: rustc_hash::FxHashMap<&str, Explanation> =
-        explain(engine.index(), &after, &observation, &out, now)
-            .into_iter()
-            .map(|e| {
-                let id = crate::spec::Name::new(&e.job_id).as_str();
-                (id, e)
-            })
-            .collect();
-    let mut running: Vec<&Job> = state
-        .jobs
-        .values()
-        .filter(|j| j.status != JobStatus::Pending)
-        .collect();
-    running.sort_by_key(|j| {
-        (
-            j.attempt()
-                .map_or(j.submitted_at, |a| a.started_at.unwrap_or(a.created_at)),
-            j.id,
-        )
-    });
-    let demand = Demand::build(
-        engine.index(),
-        state
-            .jobs
-            .values()
-            .filter(|j| j.status == JobStatus::Pending),
-        now,
-    );
-    let mut pending: Vec<_> = demand.jobs.iter().collect();
-    pending.sort_by(|a, b| a.order_key.cmp(&b.order_key).then(a.job.id.cmp(&b.job.id)));
-    let row = |job: &'s Job, position: Option<usize>, why: Option<Explanation>| {
-        let attempt = job.attempt().filter(|a| !a.status.is_terminal());
-        let (waiting, codes) = match why {
-            Some(e) => (e.reasons, e.codes),
-            None if job.status == JobStatus::Pending => (
-                vec!["a compatible TPU is free: the controller's next pass starts it".into()],
-                Vec::new(),
-            ),
-            None => (Vec::new(), Vec::new()),
-        };
-        QueueRow {
-            position,
-            job_id: job.id.as_str(),
-            name: job.spec.name(),
-            status: job.status.word(),
-            priority: job.spec.priority,
-            submitted_at: job.submitted_at,
-            tpu_name: attempt.map(|a| a.tpu_name.as_str()),
-            zone: attempt.map(|a| a.zone.as_str()),
-            region: job.placement.as_ref().map(|p| p.region.as_str()),
-            attempts: job.attempts.len(),
-            recoveries: job.interruptions,
-            waiting,
-            codes,
-        }
-    };
-    let mut rows: Vec<QueueRow<'s>> = running.into_iter().map(|j| row(j, None, None)).collect();
-    for (k, p) in pending.into_iter().enumerate() {
-        rows.push(row(p.job, Some(k + 1), why.remove(p.job.id.as_str())));
-    }
-    rows
+    crate::engine::explain::queue(&engine, state, now)
+        .into_iter()
+        .map(|q| {
+            let job = q.job;
+            let attempt = job.attempt().filter(|a| !a.status.is_terminal());
+            let (waiting, codes) = match q.why {
+                Some(e) => (e.reasons, e.codes),
+                None if job.status == JobStatus::Pending => (
+                    vec!["a compatible TPU is free: the controller's next pass starts it".into()],
+                    Vec::new(),
+                ),
+                None => (Vec::new(), Vec::new()),
+            };
+            QueueRow {
+                position: q.position,
+                job_id: job.id.as_str(),
+                name: job.spec.name(),
+                status: job.status.word(),
+                priority: job.spec.priority,
+                submitted_at: job.submitted_at,
+                tpu_name: attempt.map(|a| a.tpu_name.as_str()),
+                zone: attempt.map(|a| a.zone.as_str()),
+                region: job.placement.as_ref().map(|p| p.region.as_str()),
+                attempts: job.attempts.len(),
+                recoveries: job.interruptions,
+                waiting,
+                codes,
+            }
+        })
+        .collect()
 }
 
 /// The first `limit` runs of the queue as JSON (the dashboard's).

@@ -1,5 +1,6 @@
 //! Why each pending job is not running, in words a user can act on and as reason codes a
-//! script can read: used by `plan` (and later `status`). Reads the fleet, the state after a
+//! script can read, and the queue in the order it is served: used by `plan`, `status`,
+//! `watch` and the dashboard. Reads the fleet, the state after a
 //! pass, the observation and the pass output; pure. The cost is linear: what depends only on
 //! a job's requirement is worked out once per requirement class, and every list a reason
 //! names is bounded (the first few names and a count).
@@ -10,7 +11,10 @@ use serde::Serialize;
 
 use super::demand::{ClassKey, Requirement};
 use super::fleet_index::FleetIndex;
-use super::observe::{Action, Observation};
+use super::observe::{
+    Action, Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, NodeState, Observation, QrState,
+    QueuedResourceInfo,
+};
 use super::reconcile::PassOutput;
 use super::state::{JobStatus, RegionChoice, ResourceStatus, State};
 use super::time::Timestamp;
@@ -526,6 +530,141 @@ fn class_reasons(facts: &Facts<'_>, req: &Requirement<'_>) -> Vec<Reason> {
         });
     }
     reasons
+}
+
+/// The cloud as the state believes it to be: ready TPUs for idle and busy records, waiting
+/// requests for provisioning ones, healthy workers for running attempts.
+pub fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) -> Observation {
+    let mut obs = Observation::default();
+    for job in state.jobs.values() {
+        if let Some(a) = job.attempt().filter(|a| !a.status.is_terminal()) {
+            let report = super::observe::AttemptReport {
+                launched: true,
+                heartbeat_at: Some(now),
+                ..Default::default()
+            };
+            obs.attempts.insert(a.id, report);
+        }
+    }
+    for r in state.resources.values() {
+        let labels = std::collections::BTreeMap::from([
+            (LABEL_MANAGED_BY.to_owned(), index.runner().to_owned()),
+            (LABEL_FLEET_ENTRY.to_owned(), r.entry_id.to_string()),
+        ]);
+        let up =
+            matches!(r.status, ResourceStatus::Idle | ResourceStatus::Busy) || r.owner.is_some();
+        let model = index
+            .entry_index(&r.entry_id)
+            .map_or(crate::spec::ProvisioningModel::OnDemand, |e| {
+                index.entry(e).provisioning_model
+            });
+        let (spot, reserved) = (
+            model == crate::spec::ProvisioningModel::Spot,
+            model == crate::spec::ProvisioningModel::Reserved,
+        );
+        if !r.adopted && (up || r.status == ResourceStatus::Provisioning) {
+            obs.queued_resources
+                .push(std::sync::Arc::new(QueuedResourceInfo {
+                    name: crate::spec::names::queued_resource_name(&r.tpu_name),
+                    zone: r.zone,
+                    node_id: r.tpu_name,
+                    tpu_type: r.tpu_type.clone(),
+                    state: if up {
+                        QrState::Active
+                    } else {
+                        QrState::WaitingForResources
+                    },
+                    spot,
+                    reserved,
+                    labels: labels.clone().into(),
+                    failure: None,
+                }));
+        }
+        if up {
+            obs.nodes.push(std::sync::Arc::new(NodeInfo {
+                name: r.tpu_name,
+                zone: r.zone,
+                tpu_type: r.tpu_type.clone(),
+                state: NodeState::Ready,
+                health: Health::Healthy,
+                spot,
+                reserved,
+                labels: if r.adopted {
+                    Default::default()
+                } else {
+                    labels.into()
+                },
+                queued_resource: None,
+                worker_count: r.worker_count,
+                public_ip: true,
+            }));
+        }
+    }
+    obs
+}
+
+/// One active job in the order the controller serves it.
+#[derive(Clone, Debug)]
+pub struct Queued<'s> {
+    /// The job.
+    pub job: &'s super::state::Job,
+    /// Its place among the waiting jobs (1-based); running and cancelling ones have none.
+    pub position: Option<usize>,
+    /// Why it waits (a pending job the next pass would start has none).
+    pub why: Option<Explanation>,
+}
+
+/// The active jobs in the order the controller serves them: running and cancelling first
+/// (by start), then the pending ones in assignment order (priority, most-constrained, FIFO),
+/// each with why it waits on the pass `engine` would make now on the cloud `state` assumes.
+/// What `status` and the dashboard show; pure.
+pub fn queue<'s>(engine: &super::Engine, state: &'s State, now: Timestamp) -> Vec<Queued<'s>> {
+    let observation = assumed_observation(engine.index(), state, now);
+    let mut after = state.clone();
+    let out = engine.reconcile(&mut after, &observation, now);
+    let mut why: rustc_hash::FxHashMap<crate::spec::Name, Explanation> =
+        explain(engine.index(), &after, &observation, &out, now)
+            .into_iter()
+            .map(|e| (crate::spec::Name::new(&e.job_id), e))
+            .collect();
+    let mut running: Vec<&super::state::Job> = state
+        .jobs
+        .values()
+        .filter(|j| j.status != JobStatus::Pending)
+        .collect();
+    running.sort_by_key(|j| {
+        (
+            j.attempt()
+                .map_or(j.submitted_at, |a| a.started_at.unwrap_or(a.created_at)),
+            j.id,
+        )
+    });
+    let demand = super::demand::Demand::build(
+        engine.index(),
+        state
+            .jobs
+            .values()
+            .filter(|j| j.status == JobStatus::Pending),
+        now,
+    );
+    let mut pending: Vec<_> = demand.jobs.iter().collect();
+    pending.sort_by(|a, b| a.order_key.cmp(&b.order_key).then(a.job.id.cmp(&b.job.id)));
+    let mut rows: Vec<Queued<'s>> = running
+        .into_iter()
+        .map(|job| Queued {
+            job,
+            position: None,
+            why: None,
+        })
+        .collect();
+    for (k, p) in pending.into_iter().enumerate() {
+        rows.push(Queued {
+            job: p.job,
+            position: Some(k + 1),
+            why: why.remove(&p.job.id),
+        });
+    }
+    rows
 }
 
 #[cfg(test)]
