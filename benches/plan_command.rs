@@ -49,43 +49,33 @@ fn fleet_yaml(fleet: &FleetSpec) -> String {
     s
 }
 
-/// Runs `plan` on the files in `dir`; the bytes it printed.
-fn plan(dir: &Path, json: bool) -> usize {
-    let mut command = Command::new(BIN);
-    command
+/// Runs the binary with `args` in `dir`; the bytes it printed.
+fn run(dir: &Path, args: &[&str]) -> usize {
+    let out = Command::new(BIN)
         .current_dir(dir)
-        .args([
-            "plan",
-            "--fleet",
-            "deployment.yaml",
-            "--state",
-            "state.json",
-        ])
-        .args(["--now", "2026-01-02T03:46:40Z"]);
-    if json {
-        command.arg("--json");
-    }
-    let out = command.output().expect("the binary runs");
+        .args(args)
+        .output()
+        .expect("the binary runs");
     assert!(
         out.status.success(),
-        "plan failed: {}",
+        "{args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     out.stdout.len()
 }
 
-fn plan_command(c: &mut Criterion) {
+/// A folder per size holding `deployment.yaml` and `state.json`: `n_jobs` pending jobs and
+/// one idle TPU per ten jobs over `n_entries` entries. Under `cargo test` (no `--bench`:
+/// criterion runs each bench once, on a debug build) the smallest size shows the bench
+/// works; the sizes are for `cargo bench`.
+fn snapshots() -> Vec<(usize, tempfile::TempDir)> {
     let epoch = Timestamp::from_secs(1_767_225_600);
-    let mut group = c.benchmark_group("plan_command");
-    group.sample_size(10);
-    let mut dirs: Vec<(usize, tempfile::TempDir)> = Vec::new();
-    // Under `cargo test` (no `--bench`: criterion runs each bench once, on a debug build)
-    // the smallest size shows the bench works; the sizes are for `cargo bench`.
     let sizes: &[(usize, usize)] = if std::env::args().any(|a| a == "--bench") {
         &[(4_000, 100), (20_000, 200), (100_000, 500)]
     } else {
         &[(4_000, 100)]
     };
+    let mut dirs = Vec::new();
     for &(n_jobs, n_entries) in sizes {
         let n_idle = n_jobs / 10;
         let count = (n_idle / n_entries + 1) as u32;
@@ -98,106 +88,88 @@ fn plan_command(c: &mut Criterion) {
             serde_json::to_vec(&state).expect("state serialises"),
         )
         .expect("state");
-        let (text, json) = (plan(dir.path(), false), plan(dir.path(), true));
+        dirs.push((n_jobs, dir));
+    }
+    dirs
+}
+
+const PLAN: &[&str] = &[
+    "plan",
+    "--fleet",
+    "deployment.yaml",
+    "--state",
+    "state.json",
+    "--now",
+    "2026-01-02T03:46:40Z",
+];
+
+fn plan_command(c: &mut Criterion) {
+    let mut group = c.benchmark_group("plan_command");
+    group.sample_size(10);
+    let dirs = snapshots();
+    for (n_jobs, dir) in &dirs {
+        let json_args = [PLAN, &["--json"]].concat();
+        let (text, json) = (run(dir.path(), PLAN), run(dir.path(), &json_args));
         eprintln!(
             "plan_command: {n_jobs} jobs: text {} KB ({:.0} B/job), JSON {} KB ({:.0} B/job)",
             text >> 10,
-            text as f64 / n_jobs as f64,
+            text as f64 / *n_jobs as f64,
             json >> 10,
-            json as f64 / n_jobs as f64
+            json as f64 / *n_jobs as f64
         );
-        dirs.push((n_jobs, dir));
-    }
-    for (n_jobs, dir) in &dirs {
         let path: PathBuf = dir.path().to_path_buf();
-        for json in [false, true] {
-            let id = BenchmarkId::new(if json { "json" } else { "text" }, n_jobs);
-            group.bench_function(id, |b| b.iter(|| plan(&path, json)));
-        }
+        group.bench_function(BenchmarkId::new("text", n_jobs), |b| {
+            b.iter(|| run(&path, PLAN))
+        });
+        group.bench_function(BenchmarkId::new("json", n_jobs), |b| {
+            b.iter(|| run(&path, &json_args))
+        });
     }
     group.finish();
 }
 
-/// Runs `status` (`how`: text, json, all) on the store in `dir`; the bytes it printed.
-fn status(dir: &Path, how: &str) -> usize {
-    let mut command = Command::new(BIN);
-    command.current_dir(dir).args([
-        "status",
-        "--fleet",
-        "deployment.yaml",
-        "--store",
-        "sqlite:state.db",
-    ]);
-    match how {
-        "json" => command.args(["--json", "--limit", "0"]),
-        "all" => command.arg("--all"),
-        _ => &mut command,
-    };
-    let out = command.output().expect("the binary runs");
-    assert!(
-        out.status.success(),
-        "status failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout.len()
-}
+const STATUS: &[&str] = &[
+    "status",
+    "--fleet",
+    "deployment.yaml",
+    "--store",
+    "sqlite:state.db",
+];
 
 fn status_command(c: &mut Criterion) {
-    let epoch = Timestamp::from_secs(1_767_225_600);
     let mut group = c.benchmark_group("status_command");
     group.sample_size(10);
-    let sizes: &[(usize, usize)] = if std::env::args().any(|a| a == "--bench") {
-        &[(4_000, 100), (20_000, 200), (100_000, 500)]
-    } else {
-        &[(4_000, 100)]
-    };
-    let mut dirs: Vec<(usize, tempfile::TempDir)> = Vec::new();
-    for &(n_jobs, n_entries) in sizes {
-        let n_idle = n_jobs / 10;
-        let count = (n_idle / n_entries + 1) as u32;
-        let fleet = synthetic::fleet(n_entries, count);
-        let (state, _) = synthetic::planning_instance(&fleet, n_jobs, n_idle, epoch);
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("deployment.yaml"), fleet_yaml(&fleet)).expect("fleet");
-        std::fs::write(
-            dir.path().join("state.json"),
-            serde_json::to_vec(&state).expect("state serialises"),
-        )
-        .expect("state");
-        let import = Command::new(BIN)
-            .current_dir(dir.path())
-            .args([
+    let dirs = snapshots();
+    let kinds: [(&str, Vec<&str>); 3] = [
+        ("text", STATUS.to_vec()),
+        ("json", [STATUS, &["--json", "--limit", "0"]].concat()),
+        ("all", [STATUS, &["--all"]].concat()),
+    ];
+    for (n_jobs, dir) in &dirs {
+        run(
+            dir.path(),
+            &[
                 "state",
                 "import",
                 "state.json",
                 "--fleet",
                 "deployment.yaml",
-            ])
-            .args(["--store", "sqlite:state.db"])
-            .output()
-            .expect("the binary runs");
-        assert!(
-            import.status.success(),
-            "{}",
-            String::from_utf8_lossy(&import.stderr)
+                "--store",
+                "sqlite:state.db",
+            ],
         );
-        let sizes: Vec<usize> = ["text", "json", "all"]
-            .iter()
-            .map(|how| status(dir.path(), how))
-            .collect();
+        let text = run(dir.path(), &kinds[0].1);
+        let json = run(dir.path(), &kinds[1].1);
         eprintln!(
-            "status_command: {n_jobs} jobs: text {} KB, JSON {} KB ({:.0} B/run)",
-            sizes[0] >> 10,
-            sizes[1] >> 10,
-            sizes[1] as f64 / n_jobs as f64
+            "status_command: {n_jobs} runs: text {} KB, JSON {} KB ({:.0} B/run)",
+            text >> 10,
+            json >> 10,
+            json as f64 / *n_jobs as f64
         );
-        dirs.push((n_jobs, dir));
-    }
-    for (n_jobs, dir) in &dirs {
         let path: PathBuf = dir.path().to_path_buf();
-        for how in ["text", "json", "all"] {
-            group.bench_function(BenchmarkId::new(how, n_jobs), |b| {
-                b.iter(|| status(&path, how))
+        for (kind, args) in &kinds {
+            group.bench_function(BenchmarkId::new(*kind, n_jobs), |b| {
+                b.iter(|| run(&path, args))
             });
         }
     }

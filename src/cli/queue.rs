@@ -40,6 +40,8 @@ pub(crate) struct StatusArgs<'a> {
 /// One active run in queue order.
 #[derive(Serialize)]
 struct QueueRow<'a> {
+    #[serde(skip)]
+    job: &'a Job,
     /// 1-based place among the waiting runs (running ones have none).
     position: Option<usize>,
     job_id: &'a str,
@@ -111,6 +113,7 @@ fn queue<'s>(stack: &Stack, state: &'s State, now: Timestamp) -> Vec<QueueRow<'s
                 None => (Vec::new(), Vec::new()),
             };
             QueueRow {
+                job,
                 position: q.position,
                 job_id: job.id.as_str(),
                 name: job.spec.name(),
@@ -191,7 +194,7 @@ fn history(job: &Job) -> HistoryRow<'_> {
 }
 
 /// A duration in a few characters: `45s`, `12m`, `3.5h`, `2d`.
-pub(crate) fn short_duration(secs: f64) -> String {
+fn short_duration(secs: f64) -> String {
     let secs = secs.max(0.0);
     match secs {
         s if s < 120.0 => format!("{}s", s as u64),
@@ -239,7 +242,7 @@ pub(crate) fn status(opts: &StackOpts, args: &StatusArgs<'_>) -> Result<ExitStat
     let now = wall_clock();
     let rows: Vec<QueueRow<'_>> = queue(&stack, &state, now)
         .into_iter()
-        .filter(|r| wanted(&state.jobs[&crate::spec::Name::new(r.job_id)], args))
+        .filter(|r| wanted(r.job, args))
         .collect();
     let finished: Vec<Job> = if args.all || args.since.is_some() {
         let since = args.since.unwrap_or_else(|| now.plus_secs(-7 * 86_400));
@@ -262,10 +265,7 @@ pub(crate) fn status(opts: &StackOpts, args: &StatusArgs<'_>) -> Result<ExitStat
     let (rows, more_active) = take(rows, args.limit);
     let (done, more_done) = take(done, args.limit);
     if args.json {
-        let jobs: Vec<&Job> = rows
-            .iter()
-            .map(|r| &state.jobs[&crate::spec::Name::new(r.job_id)])
-            .collect();
+        let jobs: Vec<&Job> = rows.iter().map(|r| r.job).collect();
         let resources: Vec<_> = state.resources.values().collect();
         let mut job_counts = std::collections::BTreeMap::<&str, usize>::new();
         for j in state.jobs.values() {
