@@ -405,22 +405,42 @@ pub(crate) fn status(opts: &StackOpts, args: &StatusArgs<'_>) -> Result<ExitStat
             }
         }
     }
-    let tpus: Vec<Vec<String>> = state
-        .resources
-        .values()
-        .map(|r| {
-            vec![
-                r.tpu_name.to_string(),
-                r.zone.to_string(),
-                r.tpu_type.to_string(),
-                r.status.as_str().into(),
-                r.owner
-                    .as_ref()
-                    .map_or("-".into(), |o| o.job_id.to_string()),
-            ]
-        })
-        .collect();
-    if !tpus.is_empty() {
+    // The TPUs one by one, or, past the row limit, counted by zone, type and status.
+    if args.limit != 0 && state.resources.len() > args.limit {
+        let mut counts: std::collections::BTreeMap<(&str, String, &str), usize> =
+            Default::default();
+        for r in state.resources.values() {
+            *counts
+                .entry((r.zone.as_str(), r.tpu_type.to_string(), r.status.as_str()))
+                .or_default() += 1;
+        }
+        let rows: Vec<Vec<String>> = counts
+            .into_iter()
+            .map(|((zone, tpu_type, status), n)| {
+                vec![zone.into(), tpu_type, status.into(), n.to_string()]
+            })
+            .collect();
+        text.push_str(&format!(
+            "\n{} TPUs (--limit 0 lists each):\n",
+            state.resources.len()
+        ));
+        text.push_str(&table(&["ZONE", "TYPE", "STATUS", "TPUS"], &rows));
+    } else if !state.resources.is_empty() {
+        let tpus: Vec<Vec<String>> = state
+            .resources
+            .values()
+            .map(|r| {
+                vec![
+                    r.tpu_name.to_string(),
+                    r.zone.to_string(),
+                    r.tpu_type.to_string(),
+                    r.status.as_str().into(),
+                    r.owner
+                        .as_ref()
+                        .map_or("-".into(), |o| o.job_id.to_string()),
+                ]
+            })
+            .collect();
         text.push('\n');
         text.push_str(&table(&["TPU", "ZONE", "TYPE", "STATUS", "RUN"], &tpus));
     }
