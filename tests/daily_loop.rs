@@ -482,3 +482,40 @@ fn help_and_examples_say_what_the_commands_do() {
     assert!(readme.contains("tpu-runner interrupt-spot resume"));
     assert!(readme.contains("cargo install --path ."));
 }
+
+/// What the worker would refuse is refused at submit, before anything is queued: a `gs://`
+/// bundle that does not exist, a file that is not an archive (a process's environment),
+/// a bundle outside the manifest's folder by a relative name.
+#[test]
+fn a_bundle_the_worker_would_refuse_is_refused_at_submit() {
+    for (bundle, said) in [
+        (
+            "gs://local-stack-us-east1/bundles/missing.tar.gz",
+            "does not exist",
+        ),
+        ("/proc/self/environ", "is not a tar or tar.gz archive"),
+        ("../../etc", "outside the manifest's folder"),
+    ] {
+        let q = Queue::new(&format!(
+            "jobs:\n  - name: x\n    tpu: v6e-8\n    bundle: {bundle}\n    command: 'true'\n    buckets: [gs://local-stack-us-east1]\n"
+        ));
+        let out = q.run(&["submit"]);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{bundle}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(said),
+            "{bundle}: {}",
+            text(&out.stderr)
+        );
+        let status = q.run(&["status", "--json", "--all"]);
+        let v: Value = serde_json::from_slice(&status.stdout).unwrap();
+        assert!(
+            v["queue"]["items"].as_array().unwrap().is_empty(),
+            "{bundle}: queued"
+        );
+    }
+}

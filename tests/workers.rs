@@ -964,3 +964,35 @@ fn absurd_timings_are_refused_at_launch() {
         }
     }
 }
+
+/// A root another user could have prepared is refused before anything in it is emptied or
+/// read: a workspace that is a link to someone's folder, or a root writable by others (the
+/// default root is in a world-writable `/tmp`).
+#[test]
+fn a_root_that_is_not_the_agents_own_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let rig = Rig::new(Kind::Local);
+    let target = rig.dir.path().join("someone-elses");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("keep"), "x").unwrap();
+    let linked = rig.root("tpu-linked", 0);
+    std::fs::create_dir_all(&linked).unwrap();
+    std::os::unix::fs::symlink(&target, linked.join("work")).unwrap();
+    let open = rig.root("tpu-open", 0);
+    std::fs::create_dir_all(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for (tpu, said) in [
+        ("tpu-linked", "is not a plain folder"),
+        ("tpu-open", "writable by other users"),
+    ] {
+        let r = rig.request(&format!("a-{tpu}"), &format!("job-{tpu}"), tpu, 1, "true");
+        match rig.launch(&r) {
+            Outcome::LaunchFailed(e) => assert!(e.message.contains(said), "{tpu}: {e:?}"),
+            other => panic!("{tpu}: a foreign root was used: {other:?}"),
+        }
+    }
+    assert!(
+        target.join("keep").exists(),
+        "the link's target was emptied"
+    );
+}

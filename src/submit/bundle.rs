@@ -154,6 +154,15 @@ pub fn of_directory(dir: &Path) -> Result<Bundle, String> {
         let added = if kind.is_symlink() {
             let target =
                 std::fs::read_link(&full).map_err(|e| format!("{}: {e}", full.display()))?;
+            // The workers' rule for links, on the same tree: where it leads once every link
+            // on the way is followed must stay inside.
+            if crate::worker::bundle::resolve_beneath(dir, rel).is_none() {
+                return Err(format!(
+                    "{}: the link → `{}` leads outside the bundle's folder, and the workers refuse such a bundle: ship what it points to, or leave it out with .tpu-runnerignore",
+                    full.display(),
+                    target.display()
+                ));
+            }
             header.set_entry_type(tar::EntryType::Symlink);
             header.set_size(0);
             tar.append_link(&mut header, text, &target)
@@ -199,12 +208,68 @@ fn too_big(path: &Path) -> String {
     )
 }
 
-/// The bundle of a tar archive, used as it is.
+/// What an archive's first bytes say it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// gzip (`1f 8b`) holding a tar archive.
+    TarGz,
+    /// A plain tar archive (`ustar` at byte 257).
+    Tar,
+}
+
+fn is_tar(header: &[u8]) -> bool {
+    header.get(257..262) == Some(&b"ustar"[..])
+}
+
+fn kind_of(data: &[u8]) -> Option<Kind> {
+    if data.starts_with(&[0x1f, 0x8b]) {
+        let mut head = Vec::with_capacity(512);
+        let mut gz = flate2::read::GzDecoder::new(data);
+        std::io::Read::read_to_end(&mut std::io::Read::take(&mut gz, 512), &mut head).ok()?;
+        is_tar(&head).then_some(Kind::TarGz)
+    } else {
+        is_tar(data).then_some(Kind::Tar)
+    }
+}
+
+/// The bundle of a tar archive: a `tar.gz` used as it is, a plain tar compressed (the
+/// workers unpack `tar.gz`); anything else is refused, whatever its name says.
 pub fn of_archive(path: &Path) -> Result<Bundle, String> {
     let data = crate::files::read_bytes(path, LIMIT).map_err(|e| match e {
         crate::files::ReadError::TooLarge(_) => too_big(path),
         e => format!("{}: {e}", path.display()),
     })?;
+    let data = match kind_of(&data) {
+        Some(Kind::TarGz) => {
+            // Unpacked as the workers unpack it, by their own function: an entry or a link
+            // they would refuse is refused here.
+            let scratch = tempfile::tempdir().map_err(|e| format!("{}: {e}", path.display()))?;
+            crate::worker::bundle::unpack(
+                flate2::read::GzDecoder::new(&data[..]),
+                scratch.path(),
+                0,
+            )
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+            data
+        }
+        Some(Kind::Tar) => {
+            let scratch = tempfile::tempdir().map_err(|e| format!("{}: {e}", path.display()))?;
+            crate::worker::bundle::unpack(&data[..], scratch.path(), 0)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let mut gz = flate2::GzBuilder::new()
+                .mtime(0)
+                .write(Vec::new(), flate2::Compression::new(6));
+            std::io::Write::write_all(&mut gz, &data)
+                .and_then(|()| gz.finish())
+                .map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => {
+            return Err(format!(
+                "{} is not a tar or tar.gz archive: a bundle is a folder or an archive of one",
+                path.display()
+            ));
+        }
+    };
     Ok(Bundle {
         sha256: hex::encode(Sha256::digest(&data)),
         data,
@@ -212,15 +277,37 @@ pub fn of_archive(path: &Path) -> Result<Bundle, String> {
     })
 }
 
-/// The bundle a job names: a folder or a tar archive, relative to `base` (the manifest's
-/// folder).
+/// The bundle a job names: a folder or a tar archive. A relative name is taken in `base`
+/// (the manifest's folder) and must stay there once its links are followed: a manifest
+/// cannot ship what lies outside its own folder unless it names it by an absolute path.
 pub fn build(bundle: &str, base: &Path) -> Result<Bundle, String> {
     let path = base.join(bundle);
-    let meta = std::fs::metadata(&path).map_err(|e| format!("bundle {}: {e}", path.display()))?;
+    let resolved = path
+        .canonicalize()
+        .map_err(|e| format!("bundle {}: {e}", path.display()))?;
+    if Path::new(bundle).is_relative() {
+        let folder = base
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", base.display()))?;
+        if !resolved.starts_with(&folder) {
+            return Err(format!(
+                "bundle `{bundle}` resolves to {}, outside the manifest's folder {}: name it by an absolute path to ship it",
+                resolved.display(),
+                folder.display()
+            ));
+        }
+    }
+    let meta =
+        std::fs::metadata(&resolved).map_err(|e| format!("bundle {}: {e}", path.display()))?;
     if meta.is_dir() {
-        of_directory(&path)
+        of_directory(&resolved)
+    } else if meta.is_file() {
+        of_archive(&resolved)
     } else {
-        of_archive(&path)
+        Err(format!(
+            "bundle {}: not a folder or a regular file",
+            path.display()
+        ))
     }
 }
 
@@ -244,7 +331,7 @@ mod tests {
             "# comment\n/data/big\n*.tmp\n",
         )
         .unwrap();
-        std::os::unix::fs::symlink("/etc/passwd", dir.join("link")).unwrap();
+        std::os::unix::fs::symlink("src/model.py", dir.join("link")).unwrap();
     }
 
     fn names(bundle: &Bundle) -> Vec<String> {
@@ -288,6 +375,68 @@ mod tests {
         assert_eq!(one.sha256, two.sha256);
         std::fs::write(b.path().join("train.py"), "print('changed')\n").unwrap();
         assert_ne!(of_directory(b.path()).unwrap().sha256, one.sha256);
+    }
+
+    /// A plain tar is shipped compressed; a file that is no archive (a process's
+    /// environment, a text file named `.tar.gz`) is refused; a relative name leading out of
+    /// the manifest's folder is refused, an absolute one is taken.
+    #[test]
+    fn only_archives_are_shipped_and_only_from_the_manifests_folder_unless_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("project");
+        std::fs::create_dir_all(base.join("code")).unwrap();
+        std::fs::write(base.join("code/train.py"), "print(1)\n").unwrap();
+        let folder = of_directory(&base.join("code")).unwrap();
+        let gz = flate2::read::GzDecoder::new(&folder.data[..]);
+        let mut plain = Vec::new();
+        std::io::Read::read_to_end(&mut { gz }, &mut plain).unwrap();
+        std::fs::write(base.join("code.tar"), &plain).unwrap();
+        std::fs::write(base.join("code.tar.gz"), &folder.data).unwrap();
+        let from_tar = build("code.tar", &base).unwrap();
+        assert_eq!(names(&from_tar), ["train.py"]);
+        assert_eq!(build("code.tar.gz", &base).unwrap().data, folder.data);
+        std::fs::write(base.join("notes.tar.gz"), "not an archive").unwrap();
+        let e = build("notes.tar.gz", &base).unwrap_err();
+        assert!(e.contains("is not a tar or tar.gz archive"), "{e}");
+        let e = build("/proc/self/environ", &base).unwrap_err();
+        assert!(e.contains("is not a tar or tar.gz archive"), "{e}");
+        std::fs::write(dir.path().join("outside.tar.gz"), &folder.data).unwrap();
+        let e = build("../outside.tar.gz", &base).unwrap_err();
+        assert!(e.contains("outside the manifest's folder"), "{e}");
+        std::os::unix::fs::symlink(dir.path().join("outside.tar.gz"), base.join("in.tar.gz"))
+            .unwrap();
+        let e = build("in.tar.gz", &base).unwrap_err();
+        assert!(e.contains("outside the manifest's folder"), "{e}");
+        let outside = dir.path().join("outside.tar.gz");
+        assert!(build(outside.to_str().unwrap(), &base).is_ok());
+    }
+
+    /// A link the workers would refuse (absolute, or out through `..`, or out through a
+    /// chain of links) is refused when the bundle is built, by the workers' own rule.
+    #[test]
+    fn links_the_workers_refuse_are_refused_when_building() {
+        for (name, target) in [("pw", "/etc/passwd"), ("up", ".."), ("d/c", "../../../..")] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("train.py"), "x\n").unwrap();
+            std::fs::create_dir_all(dir.path().join("d")).unwrap();
+            std::os::unix::fs::symlink(target, dir.path().join(name)).unwrap();
+            let e = of_directory(dir.path()).unwrap_err();
+            assert!(
+                e.contains("leads outside the bundle's folder"),
+                "{name}: {e}"
+            );
+        }
+        // An archive holding such a link is refused as the workers would.
+        let dir = tempfile::tempdir().unwrap();
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_size(0);
+        tar.append_link(&mut header, "pw", "/etc/passwd").unwrap();
+        let plain = tar.into_inner().unwrap();
+        std::fs::write(dir.path().join("evil.tar"), plain).unwrap();
+        let e = of_archive(&dir.path().join("evil.tar")).unwrap_err();
+        assert!(e.contains("points outside the job directory"), "{e}");
     }
 
     #[test]

@@ -350,6 +350,17 @@ pub fn submit(
         let regions = candidate_regions(&job, fleet, objects, &mut locations)?;
         let mut bundles = Vec::new();
         if job.bundle.starts_with("gs://") {
+            // The worker would fail its set-up on a bundle that is not there: say so now.
+            let there = objects
+                .get_from(&job.bundle, 0, 1)
+                .map_err(|e| SubmitError::Objects(format!("error: job {}: {e}\n", job.id)))?;
+            if there.is_none() {
+                return Err(SubmitError::Objects(format!(
+                    "error: job {}: the bundle {} does not exist\n",
+                    job.name(),
+                    job.bundle
+                )));
+            }
             bundles.push(job.bundle.clone());
         } else {
             if !built.contains_key(&job.bundle) {

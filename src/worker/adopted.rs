@@ -3,8 +3,6 @@
 //! probe who holds the accelerator devices. Each answers one line; neither touches anything
 //! outside the agent's root, and neither runs while an attempt does. Decides nothing.
 
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 
 use super::agent::{self, Root};
 use super::devices::{Devices, pid_list};
@@ -38,36 +36,11 @@ impl Recovery {
     }
 }
 
-/// Checks that `dir`, when present, is a real folder at its canonical path owned by us.
-fn own_folder(dir: &Path) -> Result<(), String> {
-    let Ok(meta) = std::fs::symlink_metadata(dir) else {
-        return Ok(());
-    };
-    if meta.file_type().is_symlink() || !meta.is_dir() {
-        return Err(format!("{} is not a plain folder", dir.display()));
-    }
-    if std::fs::canonicalize(dir).ok().as_deref() != Some(dir) {
-        return Err(format!("{} is not at its canonical path", dir.display()));
-    }
-    if meta.uid() != nix::unistd::geteuid().as_raw() {
-        return Err(format!("{} belongs to another user", dir.display()));
-    }
-    Ok(())
-}
-
 /// Frees disk space below `root` until `floor` bytes are free: the workspace and old
 /// attempts' folders first, then caches, least recently used first. Refuses while an
 /// attempt runs, and on a root that is a link, not canonical or not ours.
 pub fn recover_disk(root: &Root, floor: u64) -> Result<Recovery, String> {
-    for dir in [
-        root.dir.clone(),
-        root.work(),
-        root.cache(),
-        root.process(),
-        root.dir.join("attempts"),
-    ] {
-        own_folder(&dir)?;
-    }
+    agent::check_root(root)?;
     let _lock = agent::lock(root)?;
     let current = root.current();
     if std::fs::symlink_metadata(&current).is_ok_and(|m| m.file_type().is_symlink()) {

@@ -201,6 +201,49 @@ fn wipe(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)
 }
 
+/// Checks that `dir`, when present, is a real folder at its canonical path, owned by this
+/// user and writable by no one else: what the agent empties, links into and reads its
+/// current attempt from must be its own, never a link to or a folder of someone else's.
+fn own_folder(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::symlink_metadata(dir) else {
+        return Ok(());
+    };
+    if meta.file_type().is_symlink() || !meta.is_dir() {
+        return Err(format!("{} is not a plain folder", dir.display()));
+    }
+    if std::fs::canonicalize(dir).ok().as_deref() != Some(dir) {
+        return Err(format!("{} is not at its canonical path", dir.display()));
+    }
+    if meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(format!("{} belongs to another user", dir.display()));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} is writable by other users (mode {:o})",
+            dir.display(),
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// The agent's folders under `root` (the root, the workspace, caches, process records,
+/// attempts), each checked by [`own_folder`]: `launch` and `recover-disk` refuse a root
+/// another user could have prepared (the default root is in a world-writable `/tmp`).
+pub(crate) fn check_root(root: &Root) -> Result<(), String> {
+    for dir in [
+        root.dir.clone(),
+        root.work(),
+        root.cache(),
+        root.process(),
+        root.dir.join("attempts"),
+    ] {
+        own_folder(&dir).map_err(|e| format!("refusing the agent's root: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Free bytes on the file system holding `dir`.
 pub(crate) fn free_bytes(dir: &Path) -> u64 {
     nix::sys::statvfs::statvfs(dir)
@@ -425,7 +468,11 @@ pub fn launch(
     crate::spec::job::check_command(&r.command)
         .map_err(|e| format!("the command: expected {e}"))?;
     spec.check_timings()?;
+    check_root(root)?;
     let _lock = lock(root)?;
+    // Again once the lock made the folders: a root another user made between the first
+    // check and now is refused before anything in it is read or emptied.
+    check_root(root)?;
     let dirs = root.dirs(job, attempt);
     // Already finished here: publish the status again.
     if let Ok(bytes) = crate::files::read_bytes(&dirs.attempt.join("status.json"), 1 << 20)
@@ -482,9 +529,22 @@ pub fn launch(
     write_atomic(&spec_path, &serde_json::to_vec(spec).expect("serialisable"))
         .map_err(|e| format!("{}: {e}", spec_path.display()))?;
     let mut preflight = Vec::new();
+    // The free-disk floor: the job's TPU_RUNNER_MIN_ROOT_FREE_KB (checked at submit: an
+    // integer of at least 1 GiB), else the runner's.
+    let floor = r
+        .env
+        .get(crate::spec::job::MIN_ROOT_FREE_KB)
+        .and_then(|kb| kb.trim().parse::<u64>().ok())
+        .map_or(spec.min_free_bytes, |kb| kb.saturating_mul(1024));
     let prepared = (|| {
         if let Some(uri) = &r.bundle {
-            bundle::fetch_and_unpack(objects, uri, &dirs.attempt.join("bundle.tar.gz"), &dirs.job)?;
+            bundle::fetch_and_unpack(
+                objects,
+                uri,
+                &dirs.attempt.join("bundle.tar.gz"),
+                &dirs.job,
+                floor,
+            )?;
             if bundle::sha256_of_uri(uri).is_none() {
                 preflight.push(format!(
                     "bundle {uri} is not named by its digest: not verified"
@@ -494,7 +554,7 @@ pub fn launch(
         if let Some(from) = &r.checkpoint_from {
             preflight.push(copy_checkpoints(objects, from, &r.checkpoint_dir)?);
         }
-        preflight.extend(prepare_caches(spec, &dirs, spec.min_free_bytes)?);
+        preflight.extend(prepare_caches(spec, &dirs, floor)?);
         Ok::<(), String>(())
     })();
     let _ = std::fs::write(dirs.attempt.join("preflight.log"), preflight.join("\n"));

@@ -47,6 +47,7 @@ pub fn fetch_and_unpack(
     uri: &str,
     download: &Path,
     into: &Path,
+    floor: u64,
 ) -> Result<(), String> {
     let found = objects
         .download(uri, download, BUNDLE_LIMIT)
@@ -63,7 +64,7 @@ pub fn fetch_and_unpack(
         }
     }
     let file = std::fs::File::open(download).map_err(|e| format!("cannot open the bundle: {e}"))?;
-    unpack(flate2::read::GzDecoder::new(file), into)
+    unpack(flate2::read::GzDecoder::new(file), into, floor)
 }
 
 /// Whether `path` (relative, from the bundle) stays inside the directory it is unpacked in.
@@ -85,9 +86,13 @@ fn stays_inside(path: &Path) -> bool {
     true
 }
 
-/// Unpacks a tar stream into `into`, refusing any entry that could write outside it.
-pub fn unpack(reader: impl Read, into: &Path) -> Result<(), String> {
+/// Unpacks a tar stream into `into`, refusing any entry that could write outside it, and
+/// any file that would leave the disk with fewer than `floor` bytes free: each entry's size
+/// is known from its header before it is written, so a small archive that inflates to more
+/// than the disk can hold (a gzip bomb) is refused before it fills it.
+pub fn unpack(reader: impl Read, into: &Path, floor: u64) -> Result<(), String> {
     std::fs::create_dir_all(into).map_err(|e| format!("{}: {e}", into.display()))?;
+    let mut budget = super::agent::free_bytes(into).saturating_sub(floor);
     let mut archive = tar::Archive::new(reader);
     archive.set_preserve_permissions(false);
     archive.set_overwrite(true);
@@ -138,6 +143,15 @@ pub fn unpack(reader: impl Read, into: &Path) -> Result<(), String> {
                 "the bundle entry `{}` is a device or another special file",
                 path.display()
             ));
+        }
+        let size = entry.header().size().unwrap_or(u64::MAX);
+        if kind.is_file() || kind.is_contiguous() {
+            budget = budget.checked_sub(size).ok_or_else(|| {
+                format!(
+                    "the bundle unpacks to more than the disk holds above its floor of {floor} free bytes (at `{}`; the floor is the job's TPU_RUNNER_MIN_ROOT_FREE_KB, else the runner's)",
+                    path.display()
+                )
+            })?;
         }
         // `unpack_in` also refuses to follow a link already unpacked out of `into`.
         let inside = entry
@@ -252,6 +266,40 @@ mod tests {
         assert_eq!(sha256_of_uri("gs://b/bundles/short.tar.gz"), None);
     }
 
+    /// A small archive that inflates past the disk's floor (a gzip bomb of zeros) is refused
+    /// from its headers, before its files are written; under the floor it unpacks.
+    #[test]
+    fn a_bundle_that_would_eat_the_floor_is_refused_before_it_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = crate::worker::agent::free_bytes(dir.path());
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        {
+            let mut tar = tar::Builder::new(&mut gz);
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(64 << 20);
+            h.set_mode(0o644);
+            tar.append_data(&mut h, "zeros", std::io::repeat(0).take(64 << 20))
+                .unwrap();
+            tar.finish().unwrap();
+        }
+        let bomb = gz.finish().unwrap();
+        assert!(bomb.len() < 1 << 20, "{} bytes", bomb.len());
+        let floor = free.saturating_sub(32 << 20);
+        let into = dir.path().join("job");
+        let e = unpack(flate2::read::GzDecoder::new(&bomb[..]), &into, floor).unwrap_err();
+        assert!(
+            e.contains("more than the disk holds above its floor"),
+            "{e}"
+        );
+        assert!(!into.join("zeros").exists(), "written before the check");
+        unpack(flate2::read::GzDecoder::new(&bomb[..]), &into, 0).unwrap();
+        assert_eq!(
+            std::fs::metadata(into.join("zeros")).unwrap().len(),
+            64 << 20
+        );
+    }
+
     /// `d -> .` then `d/d/d/d/d/d/d/d/c -> ../../../../../../../..`: each link alone stays
     /// inside; `c` lands at the top and climbs eight levels out.
     #[test]
@@ -269,14 +317,14 @@ mod tests {
         link(&mut tar, "d/d/d/d/d/d/d/d/c", "../../../../../../../..");
         let bytes = tar.into_inner().unwrap();
         let job = dir.path().join("root/job");
-        let e = unpack(&bytes[..], &job).unwrap_err();
+        let e = unpack(&bytes[..], &job, 0).unwrap_err();
         assert!(e.contains("`c`") && e.contains("leads outside"), "{e}");
         // Links that stay inside however they chain are kept.
         let mut tar = tar::Builder::new(Vec::new());
         link(&mut tar, "d", ".");
         link(&mut tar, "d/d/e", "d/f");
         let ok = dir.path().join("ok");
-        unpack(&tar.into_inner().unwrap()[..], &ok).unwrap();
+        unpack(&tar.into_inner().unwrap()[..], &ok, 0).unwrap();
         assert_eq!(
             resolve_beneath(&ok, Path::new("e/x")),
             Some(PathBuf::from("f/x"))
