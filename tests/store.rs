@@ -371,6 +371,76 @@ fn runs_by_name_the_history_and_a_runs_events() {
     }
 }
 
+/// Firestore's import claims the store first: of two imports at once into one empty
+/// store, one writes and the other is refused having written nothing; a killed import
+/// (its marker left `importing`) makes loads refuse the half-imported store and a second
+/// import say so, with how to clear it. (SQLite imports in one transaction.)
+#[test]
+fn a_firestore_import_is_exclusive_and_a_half_import_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for at in stores("import-claim", dir.path()) {
+        let Where::Firestore { runner } = &at else {
+            continue;
+        };
+        let (first, _) = planning(30);
+        let mut second = State::new();
+        for job in synthetic::pending_jobs(12, T0) {
+            let id = Name::new(&format!("other-{}", job.id));
+            let mut job = job;
+            job.id = id;
+            job.spec.id = id.to_string();
+            second.jobs.insert(id, job);
+        }
+        let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+            let a = scope.spawn(|| at.open().import(&first).map_err(|e| e.to_string()));
+            let b = scope.spawn(|| at.open().import(&second).map_err(|e| e.to_string()));
+            vec![a.join().unwrap(), b.join().unwrap()]
+        });
+        assert_eq!(
+            results.iter().filter(|r| r.is_ok()).count(),
+            1,
+            "exactly one import wins: {results:?}"
+        );
+        let loaded = at.open().load_active().unwrap().state;
+        let won = if results[0].is_ok() { &first } else { &second };
+        assert_eq!(
+            loaded.jobs.len(),
+            won.jobs.len(),
+            "one file's jobs, not both"
+        );
+
+        // A killed import: its marker says `importing`.
+        let half = Where::Firestore {
+            runner: format!("{runner}-half"),
+        };
+        let mut client = tpu_runner::gcp::firestore::Client::new(
+            endpoint_from_env(),
+            "demo-tpu-runner",
+            "(default)",
+        )
+        .unwrap();
+        let prefix = format!("{runner}-half").replace('-', "_");
+        client
+            .commit(
+                &[tpu_runner::gcp::firestore::Write::Set {
+                    path: format!("{prefix}_controller/import"),
+                    fields: serde_json::Map::from_iter([
+                        ("state".to_owned(), serde_json::json!("importing")),
+                        ("jobs".to_owned(), serde_json::json!(3000)),
+                    ]),
+                    precondition: tpu_runner::gcp::firestore::Precondition::None,
+                }],
+                None,
+            )
+            .unwrap();
+        let mut store = half.open();
+        let e = store.load_active().map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("did not finish") && e.contains("3000"), "{e}");
+        let e = store.import(&first).unwrap_err().to_string();
+        assert!(e.contains("did not finish"), "{e}");
+    }
+}
+
 #[test]
 fn cancel_follows_the_rules() {
     let dir = tempfile::tempdir().unwrap();

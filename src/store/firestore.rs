@@ -547,11 +547,18 @@ impl FirestoreStore {
             state.interruption_requests.insert(r.id, r);
         }
         let paths = [
+            format!("{}/import", names.controller),
             format!("{}/backoff", names.controller),
             format!("{}/notices", names.controller),
             format!("{}/pools", names.controller),
         ];
         let mut docs = self.get(&paths, Some(tx)).map_err(|e| self.error(&e))?;
+        // Never a half-imported store: what a killed import left is refused, not served.
+        if let Some(Some(marker)) = docs.first()
+            && marker.fields.get("state") == Some(&json!(IMPORTING))
+        {
+            return Err(self.unfinished_import(marker));
+        }
         if let Some(doc) = docs.pop().flatten() {
             state.pools = self.parse(doc)?;
         }
@@ -563,6 +570,18 @@ impl FirestoreStore {
         }
         let base = Base::new(&state, job_versions, resource_versions, request_versions);
         Ok(Loaded { state, base })
+    }
+
+    /// The error for a store an import did not finish in.
+    fn unfinished_import(&self, marker: &Doc) -> StoreError {
+        StoreError {
+            store: self.describe(),
+            message: format!(
+                "an import into this store did not finish ({} jobs were to be written; it was killed or failed): nothing is read from a half-imported store; delete the `{}_*` collections (or use another runner name) and import again",
+                marker.fields.get("jobs").cloned().unwrap_or_default(),
+                self.prefix
+            ),
+        }
     }
 
     /// Finished jobs ended at or after `since`, by end time (`descending`: latest first).
@@ -656,6 +675,9 @@ impl FirestoreStore {
             .map_err(|e| self.error(&e))
     }
 }
+
+/// The import marker's state while an import writes.
+const IMPORTING: &str = "importing";
 
 /// A commit refused because a precondition no longer held: someone wrote first.
 fn lost_race(e: &ApiError) -> bool {
@@ -1240,8 +1262,51 @@ impl StateStore for FirestoreStore {
                 ),
             });
         }
+        // Claim the store (checked, nothing written yet): one import at a time, and a marker
+        // that says, until the last part is written, that the store is half imported
+        // (loads refuse it).
+        let marker = format!("{}/import", names.controller);
+        let jobs = state.all_jobs().count();
+        let claim = Write::Set {
+            path: marker.clone(),
+            fields: serde_json::Map::from_iter([
+                ("state".to_owned(), json!(IMPORTING)),
+                ("jobs".to_owned(), json!(jobs)),
+            ]),
+            precondition: Precondition::Exists(false),
+        };
+        if let Err(e) = self.client.commit(&[claim], None) {
+            if !lost_race(&e) {
+                return Err(self.error(&e));
+            }
+            let found = self.get(&[marker], None).map_err(|e| self.error(&e))?;
+            return Err(match found.into_iter().next().flatten() {
+                Some(doc) if doc.fields.get("state") == Some(&json!(IMPORTING)) => {
+                    StoreError {
+                        message: format!(
+                            "another import is writing into this store, or one did not finish: {}",
+                            self.unfinished_import(&doc).message
+                        ),
+                        store: self.describe(),
+                    }
+                }
+                _ => StoreError {
+                    store: self.describe(),
+                    message: "was imported into already: import only into an empty store (nothing was written)".into(),
+                },
+            });
+        }
         // One commit holds at most 10 MiB: a large state is imported in chunks, each
-        // create-only, so a retry after a partial import fails loudly instead of overwriting.
+        // create-only, so a retry after a partial import fails loudly instead of overwriting;
+        // the marker says the store is half imported until the last one is written.
+        writes.push(Write::Set {
+            path: marker,
+            fields: serde_json::Map::from_iter([
+                ("state".to_owned(), json!("complete")),
+                ("jobs".to_owned(), json!(jobs)),
+            ]),
+            precondition: Precondition::Exists(true),
+        });
         let chunks = writes.chunks(400).count();
         for (k, chunk) in writes.chunks(400).enumerate() {
             self.client.commit(chunk, None).map_err(|e| StoreError {
