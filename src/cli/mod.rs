@@ -235,7 +235,7 @@ enum Command {
     /// Submit the jobs of a manifest: bundles uploaded to every candidate region's bucket,
     /// every job queued at once (or none).
     #[command(
-        after_help = "Each submit is a new run of each job, with a fresh id (its name and six letters or\ndigits, shown at once); `watch`, `logs` and `cancel` take the name for its latest run.\nA job with an `id:` in the manifest is submitted once under that id.\n\nExamples:\n  tpu-runner submit examples/hello\n  tpu-runner submit job.yaml --name train-a --name train-b --json\n  tpu-runner submit --env LR=3e-4 --command 'python3 train.py --steps 10'\n\nExit codes: 0 submitted; 1 the manifest (or an --env) is invalid; 2 a manifest id is\ntaken (nothing was submitted); 3 the manifest cannot be read, or a bucket, bundle or\nupload failed; 5 the store failed."
+        after_help = "Each submit is a new run of each job, with a fresh id (its name and six letters or\ndigits, shown at once); `watch`, `logs` and `cancel` take the name for its latest run.\nA job with an `id:` in the manifest is submitted once under that id.\n\nExamples:\n  tpu-runner submit examples/hello\n  tpu-runner submit job.yaml --name train-a --name train-b --json\n  tpu-runner submit --env LR=3e-4 --command 'python3 train.py --steps 10'\n\nExit codes: 0 submitted; 1 the manifest (or an --env) is invalid; 2 a manifest id is\ntaken (nothing was submitted), or the runs are queued but the Cloud Run controller could\nnot be started (the message says which); 3 the manifest cannot be read, or a bucket, bundle or\nupload failed; 5 the store failed."
     )]
     Submit {
         /// The job manifest, or a folder holding `job.yaml`.
