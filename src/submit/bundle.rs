@@ -131,13 +131,115 @@ fn walk(dir: &Path, ignores: &[Ignore]) -> Result<Vec<(String, PathBuf)>, String
     Ok(found)
 }
 
+/// A writer that refuses to grow past `limit` bytes: the archive is bounded while it is
+/// written, never built whole and measured after.
+struct Bounded {
+    data: Vec<u8>,
+    limit: u64,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.data.len() as u64 + buf.len() as u64 > self.limit {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                TOO_BIG,
+            ));
+        }
+        self.data.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The message of a bound reached (told apart from other write errors).
+const TOO_BIG: &str = "the bundle's limit";
+
+/// A file's content exactly as long as its header says: a file that grows or shrinks while
+/// it is read is an error, never an archive whose header and data disagree.
+struct Exact {
+    inner: std::io::Take<std::fs::File>,
+    want: u64,
+    got: u64,
+}
+
+impl std::io::Read for Exact {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.got += n as u64;
+        if n == 0 && self.got < self.want && !buf.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "it shrank while it was bundled; bundle again once nothing writes to it",
+            ));
+        }
+        Ok(n)
+    }
+}
+
+/// Appends the regular file `full` (as `meta` saw it when the folder was walked) under
+/// `name`: opened without blocking and checked as opened (a file swapped for a FIFO is
+/// refused, not waited on), read for exactly its size, and refused if its size or
+/// modification time changed while it was read. `Err(TOO_BIG)` when the archive's bound
+/// was reached.
+fn append_file<W: std::io::Write>(
+    tar: &mut tar::Builder<W>,
+    header: &mut tar::Header,
+    name: &str,
+    full: &Path,
+    meta: &std::fs::Metadata,
+) -> Result<(), String> {
+    use std::io::Read as _;
+    let (file, opened) =
+        crate::files::open_regular(full).map_err(|e| format!("{}: {e}", full.display()))?;
+    let stamp = |m: &std::fs::Metadata| (m.len(), m.modified().ok());
+    let changed = || {
+        format!(
+            "{}: it changed while it was bundled; bundle again once nothing writes to it",
+            full.display()
+        )
+    };
+    if stamp(&opened) != stamp(meta) {
+        return Err(changed());
+    }
+    let reader = Exact {
+        inner: file.take(meta.len()),
+        want: meta.len(),
+        got: 0,
+    };
+    tar.append_data(header, name, reader).map_err(|e| {
+        if e.to_string() == TOO_BIG {
+            TOO_BIG.to_owned()
+        } else {
+            format!("{}: {e}", full.display())
+        }
+    })?;
+    let after = std::fs::symlink_metadata(full).map_err(|e| format!("{}: {e}", full.display()))?;
+    if stamp(&after) != stamp(meta) {
+        return Err(changed());
+    }
+    Ok(())
+}
+
 /// The bundle of `dir`.
 pub fn of_directory(dir: &Path) -> Result<Bundle, String> {
+    of_directory_within(dir, LIMIT)
+}
+
+/// The bundle of `dir`, refused once its archive would exceed `limit` bytes.
+fn of_directory_within(dir: &Path, limit: u64) -> Result<Bundle, String> {
     let ignores = read_ignores(dir)?;
     let paths = walk(dir, &ignores)?;
-    let gz = flate2::GzBuilder::new()
-        .mtime(0)
-        .write(Vec::new(), flate2::Compression::new(6));
+    let gz = flate2::GzBuilder::new().mtime(0).write(
+        Bounded {
+            data: Vec::new(),
+            limit,
+        },
+        flate2::Compression::new(6),
+    );
     let mut tar = tar::Builder::new(gz);
     tar.mode(tar::HeaderMode::Deterministic);
     tar.follow_symlinks(false);
@@ -173,26 +275,36 @@ pub fn of_directory(dir: &Path) -> Result<Bundle, String> {
         } else if kind.is_file() {
             header.set_entry_type(tar::EntryType::Regular);
             header.set_size(meta.len());
-            // Opened without blocking and checked as opened: a file swapped for a FIFO
-            // after the walk saw it is refused, not waited on.
-            let (file, _) = crate::files::open_regular(&full)
-                .map_err(|e| format!("{}: {e}", full.display()))?;
-            tar.append_data(&mut header, text, file)
+            match append_file(&mut tar, &mut header, text, &full, &meta) {
+                Err(e) if e == TOO_BIG => return Err(too_big(dir)),
+                other => other?,
+            }
+            continue;
         } else {
             return Err(format!(
                 "{}: only files, folders and links can be bundled",
                 full.display()
             ));
         };
-        added.map_err(|e| format!("{}: {e}", full.display()))?;
-        if tar.get_ref().get_ref().len() as u64 > LIMIT {
-            return Err(too_big(dir));
-        }
+        added.map_err(|e| {
+            if e.to_string() == TOO_BIG {
+                too_big(dir)
+            } else {
+                format!("{}: {e}", full.display())
+            }
+        })?;
     }
     let data = tar
         .into_inner()
         .and_then(|gz| gz.finish())
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
+        .map_err(|e| {
+            if e.to_string() == TOO_BIG {
+                too_big(dir)
+            } else {
+                format!("{}: {e}", dir.display())
+            }
+        })?
+        .data;
     Ok(Bundle {
         sha256: hex::encode(Sha256::digest(&data)),
         data,
@@ -437,6 +549,39 @@ mod tests {
         std::fs::write(dir.path().join("evil.tar"), plain).unwrap();
         let e = of_archive(&dir.path().join("evil.tar")).unwrap_err();
         assert!(e.contains("points outside the job directory"), "{e}");
+    }
+
+    /// The archive is bounded while it is written; a file that changed between the walk
+    /// and its read is refused, never shipped with a header that disagrees with its data.
+    #[test]
+    fn a_bundle_is_bounded_while_written_and_a_changing_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        // Incompressible bytes (xorshift), so the archive is about as large as the file.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let noise: Vec<u8> = (0..1 << 20)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        std::fs::write(dir.path().join("big.bin"), &noise).unwrap();
+        match of_directory_within(dir.path(), 64 << 10) {
+            Err(e) => assert!(e.contains("would exceed"), "{e}"),
+            Ok(b) => panic!("a {} byte bundle passed a 64 KiB bound", b.data.len()),
+        }
+        assert!(of_directory_within(dir.path(), 4 << 20).is_ok());
+        // Walked at one size, grown before it is read.
+        let path = dir.path().join("log.txt");
+        std::fs::write(&path, "one\n").unwrap();
+        let seen = std::fs::symlink_metadata(&path).unwrap();
+        std::fs::write(&path, "one\ntwo, written while bundling\n").unwrap();
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(seen.len());
+        let e = append_file(&mut tar, &mut header, "log.txt", &path, &seen).unwrap_err();
+        assert!(e.contains("changed while it was bundled"), "{e}");
     }
 
     #[test]

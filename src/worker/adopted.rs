@@ -3,7 +3,6 @@
 //! probe who holds the accelerator devices. Each answers one line; neither touches anything
 //! outside the agent's root, and neither runs while an attempt does. Decides nothing.
 
-
 use super::agent::{self, Root};
 use super::devices::{Devices, pid_list};
 
