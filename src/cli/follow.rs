@@ -87,10 +87,7 @@ impl Logs {
         }
         let mut lines = Vec::new();
         for ((_, uri), log) in &mut self.known {
-            loop {
-                let Some(data) = objects.get_from(uri, log.offset, CHUNK)? else {
-                    break;
-                };
+            while let Some(data) = objects.get_from(uri, log.offset, CHUNK)? {
                 log.offset += data.len() as u64;
                 log.partial.extend_from_slice(&data);
                 if (data.len() as u64) < CHUNK {

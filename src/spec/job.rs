@@ -288,12 +288,11 @@ impl JobSpec {
             .iter()
             .filter(|j| j.fresh_id && j.name.is_none())
             .count();
-        let mut k = 0;
-        for job in jobs.iter_mut().filter(|j| j.fresh_id && j.name.is_none()) {
+        let unnamed = jobs.iter_mut().filter(|j| j.fresh_id && j.name.is_none());
+        for (k, job) in unnamed.enumerate() {
             let name = default_job_name(folder, k, count);
             job.id = name.clone();
             job.name = Some(name);
-            k += 1;
         }
     }
 }
