@@ -213,18 +213,21 @@ fn the_probe_command_asks_every_worker_of_an_idle_adopted_tpu() {
         "{}",
         String::from_utf8_lossy(&import.stderr)
     );
-    std::fs::create_dir_all(d.join(".tpu-runner/local")).unwrap();
+    // A local stack registered in a state folder of the test's own, as `local up` registers
+    // itself (its process: this test's, which lives).
+    std::fs::create_dir_all(d.join("state")).unwrap();
     let stack = serde_json::json!({
         "fleet": d.join("deployment.yaml"), "store": store,
         "tpu_endpoint": "http://127.0.0.1:9", "objects": d.join("objects"),
-        "workers": d.join("workers"),
+        "workers": d.join("workers"), "pid": std::process::id(),
     });
-    std::fs::write(d.join(".tpu-runner/local/stack.json"), stack.to_string()).unwrap();
+    std::fs::write(d.join("state/local-stack.json"), stack.to_string()).unwrap();
     let device = d.join("accel0");
     std::fs::write(&device, "").unwrap();
     let probe = |id: &str| {
         Command::new(BIN)
             .args(["probe-adopted-device-owners", id])
+            .env("TPU_RUNNER_HOME", d.join("state"))
             .env("TPU_RUNNER_DEVICES", d.join("accel*"))
             .current_dir(d)
             .output()

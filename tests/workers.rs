@@ -996,3 +996,30 @@ fn a_root_that_is_not_the_agents_own_is_refused() {
         "the link's target was emptied"
     );
 }
+
+/// A worker host that is not a plain name (it names the attempt's objects, `status/HOST.json`)
+/// is refused at launch, never acknowledged and then failing unseen.
+#[test]
+fn a_hostile_worker_host_is_refused_at_launch() {
+    let rig = Rig::new(Kind::Local);
+    let spec = tpu_runner::worker::LaunchSpec::new(
+        rig.request("a-host", "job-host", "tpu-host", 1, "true"),
+        "p",
+    );
+    let root = tpu_runner::worker::agent::Root::new(rig.dir.path().join("host-root"));
+    let objects = LocalDir::new(rig.dir.path().join("host-objects"));
+    for host in ["../../escape", "a/b", "", "-w"] {
+        let e = tpu_runner::worker::agent::launch(
+            &root,
+            host,
+            &spec,
+            &objects,
+            std::path::Path::new("/bin/false"),
+            None,
+            None,
+        )
+        .map(|ack| format!("{ack:?}"))
+        .unwrap_err();
+        assert!(e.contains("worker host"), "{host:?}: {e}");
+    }
+}

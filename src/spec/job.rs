@@ -641,20 +641,9 @@ fn read_caches(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<Cache
         };
         let key = f.required(c, "key", "a cache name").and_then(|n| {
             let key = c.nonempty_string(n, &f.path("key"), "a non-empty cache name")?;
-            let ok = key.len() <= 128
-                && key != "."
-                && key != ".."
-                && key
-                    .chars()
-                    .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-'));
-            if !ok {
-                c.expected(
-                    n,
-                    &f.path("key"),
-                    "a cache name of up to 128 letters, digits, `.`, `_` or `-` (not `.` or `..`)",
-                );
-                return None;
-            }
+            check_cache_key(&key)
+                .map_err(|e| c.expected(n, &f.path("key"), &e))
+                .ok()?;
             Some((key, n))
         });
         let cache_path = f
@@ -803,6 +792,22 @@ pub fn check_env_value(name: &str, value: &str) -> Result<(), String> {
         return Err("an integer number of KiB, at least 1048576 (1 GiB)".into());
     }
     Ok(())
+}
+
+/// Checks a cache key: 1–128 letters, digits, `.`, `_` or `-`, starting with a letter or
+/// digit (a folder name under the cache root: never `.`, `..` or hidden). The manifest's
+/// rule and the worker's.
+pub fn check_cache_key(key: &str) -> Result<(), String> {
+    let ok = (1..=128).contains(&key.len())
+        && key.starts_with(|ch: char| ch.is_ascii_alphanumeric())
+        && key
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err("a cache name of 1 to 128 letters, digits, `.`, `_` or `-`, starting with a letter or digit".into())
+    }
 }
 
 /// Checks a job's command: not blank, no NUL, within the kernel's limit for one argument

@@ -340,9 +340,8 @@ fn prepare_caches(spec: &LaunchSpec, dirs: &Dirs, floor: u64) -> Result<Vec<Stri
         ));
     }
     for cache in declared {
-        if cache.key.contains(['/', '\\']) || cache.key.starts_with('.') {
-            return Err(format!("cache key `{}` is not a plain name", cache.key));
-        }
+        crate::spec::job::check_cache_key(&cache.key)
+            .map_err(|e| format!("cache key `{}`: expected {e}", cache.key))?;
         let target = dirs.cache_root.join(&cache.key);
         std::fs::create_dir_all(&target).map_err(|e| format!("cache {}: {e}", cache.key))?;
         let rel = Path::new(&cache.path);
@@ -453,7 +452,13 @@ pub fn launch(
     let job = r.job_id.as_str();
     // The one rule for ids, as `validate-jobs` and `submit` apply it (a path segment that is
     // never `.` or `..`: it starts with a letter or digit).
-    for (what, id) in [("job id", job), ("attempt id", attempt)] {
+    // The host names objects (`status/HOST.json`, `logs/HOST.log`): a plain name only, or
+    // the launch is refused here rather than acknowledged and failing unseen later.
+    for (what, id) in [
+        ("job id", job),
+        ("attempt id", attempt),
+        ("worker host", host),
+    ] {
         crate::spec::job::check_job_id(id)
             .map_err(|rule| format!("the {what} {id:?} is not {rule}"))?;
     }
