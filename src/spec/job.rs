@@ -297,15 +297,20 @@ impl JobSpec {
     }
 }
 
+/// 1–128 letters, digits, `.`, `_` or `-`, starting with a letter or digit: a name that is
+/// one path segment, never `.`, `..` or hidden, and one shell word.
+fn is_plain_name(text: &str) -> bool {
+    (1..=128).contains(&text.len())
+        && text.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
 /// Checks a job id: 1–128 letters, digits, `.`, `_` or `-`, starting with a letter or digit.
 /// Ids become Firestore document ids, GCS path segments and shell words.
 pub fn check_job_id(id: &str) -> Result<(), String> {
-    let ok = (1..=128).contains(&id.len())
-        && id.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if ok {
+    if is_plain_name(id) {
         Ok(())
     } else {
         Err("a job id of 1 to 128 letters, digits, `.`, `_` or `-`, starting with a letter or digit".into())
@@ -798,12 +803,7 @@ pub fn check_env_value(name: &str, value: &str) -> Result<(), String> {
 /// digit (a folder name under the cache root: never `.`, `..` or hidden). The manifest's
 /// rule and the worker's.
 pub fn check_cache_key(key: &str) -> Result<(), String> {
-    let ok = (1..=128).contains(&key.len())
-        && key.starts_with(|ch: char| ch.is_ascii_alphanumeric())
-        && key
-            .chars()
-            .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-'));
-    if ok {
+    if is_plain_name(key) {
         Ok(())
     } else {
         Err("a cache name of 1 to 128 letters, digits, `.`, `_` or `-`, starting with a letter or digit".into())
