@@ -743,15 +743,16 @@ struct StoreOpts {
 impl StoreOpts {
     /// The store and fleet these name; with neither, the running local stack's (as the job
     /// commands find it), else `deployment.yaml`'s.
-    fn resolve(&self) -> Result<(Option<String>, PathBuf), Failure> {
-        match (&self.store, &self.fleet) {
-            (store, Some(fleet)) => Ok((store.clone(), fleet.clone())),
-            (Some(store), None) => Ok((Some(store.clone()), PathBuf::from("deployment.yaml"))),
+    fn resolve(&self) -> Result<state::OwnedStoreArgs, Failure> {
+        let (store, fleet) = match (&self.store, &self.fleet) {
+            (store, Some(fleet)) => (store.clone(), fleet.clone()),
+            (Some(store), None) => (Some(store.clone()), PathBuf::from("deployment.yaml")),
             (None, None) => {
                 let (fleet, local) = stack::default_fleet()?;
-                Ok((local.map(|l| l.store), fleet))
+                (local.map(|l| l.store), fleet)
             }
-        }
+        };
+        Ok(state::OwnedStoreArgs { store, fleet })
     }
 }
 
@@ -924,36 +925,15 @@ fn run(cli: Cli) -> Result<ExitStatus, Failure> {
             store,
             output,
             force,
-        }) => state::export(
-            &{
-                let (url, fleet) = store.resolve()?;
-                state::OwnedStoreArgs { store: url, fleet }
-            }
-            .args(),
-            output.as_deref(),
-            force,
-        ),
+        }) => state::export(&store.resolve()?.args(), output.as_deref(), force),
         Command::State(StateCommand::Events {
             store,
             window,
             kind,
-        }) => events::print(
-            &{
-                let (url, fleet) = store.resolve()?;
-                state::OwnedStoreArgs { store: url, fleet }
-            }
-            .args(),
-            window.window()?,
-            &kind,
-        ),
-        Command::State(StateCommand::Import { file, store }) => state::import(
-            &{
-                let (url, fleet) = store.resolve()?;
-                state::OwnedStoreArgs { store: url, fleet }
-            }
-            .args(),
-            &file,
-        ),
+        }) => events::print(&store.resolve()?.args(), window.window()?, &kind),
+        Command::State(StateCommand::Import { file, store }) => {
+            state::import(&store.resolve()?.args(), &file)
+        }
         Command::Emulator {
             scenario,
             listen,

@@ -258,21 +258,18 @@ pub fn check_job_name(name: &str) -> Result<(), String> {
 /// The name of a manifest's `index`-th job that names none: its folder's name (`count`
 /// unnamed jobs: with `-N`, 1-based), as a valid name.
 pub fn default_job_name(folder: &str, index: usize, count: usize) -> String {
-    let mut base = names::slug(folder);
-    if base == "item" && folder.trim().is_empty() {
-        base = "job".into();
-    }
-    base.truncate(100);
-    let base = base.trim_end_matches('-').to_owned();
-    let base = if base.starts_with(|c: char| c.is_ascii_alphanumeric()) {
-        base
+    // A slug is lowercase letters, digits and inner dashes, never empty.
+    let mut base = if folder.trim().is_empty() {
+        "job".to_owned()
     } else {
-        format!("job-{base}")
+        names::slug(folder)
     };
+    base.truncate(100);
+    let base = base.trim_end_matches('-');
     if count > 1 {
         format!("{base}-{}", index + 1)
     } else {
-        base
+        base.to_owned()
     }
 }
 

@@ -158,6 +158,15 @@ impl std::io::Write for Bounded {
 /// The message of a bound reached (told apart from other write errors).
 const TOO_BIG: &str = "the bundle's limit";
 
+/// What a failed write of `dir`'s archive says: the bound reached, else the error at `at`.
+fn write_error(e: &std::io::Error, dir: &Path, at: &Path) -> String {
+    if e.to_string() == TOO_BIG {
+        too_big(dir)
+    } else {
+        format!("{}: {e}", at.display())
+    }
+}
+
 /// A file's content exactly as long as its header says: a file that grows or shrinks while
 /// it is read is an error, never an archive whose header and data disagree.
 struct Exact {
@@ -183,12 +192,12 @@ impl std::io::Read for Exact {
 /// Appends the regular file `full` (as `meta` saw it when the folder was walked) under
 /// `name`: opened without blocking and checked as opened (a file swapped for a FIFO is
 /// refused, not waited on), read for exactly its size, and refused if its size or
-/// modification time changed while it was read. `Err(TOO_BIG)` when the archive's bound
-/// was reached.
+/// modification time changed while it was read (the archive is `dir`'s).
 fn append_file<W: std::io::Write>(
     tar: &mut tar::Builder<W>,
     header: &mut tar::Header,
     name: &str,
+    dir: &Path,
     full: &Path,
     meta: &std::fs::Metadata,
 ) -> Result<(), String> {
@@ -210,13 +219,8 @@ fn append_file<W: std::io::Write>(
         want: meta.len(),
         got: 0,
     };
-    tar.append_data(header, name, reader).map_err(|e| {
-        if e.to_string() == TOO_BIG {
-            TOO_BIG.to_owned()
-        } else {
-            format!("{}: {e}", full.display())
-        }
-    })?;
+    tar.append_data(header, name, reader)
+        .map_err(|e| write_error(&e, dir, full))?;
     let after = std::fs::symlink_metadata(full).map_err(|e| format!("{}: {e}", full.display()))?;
     if stamp(&after) != stamp(meta) {
         return Err(changed());
@@ -275,10 +279,7 @@ fn of_directory_within(dir: &Path, limit: u64) -> Result<Bundle, String> {
         } else if kind.is_file() {
             header.set_entry_type(tar::EntryType::Regular);
             header.set_size(meta.len());
-            match append_file(&mut tar, &mut header, text, &full, &meta) {
-                Err(e) if e == TOO_BIG => return Err(too_big(dir)),
-                other => other?,
-            }
+            append_file(&mut tar, &mut header, text, dir, &full, &meta)?;
             continue;
         } else {
             return Err(format!(
@@ -286,24 +287,12 @@ fn of_directory_within(dir: &Path, limit: u64) -> Result<Bundle, String> {
                 full.display()
             ));
         };
-        added.map_err(|e| {
-            if e.to_string() == TOO_BIG {
-                too_big(dir)
-            } else {
-                format!("{}: {e}", full.display())
-            }
-        })?;
+        added.map_err(|e| write_error(&e, dir, &full))?;
     }
     let data = tar
         .into_inner()
         .and_then(|gz| gz.finish())
-        .map_err(|e| {
-            if e.to_string() == TOO_BIG {
-                too_big(dir)
-            } else {
-                format!("{}: {e}", dir.display())
-            }
-        })?
+        .map_err(|e| write_error(&e, dir, dir))?
         .data;
     Ok(Bundle {
         sha256: hex::encode(Sha256::digest(&data)),
@@ -580,7 +569,8 @@ mod tests {
         let mut tar = tar::Builder::new(Vec::new());
         let mut header = tar::Header::new_gnu();
         header.set_size(seen.len());
-        let e = append_file(&mut tar, &mut header, "log.txt", &path, &seen).unwrap_err();
+        let e =
+            append_file(&mut tar, &mut header, "log.txt", dir.path(), &path, &seen).unwrap_err();
         assert!(e.contains("changed while it was bundled"), "{e}");
     }
 
