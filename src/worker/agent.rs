@@ -827,8 +827,11 @@ fn forget_current(root: &Root, attempt: &str) {
 }
 
 /// Stops whatever runs on this worker (what deleting its TPU does): the command's group
-/// and the supervisor's, at once.
+/// and the supervisor's, at once. Under the launch lock, like `cancel`: a supervisor that
+/// has started its command has recorded its group, and one that has not is still waiting
+/// for the lock, so killing it starts nothing.
 pub fn stop_all(root: &Root) {
+    let _lock = lock(root);
     if let Some(current) = read_current(root) {
         for group in current
             .command_group
