@@ -361,6 +361,56 @@ fn no_credentials_is_said_once() {
     assert!(!said.contains("Cloud Storage: Cloud Storage"), "{said}");
 }
 
+/// A request the cloud leaves waiting for capacity (a stockout) is shown as such, with how
+/// long it has waited, not as `provisioning`; when capacity comes back the run starts.
+#[test]
+fn a_stocked_out_request_is_shown_waiting_for_capacity() {
+    let mut day = Day::new();
+    day.up();
+    let registry: Value =
+        serde_json::from_slice(&std::fs::read(day.home.join("local-stack.json")).unwrap()).unwrap();
+    let endpoint = registry["tpu_endpoint"].as_str().unwrap().to_owned();
+    let stockout = |zone: &str, on: bool| {
+        let out = Command::new("curl")
+            .args(["-sf", "-X", "POST", "-H", "content-type: application/json"])
+            .args(["-d", &format!("{{\"on\": {on}}}")])
+            .arg(format!("{endpoint}/emulator/v1/zones/{zone}/stockout"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "stockout {zone}: {out:?}");
+    };
+    for zone in ["us-east1-d", "us-central1-b"] {
+        stockout(zone, true);
+    }
+    let run = day.submit(&[]);
+    day.wait_for("a request waiting for capacity", || {
+        day.status(&[])["resources"]["counts"]["waiting-for-capacity"]
+            .as_u64()
+            .is_some_and(|n| n > 0)
+    });
+    let table = text(&day.run(&["status"]).stdout);
+    assert!(table.contains("waiting for capacity ("), "{table}");
+    let v = day.status(&[]);
+    let waiting = v["resources"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["status"] == "provisioning")
+        .unwrap_or_else(|| panic!("no provisioning TPU: {v}"));
+    assert!(waiting["capacity_wait_since"].is_string(), "{waiting}");
+    for zone in ["us-east1-d", "us-central1-b"] {
+        stockout(zone, false);
+    }
+    day.wait_for("the run to end once capacity is back", || {
+        status_of(&day.status(&["--all"]), &run).as_deref() == Some("succeeded")
+    });
+    let after = day.status(&[]);
+    assert!(
+        after["resources"]["counts"]["waiting-for-capacity"].is_null(),
+        "{after}"
+    );
+}
+
 /// A store with runs but no controller: what `status` and `watch` say about the queue.
 struct Queue {
     _tmp: tempfile::TempDir,

@@ -116,7 +116,7 @@ impl Reader {
                     "tpus": tpus.iter().map(|r| json!({
                         "name": r.tpu_name.as_str(),
                         "type": r.tpu_type.to_string(),
-                        "status": r.status.as_str(),
+                        "status": r.shown_status(),
                         "run": r.owner.as_ref().map(|o| o.job_id.as_str()),
                     })).collect::<Vec<_>>(),
                 })

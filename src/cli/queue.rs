@@ -273,7 +273,7 @@ pub(crate) fn status(opts: &StackOpts, args: &StatusArgs<'_>) -> Result<ExitStat
         }
         let mut tpu_counts = std::collections::BTreeMap::<&str, usize>::new();
         for r in &resources {
-            *tpu_counts.entry(r.status.as_str()).or_default() += 1;
+            *tpu_counts.entry(r.shown_status()).or_default() += 1;
         }
         let entries: Vec<_> = stack
             .fleet
@@ -411,7 +411,7 @@ pub(crate) fn status(opts: &StackOpts, args: &StatusArgs<'_>) -> Result<ExitStat
             Default::default();
         for r in state.resources.values() {
             *counts
-                .entry((r.zone.as_str(), r.tpu_type.to_string(), r.status.as_str()))
+                .entry((r.zone.as_str(), r.tpu_type.to_string(), r.shown_status()))
                 .or_default() += 1;
         }
         let rows: Vec<Vec<String>> = counts
@@ -434,7 +434,13 @@ pub(crate) fn status(opts: &StackOpts, args: &StatusArgs<'_>) -> Result<ExitStat
                     r.tpu_name.to_string(),
                     r.zone.to_string(),
                     r.tpu_type.to_string(),
-                    r.status.as_str().into(),
+                    match (r.shown_status(), r.capacity_wait_since) {
+                        ("waiting-for-capacity", Some(since)) => format!(
+                            "waiting for capacity ({})",
+                            short_duration(now.secs_since(since))
+                        ),
+                        (status, _) => status.into(),
+                    },
                     r.owner
                         .as_ref()
                         .map_or("-".into(), |o| o.job_id.to_string()),

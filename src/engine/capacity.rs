@@ -614,6 +614,7 @@ impl<'a> Pass<'a> {
             r.idle_since = None;
             r.provisioning_node_seen_at = None;
             r.provisioning_node_missing_since = None;
+            r.capacity_wait_since = None;
         }
     }
 }

@@ -827,6 +827,11 @@ pub struct Resource {
     /// Since when a previously seen provisioning node is missing.
     #[serde(default)]
     pub provisioning_node_missing_since: Option<Timestamp>,
+    /// While provisioning: since when its queued resource has waited for capacity (the
+    /// cloud's `WAITING_FOR_RESOURCES`, a stockout); none before that and once granted.
+    /// Shown to users; decides nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_wait_since: Option<Timestamp>,
     /// Retryable infrastructure failures of one job in a row on this TPU.
     #[serde(default)]
     pub retryable_failures: Option<FailureCounter>,
@@ -867,8 +872,18 @@ impl Resource {
             idle_since: None,
             provisioning_node_seen_at: None,
             provisioning_node_missing_since: None,
+            capacity_wait_since: None,
             retryable_failures: None,
             cancellation_failures: None,
+        }
+    }
+
+    /// The status as users are shown it: `waiting-for-capacity` for a provisioning TPU whose
+    /// request waits for capacity (a stockout), else the status's name.
+    pub fn shown_status(&self) -> &'static str {
+        match (self.status, self.capacity_wait_since) {
+            (ResourceStatus::Provisioning, Some(_)) => "waiting-for-capacity",
+            (status, _) => status.as_str(),
         }
     }
 
@@ -1077,6 +1092,7 @@ mod tests {
             idle_since: None,
             provisioning_node_seen_at: None,
             provisioning_node_missing_since: None,
+            capacity_wait_since: None,
             retryable_failures: None,
             cancellation_failures: None,
         };
