@@ -84,6 +84,35 @@ struct HistoryRow<'a> {
     end_reason: String,
 }
 
+/// `status --json`: fields in name order (what the document always had).
+#[derive(Serialize)]
+struct StatusDoc<'a> {
+    fleet: serde_json::Value,
+    generated_at: Timestamp,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history: Option<Listed<'a, HistoryRow<'a>>>,
+    interruption_requests: Vec<&'a crate::engine::state::InterruptionRequest>,
+    jobs: Counted<'a, &'a Job>,
+    queue: Listed<'a, QueueRow<'a>>,
+    resources: Counted<'a, &'a crate::engine::state::Resource>,
+    schema_version: u32,
+    store: String,
+}
+
+/// A page of rows and how many more matched.
+#[derive(Serialize)]
+struct Listed<'a, T> {
+    items: &'a [T],
+    more: usize,
+}
+
+/// Counts by status and the items.
+#[derive(Serialize)]
+struct Counted<'a, T> {
+    counts: std::collections::BTreeMap<&'a str, usize>,
+    items: Vec<T>,
+}
+
 fn wanted(job: &Job, args: &StatusArgs<'_>) -> bool {
     (args.states.is_empty()
         || args
@@ -96,10 +125,19 @@ fn wanted(job: &Job, args: &StatusArgs<'_>) -> bool {
         && args.priority.is_none_or(|p| job.spec.priority == p)
 }
 
-/// The active runs in queue order, with the waiting ones' reasons (the engine's).
-fn queue<'s>(stack: &Stack, state: &'s State, now: Timestamp) -> Vec<QueueRow<'s>> {
+/// The first `limit` (0: all) active runs `shown` keeps, in queue order, with the waiting
+/// ones' reasons (the engine's), and how many more matched.
+fn queue<'s>(
+    stack: &Stack,
+    state: &'s State,
+    now: Timestamp,
+    shown: impl Fn(&Job) -> bool,
+    limit: usize,
+) -> (Vec<QueueRow<'s>>, usize) {
     let engine = Engine::with_policy(stack.fleet.policy.clone(), stack.fleet.clone());
-    crate::engine::explain::queue(&engine, state, now)
+    let page = crate::engine::explain::queue(&engine, state, now, shown, limit);
+    let rows = page
+        .rows
         .into_iter()
         .map(|q| {
             let job = q.job;
@@ -129,7 +167,8 @@ fn queue<'s>(stack: &Stack, state: &'s State, now: Timestamp) -> Vec<QueueRow<'s
                 codes,
             }
         })
-        .collect()
+        .collect();
+    (rows, page.more)
 }
 
 /// The first `limit` runs of the queue as JSON (the dashboard's).
@@ -139,9 +178,8 @@ pub(crate) fn queue_json(
     now: Timestamp,
     limit: usize,
 ) -> serde_json::Value {
-    let rows = queue(stack, state, now);
-    let more = rows.len().saturating_sub(limit);
-    json!({"items": rows.iter().take(limit).collect::<Vec<_>>(), "more": more})
+    let (rows, more) = queue(stack, state, now, |_| true, limit);
+    json!({"items": rows, "more": more})
 }
 
 /// A finished run as JSON (the dashboard's history).
@@ -156,9 +194,9 @@ pub(crate) fn waiting_reasons(
     id: &crate::spec::Name,
     now: Timestamp,
 ) -> Option<Vec<String>> {
-    queue(stack, state, now)
-        .into_iter()
-        .find(|r| r.job_id == id.as_str())
+    let (rows, _) = queue(stack, state, now, |j| j.id == *id, 1);
+    rows.into_iter()
+        .next()
         .map(|r| r.waiting)
         .filter(|w| !w.is_empty())
 }
@@ -240,10 +278,7 @@ pub(crate) fn status(opts: &StackOpts, args: &StatusArgs<'_>) -> Result<ExitStat
     let mut store = stack.open_store(false)?;
     let state = store.load_active().map_err(|e| store_failure(&e))?.state;
     let now = wall_clock();
-    let rows: Vec<QueueRow<'_>> = queue(&stack, &state, now)
-        .into_iter()
-        .filter(|r| wanted(r.job, args))
-        .collect();
+    let (rows, more_active) = queue(&stack, &state, now, |j| wanted(j, args), args.limit);
     let finished: Vec<Job> = if args.all || args.since.is_some() {
         let since = args.since.unwrap_or_else(|| now.plus_secs(-7 * 86_400));
         // Filters apply after the read: read a page beyond the limit's worth.
@@ -262,18 +297,17 @@ pub(crate) fn status(opts: &StackOpts, args: &StatusArgs<'_>) -> Result<ExitStat
         Vec::new()
     };
     let done: Vec<HistoryRow<'_>> = finished.iter().map(history).collect();
-    let (rows, more_active) = take(rows, args.limit);
     let (done, more_done) = take(done, args.limit);
     if args.json {
-        let jobs: Vec<&Job> = rows.iter().map(|r| r.job).collect();
-        let resources: Vec<_> = state.resources.values().collect();
         let mut job_counts = std::collections::BTreeMap::<&str, usize>::new();
         for j in state.jobs.values() {
             *job_counts.entry(j.status.as_str()).or_default() += 1;
         }
         let mut tpu_counts = std::collections::BTreeMap::<&str, usize>::new();
-        for r in &resources {
+        let mut per_entry = std::collections::HashMap::<&str, usize>::new();
+        for r in state.resources.values() {
             *tpu_counts.entry(r.shown_status()).or_default() += 1;
+            *per_entry.entry(r.entry_id.as_str()).or_default() += 1;
         }
         let entries: Vec<_> = stack
             .fleet
@@ -287,24 +321,40 @@ pub(crate) fn status(opts: &StackOpts, args: &StatusArgs<'_>) -> Result<ExitStat
                     "adopted": e.is_adopted(),
                     "ceiling_count": e.ceiling(),
                     "keep_warm_count": e.keep_warm_count,
-                    "records": resources.iter().filter(|r| r.entry_id == e.id).count(),
+                    "records": per_entry.get(e.id.as_str()).copied().unwrap_or(0),
                 })
             })
             .collect();
-        let mut doc = json!({
-            "schema_version": crate::engine::state::SCHEMA_VERSION,
-            "generated_at": now,
-            "fleet": {"name": stack.fleet.name, "project": stack.fleet.project, "idle_timeout_seconds": stack.fleet.idle_timeout_seconds, "entries": entries},
-            "store": store.describe(),
-            "queue": {"items": rows, "more": more_active},
-            "jobs": {"counts": job_counts, "items": jobs},
-            "resources": {"counts": tpu_counts, "items": resources},
-            "interruption_requests": state.interruption_requests.values().collect::<Vec<_>>(),
-        });
-        if args.all || args.since.is_some() {
-            doc["history"] = json!({"items": done, "more": more_done});
-        }
-        print_stdout(&format!("{doc}\n"));
+        let doc = StatusDoc {
+            fleet: json!({"name": stack.fleet.name, "project": stack.fleet.project, "idle_timeout_seconds": stack.fleet.idle_timeout_seconds, "entries": entries}),
+            generated_at: now,
+            history: (args.all || args.since.is_some()).then_some(Listed {
+                items: &done,
+                more: more_done,
+            }),
+            interruption_requests: state.interruption_requests.values().collect(),
+            jobs: Counted {
+                counts: job_counts,
+                items: rows.iter().map(|r| r.job).collect(),
+            },
+            queue: Listed {
+                items: &rows,
+                more: more_active,
+            },
+            resources: Counted {
+                counts: tpu_counts,
+                items: state.resources.values().collect(),
+            },
+            schema_version: crate::engine::state::SCHEMA_VERSION,
+            store: store.describe(),
+        };
+        // Streamed: 100k runs are hundreds of megabytes of JSON, never held whole.
+        use std::io::Write as _;
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        let _ = serde_json::to_writer(&mut out, &doc)
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"))
+            .and_then(|()| out.flush());
         return Ok(ExitStatus::Ok);
     }
     let running = state

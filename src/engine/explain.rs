@@ -272,6 +272,19 @@ pub fn explain(
     out: &PassOutput,
     now: Timestamp,
 ) -> Vec<Explanation> {
+    explain_jobs(index, state, observation, out, now, state.jobs.values())
+}
+
+/// Explains those of `jobs` still pending in `state` after the pass (a page of the queue:
+/// the facts every reason reads are gathered once, each job costs only its own reasons).
+pub fn explain_jobs<'j>(
+    index: &FleetIndex,
+    state: &State,
+    observation: &Observation,
+    out: &PassOutput,
+    now: Timestamp,
+    jobs: impl IntoIterator<Item = &'j super::state::Job>,
+) -> Vec<Explanation> {
     // Live requests per entry (observed and created this pass).
     let mut requests: BTreeMap<&str, u32> = BTreeMap::new();
     for q in &observation.queued_resources {
@@ -331,11 +344,13 @@ pub fn explain(
     // What depends only on the requirement, once per class.
     let mut by_class: rustc_hash::FxHashMap<ClassKey<'_>, Vec<Reason>> = Default::default();
     let mut result = Vec::new();
-    for job in state
-        .jobs
-        .values()
-        .filter(|j| j.status == JobStatus::Pending)
-    {
+    let pending = jobs.into_iter().filter_map(|j| {
+        state
+            .jobs
+            .get(&j.id)
+            .filter(|j| j.status == JobStatus::Pending)
+    });
+    for job in pending {
         let req = Requirement::at(index, job, now);
         let models = req.models;
         let class = by_class
@@ -614,19 +629,28 @@ pub struct Queued<'s> {
     pub why: Option<Explanation>,
 }
 
+/// A page of the queue: the rows shown and how many more matched.
+#[derive(Clone, Debug)]
+pub struct QueuePage<'s> {
+    /// The first rows that matched, in service order, each waiting one explained.
+    pub rows: Vec<Queued<'s>>,
+    /// Rows that matched past the page.
+    pub more: usize,
+}
+
 /// The active jobs in the order the controller serves them: running and cancelling first
 /// (by start), then the pending ones in assignment order (priority, most-constrained, FIFO),
 /// each with why it waits on the pass `engine` would make now on the cloud `state` assumes.
-/// What `status` and the dashboard show; pure.
-pub fn queue<'s>(engine: &super::Engine, state: &'s State, now: Timestamp) -> Vec<Queued<'s>> {
-    let observation = assumed_observation(engine.index(), state, now);
-    let mut after = state.clone();
-    let out = engine.reconcile(&mut after, &observation, now);
-    let mut why: rustc_hash::FxHashMap<crate::spec::Name, Explanation> =
-        explain(engine.index(), &after, &observation, &out, now)
-            .into_iter()
-            .map(|e| (crate::spec::Name::new(&e.job_id), e))
-            .collect();
+/// Only the jobs `shown` keeps are listed, the first `limit` of them (0: all), and only
+/// those are explained: the order and the positions cover the whole queue, the reasons
+/// cost the page. What `status`, `watch` and the dashboard show; pure.
+pub fn queue<'s>(
+    engine: &super::Engine,
+    state: &'s State,
+    now: Timestamp,
+    shown: impl Fn(&super::state::Job) -> bool,
+    limit: usize,
+) -> QueuePage<'s> {
     let mut running: Vec<&super::state::Job> = state
         .jobs
         .values()
@@ -649,22 +673,44 @@ pub fn queue<'s>(engine: &super::Engine, state: &'s State, now: Timestamp) -> Ve
     );
     let mut pending: Vec<_> = demand.jobs.iter().collect();
     pending.sort_by(|a, b| a.order_key.cmp(&b.order_key).then(a.job.id.cmp(&b.job.id)));
-    let mut rows: Vec<Queued<'s>> = running
+    let listed = running
         .into_iter()
-        .map(|job| Queued {
-            job,
-            position: None,
-            why: None,
-        })
-        .collect();
-    for (k, p) in pending.into_iter().enumerate() {
-        rows.push(Queued {
-            job: p.job,
-            position: Some(k + 1),
-            why: why.remove(&p.job.id),
-        });
+        .map(|job| (job, None))
+        .chain(
+            pending
+                .into_iter()
+                .enumerate()
+                .map(|(k, p)| (p.job, Some(k + 1))),
+        )
+        .filter(|(job, _)| shown(job));
+    let mut rows: Vec<Queued<'s>> = Vec::new();
+    let mut more = 0;
+    for (job, position) in listed {
+        if limit != 0 && rows.len() == limit {
+            more += 1;
+        } else {
+            rows.push(Queued {
+                job,
+                position,
+                why: None,
+            });
+        }
     }
-    rows
+    if rows.iter().any(|r| r.position.is_some()) {
+        let observation = assumed_observation(engine.index(), state, now);
+        let mut after = state.clone();
+        let out = engine.reconcile(&mut after, &observation, now);
+        let page = rows.iter().filter(|r| r.position.is_some()).map(|r| r.job);
+        let mut why: rustc_hash::FxHashMap<crate::spec::Name, Explanation> =
+            explain_jobs(engine.index(), &after, &observation, &out, now, page)
+                .into_iter()
+                .map(|e| (crate::spec::Name::new(&e.job_id), e))
+                .collect();
+        for r in &mut rows {
+            r.why = why.remove(&r.job.id);
+        }
+    }
+    QueuePage { rows, more }
 }
 
 #[cfg(test)]
@@ -825,5 +871,42 @@ mod tests {
         );
         let open = reasons_at(Some(1800), 2 * 86_400);
         assert!(open.iter().all(|r| !r.contains("Spot first")), "{open:?}");
+    }
+
+    /// A page of the queue is the whole queue's rows, cut: the same order, positions and
+    /// reasons as listing everything, whatever the filter and the page size.
+    #[test]
+    fn a_page_of_the_queue_is_the_whole_queue_cut() {
+        let epoch = Timestamp::from_secs(1_767_225_600);
+        let fleet = synthetic::fleet(20, 3);
+        let (state, _) = synthetic::planning_instance(&fleet, 2_000, 60, epoch);
+        let engine = Engine::new(fleet, EngineConfig::default(), Box::new(Classic));
+        let now = epoch.plus_secs(100);
+        let all = queue(&engine, &state, now, |_| true, 0);
+        assert_eq!((all.rows.len(), all.more), (state.jobs.len(), 0));
+        let key = |q: &Queued<'_>| {
+            (
+                q.job.id,
+                q.position,
+                q.why.as_ref().map(|w| w.reasons.clone()),
+            )
+        };
+        let even = |j: &crate::engine::state::Job| j.id.as_str().ends_with(['0', '2', '4']);
+        for (limit, shown) in [(1, false), (50, false), (50, true), (3_000, true)] {
+            let page = queue(&engine, &state, now, |j| !shown || even(j), limit);
+            let expected: Vec<_> = all
+                .rows
+                .iter()
+                .filter(|q| !shown || even(q.job))
+                .map(key)
+                .collect();
+            let cut = expected.len().min(limit);
+            assert_eq!(
+                page.rows.iter().map(key).collect::<Vec<_>>(),
+                expected[..cut]
+            );
+            assert_eq!(page.more, expected.len() - cut);
+        }
+        assert!(all.rows.iter().any(|q| q.why.is_some()), "nothing waits");
     }
 }
