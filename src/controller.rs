@@ -19,7 +19,7 @@ use crate::backend::{BackendError, CloudBackend};
 use crate::driver::{self, Feedback};
 use crate::engine::lease::Refusal;
 use crate::engine::{Engine, Event, Observation, State, Timestamp};
-use crate::store::{Base, CommitOutcome, Fence, StateStore, StoreError};
+use crate::store::{Base, CommitOutcome, Fence, Io, StateStore, StoreError};
 
 /// How a controller runs.
 #[derive(Clone, Debug)]
@@ -90,6 +90,10 @@ pub enum Pass {
         actions: usize,
         /// Something is left to do: an active job, or something of ours in the cloud.
         busy: bool,
+        /// How the pass read the store: the whole active set, or what changed since.
+        load: Load,
+        /// Documents the pass read and wrote in the store.
+        io: Io,
     },
     /// The cloud could not be read: nothing was decided (the pass is retried next interval).
     CloudError(BackendError),
@@ -97,6 +101,30 @@ pub enum Pass {
     /// pass starts from the store again.
     Conflict(Vec<String>),
 }
+
+/// How a pass read the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Load {
+    /// The whole active set: at start, after a conflict, after the lease lapsed or changed
+    /// hands, and every `FULL_LOAD_EVERY_SECS` as a safety net.
+    Full,
+    /// Only what was written since the last pass (`StateStore::load_changes`).
+    Delta,
+}
+
+impl Load {
+    /// `full` or `delta`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Load::Full => "full",
+            Load::Delta => "delta",
+        }
+    }
+}
+
+/// How often a controller reads the whole active set although deltas would do: a safety net
+/// that bounds how long any divergence between memory and the store could last.
+const FULL_LOAD_EVERY_SECS: i64 = 600;
 
 /// Events older than the fleet's retention deleted per pass, at most: far more than a pass
 /// records, so the log shrinks back to its window, in bounded steps.
@@ -127,6 +155,14 @@ pub struct Controller {
     backend: Box<dyn CloudBackend>,
     settings: Settings,
     state: State,
+    /// What the store held as of `state` (versions and change cursor), while deltas may
+    /// bring it forward; `None`: the next pass loads the whole active set.
+    base: Option<Base>,
+    /// When the next pass loads the whole active set although a delta would do.
+    next_full_load: Timestamp,
+    /// When the lease this controller last acquired lapses (`None`: never acquired, or
+    /// released): a pass that finds it lapsed loads the whole active set.
+    held_until: Option<Timestamp>,
     observation: Observation,
     feedback: Feedback,
 }
@@ -150,6 +186,9 @@ impl Controller {
             backend,
             settings,
             state: State::new(),
+            base: None,
+            next_full_load: Timestamp(i64::MIN),
+            held_until: None,
             observation: Observation::default(),
             feedback: Feedback::default(),
         }
@@ -165,10 +204,18 @@ impl Controller {
     /// Acquires or renews the lease: `Err(owner)` when another live controller holds it.
     pub fn acquire(&mut self, now: Timestamp) -> Result<Result<(), String>, ControllerError> {
         let s = &self.settings;
-        match self
+        let acquired = self
             .store
-            .acquire_lease(&s.owner, &s.epoch, s.lease_ttl_secs, now)?
-        {
+            .acquire_lease(&s.owner, &s.epoch, s.lease_ttl_secs, now)?;
+        // Held without a break, or the state in memory may have missed a holder's writes:
+        // deltas carry every writer's changes, but a lapse is where a full load is cheap
+        // insurance.
+        let kept = self.held_until.is_some_and(|until| until > now);
+        self.held_until = acquired.as_ref().ok().map(|lease| lease.expires_at);
+        if !kept || acquired.is_err() {
+            self.base = None;
+        }
+        match acquired {
             Ok(_) => Ok(Ok(())),
             Err(Refusal::Held { owner, .. }) => Ok(Err(owner)),
             Err(Refusal::StaleEpoch { current }) => Err(ControllerError::Fenced(format!(
@@ -180,16 +227,38 @@ impl Controller {
 
     /// Releases the lease (if still ours).
     pub fn release(&mut self) -> Result<(), ControllerError> {
+        self.held_until = None;
+        self.base = None;
         Ok(self.store.release_lease(&self.settings.owner)?)
+    }
+
+    /// Brings the state in memory up to the store: what was written since the last pass,
+    /// or the whole active set when there is no base to start from, the delta cannot reach
+    /// back to it, or the safety net is due.
+    fn load(&mut self, now: Timestamp) -> Result<(Base, Load), ControllerError> {
+        if let Some(mut base) = self.base.take()
+            && now < self.next_full_load
+            && let Some(delta) = self.store.load_changes(base.cursor)?
+        {
+            crate::store::apply_delta(&mut self.state, &mut base, delta);
+            return Ok((base, Load::Delta));
+        }
+        let loaded = self.store.load_active()?;
+        self.next_full_load = now.plus_secs(FULL_LOAD_EVERY_SECS);
+        Ok((
+            crate::store::changes::sync(&mut self.state, loaded),
+            Load::Full,
+        ))
     }
 
     /// One pass at `now`, the lease held: renew, load, observe, reconcile, commit, act.
     pub fn pass(&mut self, now: Timestamp) -> Result<Pass, ControllerError> {
+        // Counted from here: the pass's own reads and writes.
+        let _ = self.store.take_io();
         if let Err(owner) = self.acquire(now)? {
             return Err(ControllerError::Fenced(format!("{owner} holds it now")));
         }
-        let loaded = self.store.load_active()?;
-        let mut base: Base = crate::store::changes::sync(&mut self.state, loaded);
+        let (mut base, load) = self.load(now)?;
         match driver::observe(
             &self.engine,
             &self.state,
@@ -199,7 +268,11 @@ impl Controller {
             &mut self.observation,
         ) {
             Ok(seen) => self.unrecorded.extend(seen),
-            Err(e) => return Ok(Pass::CloudError(e)),
+            Err(e) => {
+                // Nothing was decided: the state is still the store's.
+                self.base = Some(base);
+                return Ok(Pass::CloudError(e));
+            }
         };
         let mut out = self
             .engine
@@ -218,9 +291,11 @@ impl Controller {
             CommitOutcome::Committed => {
                 self.policy_recorded = true;
                 self.unrecorded.clear();
+                self.base = Some(base);
             }
             CommitOutcome::Conflict { records } => {
-                // The state in memory is ahead of the store: the next load brings it back.
+                // The state in memory is ahead of the store: the next pass loads it whole
+                // (`base` is dropped), which brings every record back.
                 return Ok(Pass::Conflict(records));
             }
             CommitOutcome::Fenced { reason } => return Err(ControllerError::Fenced(reason)),
@@ -244,6 +319,8 @@ impl Controller {
             busy: self.busy(),
             actions: out.actions.len(),
             events: out.events,
+            load,
+            io: self.store.take_io(),
         })
     }
 
@@ -329,12 +406,17 @@ impl Controller {
                     events,
                     actions,
                     busy,
+                    load,
+                    io,
                 } => tracing::info!(
                     ms,
                     actions,
                     events = events.len(),
                     busy,
                     jobs = self.state.jobs.len(),
+                    load = load.as_str(),
+                    reads = io.reads,
+                    writes = io.writes,
                     policy = self.policy.0,
                     policy_digest = %self.policy.1,
                     "pass"

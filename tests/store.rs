@@ -19,7 +19,9 @@ use tpu_runner::engine::{Engine, EngineConfig, Observation, Timestamp, policy, s
 use tpu_runner::spec::{FleetSpec, Name, Priority};
 use tpu_runner::store::firestore::{Endpoint, FirestoreStore, endpoint_from_env};
 use tpu_runner::store::sqlite::SqliteStore;
-use tpu_runner::store::{CommitOutcome, CreateResult, Fence, InterruptResult, Loaded, StateStore};
+use tpu_runner::store::{
+    CommitOutcome, CreateResult, Fence, InterruptResult, Loaded, StateStore, apply_delta,
+};
 
 const T0: Timestamp = Timestamp::from_secs(1_767_225_600);
 
@@ -1002,6 +1004,221 @@ fn a_long_lived_controller_commits_pass_after_pass() {
     }
 }
 
+/// The active part of a state: what a controller keeps and a load reads.
+fn active(state: &State) -> (Vec<String>, Vec<String>, Vec<String>) {
+    (
+        state.jobs.values().map(|j| format!("{j:?}")).collect(),
+        state.resources.values().map(|r| format!("{r:?}")).collect(),
+        state
+            .interruption_requests
+            .values()
+            .filter(|r| !tpu_runner::store::changes::is_closed(r))
+            .map(|r| format!("{r:?}"))
+            .collect(),
+    )
+}
+
+/// A delta carries every writer's writes since the cursor and nothing else: commands'
+/// submissions, cancels, priorities and interruption requests, another controller's pass;
+/// a commit no one wrote before moves the cursor past itself; state kept in memory and
+/// brought forward by deltas equals a fresh load after every step.
+#[test]
+fn deltas_carry_every_write_since_the_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    for at in stores("deltas", dir.path()) {
+        let (mut store, obs) = seeded(&at, 12);
+        let s = &mut *store;
+        let engine = engine();
+        let Loaded {
+            mut state,
+            mut base,
+        } = s.load_active().unwrap();
+        let step = |s: &mut dyn StateStore,
+                    state: &mut State,
+                    base: &mut tpu_runner::store::Base,
+                    what: &str|
+         -> (usize, usize, usize) {
+            let delta = s.load_changes(base.cursor).unwrap().expect("reaches back");
+            let counts = (
+                delta.jobs.len(),
+                delta.resources.len(),
+                delta.requests.len(),
+            );
+            apply_delta(state, base, delta);
+            let fresh = s.load_active().unwrap().state;
+            assert_eq!(active(state), active(&fresh), "{at:?}: after {what}");
+            assert_eq!(
+                base.cursor,
+                s.load_active().unwrap().base.cursor,
+                "{at:?}: {what}"
+            );
+            counts
+        };
+        assert_eq!(
+            step(s, &mut state, &mut base, "nothing"),
+            (0, 0, 0),
+            "{at:?}"
+        );
+        // Our own pass: committed with no one writing before, so not read back.
+        let out = engine.reconcile(&mut state, &obs, T0);
+        assert!(
+            out.events.iter().any(|e| e.kind == "job_assigned"),
+            "{at:?}"
+        );
+        assert_eq!(
+            s.commit_pass(&mut base, &state, &out.events, &fence(), T0)
+                .unwrap(),
+            CommitOutcome::Committed
+        );
+        assert_eq!(
+            step(s, &mut state, &mut base, "our pass"),
+            (0, 0, 0),
+            "{at:?}"
+        );
+        // Commands: two submissions, a cancel, a priority change, an interruption request.
+        s.create_jobs(&jobs(&["d-new-1", "d-new-2"]), T0).unwrap();
+        assert_eq!(step(s, &mut state, &mut base, "submit").0, 2, "{at:?}");
+        let pending = state
+            .jobs
+            .values()
+            .find(|j| j.status == JobStatus::Pending && !j.id.as_str().starts_with("d-"))
+            .map(|j| j.id)
+            .expect("a pending job");
+        s.cancel_job(&pending, false, T0.plus_secs(1)).unwrap();
+        s.reprioritize(&Name::new("d-new-1"), Priority::High, T0.plus_secs(1))
+            .unwrap();
+        assert_eq!(step(s, &mut state, &mut base, "cancel and priority").0, 2);
+        assert!(
+            !state.jobs.contains_key(&pending),
+            "{at:?}: a cancelled pending job leaves"
+        );
+        let running = state
+            .jobs
+            .values()
+            .find(|j| j.status == JobStatus::Running || j.current_attempt.is_some())
+            .expect("a job with an attempt");
+        let (tpu, job, attempt) = (
+            running.assigned_resource.expect("assigned"),
+            running.id,
+            running.current_attempt.expect("an attempt"),
+        );
+        let filed = s
+            .create_interruption_request(&tpu, &job, &attempt, &|_| true, T0.plus_secs(2))
+            .unwrap();
+        assert!(
+            matches!(filed, InterruptResult::Requested(_)),
+            "{at:?}: {filed:?}"
+        );
+        assert_eq!(step(s, &mut state, &mut base, "interrupt").2, 1, "{at:?}");
+        // Another pass, then a second controller's view: its writes arrive as a delta.
+        let now = T0.plus_secs(30);
+        let out = engine.reconcile(&mut state, &obs, now);
+        s.commit_pass(&mut base, &state, &out.events, &fence(), now)
+            .unwrap();
+        step(s, &mut state, &mut base, "a second pass");
+        let mut other = s.load_active().unwrap();
+        let out = engine.reconcile(&mut other.state, &obs, T0.plus_secs(60));
+        s.commit_pass(
+            &mut other.base,
+            &other.state,
+            &out.events,
+            &fence(),
+            T0.plus_secs(60),
+        )
+        .unwrap();
+        step(s, &mut state, &mut base, "another controller's pass");
+        // A cursor the store never reached: load it whole.
+        assert!(
+            s.load_changes(base.cursor + 1_000).unwrap().is_none(),
+            "{at:?}"
+        );
+    }
+}
+
+/// A command that writes a record between a controller's delta read and its commit makes
+/// the commit refuse, exactly as after a whole load; the reload that follows holds the
+/// command's write and the pass is redone on it.
+#[test]
+fn a_command_between_the_delta_and_the_commit_is_a_conflict() {
+    let dir = tempfile::tempdir().unwrap();
+    for at in stores("delta-conflict", dir.path()) {
+        let (mut store, obs) = seeded(&at, 8);
+        let s = &mut *store;
+        let engine = engine();
+        let Loaded {
+            mut state,
+            mut base,
+        } = s.load_active().unwrap();
+        let delta = s.load_changes(base.cursor).unwrap().unwrap();
+        apply_delta(&mut state, &mut base, delta);
+        let out = engine.reconcile(&mut state, &obs, T0);
+        let assigned = out
+            .events
+            .iter()
+            .find(|e| e.kind == "job_assigned")
+            .and_then(|e| e.job_id.clone())
+            .expect("the pass assigns a job");
+        // The user cancels that very job meanwhile.
+        let cancelled = s.cancel_job(&Name::new(&assigned), false, T0).unwrap();
+        assert!(
+            matches!(cancelled, CancelResult::Status { changed: true, .. }),
+            "{at:?}: {cancelled:?}"
+        );
+        match s
+            .commit_pass(&mut base, &state, &out.events, &fence(), T0)
+            .unwrap()
+        {
+            CommitOutcome::Conflict { records } => assert!(
+                records.contains(&format!("jobs/{assigned}")),
+                "{at:?}: {records:?}"
+            ),
+            other => panic!("{at:?}: the commit overwrote a command's write: {other:?}"),
+        }
+        // Reloaded whole, the pass is redone on the cancel: the job never starts.
+        let Loaded {
+            mut state,
+            mut base,
+        } = s.load_active().unwrap();
+        assert!(!state.jobs.contains_key(&Name::new(&assigned)), "{at:?}");
+        let out = engine.reconcile(&mut state, &obs, T0.plus_secs(1));
+        assert!(
+            !out.events.iter().any(|e| e.job_id.as_deref() == Some(assigned.as_str())
+                && e.kind == "job_assigned"),
+            "{at:?}"
+        );
+        assert_eq!(
+            s.commit_pass(&mut base, &state, &out.events, &fence(), T0.plus_secs(1))
+                .unwrap(),
+            CommitOutcome::Committed
+        );
+    }
+}
+
+/// The store counts the documents a delta reads: what changed, not the size of the state.
+#[test]
+fn a_delta_reads_what_changed_not_the_state() {
+    let dir = tempfile::tempdir().unwrap();
+    for at in stores("delta-io", dir.path()) {
+        let (mut store, _) = seeded(&at, 300);
+        let s = &mut *store;
+        let Loaded { base, .. } = s.load_active().unwrap();
+        let whole = s.take_io();
+        assert!(whole.reads >= 300, "{at:?}: {whole:?}");
+        s.load_changes(base.cursor).unwrap().unwrap();
+        let quiet = s.take_io();
+        assert!(quiet.reads <= 8, "{at:?}: a quiet delta read {quiet:?}");
+        s.create_jobs(&jobs(&["io-1", "io-2", "io-3"]), T0).unwrap();
+        let _ = s.take_io();
+        let delta = s.load_changes(base.cursor).unwrap().unwrap();
+        assert_eq!(delta.jobs.len(), 3, "{at:?}");
+        let busy = s.take_io();
+        assert!(
+            busy.reads <= 8 + 3 + 3,
+            "{at:?}: three new jobs read as {busy:?}"
+        );
+    }
+}
+
 // ----- concurrency and crashes ---------------------------------------------------------
 
 /// A child role: this binary run again with `STORE_CHILD=<role>`; it prints one JSON line
@@ -1064,8 +1281,9 @@ fn commands_child(store: &mut dyn StateStore, seed: u64) {
     }
 }
 
-/// Runs engine passes (reloading after a conflict) until told to stop by its parent
-/// closing stdin... or for a fixed number of passes; prints each commit.
+/// Runs engine passes for a fixed number of passes as the controller does: each pass reads
+/// only what was written since the last (`load_changes`, `apply_delta`), a conflict reloads
+/// the whole active set; prints each commit.
 fn controller_child(store: &mut dyn StateStore, seed: u64) {
     let engine = engine();
     let (_, obs) = planning(0);
@@ -1085,6 +1303,11 @@ fn controller_child(store: &mut dyn StateStore, seed: u64) {
             .acquire_lease("controller-a", "e1", 900, now)
             .unwrap()
             .expect("the lease is ours");
+        let delta = store
+            .load_changes(loaded.base.cursor)
+            .unwrap()
+            .expect("the store's sequence only grows");
+        apply_delta(&mut loaded.state, &mut loaded.base, delta);
         let out = engine.reconcile(&mut loaded.state, &obs, now);
         // A marker committed with the pass: a notice the child counts up.
         loaded

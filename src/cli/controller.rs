@@ -384,10 +384,19 @@ fn owner(given: Option<&str>) -> String {
 fn print_pass(pass: &Pass) {
     let mut text = String::new();
     match pass {
-        Pass::Done { events, .. } => {
+        Pass::Done {
+            events, load, io, ..
+        } => {
             for e in events {
                 text.push_str(&serde_json::to_string(e).expect("serialisable"));
                 text.push('\n');
+            }
+            // What the pass cost in the store, after what it did (quiet passes print nothing).
+            if !events.is_empty() {
+                text.push_str(&format!(
+                    "{}\n",
+                    json!({"at": events[0].at, "kind": "controller_pass", "detail": format!("load={} reads={} writes={}", load.as_str(), io.reads, io.writes)})
+                ));
             }
         }
         Pass::CloudError(e) => {

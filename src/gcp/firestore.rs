@@ -120,6 +120,11 @@ pub struct Client {
     auth: Option<Arc<dyn gcp_auth::TokenProvider>>,
     /// Calls made (round trips), for benches and reports.
     pub calls: u64,
+    /// Documents read as Firestore bills them: each document a `batchGet` asks for, each a
+    /// query returns (at least one per query page).
+    pub reads: u64,
+    /// Documents written by committed writes (each `update`, `delete` or `verify`).
+    pub writes: u64,
 }
 
 impl std::fmt::Debug for Client {
@@ -150,6 +155,8 @@ impl Client {
             database: format!("projects/{project}/databases/{database}"),
             auth,
             calls: 0,
+            reads: 0,
+            writes: 0,
         })
     }
 
@@ -254,6 +261,7 @@ impl Client {
                 body["transaction"] = json!(t);
             }
             let reply = self.post("batchGet", body)?;
+            self.reads += chunk.len() as u64;
             let mut found: std::collections::HashMap<String, Doc> = Default::default();
             for item in reply
                 .as_array()
@@ -347,6 +355,7 @@ impl Client {
                     got += 1;
                 }
             }
+            self.reads += got.max(1) as u64;
             if got < want {
                 return Ok(out);
             }
@@ -366,6 +375,7 @@ impl Client {
             body["transaction"] = json!(t);
         }
         let reply = self.post("commit", body)?;
+        self.writes += writes.len() as u64;
         let commit_time = reply["commitTime"].as_str().unwrap_or_default();
         let results = reply["writeResults"]
             .as_array()

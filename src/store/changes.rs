@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{ControllerDocs, Loaded, Version, Versions};
+use super::{ControllerDocs, Delta, Loaded, Version, Versions};
 use crate::engine::State;
 use crate::engine::sorted_map::Revision;
 use crate::engine::state::{InterruptionRequest, Job, Resource};
@@ -26,6 +26,9 @@ pub struct Base {
     pub requests: BTreeMap<Name, (Version, InterruptionRequest)>,
     /// Backoffs and notices read.
     pub controller: ControllerDocs,
+    /// The store's change sequence at the load (or brought forward by a delta or by a
+    /// commit no one else wrote before): what `StateStore::load_changes` reads after.
+    pub cursor: u64,
 }
 
 impl Base {
@@ -35,6 +38,7 @@ impl Base {
         jobs: Versions,
         resources: Versions,
         requests: BTreeMap<Name, Version>,
+        cursor: u64,
     ) -> Base {
         Base {
             jobs_at: state.jobs.revision(),
@@ -48,6 +52,7 @@ impl Base {
                 })
                 .collect(),
             controller: ControllerDocs::of(state),
+            cursor,
         }
     }
 
@@ -78,6 +83,9 @@ impl Base {
             }
         }
         self.controller = ControllerDocs::of(state);
+        if let Some(cursor) = written.cursor {
+            self.cursor = cursor;
+        }
     }
 }
 
@@ -96,6 +104,9 @@ pub struct Written {
     pub resources: Vec<(Name, Version)>,
     /// Interruption requests.
     pub requests: Vec<(Name, Version)>,
+    /// The change sequence after the commit, when no one wrote between the base's cursor
+    /// and it (the next delta need not read back what this commit wrote).
+    pub cursor: Option<u64>,
 }
 
 /// The records a pass changed, each with the version it must still have in the store
@@ -247,4 +258,66 @@ pub fn sync(state: &mut State, fresh: Loaded) -> Base {
     fresh_base.jobs_at = state.jobs.revision();
     fresh_base.resources_at = state.resources.revision();
     fresh_base
+}
+
+/// Brings a long-lived controller's `state` and `base` forward by `delta` (what the store
+/// was written since `base.cursor`), touching only what differs, as `sync` does for a whole
+/// load. A record whose version is the one `base` holds is the controller's own write, seen
+/// again: skipped. A job written finished leaves the active set; an interruption request
+/// closed elsewhere is dropped. Costs the delta, not the state.
+pub fn apply_delta(state: &mut State, base: &mut Base, delta: Delta) {
+    for (job, version) in delta.jobs {
+        let id = job.id;
+        if base.jobs.get(&id) == Some(&version) {
+            continue;
+        }
+        if job.status.is_terminal() {
+            if state.jobs.contains_key(&id) {
+                state.jobs.remove(&id);
+            }
+            base.jobs.remove(&id);
+        } else {
+            state.finished.remove(&id);
+            if state.jobs.get(&id) != Some(&job) {
+                state.jobs.insert(id, job);
+            }
+            base.jobs.insert(id, version);
+        }
+    }
+    for (r, version) in delta.resources {
+        if base.resources.get(&r.id) == Some(&version) {
+            continue;
+        }
+        let id = r.id;
+        if state.resources.get(&id) != Some(&r) {
+            state.resources.insert(id, r);
+        }
+        base.resources.insert(id, version);
+    }
+    for (r, version) in delta.requests {
+        if base.requests.get(&r.id).is_some_and(|(v, _)| *v == version) {
+            continue;
+        }
+        if is_closed(&r) {
+            // Closed elsewhere: an open copy in memory would be created again forever.
+            if state
+                .interruption_requests
+                .get(&r.id)
+                .is_some_and(|mine| !is_closed(mine))
+            {
+                state.interruption_requests.remove(&r.id);
+            }
+            base.requests.remove(&r.id);
+        } else {
+            base.requests.insert(r.id, (version, r.clone()));
+            if state.interruption_requests.get(&r.id) != Some(&r) {
+                state.interruption_requests.insert(r.id, r);
+            }
+        }
+    }
+    delta.controller.apply_to(state);
+    base.controller = ControllerDocs::of(state);
+    base.jobs_at = state.jobs.revision();
+    base.resources_at = state.resources.revision();
+    base.cursor = delta.cursor;
 }

@@ -18,8 +18,8 @@ use serde_json::{Map, Value, json};
 use super::changes::{ChangeSet, Written, is_closed};
 use super::records::{attempt_doc, is_active, job_doc, job_from_docs};
 use super::{
-    Base, CommitOutcome, ControllerDocs, CreateResult, Fence, InterruptResult, Loaded, StateStore,
-    StoreError, Version, Versions,
+    Base, CommitOutcome, ControllerDocs, CreateResult, Delta, Fence, InterruptResult, Io, Loaded,
+    StateStore, StoreError, Version, Versions,
 };
 use crate::engine::commands::{self, CancelResult, ReprioritizeResult};
 use crate::engine::lease::{self, Lease, Refusal};
@@ -56,6 +56,40 @@ struct Collections {
 }
 
 type Res<T> = Result<T, StoreError>;
+
+/// The field every job, resource and request document carries: the change number of the
+/// commit that wrote it (what `load_changes` queries).
+const CHANGED: &str = "changed";
+
+/// The counters document (`<prefix>_controller/events`): the last event's sequence number
+/// and the change sequence. Every commit that writes records moves the change number by one
+/// under a precondition on this document, so commits are numbered in the order they land.
+#[derive(Clone, Debug, Default)]
+struct Counter {
+    /// The last event's sequence number.
+    events: u64,
+    /// The last change number.
+    changes: u64,
+    /// Its update time (`None`: no document yet).
+    time: Option<String>,
+}
+
+impl Counter {
+    fn of(doc: Option<Doc>) -> Counter {
+        match doc {
+            Some(doc) => Counter {
+                events: doc.fields.get("next").and_then(Value::as_u64).unwrap_or(0),
+                changes: doc
+                    .fields
+                    .get("changes")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0),
+                time: Some(doc.update_time),
+            },
+            None => Counter::default(),
+        }
+    }
+}
 
 /// The lease and the epoch as read, with their documents (for preconditions).
 struct LockDocs {
@@ -275,11 +309,13 @@ impl FirestoreStore {
     }
 
     /// The writes of one job and all its attempts.
-    fn job_writes(&self, job: &Job, precondition: Precondition) -> Res<Vec<Write>> {
+    /// A job's document and its attempts' documents, the job stamped with change `changed`.
+    fn job_writes(&self, job: &Job, precondition: Precondition, changed: u64) -> Res<Vec<Write>> {
         let names = self.names();
         let active = is_active(job);
         let mut doc = job_doc(job).map_err(|e| self.bad(&job.id, e))?;
         doc.insert("active".into(), json!(active));
+        doc.insert(CHANGED.into(), json!(changed));
         if let Some(ended) = job.ended_at {
             doc.insert("ended_ms".into(), json!(ended.0));
         }
@@ -307,9 +343,15 @@ impl FirestoreStore {
         }
     }
 
-    fn request_write(&self, r: &InterruptionRequest, precondition: Precondition) -> Write {
+    fn request_write(
+        &self,
+        r: &InterruptionRequest,
+        precondition: Precondition,
+        changed: u64,
+    ) -> Write {
         let mut fields = self.record(r);
         fields.insert("active".into(), json!(!is_closed(r)));
+        fields.insert(CHANGED.into(), json!(changed));
         Write::Set {
             path: format!("{}/{}", self.names().requests, r.id),
             fields,
@@ -317,10 +359,12 @@ impl FirestoreStore {
         }
     }
 
-    fn resource_write(&self, r: &Resource, precondition: Precondition) -> Write {
+    fn resource_write(&self, r: &Resource, precondition: Precondition, changed: u64) -> Write {
+        let mut fields = self.record(r);
+        fields.insert(CHANGED.into(), json!(changed));
         Write::Set {
             path: format!("{}/{}", self.names().resources, r.id),
-            fields: self.record(r),
+            fields,
             precondition,
         }
     }
@@ -346,14 +390,12 @@ impl FirestoreStore {
         ]
     }
 
-    /// The writes appending `events` after the counter `next` read in the transaction.
-    fn event_writes(
-        &self,
-        events: &[Event],
-        next: u64,
-        counter_time: Option<String>,
-    ) -> Vec<Write> {
-        if events.is_empty() {
+    /// The writes appending `events` after the counter as read, and the counter's: its
+    /// event number moved past them, and its change number by one when `stamped` (the
+    /// records this commit writes carry `counter.changes + 1`). Nothing when there is
+    /// nothing to count.
+    fn counted(&self, events: &[Event], counter: &Counter, stamped: bool) -> Vec<Write> {
+        if events.is_empty() && !stamped {
             return Vec::new();
         }
         let names = self.names();
@@ -361,7 +403,7 @@ impl FirestoreStore {
             .iter()
             .enumerate()
             .map(|(i, e)| {
-                let seq = next + i as u64 + 1;
+                let seq = counter.events + i as u64 + 1;
                 let mut fields = self.record(e);
                 fields.insert("seq".into(), json!(seq));
                 Write::Set {
@@ -373,27 +415,30 @@ impl FirestoreStore {
             .collect();
         writes.push(Write::Set {
             path: format!("{}/events", names.controller),
-            fields: [("next".to_owned(), json!(next + events.len() as u64))]
-                .into_iter()
-                .collect(),
-            precondition: match counter_time {
-                Some(t) => Precondition::UpdateTime(t),
+            fields: [
+                (
+                    "next".to_owned(),
+                    json!(counter.events + events.len() as u64),
+                ),
+                (
+                    "changes".to_owned(),
+                    json!(counter.changes + u64::from(stamped)),
+                ),
+            ]
+            .into_iter()
+            .collect(),
+            precondition: match &counter.time {
+                Some(t) => Precondition::UpdateTime(t.clone()),
                 None => Precondition::Exists(false),
             },
         });
         writes
     }
 
-    /// The event counter read in `tx`: (last sequence number, its update time).
-    fn event_counter(&mut self, tx: Option<&str>) -> Result<(u64, Option<String>), TxError> {
+    /// The event and change counters read in `tx`.
+    fn counter(&mut self, tx: Option<&str>) -> Result<Counter, TxError> {
         let path = format!("{}/events", self.names().controller);
-        Ok(match self.get(&[path], tx)?.pop().flatten() {
-            Some(doc) => (
-                doc.fields.get("next").and_then(Value::as_u64).unwrap_or(0),
-                Some(doc.update_time),
-            ),
-            None => (0, None),
-        })
+        Ok(Counter::of(self.get(&[path], tx)?.pop().flatten()))
     }
 
     /// The lease and epoch documents, as read.
@@ -546,11 +591,28 @@ impl FirestoreStore {
             request_versions.insert(r.id, Version(time));
             state.interruption_requests.insert(r.id, r);
         }
+        let (docs, counter) = self.control_docs(tx)?;
+        docs.apply_to(&mut state);
+        let base = Base::new(
+            &state,
+            job_versions,
+            resource_versions,
+            request_versions,
+            counter.changes,
+        );
+        Ok(Loaded { state, base })
+    }
+
+    /// The controller documents and the counters, read in `tx` (one call); a store an
+    /// import did not finish is refused.
+    fn control_docs(&mut self, tx: &str) -> Res<(ControllerDocs, Counter)> {
+        let names = self.names();
         let paths = [
             format!("{}/import", names.controller),
             format!("{}/backoff", names.controller),
             format!("{}/notices", names.controller),
             format!("{}/pools", names.controller),
+            format!("{}/events", names.controller),
         ];
         let mut docs = self.get(&paths, Some(tx)).map_err(|e| self.error(&e))?;
         // Never a half-imported store: what a killed import left is refused, not served.
@@ -559,17 +621,76 @@ impl FirestoreStore {
         {
             return Err(self.unfinished_import(marker));
         }
+        let counter = Counter::of(docs.pop().flatten());
+        let mut control = ControllerDocs::default();
         if let Some(doc) = docs.pop().flatten() {
-            state.pools = self.parse(doc)?;
+            control.pools = self.parse(doc)?;
         }
         if let Some(doc) = docs.pop().flatten() {
-            state.notices = self.parse(doc)?;
+            control.notices = self.parse(doc)?;
         }
         if let Some(doc) = docs.pop().flatten() {
-            state.entry_backoff = self.parse(doc)?;
+            control.backoff = self.parse(doc)?;
         }
-        let base = Base::new(&state, job_versions, resource_versions, request_versions);
-        Ok(Loaded { state, base })
+        Ok((control, counter))
+    }
+
+    /// What was written after change `cursor`, read in `tx`: the documents stamped with a
+    /// later change number (one query per collection on the single-field index Firestore
+    /// keeps for every field), each changed job with its attempts (`IN` queries of 30 ids).
+    fn changes_in(&mut self, tx: &str, cursor: u64) -> Res<Option<Delta>> {
+        let (controller, counter) = self.control_docs(tx)?;
+        if counter.changes < cursor {
+            return Ok(None);
+        }
+        let mut delta = Delta {
+            cursor: counter.changes,
+            controller,
+            ..Delta::default()
+        };
+        if counter.changes == cursor {
+            return Ok(Some(delta));
+        }
+        let names = self.names();
+        let after = |coll: &str, store: &mut FirestoreStore| -> Res<Vec<Doc>> {
+            store
+                .client
+                .query(
+                    &Query {
+                        collection: coll,
+                        filters: vec![Filter::new(CHANGED, "GREATER_THAN", json!(cursor))],
+                        order_by: Some(CHANGED),
+                        ..Query::default()
+                    },
+                    Some(tx),
+                    PAGE,
+                )
+                .map_err(|e| store.error(&e))
+        };
+        let job_docs = after(&names.jobs, self)?;
+        let mut attempt_docs = Vec::new();
+        let ids: Vec<&str> = job_docs.iter().map(Doc::id).collect();
+        for chunk in ids.chunks(30) {
+            attempt_docs.extend(self.all(
+                &names.attempts,
+                vec![Filter::new("job_id", "IN", json!(chunk))],
+                Some(tx),
+            )?);
+        }
+        for (job, time) in self.jobs_of(job_docs, attempt_docs)? {
+            delta.jobs.push((job, Version(time)));
+        }
+        for doc in after(&names.resources, self)? {
+            let time = doc.update_time.clone();
+            delta.resources.push((self.parse(doc)?, Version(time)));
+        }
+        for doc in after(&names.requests, self)? {
+            let time = doc.update_time.clone();
+            delta
+                .requests
+                .push((self.parse_request(doc)?, Version(time)));
+        }
+        Ok(Some(delta))
     }
 
     /// The error for a store an import did not finish in.
@@ -758,12 +879,16 @@ impl StateStore for FirestoreStore {
                 exist.dedup();
                 return Ok(Step::Done(CreateResult::Exist(exist)));
             }
+            let counter = store.counter(tx)?;
             let mut writes = Vec::new();
             for job in jobs {
-                writes.extend(store.job_writes(job, Precondition::Exists(false))?);
+                writes.extend(store.job_writes(
+                    job,
+                    Precondition::Exists(false),
+                    counter.changes + 1,
+                )?);
             }
-            let (next, counter) = store.event_counter(tx)?;
-            writes.extend(store.event_writes(&commands::created(jobs, now), next, counter));
+            writes.extend(store.counted(&commands::created(jobs, now), &counter, true));
             Ok(Step::Commit(writes, CreateResult::Created))
         })?;
         Ok(result)
@@ -776,13 +901,16 @@ impl StateStore for FirestoreStore {
             let result = commands::cancel(read.as_mut().map(|(j, _)| j), if_pending, &tpus, now);
             match (&result, &read) {
                 (CancelResult::Status { changed: true, .. }, Some((job, doc))) => {
-                    let (next, counter) = store.event_counter(tx)?;
-                    let mut writes =
-                        store.job_writes(job, Precondition::UpdateTime(doc.update_time.clone()))?;
-                    writes.extend(store.event_writes(
+                    let counter = store.counter(tx)?;
+                    let mut writes = store.job_writes(
+                        job,
+                        Precondition::UpdateTime(doc.update_time.clone()),
+                        counter.changes + 1,
+                    )?;
+                    writes.extend(store.counted(
                         &[commands::cancel_event(job, now)],
-                        next,
-                        counter,
+                        &counter,
+                        true,
                     ));
                     Ok(Step::Commit(writes, result))
                 }
@@ -805,10 +933,13 @@ impl StateStore for FirestoreStore {
             let (Some(event), Some((job, doc))) = (event, &read) else {
                 return Ok(Step::Done(result));
             };
-            let (next, counter) = store.event_counter(tx)?;
-            let mut writes =
-                store.job_writes(job, Precondition::UpdateTime(doc.update_time.clone()))?;
-            writes.extend(store.event_writes(&[event], next, counter));
+            let counter = store.counter(tx)?;
+            let mut writes = store.job_writes(
+                job,
+                Precondition::UpdateTime(doc.update_time.clone()),
+                counter.changes + 1,
+            )?;
+            writes.extend(store.counted(&[event], &counter, true));
             Ok(Step::Commit(writes, result))
         })?;
         Ok(result)
@@ -865,11 +996,17 @@ impl StateStore for FirestoreStore {
             ) {
                 Ok(request) => {
                     // Filed only if the TPU and the job are still as checked.
-                    let writes = vec![
-                        store.request_write(&request, Precondition::Exists(false)),
+                    let counter = store.counter(tx)?;
+                    let mut writes = vec![
+                        store.request_write(
+                            &request,
+                            Precondition::Exists(false),
+                            counter.changes + 1,
+                        ),
                         store.verify(paths[0].clone(), &resource_doc),
                         store.verify(job_path.clone(), &job_doc),
                     ];
+                    writes.extend(store.counted(&[], &counter, true));
                     Ok(Step::Commit(writes, InterruptResult::Requested(request)))
                 }
                 Err(reason) => Ok(Step::Done(InterruptResult::Rejected(reason))),
@@ -969,6 +1106,19 @@ impl StateStore for FirestoreStore {
         self.read_only(|store, tx| store.load_in(tx))
     }
 
+    fn load_changes(&mut self, cursor: u64) -> Res<Option<Delta>> {
+        self.read_only(|store, tx| store.changes_in(tx, cursor))
+    }
+
+    fn take_io(&mut self) -> Io {
+        let io = Io {
+            reads: self.client.reads,
+            writes: self.client.writes,
+        };
+        (self.client.reads, self.client.writes) = (0, 0);
+        io
+    }
+
     fn commit_pass(
         &mut self,
         base: &mut Base,
@@ -1029,20 +1179,28 @@ impl StateStore for FirestoreStore {
                     None,
                 )));
             }
+            // Records written take the next change number; events theirs.
+            let stamped = changes.len() > usize::from(changes.controller.is_some());
+            let counter = if stamped || !events.is_empty() {
+                store.counter(tx)?
+            } else {
+                Counter::default()
+            };
+            let changed = counter.changes + 1;
             // Writes in a fixed order; remember where each record's document write is.
             let mut writes = Vec::new();
             let mut positions = (Vec::new(), Vec::new(), Vec::new());
             for (job, v) in &changes.jobs {
                 positions.0.push(writes.len());
-                writes.extend(store.job_writes(job, precondition(v))?);
+                writes.extend(store.job_writes(job, precondition(v), changed)?);
             }
             for (r, v) in &changes.resources {
                 positions.1.push(writes.len());
-                writes.push(store.resource_write(r, precondition(v)));
+                writes.push(store.resource_write(r, precondition(v), changed));
             }
             for (r, v) in &changes.requests {
                 positions.2.push(writes.len());
-                writes.push(store.request_write(r, precondition(v)));
+                writes.push(store.request_write(r, precondition(v), changed));
             }
             if let Some(docs) = &changes.controller {
                 writes.extend(store.controller_writes(docs));
@@ -1050,16 +1208,21 @@ impl StateStore for FirestoreStore {
             // The fence holds at the commit: the lease and the epoch are as read.
             writes.push(store.verify(locks.lease_path.clone(), &locks.lease_doc));
             writes.push(store.verify(locks.epoch_path.clone(), &locks.epoch_doc));
-            if !events.is_empty() {
-                let (next, counter) = store.event_counter(tx)?;
-                writes.extend(store.event_writes(events, next, counter));
-            }
+            writes.extend(store.counted(events, &counter, stamped));
+            // No one wrote since the base's cursor: the next delta starts after this commit.
+            let cursor = if !stamped {
+                None
+            } else if counter.changes == base.cursor {
+                Some(changed)
+            } else {
+                None
+            };
             Ok(Step::Commit(
                 writes,
-                (CommitOutcome::Committed, Some(positions)),
+                (CommitOutcome::Committed, Some((positions, cursor))),
             ))
         })?;
-        if let Some((jobs, resources, requests)) = counts {
+        if let Some(((jobs, resources, requests), cursor)) = counts {
             let version = |i: usize| Version(times.get(i).cloned().unwrap_or_default());
             let written = Written {
                 jobs: changes
@@ -1080,6 +1243,7 @@ impl StateStore for FirestoreStore {
                     .zip(requests)
                     .map(|((r, _), i)| (r.id, version(i)))
                     .collect(),
+                cursor,
             };
             base.advance(state, &changes, written);
         }
@@ -1240,15 +1404,21 @@ impl StateStore for FirestoreStore {
                 });
             }
         }
+        // Every record takes the next change number, so a controller's next delta reads it.
+        let counter = self.counter(None).map_err(|e| match e {
+            TxError::Api(e) => self.error(&e),
+            TxError::Store(e) => e,
+        })?;
+        let changed = counter.changes + 1;
         let mut writes = Vec::new();
         for job in state.all_jobs() {
-            writes.extend(self.job_writes(job, Precondition::Exists(false))?);
+            writes.extend(self.job_writes(job, Precondition::Exists(false), changed)?);
         }
         for r in state.resources.values() {
-            writes.push(self.resource_write(r, Precondition::Exists(false)));
+            writes.push(self.resource_write(r, Precondition::Exists(false), changed));
         }
         for r in state.interruption_requests.values() {
-            writes.push(self.request_write(r, Precondition::Exists(false)));
+            writes.push(self.request_write(r, Precondition::Exists(false), changed));
         }
         writes.extend(self.controller_writes(&ControllerDocs::of(state)));
         // Ids must be unique across active and finished jobs (checked before writing).
@@ -1299,6 +1469,7 @@ impl StateStore for FirestoreStore {
         // One commit holds at most 10 MiB: a large state is imported in chunks, each
         // create-only, so a retry after a partial import fails loudly instead of overwriting;
         // the marker says the store is half imported until the last one is written.
+        writes.extend(self.counted(&[], &counter, true));
         writes.push(Write::Set {
             path: marker,
             fields: serde_json::Map::from_iter([

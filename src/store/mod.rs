@@ -26,7 +26,7 @@ use crate::engine::state::{Backoff, InterruptionRequest, Job, PoolMemory};
 use crate::engine::{Event, State, Timestamp};
 use crate::spec::{Name, NameMap, Priority};
 
-pub use changes::{Base, ChangeSet};
+pub use changes::{Base, ChangeSet, apply_delta};
 
 /// A record's version as its store reads it (SQLite: a counter; Firestore: the document's
 /// update time). Opaque: only compared for equality.
@@ -57,6 +57,41 @@ pub struct Fence {
     pub owner: String,
     /// Deployment epoch of that owner.
     pub epoch: String,
+}
+
+/// What was written to the store after a cursor (by anyone: the controller, a command, an
+/// import): every job, resource record and interruption request written since, as it is
+/// now, with its version, and the controller documents. What a controller that keeps its
+/// state between passes reads instead of the whole active set.
+#[derive(Debug, Default)]
+pub struct Delta {
+    /// Jobs written since, active or finished (a finished one leaves the active set).
+    pub jobs: Vec<(Job, Version)>,
+    /// Resource records written since.
+    pub resources: Vec<(crate::engine::state::Resource, Version)>,
+    /// Interruption requests written since, open or closed.
+    pub requests: Vec<(InterruptionRequest, Version)>,
+    /// Backoffs, notices and the stockout memory (always read: three small documents).
+    pub controller: ControllerDocs,
+    /// The change sequence this delta reaches: the next one starts here.
+    pub cursor: u64,
+}
+
+/// Documents a store read and wrote (what Firestore bills), counted since it was last asked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Io {
+    /// Documents read (each job, attempt, record, event or control document returned).
+    pub reads: u64,
+    /// Documents written (created, updated or deleted).
+    pub writes: u64,
+}
+
+impl Io {
+    /// `reads` and `writes` more.
+    pub fn add(&mut self, reads: usize, writes: usize) {
+        self.reads += reads as u64;
+        self.writes += writes as u64;
+    }
 }
 
 /// The active state as a pass sees it, with what its commit needs to find its changes.
@@ -166,6 +201,15 @@ pub trait StateStore {
 
     /// Loads the active state (one consistent snapshot).
     fn load_active(&mut self) -> Result<Loaded, StoreError>;
+
+    /// What was written after change `cursor` (a `Base::cursor`), in one consistent
+    /// snapshot: it costs the records written since, not the size of the state. `None` when
+    /// the store's change sequence has not reached `cursor` (another store, or one emptied
+    /// and imported again): load it whole.
+    fn load_changes(&mut self, cursor: u64) -> Result<Option<Delta>, StoreError>;
+
+    /// The documents read and written since the last call (then counted from zero).
+    fn take_io(&mut self) -> Io;
 
     /// Commits what a pass changed in `state` since `base` (see `ChangeSet`) and the pass's
     /// events, in one transaction fenced by `fence` (lease held, not expired at `now`,

@@ -14,8 +14,8 @@ use rusqlite::{
 use super::changes::{ChangeSet, Written, is_closed};
 use super::records::{attempt_doc, is_active, job_doc};
 use super::{
-    Base, CommitOutcome, ControllerDocs, CreateResult, Fence, InterruptResult, Loaded, StateStore,
-    StoreError, Version, Versions,
+    Base, CommitOutcome, ControllerDocs, CreateResult, Delta, Fence, InterruptResult, Io, Loaded,
+    StateStore, StoreError, Version, Versions,
 };
 use crate::engine::commands::{self, CancelResult, ReprioritizeResult};
 use crate::engine::lease::{self, Lease, Refusal};
@@ -76,6 +76,16 @@ const MIGRATIONS: &[&str] = &[
     // Version 2: a job's runs by name (`watch NAME` follows the latest).
     "CREATE INDEX jobs_name ON jobs (json_extract(doc, '$.spec.name'), submitted_at)
          WHERE json_extract(doc, '$.spec.name') IS NOT NULL;",
+    // Version 3: the change sequence. Every record write takes the next number and stamps
+    // the record with it, so a controller reads only what was written after its cursor.
+    "ALTER TABLE jobs ADD COLUMN changed INTEGER NOT NULL DEFAULT 0;
+     ALTER TABLE resources ADD COLUMN changed INTEGER NOT NULL DEFAULT 0;
+     ALTER TABLE interruption_requests ADD COLUMN changed INTEGER NOT NULL DEFAULT 0;
+     CREATE INDEX jobs_changed ON jobs (changed);
+     CREATE INDEX resources_changed ON resources (changed);
+     CREATE INDEX interruption_requests_changed ON interruption_requests (changed);
+     CREATE TABLE changes (id INTEGER PRIMARY KEY CHECK (id = 0), seq INTEGER NOT NULL);
+     INSERT INTO changes (id, seq) VALUES (0, 0);",
 ];
 
 /// The schema version this build writes.
@@ -85,6 +95,8 @@ pub const LATEST_SCHEMA: i64 = MIGRATIONS.len() as i64;
 pub struct SqliteStore {
     conn: Connection,
     path: PathBuf,
+    /// Documents read and written since `take_io`.
+    io: Io,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -125,6 +137,7 @@ impl SqliteStore {
         let mut store = SqliteStore {
             conn,
             path: path.to_owned(),
+            io: Io::default(),
         };
         store.prepare()?;
         Ok(store)
@@ -348,14 +361,29 @@ fn read_job(tx: &Transaction<'_>, path: &Path, id: &str) -> Res<Option<(Job, i64
     Ok(Some((job, version)))
 }
 
+/// Takes the next number of the change sequence (for one record write).
+fn next_change(tx: &Transaction<'_>) -> rusqlite::Result<i64> {
+    tx.prepare_cached("UPDATE changes SET seq = seq + 1 WHERE id = 0 RETURNING seq")?
+        .query_row([], |r| r.get(0))
+}
+
+/// The change sequence as it stands in `tx`.
+fn change_seq(tx: &Transaction<'_>, path: &Path) -> Res<u64> {
+    tx.prepare_cached("SELECT seq FROM changes WHERE id = 0")
+        .and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0)))
+        .map(|seq| seq as u64)
+        .map_err(|e| store_err(path, e))
+}
+
 /// Writes one job and all its attempts at `version`.
 fn write_job(tx: &Transaction<'_>, path: &Path, job: &Job, version: i64) -> Res<()> {
     let doc = job_doc(job).map_err(|e| bad_record(path, "jobs", &job.id, e))?;
     tx.prepare_cached(
-        "INSERT INTO jobs (id, status, active, submitted_at, ended_at, version, doc)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+        "INSERT INTO jobs (id, status, active, submitted_at, ended_at, version, doc, changed)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
          ON CONFLICT (id) DO UPDATE SET status = excluded.status, active = excluded.active,
-             ended_at = excluded.ended_at, version = excluded.version, doc = excluded.doc",
+             ended_at = excluded.ended_at, version = excluded.version, doc = excluded.doc,
+             changed = excluded.changed",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -365,7 +393,8 @@ fn write_job(tx: &Transaction<'_>, path: &Path, job: &Job, version: i64) -> Res<
             job.submitted_at.0,
             job.ended_at.map(|t| t.0),
             version,
-            json(&doc)
+            json(&doc),
+            next_change(tx)?
         ])
     })
     .map_err(|e| store_err(path, e))?;
@@ -392,9 +421,11 @@ fn write_job(tx: &Transaction<'_>, path: &Path, job: &Job, version: i64) -> Res<
 
 fn write_resource(tx: &Transaction<'_>, path: &Path, r: &Resource, version: i64) -> Res<()> {
     tx.prepare_cached(
-        "INSERT INTO resources (id, owner_job, owner_attempt, version, doc) VALUES (?1, ?2, ?3, ?4, ?5)
+        "INSERT INTO resources (id, owner_job, owner_attempt, version, doc, changed)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT (id) DO UPDATE SET owner_job = excluded.owner_job,
-             owner_attempt = excluded.owner_attempt, version = excluded.version, doc = excluded.doc",
+             owner_attempt = excluded.owner_attempt, version = excluded.version,
+             doc = excluded.doc, changed = excluded.changed",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -402,7 +433,8 @@ fn write_resource(tx: &Transaction<'_>, path: &Path, r: &Resource, version: i64)
             r.owner.as_ref().map(|o| o.job_id.as_str()),
             r.owner.as_ref().map(|o| o.attempt_id.as_str()),
             version,
-            json(r)
+            json(r),
+            next_change(tx)?
         ])
     })
     .map(|_| ())
@@ -416,11 +448,20 @@ fn write_request(
     version: i64,
 ) -> Res<()> {
     tx.prepare_cached(
-        "INSERT INTO interruption_requests (id, active, version, doc) VALUES (?1, ?2, ?3, ?4)
+        "INSERT INTO interruption_requests (id, active, version, doc, changed)
+         VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT (id) DO UPDATE SET active = excluded.active, version = excluded.version,
-             doc = excluded.doc",
+             doc = excluded.doc, changed = excluded.changed",
     )
-    .and_then(|mut s| s.execute(params![r.id.as_str(), !is_closed(r), version, json(r)]))
+    .and_then(|mut s| {
+        s.execute(params![
+            r.id.as_str(),
+            !is_closed(r),
+            version,
+            json(r),
+            next_change(tx)?
+        ])
+    })
     .map(|_| ())
     .map_err(|e| store_err(path, e))
 }
@@ -711,7 +752,34 @@ impl StateStore for SqliteStore {
     }
 
     fn load_active(&mut self) -> Res<Loaded> {
-        self.read(load_in)
+        let loaded = self.read(load_in)?;
+        let state = &loaded.state;
+        let attempts: usize = state.jobs.values().map(|j| j.attempts.len()).sum();
+        self.io.add(
+            state.jobs.len()
+                + attempts
+                + state.resources.len()
+                + state.interruption_requests.len()
+                + CONTROL_READS,
+            0,
+        );
+        Ok(loaded)
+    }
+
+    fn load_changes(&mut self, cursor: u64) -> Res<Option<Delta>> {
+        let delta = self.read(|tx, path| load_changes_in(tx, path, cursor))?;
+        if let Some(d) = &delta {
+            let attempts: usize = d.jobs.iter().map(|(j, _)| j.attempts.len()).sum();
+            self.io.add(
+                d.jobs.len() + attempts + d.resources.len() + d.requests.len() + CONTROL_READS,
+                0,
+            );
+        }
+        Ok(delta)
+    }
+
+    fn take_io(&mut self) -> Io {
+        std::mem::take(&mut self.io)
     }
 
     fn commit_pass(
@@ -764,6 +832,7 @@ impl StateStore for SqliteStore {
                 ));
             }
             let mut next = next.into_iter();
+            let before = change_seq(tx, path)?;
             let mut written = Written::default();
             for (job, _) in &changes.jobs {
                 let v = next.next().expect("one version per record");
@@ -784,9 +853,25 @@ impl StateStore for SqliteStore {
                 write_controller(tx, path, docs)?;
             }
             append_events(tx, path, events)?;
+            // No one wrote since the base's cursor: the next delta starts after this commit.
+            written.cursor = (before == base.cursor)
+                .then(|| change_seq(tx, path))
+                .transpose()?;
             Ok(((CommitOutcome::Committed, Some(written)), true))
         })?;
+        // The lease and epoch, and each record checked; each record, attempt, event and
+        // control document written.
+        let attempts: usize = changes.jobs.iter().map(|(j, _)| j.attempts.len()).sum();
+        self.io.add(2 + changes.len(), 0);
         if let Some(written) = written {
+            self.io.add(
+                0,
+                // `changes.len()` counts the three control documents as one.
+                changes.len()
+                    + attempts
+                    + events.len()
+                    + changes.controller.as_ref().map_or(0, |_| 2),
+            );
             base.advance(state, &changes, written);
         }
         Ok(outcome)
@@ -993,8 +1078,73 @@ fn load_in(tx: &Transaction<'_>, path: &Path) -> Res<Loaded> {
         state.interruption_requests.insert(r.id, r);
     }
     read_controller(tx, path)?.apply_to(&mut state);
-    let base = Base::new(&state, job_versions, resource_versions, request_versions);
+    let cursor = change_seq(tx, path)?;
+    let base = Base::new(
+        &state,
+        job_versions,
+        resource_versions,
+        request_versions,
+        cursor,
+    );
     Ok(Loaded { state, base })
+}
+
+/// Documents a load reads besides the records: backoffs, notices, pools and the sequence.
+const CONTROL_READS: usize = 4;
+
+/// What was written after `cursor`, read in `tx` (one snapshot): the records stamped with a
+/// later change number (an index on each table's stamp), each job with its attempts.
+fn load_changes_in(tx: &Transaction<'_>, path: &Path, cursor: u64) -> Res<Option<Delta>> {
+    let now = change_seq(tx, path)?;
+    if now < cursor {
+        return Ok(None);
+    }
+    let since = cursor as i64;
+    let mut delta = Delta {
+        cursor: now,
+        controller: read_controller(tx, path)?,
+        ..Delta::default()
+    };
+    if now == cursor {
+        return Ok(Some(delta));
+    }
+    let ids: Vec<String> = tx
+        .prepare_cached("SELECT id FROM jobs WHERE changed > ?1 ORDER BY id")
+        .and_then(|mut s| s.query_map([since], |r| r.get(0))?.collect())
+        .map_err(|e| store_err(path, e))?;
+    for id in ids {
+        if let Some((mut job, version)) = read_job(tx, path, &id)? {
+            job.ensure_print();
+            delta.jobs.push((job, Version(version.to_string())));
+        }
+    }
+    let changed = |table: &str| {
+        format!("SELECT id, version, doc FROM {table} WHERE changed > ?1 ORDER BY id")
+    };
+    for (id, version, doc) in versioned_rows_after(tx, path, &changed("resources"), since)? {
+        let r: Resource = parse(path, "resources", &id, &doc)?;
+        delta.resources.push((r, Version(version.to_string())));
+    }
+    for (id, version, doc) in
+        versioned_rows_after(tx, path, &changed("interruption_requests"), since)?
+    {
+        let r: InterruptionRequest = parse(path, "interruption_requests", &id, &doc)?;
+        delta.requests.push((r, Version(version.to_string())));
+    }
+    Ok(Some(delta))
+}
+
+/// The `(id, version, doc)` rows `sql` selects with `?1` = `after`.
+fn versioned_rows_after(
+    tx: &Transaction<'_>,
+    path: &Path,
+    sql: &str,
+    after: i64,
+) -> Res<Vec<(String, i64, String)>> {
+    let mut stmt = tx.prepare_cached(sql).map_err(|e| store_err(path, e))?;
+    stmt.query_map([after], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .and_then(|rows| rows.collect())
+        .map_err(|e| store_err(path, e))
 }
 
 /// The `(id, version, doc)` rows `sql` selects.
