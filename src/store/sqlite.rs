@@ -692,6 +692,8 @@ impl StateStore for SqliteStore {
         ttl_secs: i64,
         now: Timestamp,
     ) -> Res<Result<Lease, Refusal>> {
+        // The lease and the epoch read, the lease written.
+        self.io.add(2, 1);
         self.write(|tx, path| {
             let (held, current) = read_locks(tx, path)?;
             match lease::acquire(
