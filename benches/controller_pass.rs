@@ -14,9 +14,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use tpu_runner::backend::{
-    BackendError, CloudBackend, InFlight, Inventory, Outcome, Refreshed,
-};
+use tpu_runner::backend::{BackendError, CloudBackend, InFlight, Inventory, Outcome, Refreshed};
 use tpu_runner::controller::{Controller, Pass, Settings};
 use tpu_runner::engine::observe::{Action, AttemptReport};
 use tpu_runner::engine::{
@@ -236,4 +234,3 @@ fn firestore(c: &mut Criterion) {
 
 criterion_group!(benches, sqlite, firestore);
 criterion_main!(benches);
-

@@ -7,6 +7,9 @@
 //! (`text`, 50 rows), every run (`json`) or the page and the history (`all`). The files
 //! and stores are written once, outside the timed section. Issue 17's target: 100k jobs in
 //! under 2 s, output linear in jobs (the output sizes are printed once per size).
+//! `plan_command_many_classes`: `plan` on 500 entries with requirements as varied as a
+//! sweep queue's (zone and TPU pins: the classes grow with the jobs), issue 35's target
+//! (100k jobs in under 2 s).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -69,6 +72,13 @@ fn run(dir: &Path, args: &[&str]) -> usize {
 /// criterion runs each bench once, on a debug build) the smallest size shows the bench
 /// works; the sizes are for `cargo bench`.
 fn snapshots() -> Vec<(usize, tempfile::TempDir)> {
+    snapshots_of(false)
+}
+
+/// `snapshots`, and with `varied` the jobs' requirements as varied as a sweep queue's
+/// (`synthetic::varied_pending_jobs`: zone and TPU pins), every snapshot over 500 entries:
+/// many requirement classes against many entries.
+fn snapshots_of(varied: bool) -> Vec<(usize, tempfile::TempDir)> {
     let epoch = Timestamp::from_secs(1_767_225_600);
     let sizes: &[(usize, usize)] = if std::env::args().any(|a| a == "--bench") {
         &[(4_000, 100), (20_000, 200), (100_000, 500)]
@@ -77,10 +87,17 @@ fn snapshots() -> Vec<(usize, tempfile::TempDir)> {
     };
     let mut dirs = Vec::new();
     for &(n_jobs, n_entries) in sizes {
+        let n_entries = if varied { 500 } else { n_entries };
         let n_idle = n_jobs / 10;
         let count = (n_idle / n_entries + 1) as u32;
         let fleet = synthetic::fleet(n_entries, count);
-        let (state, _) = synthetic::planning_instance(&fleet, n_jobs, n_idle, epoch);
+        let (mut state, _) =
+            synthetic::planning_instance(&fleet, if varied { 0 } else { n_jobs }, n_idle, epoch);
+        if varied {
+            for job in synthetic::varied_pending_jobs(&fleet, n_jobs, epoch) {
+                state.jobs.insert(job.id, job);
+            }
+        }
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("deployment.yaml"), fleet_yaml(&fleet)).expect("fleet");
         std::fs::write(
@@ -104,14 +121,19 @@ const PLAN: &[&str] = &[
 ];
 
 fn plan_command(c: &mut Criterion) {
-    let mut group = c.benchmark_group("plan_command");
+    plan_group(c, "plan_command", false);
+    plan_group(c, "plan_command_many_classes", true);
+}
+
+fn plan_group(c: &mut Criterion, name: &str, varied: bool) {
+    let mut group = c.benchmark_group(name);
     group.sample_size(10);
-    let dirs = snapshots();
+    let dirs = snapshots_of(varied);
     for (n_jobs, dir) in &dirs {
         let json_args = [PLAN, &["--json"]].concat();
         let (text, json) = (run(dir.path(), PLAN), run(dir.path(), &json_args));
         eprintln!(
-            "plan_command: {n_jobs} jobs: text {} KB ({:.0} B/job), JSON {} KB ({:.0} B/job)",
+            "{name}: {n_jobs} jobs: text {} KB ({:.0} B/job), JSON {} KB ({:.0} B/job)",
             text >> 10,
             text as f64 / *n_jobs as f64,
             json >> 10,

@@ -209,9 +209,10 @@ impl<'a> Demand<'a> {
             let models = req.models;
             let class = *by_req.entry(ClassKey::of(job, models)).or_insert_with(|| {
                 let (entries, managed_entries) = known.of(job, models, || {
-                    let entries: Vec<u32> = (0..index.fleet.tpus.len())
-                        .filter(|&e| req.accepts_entry(index, e))
-                        .map(|e| e as u32)
+                    let entries: Vec<u32> = index
+                        .candidates(&req)
+                        .into_iter()
+                        .filter(|&e| req.accepts_entry(index, e as usize))
                         .collect();
                     let managed = entries
                         .iter()

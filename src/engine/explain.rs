@@ -16,7 +16,7 @@ use super::observe::{
     QueuedResourceInfo,
 };
 use super::reconcile::PassOutput;
-use super::state::{JobStatus, RegionChoice, ResourceStatus, State};
+use super::state::{JobStatus, RegionChoice, Resource, ResourceStatus, State};
 use super::time::Timestamp;
 use crate::spec::gcp::ModelSet;
 use crate::spec::{EntryKind, TpuRequest};
@@ -308,7 +308,9 @@ pub fn explain_jobs<'j>(
     // Facts about the TPU records, read once: busy TPUs per entry, usable adopted TPUs.
     let mut busy_per_entry: HashMap<&str, u32> = HashMap::new();
     let mut usable_adopted: std::collections::HashSet<&str> = Default::default();
+    let mut records: rustc_hash::FxHashMap<crate::spec::Name, Vec<&Resource>> = Default::default();
     for r in state.resources.values() {
+        records.entry(r.entry_id).or_default().push(r);
         if r.is_busy() {
             *busy_per_entry.entry(r.entry_id.as_str()).or_default() += 1;
         }
@@ -323,6 +325,7 @@ pub fn explain_jobs<'j>(
         assigned_now,
         busy_per_entry,
         usable_adopted,
+        records,
         now,
     };
     // Jobs a priority preemption under way is freeing a TPU for: waiter → (victim, TPU).
@@ -391,11 +394,14 @@ fn spot_first(
     models: ModelSet,
 ) -> Vec<Reason> {
     let fallback = &index.fleet.policy.fallback;
+    let candidates = index.candidates(all);
     crate::spec::ProvisioningModel::ALL
         .into_iter()
         .filter(|m| !models.has(*m))
         .filter_map(|model| {
-            let entries: Vec<String> = (0..index.fleet.tpus.len())
+            let entries: Vec<String> = candidates
+                .iter()
+                .map(|&e| e as usize)
                 .filter(|&e| {
                     let entry = index.entry(e);
                     !entry.is_adopted()
@@ -427,6 +433,8 @@ struct Facts<'a> {
     busy_per_entry: HashMap<&'a str, u32>,
     /// Adopted TPUs that are idle or busy.
     usable_adopted: std::collections::HashSet<&'a str>,
+    /// TPU records by the entry they name (hashed: only looked up).
+    records: rustc_hash::FxHashMap<crate::spec::Name, Vec<&'a Resource>>,
     now: Timestamp,
 }
 
@@ -440,10 +448,14 @@ fn class_reasons(facts: &Facts<'_>, req: &Requirement<'_>) -> Vec<Reason> {
         busy_per_entry,
         usable_adopted,
         now,
+        ..
     } = facts;
     let (index, state, now) = (*index, *state, *now);
     let mut reasons = Vec::new();
-    let entries: Vec<usize> = (0..index.fleet.tpus.len())
+    let candidates = index.candidates(req);
+    let entries: Vec<usize> = candidates
+        .iter()
+        .map(|&e| e as usize)
         .filter(|&e| req.accepts_entry(index, e))
         .collect();
     if entries.is_empty() {
@@ -452,9 +464,14 @@ fn class_reasons(facts: &Facts<'_>, req: &Requirement<'_>) -> Vec<Reason> {
         });
         return reasons;
     }
-    // TPUs of compatible entries and who holds them.
+    // TPUs of compatible entries and who holds them: a declared record is its entry's, of
+    // its type and zone, so only the candidates' records can be accepted.
     let mut holders = Vec::new();
-    for r in state.resources.values() {
+    let records = candidates
+        .iter()
+        .flat_map(|&e| facts.records.get(&index.entry(e as usize).id))
+        .flatten();
+    for r in records {
         if !req.accepts_resource(r) || !index.is_declared(r) {
             continue;
         }

@@ -57,6 +57,11 @@ pub struct FleetIndex {
     /// Some managed entry is on-demand or reserved: jobs take those only after waiting for
     /// Spot (`policy.on_demand_after`, `reserved_after`).
     pub has_fallback: bool,
+    /// Entries by region, and by region and type, each in fleet order: a requirement's
+    /// entries are among those of its regions (and types), so finding them costs those
+    /// entries, not the fleet (hashed: only looked up).
+    by_region: rustc_hash::FxHashMap<String, Vec<u32>>,
+    by_region_type: rustc_hash::FxHashMap<(String, TpuType), Vec<u32>>,
 }
 
 impl FleetIndex {
@@ -160,7 +165,20 @@ impl FleetIndex {
             .tpus
             .iter()
             .any(|e| !e.is_adopted() && e.provisioning_model != ProvisioningModel::Spot);
+        let mut by_region: rustc_hash::FxHashMap<String, Vec<u32>> = Default::default();
+        let mut by_region_type: rustc_hash::FxHashMap<(String, TpuType), Vec<u32>> =
+            Default::default();
+        for (i, e) in fleet.tpus.iter().enumerate() {
+            let region = region_of(&e.zone).to_owned();
+            by_region_type
+                .entry((region.clone(), e.tpu_type.clone()))
+                .or_default()
+                .push(i as u32);
+            by_region.entry(region).or_default().push(i as u32);
+        }
         FleetIndex {
+            by_region,
+            by_region_type,
             has_fallback,
             fleet,
             declared,
@@ -177,6 +195,38 @@ impl FleetIndex {
             managed_zones,
             pool_keys: fleet_pools,
         }
+    }
+
+    /// The entries `req` may accept, a superset in fleet order: those of its regions and,
+    /// when it names types, of those types (`Requirement::accepts_entry` decides).
+    pub fn candidates(&self, req: &super::demand::Requirement<'_>) -> Vec<u32> {
+        let regions: Vec<&str> = match req.regions {
+            super::state::RegionChoice::Pinned(r) => vec![r],
+            super::state::RegionChoice::AnyOf(list) => {
+                list.iter().map(|b| b.region.as_str()).collect()
+            }
+        };
+        let mut out: Vec<u32> = Vec::new();
+        for region in regions {
+            match req.tpu {
+                crate::spec::TpuRequest::Any => {
+                    out.extend(self.by_region.get(region).into_iter().flatten())
+                }
+                crate::spec::TpuRequest::OneOf(types) => {
+                    for t in types {
+                        out.extend(
+                            self.by_region_type
+                                .get(&(region.to_owned(), t.clone()))
+                                .into_iter()
+                                .flatten(),
+                        );
+                    }
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// Where declared node `name` comes from.
@@ -398,4 +448,55 @@ pub struct InventoryScope<'a> {
     pub zones: BTreeSet<Name>,
     /// Adopted TPUs to fetch by exact name, as `(zone, name)`.
     pub adopted: BTreeSet<(&'a str, &'a str)>,
+}
+
+/// A zone's region: everything before its last `-` (zones are validated on input).
+pub(crate) fn region_of(zone: &str) -> &str {
+    zone.rsplit_once('-').map_or(zone, |(region, _)| region)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FleetIndex;
+    use crate::engine::demand::Requirement;
+    use crate::engine::{Timestamp, synthetic};
+    use crate::spec::gcp::ModelSet;
+
+    /// The candidates of a requirement hold every entry it accepts, and every declared TPU
+    /// record it accepts is one of theirs: over a fleet of many entries and a queue pinned
+    /// to zones and TPUs, the index finds what scanning the whole fleet finds.
+    #[test]
+    fn candidates_hold_every_entry_and_record_a_requirement_accepts() {
+        let epoch = Timestamp::from_secs(1_767_225_600);
+        let fleet = synthetic::fleet(60, 3);
+        let (state, _) = synthetic::planning_instance(&fleet, 0, 180, epoch);
+        let jobs = synthetic::varied_pending_jobs(&fleet, 3_000, epoch);
+        let index = FleetIndex::new(fleet);
+        let mut pinned = 0;
+        for job in &jobs {
+            let mut req = Requirement::of(job);
+            for models in [ModelSet::ALL, ModelSet::SPOT] {
+                req.models = models;
+                let scanned: Vec<u32> = (0..index.fleet.tpus.len())
+                    .filter(|&e| req.accepts_entry(&index, e))
+                    .map(|e| e as u32)
+                    .collect();
+                let candidates = index.candidates(&req);
+                let found: Vec<u32> = candidates
+                    .iter()
+                    .copied()
+                    .filter(|&e| req.accepts_entry(&index, e as usize))
+                    .collect();
+                assert_eq!(found, scanned, "{}", job.id);
+                for r in state.resources.values() {
+                    if req.accepts_resource(r) && index.is_declared(r) {
+                        let e = index.entry_index(&r.entry_id).expect("declared") as u32;
+                        assert!(candidates.contains(&e), "{}: {}", job.id, r.id);
+                    }
+                }
+            }
+            pinned += usize::from(job.spec.zone.is_some());
+        }
+        assert!(pinned > 300, "the queue is varied: {pinned} pinned");
+    }
 }

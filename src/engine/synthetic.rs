@@ -142,6 +142,52 @@ pub fn pending_jobs(n_jobs: usize, epoch: Timestamp) -> Vec<Job> {
         .collect()
 }
 
+/// `pending_jobs` with requirements as varied as a lab's sweep queue: about one job in six
+/// pinned to a zone of `fleet` (its type and region with it), one in twenty to a TPU by
+/// name (an ordinal of a managed entry), the rest as `pending_jobs` makes them. The number
+/// of distinct requirements grows with the queue (pins name entries and ordinals), which is
+/// what makes explaining a large queue against a large fleet costly.
+pub fn varied_pending_jobs(fleet: &FleetSpec, n_jobs: usize, epoch: Timestamp) -> Vec<Job> {
+    let mut jobs = pending_jobs(n_jobs, epoch);
+    for (i, job) in jobs.iter_mut().enumerate() {
+        let h = mix(i as u64 ^ 0x5eed_c1a5_5e5);
+        let entry = &fleet.tpus[(h >> 8) as usize % fleet.tpus.len()];
+        let (zone, region) = (
+            entry.zone.as_str(),
+            entry.zone.as_str().rsplit_once('-').map_or("", |(r, _)| r),
+        );
+        let pin = match h % 20 {
+            0 => match entry.kind {
+                EntryKind::Managed { count } if count > 0 => Some(Name::new(
+                    &entry.node_name(&fleet.name, 1 + (h >> 32) as u32 % count),
+                )),
+                _ => None,
+            },
+            1..=3 => None,
+            _ => continue,
+        };
+        let mut types = vec![entry.tpu_type.clone()];
+        if let TpuRequest::OneOf(others) = &job.spec.tpu {
+            types.extend(others.iter().filter(|t| **t != entry.tpu_type).cloned());
+        }
+        job.spec.tpu = TpuRequest::OneOf(types);
+        job.spec.zone = Some(zone.to_owned());
+        job.spec.tpu_name = pin.map(|n| n.to_string());
+        let bucket = BucketRegion {
+            region: region.to_owned(),
+            bucket: format!("gs://bench-{region}"),
+        };
+        if !job.bucket_regions.iter().any(|b| b.region == region) {
+            job.spec.buckets.push(bucket.bucket.clone());
+            job.bucket_regions.push(bucket);
+        }
+        // The requirement changed: its fingerprint is computed afresh.
+        job.print = super::state::RequirementPrintCache::default();
+        job.ensure_print();
+    }
+    jobs
+}
+
 /// A state with `n_jobs` pending jobs and `n_idle` idle TPUs (ordinals spread over the
 /// entries), plus the observation showing those TPUs ready.
 pub fn planning_instance(
