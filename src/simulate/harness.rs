@@ -155,12 +155,28 @@ impl StoreLink<'_> {
         }
     }
 
-    /// Brings `state` to what the store holds now (what a controller reads before a pass,
-    /// and all a restarted one knows). Only records that differ are replaced, so the
-    /// engine's caches (which the harness keeps across a crash in memory too) stay valid;
-    /// a store missing a commit would revert the records of that commit here. `finished`
-    /// (history for metrics and checks) stays: a pass never reads it.
+    /// Brings `state` to what the store holds now, as the production controller does before
+    /// a pass: what was written since the last pass (`load_changes`, `apply_delta`), or the
+    /// whole active set when there is no base yet. Only records that differ are replaced,
+    /// so the engine's caches (which the harness keeps across a crash in memory too) stay
+    /// valid. `finished` (history for metrics and checks) stays: a pass never reads it.
     fn load(&mut self, state: &mut State, t_ms: u64) -> Result<(), Violation> {
+        if let Some(mut base) = self.base.take()
+            && let Some(delta) = self
+                .store
+                .load_changes(base.cursor)
+                .map_err(|e| Self::fail(e, t_ms))?
+        {
+            crate::store::apply_delta(state, &mut base, delta);
+            self.base = Some(base);
+            return Ok(());
+        }
+        self.reload(state, t_ms)
+    }
+
+    /// Brings `state` to the whole active set the store holds (all a restarted controller
+    /// knows); a store missing a commit would revert the records of that commit here.
+    fn reload(&mut self, state: &mut State, t_ms: u64) -> Result<(), Violation> {
         let loaded = self.store.load_active().map_err(|e| Self::fail(e, t_ms))?;
         self.base = Some(crate::store::changes::sync(state, loaded));
         Ok(())
@@ -804,7 +820,7 @@ pub fn run(
                                 if point == 0 {
                                     state = committed.clone();
                                 }
-                                link.load(&mut state, t_ms)?;
+                                link.reload(&mut state, t_ms)?;
                             }
                             match point {
                                 0 if store.is_some() => {}
