@@ -242,7 +242,7 @@ fn short_sweep_with_every_fault_finds_nothing() {
     }
 }
 
-/// The controller's state kept in SQLite (every pass loads from it and commits to it; a
+/// The controller's state kept in SQLite (every pass reads what changed and commits to it; a
 /// crashed controller knows only what the store holds) gives the same run as in memory:
 /// the same events, metrics and final state, with crashes before commit, before acting and
 /// while acting, and a stale controller fenced by the store itself.
