@@ -140,8 +140,9 @@ fn check_specs(state: &State, out: &mut Vec<Problem>) {
             v
         })
         .collect();
-    let text = serde_json::json!({ "jobs": specs }).to_string();
-    let Err(errors) = crate::spec::parse_jobs("snapshot", &text, None) else {
+    // Read as `job.yaml` is, from the tree of the records (no text to write and scan again).
+    let root = crate::spec::yaml::from_json(&serde_json::json!({ "jobs": specs }));
+    let Err(errors) = crate::spec::job::parse_jobs_tree("snapshot", &root, None) else {
         return;
     };
     for d in errors.diagnostics {

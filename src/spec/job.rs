@@ -330,6 +330,22 @@ pub fn parse_jobs(
     parse_jobs_in(file, source, fleet, &folder)
 }
 
+/// [`parse_jobs`] on a tree already built (`yaml::from_json` of records read elsewhere, a
+/// snapshot's specs): the same rules, without a source to point into.
+pub fn parse_jobs_tree(
+    file: &str,
+    root: &yaml::Node,
+    fleet: Option<&FleetSpec>,
+) -> Result<Vec<JobSpec>, SpecErrors> {
+    let mut c = Checker::new("");
+    let mut jobs = read_jobs(&mut c, root, fleet);
+    if let Some(jobs) = &mut jobs {
+        JobSpec::name_unnamed(jobs, "");
+    }
+    c.finish(file, jobs)
+        .and_then(|j| j.ok_or_else(|| super::incomplete(file, "")))
+}
+
 /// [`parse_jobs`] for a manifest in the folder named `folder` (its last component; empty:
 /// unnamed jobs are `job`, `job-2` …).
 pub fn parse_jobs_in(

@@ -123,6 +123,38 @@ pub fn parse(file: &str, source: &str) -> Result<Node, SpecErrors> {
     }
 }
 
+/// The tree of a JSON value already parsed (a snapshot's records), as `parse` would give
+/// for the same text but without positions: every node at line 1, column 1, with no source
+/// span (a reader's `raw_text` of it is empty; JSON scalars are never read raw).
+pub fn from_json(value: &serde_json::Value) -> Node {
+    let value = match value {
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Bool(b) => Value::Bool(*b),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => Value::Int(i),
+            None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(s) => Value::Str(s.clone()),
+        serde_json::Value::Array(items) => Value::Seq(items.iter().map(from_json).collect()),
+        serde_json::Value::Object(map) => Value::Map(
+            map.iter()
+                .map(|(k, v)| {
+                    (
+                        from_json(&serde_json::Value::String(k.clone())),
+                        from_json(v),
+                    )
+                })
+                .collect(),
+        ),
+    };
+    Node {
+        line: 1,
+        column: 1,
+        span: (0, 0),
+        value,
+    }
+}
+
 fn convert(node: MarkedYamlOwned) -> Node {
     let line = node.span.start.line().max(1);
     let column = node.span.start.col() + 1;
