@@ -435,6 +435,25 @@ impl FirestoreStore {
         writes
     }
 
+    /// What a command that changed `job` (read as `doc`) writes: the job, if it is still as
+    /// read, with the next change number, and its `event`.
+    fn command_writes(
+        &mut self,
+        job: &Job,
+        doc: &Doc,
+        event: Event,
+        tx: Option<&str>,
+    ) -> Result<Vec<Write>, TxError> {
+        let counter = self.counter(tx)?;
+        let mut writes = self.job_writes(
+            job,
+            Precondition::UpdateTime(doc.update_time.clone()),
+            counter.changes + 1,
+        )?;
+        writes.extend(self.counted(&[event], &counter, true));
+        Ok(writes)
+    }
+
     /// The event and change counters read in `tx`.
     fn counter(&mut self, tx: Option<&str>) -> Result<Counter, TxError> {
         let path = format!("{}/events", self.names().controller);
@@ -901,17 +920,8 @@ impl StateStore for FirestoreStore {
             let result = commands::cancel(read.as_mut().map(|(j, _)| j), if_pending, &tpus, now);
             match (&result, &read) {
                 (CancelResult::Status { changed: true, .. }, Some((job, doc))) => {
-                    let counter = store.counter(tx)?;
-                    let mut writes = store.job_writes(
-                        job,
-                        Precondition::UpdateTime(doc.update_time.clone()),
-                        counter.changes + 1,
-                    )?;
-                    writes.extend(store.counted(
-                        &[commands::cancel_event(job, now)],
-                        &counter,
-                        true,
-                    ));
+                    let writes =
+                        store.command_writes(job, doc, commands::cancel_event(job, now), tx)?;
                     Ok(Step::Commit(writes, result))
                 }
                 _ => Ok(Step::Done(result)),
@@ -933,13 +943,7 @@ impl StateStore for FirestoreStore {
             let (Some(event), Some((job, doc))) = (event, &read) else {
                 return Ok(Step::Done(result));
             };
-            let counter = store.counter(tx)?;
-            let mut writes = store.job_writes(
-                job,
-                Precondition::UpdateTime(doc.update_time.clone()),
-                counter.changes + 1,
-            )?;
-            writes.extend(store.counted(&[event], &counter, true));
+            let writes = store.command_writes(job, doc, event, tx)?;
             Ok(Step::Commit(writes, result))
         })?;
         Ok(result)
