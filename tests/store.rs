@@ -1138,6 +1138,45 @@ fn deltas_carry_every_write_since_the_cursor() {
     }
 }
 
+/// A store written before the change sequence existed (schema 2) is migrated when opened:
+/// its records keep their content, a whole load reads them, and deltas from then on carry
+/// what is written after.
+#[test]
+fn a_store_from_before_the_change_sequence_is_migrated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    {
+        let mut store = SqliteStore::open(&path).unwrap();
+        let (state, _) = planning(5);
+        store.import(&state).unwrap();
+    }
+    {
+        // What a schema-2 file holds: no stamps, no sequence.
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch(
+            "DROP INDEX jobs_changed; DROP INDEX resources_changed;
+             DROP INDEX interruption_requests_changed;
+             ALTER TABLE jobs DROP COLUMN changed; ALTER TABLE resources DROP COLUMN changed;
+             ALTER TABLE interruption_requests DROP COLUMN changed; DROP TABLE changes;
+             PRAGMA user_version = 2;",
+        )
+        .unwrap();
+    }
+    let mut store = SqliteStore::open(&path).unwrap();
+    let Loaded {
+        mut state,
+        mut base,
+    } = store.load_active().unwrap();
+    assert_eq!((state.jobs.len(), base.cursor), (5, 0));
+    let quiet = store.load_changes(base.cursor).unwrap().unwrap();
+    assert!(quiet.jobs.is_empty() && quiet.resources.is_empty());
+    store.create_jobs(&jobs(&["after-migration"]), T0).unwrap();
+    let delta = store.load_changes(base.cursor).unwrap().unwrap();
+    assert_eq!(delta.jobs.len(), 1);
+    apply_delta(&mut state, &mut base, delta);
+    assert_eq!(active(&state), active(&store.load_active().unwrap().state));
+}
+
 /// The store counts the documents a delta reads: what changed, not the size of the state.
 #[test]
 fn a_delta_reads_what_changed_not_the_state() {
