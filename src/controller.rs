@@ -207,9 +207,9 @@ impl Controller {
         let acquired = self
             .store
             .acquire_lease(&s.owner, &s.epoch, s.lease_ttl_secs, now)?;
-        // Held without a break, or the state in memory may have missed a holder's writes:
-        // deltas carry every writer's changes, but a lapse is where a full load is cheap
-        // insurance.
+        // Held without a break, the state in memory is kept; after a lapse or a first
+        // acquisition the next pass loads the whole active set. Deltas carry every writer's
+        // changes, but a change of hands is where a whole load is cheap insurance.
         let kept = self.held_until.is_some_and(|until| until > now);
         self.held_until = acquired.as_ref().ok().map(|lease| lease.expires_at);
         if !kept || acquired.is_err() {
