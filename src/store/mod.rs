@@ -5,7 +5,9 @@
 //! `engine::lease`) inside their transactions; they must not make decisions of their own.
 //!
 //! Concurrency design (ARCHITECTURE.md): optimistic. A pass loads the active state with the
-//! version of every record; its commit writes only the records the pass changed, each
+//! version of every record (a long-lived controller then reads only the records written
+//! since, by the store's change sequence: `load_changes`); its commit writes only the
+//! records the pass changed, each
 //! conditional on the version it read, in one atomic write that also checks the lease
 //! (owner, epoch, expiry). A command that wrote one of those records meanwhile makes the
 //! commit refuse (`CommitOutcome::Conflict`): the controller reloads and redoes the pass.
