@@ -1177,6 +1177,36 @@ fn a_store_from_before_the_change_sequence_is_migrated() {
     assert_eq!(active(&state), active(&store.load_active().unwrap().state));
 }
 
+/// A reader that follows the store (`watch`, the dashboard) reads the whole active set once
+/// and then only what changed, and always sees what a fresh load sees.
+#[test]
+fn a_mirror_follows_the_store_by_deltas() {
+    let dir = tempfile::tempdir().unwrap();
+    for at in stores("mirror", dir.path()) {
+        let (mut store, _) = seeded(&at, 200);
+        let s = &mut *store;
+        let mut mirror = tpu_runner::store::changes::Mirror::default();
+        let first = active(mirror.refresh(s).unwrap());
+        assert_eq!(first, active(&s.load_active().unwrap().state), "{at:?}");
+        let _ = s.take_io();
+        s.create_jobs(&jobs(&["m-1", "m-2"]), T0).unwrap();
+        s.cancel_job(&Name::new("m-1"), false, T0).unwrap();
+        let _ = s.take_io();
+        let seen = active(mirror.refresh(s).unwrap());
+        let cost = s.take_io();
+        assert!(
+            cost.reads < 20,
+            "{at:?}: a refresh after three writes read {cost:?}"
+        );
+        assert_eq!(seen, active(&s.load_active().unwrap().state), "{at:?}");
+        assert_eq!(
+            seen.0.len(),
+            201,
+            "{at:?}: m-2 added, m-1 cancelled before it started"
+        );
+    }
+}
+
 /// The store counts the documents a delta reads: what changed, not the size of the state.
 #[test]
 fn a_delta_reads_what_changed_not_the_state() {

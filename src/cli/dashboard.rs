@@ -42,6 +42,8 @@ pub(crate) struct DashboardArgs<'a> {
 struct Reader {
     stack: Stack,
     store: Box<dyn StateStore>,
+    /// The active state, followed by what changed since the last read.
+    mirror: crate::store::changes::Mirror,
     seen: u64,
     events: VecDeque<(u64, Event)>,
     ledger: Value,
@@ -52,11 +54,10 @@ impl Reader {
     fn snapshot(&mut self) -> Result<Value, Failure> {
         let now = wall_clock();
         let state = self
-            .store
-            .load_active()
-            .map_err(|e| store_failure(&e))?
-            .state;
-        let queue = super::queue::queue_json(&self.stack, &state, now, 200);
+            .mirror
+            .refresh(self.store.as_mut())
+            .map_err(|e| store_failure(&e))?;
+        let queue = super::queue::queue_json(&self.stack, state, now, 200);
         let history = self
             .store
             .latest_finished(now.plus_secs(-7 * 86_400), 50)
@@ -190,6 +191,7 @@ pub(crate) fn run(opts: &StackOpts, args: &DashboardArgs<'_>) -> Result<ExitStat
             let mut reader = Reader {
                 stack,
                 store,
+                mirror: Default::default(),
                 seen: 0,
                 events: VecDeque::new(),
                 ledger: Value::Null,

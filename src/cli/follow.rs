@@ -192,6 +192,7 @@ pub(crate) fn watch(
     let mut logs = Logs::default();
     let mut waiting_shown = String::new();
     let mut last_explained: Option<Instant> = None;
+    let mut mirror = crate::store::changes::Mirror::default();
     loop {
         // Events first, then the record: an event is never missed for a record that ended.
         let events = read_events(store.as_mut(), &id, &mut seen)?;
@@ -212,12 +213,13 @@ pub(crate) fn watch(
                 waiting_shown.clear();
             }
         }
-        // While it waits, why (recomputed every 10 s at most: it reads the whole queue).
+        // While it waits, why (recomputed every 10 s at most: it plans the whole queue, read
+        // once and then followed by what changed).
         if job.status == JobStatus::Pending
             && last_explained.is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
         {
             last_explained = Some(Instant::now());
-            if let Some(reasons) = waiting(&stack, store.as_mut(), &id)?
+            if let Some(reasons) = waiting(&stack, store.as_mut(), &mut mirror, &id)?
                 && reasons.first().is_some_and(|r| *r != waiting_shown)
             {
                 waiting_shown = reasons[0].clone();
@@ -289,16 +291,18 @@ fn read_events(
     }
 }
 
-/// Why `id` waits now, as `status` says it.
+/// Why `id` waits now, as `status` says it (`mirror` follows the store: each call reads what
+/// was written since the last).
 fn waiting(
     stack: &Stack,
     store: &mut dyn StateStore,
+    mirror: &mut crate::store::changes::Mirror,
     id: &Name,
 ) -> Result<Option<Vec<String>>, Failure> {
-    let state = store.load_active().map_err(|e| store_failure(&e))?.state;
+    let state = mirror.refresh(store).map_err(|e| store_failure(&e))?;
     Ok(super::queue::waiting_reasons(
         stack,
-        &state,
+        state,
         id,
         wall_clock(),
     ))

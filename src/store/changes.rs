@@ -321,3 +321,33 @@ pub fn apply_delta(state: &mut State, base: &mut Base, delta: Delta) {
     base.resources_at = state.resources.revision();
     base.cursor = delta.cursor;
 }
+
+/// The active state kept in memory by a reader that follows the store between reads
+/// (`watch`, the dashboard): the whole active set on the first read, then only what was
+/// written since each read, as a controller reads between passes.
+#[derive(Debug, Default)]
+pub struct Mirror {
+    state: State,
+    base: Option<Base>,
+}
+
+impl Mirror {
+    /// The active state as the store holds it now.
+    pub fn refresh(
+        &mut self,
+        store: &mut dyn super::StateStore,
+    ) -> Result<&State, super::StoreError> {
+        let delta = match &self.base {
+            Some(base) => store.load_changes(base.cursor)?,
+            None => None,
+        };
+        match (delta, self.base.as_mut()) {
+            (Some(delta), Some(base)) => apply_delta(&mut self.state, base, delta),
+            _ => {
+                let loaded = store.load_active()?;
+                self.base = Some(sync(&mut self.state, loaded));
+            }
+        }
+        Ok(&self.state)
+    }
+}
