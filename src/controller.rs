@@ -236,19 +236,16 @@ impl Controller {
     /// or the whole active set when there is no base to start from, the delta cannot reach
     /// back to it, or the safety net is due.
     fn load(&mut self, now: Timestamp) -> Result<(Base, Load), ControllerError> {
-        if let Some(mut base) = self.base.take()
-            && now < self.next_full_load
-            && let Some(delta) = self.store.load_changes(base.cursor)?
-        {
-            crate::store::apply_delta(&mut self.state, &mut base, delta);
-            return Ok((base, Load::Delta));
+        if now >= self.next_full_load {
+            self.base = None;
         }
-        let loaded = self.store.load_active()?;
-        self.next_full_load = now.plus_secs(FULL_LOAD_EVERY_SECS);
-        Ok((
-            crate::store::changes::sync(&mut self.state, loaded),
-            Load::Full,
-        ))
+        let whole =
+            crate::store::changes::refresh(self.store.as_mut(), &mut self.state, &mut self.base)?;
+        if whole {
+            self.next_full_load = now.plus_secs(FULL_LOAD_EVERY_SECS);
+        }
+        let base = self.base.take().expect("a refresh leaves a base");
+        Ok((base, if whole { Load::Full } else { Load::Delta }))
     }
 
     /// One pass at `now`, the lease held: renew, load, observe, reconcile, commit, act.

@@ -484,12 +484,12 @@ pub(crate) fn status(opts: &StackOpts, args: &StatusArgs<'_>) -> Result<ExitStat
                     r.tpu_name.to_string(),
                     r.zone.to_string(),
                     r.tpu_type.to_string(),
-                    match (r.shown_status(), r.capacity_wait_since) {
-                        ("waiting-for-capacity", Some(since)) => format!(
+                    match r.waiting_for_capacity_since() {
+                        Some(since) => format!(
                             "waiting for capacity ({})",
                             short_duration(now.secs_since(since))
                         ),
-                        (status, _) => status.into(),
+                        None => r.status.as_str().into(),
                     },
                     r.owner
                         .as_ref()

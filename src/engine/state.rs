@@ -881,10 +881,16 @@ impl Resource {
     /// The status as users are shown it: `waiting-for-capacity` for a provisioning TPU whose
     /// request waits for capacity (a stockout), else the status's name.
     pub fn shown_status(&self) -> &'static str {
-        match (self.status, self.capacity_wait_since) {
-            (ResourceStatus::Provisioning, Some(_)) => "waiting-for-capacity",
-            (status, _) => status.as_str(),
+        match self.waiting_for_capacity_since() {
+            Some(_) => "waiting-for-capacity",
+            None => self.status.as_str(),
         }
+    }
+
+    /// Since when this provisioning TPU's request has waited for capacity, if it waits.
+    pub fn waiting_for_capacity_since(&self) -> Option<Timestamp> {
+        self.capacity_wait_since
+            .filter(|_| self.status == ResourceStatus::Provisioning)
     }
 
     /// True when the resource runs an attempt (status busy or any owner).

@@ -161,25 +161,16 @@ impl StoreLink<'_> {
     /// so the engine's caches (which the harness keeps across a crash in memory too) stay
     /// valid. `finished` (history for metrics and checks) stays: a pass never reads it.
     fn load(&mut self, state: &mut State, t_ms: u64) -> Result<(), Violation> {
-        if let Some(mut base) = self.base.take()
-            && let Some(delta) = self
-                .store
-                .load_changes(base.cursor)
-                .map_err(|e| Self::fail(e, t_ms))?
-        {
-            crate::store::apply_delta(state, &mut base, delta);
-            self.base = Some(base);
-            return Ok(());
-        }
-        self.reload(state, t_ms)
+        crate::store::changes::refresh(self.store, state, &mut self.base)
+            .map(|_| ())
+            .map_err(|e| Self::fail(e, t_ms))
     }
 
     /// Brings `state` to the whole active set the store holds (all a restarted controller
     /// knows); a store missing a commit would revert the records of that commit here.
     fn reload(&mut self, state: &mut State, t_ms: u64) -> Result<(), Violation> {
-        let loaded = self.store.load_active().map_err(|e| Self::fail(e, t_ms))?;
-        self.base = Some(crate::store::changes::sync(state, loaded));
-        Ok(())
+        self.base = None;
+        self.load(state, t_ms)
     }
 
     /// Commits a pass; a refusal is a violation (nothing else writes to this store).

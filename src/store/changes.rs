@@ -322,6 +322,25 @@ pub fn apply_delta(state: &mut State, base: &mut Base, delta: Delta) {
     base.cursor = delta.cursor;
 }
 
+/// Brings `state` and `base` to what `store` holds now: what was written since the base's
+/// cursor (`apply_delta`), or the whole active set (`sync`) when there is no base or the
+/// store's sequence has not reached it. True when it read the whole active set. What a
+/// controller does before each pass and a reader that follows the store before each read.
+pub fn refresh(
+    store: &mut dyn super::StateStore,
+    state: &mut State,
+    base: &mut Option<Base>,
+) -> Result<bool, super::StoreError> {
+    if let Some(b) = base.as_mut()
+        && let Some(delta) = store.load_changes(b.cursor)?
+    {
+        apply_delta(state, b, delta);
+        return Ok(false);
+    }
+    *base = Some(sync(state, store.load_active()?));
+    Ok(true)
+}
+
 /// The active state kept in memory by a reader that follows the store between reads
 /// (`watch`, the dashboard): the whole active set on the first read, then only what was
 /// written since each read, as a controller reads between passes.
@@ -337,17 +356,7 @@ impl Mirror {
         &mut self,
         store: &mut dyn super::StateStore,
     ) -> Result<&State, super::StoreError> {
-        let delta = match &self.base {
-            Some(base) => store.load_changes(base.cursor)?,
-            None => None,
-        };
-        match (delta, self.base.as_mut()) {
-            (Some(delta), Some(base)) => apply_delta(&mut self.state, base, delta),
-            _ => {
-                let loaded = store.load_active()?;
-                self.base = Some(sync(&mut self.state, loaded));
-            }
-        }
+        refresh(store, &mut self.state, &mut self.base)?;
         Ok(&self.state)
     }
 }

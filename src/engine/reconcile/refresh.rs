@@ -185,12 +185,12 @@ impl<'a> Pass<'a> {
             }
             // Records are looked at before being touched: the state tracks what a pass
             // changes, and most passes change nothing here.
-            let waiting = qr.state == QrState::WaitingForResources;
             match self.state.resources.get(&qr.node_id) {
                 None => {
-                    let mut r = Resource::new(qr.node_id, entry, ResourceStatus::Provisioning, 1);
-                    r.capacity_wait_since = waiting.then_some(self.now);
-                    self.state.resources.insert(qr.node_id, r);
+                    self.state.resources.insert(
+                        qr.node_id,
+                        Resource::new(qr.node_id, entry, ResourceStatus::Provisioning, 1),
+                    );
                 }
                 // A new incarnation of a TPU that was gone. Records being recycled, drained or
                 // waited on are left alone (the original reset them, losing recycles: §9.1 #9).
@@ -203,24 +203,22 @@ impl<'a> Pass<'a> {
                     r.idle_since = None;
                     r.provisioning_node_seen_at = None;
                     r.provisioning_node_missing_since = None;
-                    r.capacity_wait_since = waiting.then_some(self.now);
+                    r.capacity_wait_since = None;
                 }
-                // A request that waits for capacity is a stockout users are shown.
-                Some(r) => {
-                    let since = match r.status {
-                        ResourceStatus::Provisioning if waiting => {
-                            Some(r.capacity_wait_since.unwrap_or(self.now))
-                        }
-                        _ => None,
-                    };
-                    if r.capacity_wait_since != since {
-                        self.state
-                            .resources
-                            .get_mut(&qr.node_id)
-                            .expect("exists")
-                            .capacity_wait_since = since;
-                    }
-                }
+                Some(_) => {}
+            }
+            // A provisioning TPU whose request waits for capacity is a stockout users are
+            // shown, with since when.
+            let r = &self.state.resources[&qr.node_id];
+            let since = (r.status == ResourceStatus::Provisioning
+                && qr.state == QrState::WaitingForResources)
+                .then(|| r.capacity_wait_since.unwrap_or(self.now));
+            if r.capacity_wait_since != since {
+                self.state
+                    .resources
+                    .get_mut(&qr.node_id)
+                    .expect("exists")
+                    .capacity_wait_since = since;
             }
         }
     }
