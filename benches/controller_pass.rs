@@ -40,9 +40,9 @@ impl CloudBackend for Steady {
         _now: Timestamp,
         inventory: &mut Inventory,
     ) -> Result<(), BackendError> {
-        if inventory.0.is_empty() {
-            inventory.0 = self.observation.nodes.clone();
-            inventory.1 = self.observation.queued_resources.clone();
+        if inventory.nodes.is_empty() {
+            inventory.nodes = self.observation.nodes.clone();
+            inventory.queued_resources = self.observation.queued_resources.clone();
         }
         Ok(())
     }

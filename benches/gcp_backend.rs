@@ -107,8 +107,8 @@ fn gcp_backend(c: &mut Criterion) {
         scope.zones.len(),
         scope.adopted.len(),
         b.api_calls() - before,
-        inventory.0.len(),
-        inventory.1.len()
+        inventory.nodes.len(),
+        inventory.queued_resources.len()
     );
     let mut group = c.benchmark_group("gcp_backend");
     group.sample_size(20);

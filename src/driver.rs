@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::backend::{BackendError, CloudBackend, InFlight, Outcome};
+use crate::backend::{BackendError, CloudBackend, InFlight, Inventory, Outcome};
 use crate::engine::observe::Event;
 use crate::engine::observe::{
     ActionFailure, AttemptReport, CancelOutcome, DiskRecovery, RemoteError, ReportChanges,
@@ -57,12 +57,17 @@ pub fn observe<B: CloudBackend + ?Sized>(
     observation.serial += 1;
     observation.report_changes = None;
     let scope = engine.inventory_scope(state);
-    let mut inventory = (
-        std::mem::take(&mut observation.nodes),
-        std::mem::take(&mut observation.queued_resources),
-    );
+    let mut inventory = Inventory {
+        nodes: std::mem::take(&mut observation.nodes),
+        queued_resources: std::mem::take(&mut observation.queued_resources),
+        others: std::mem::take(&mut observation.others),
+    };
     let listed = backend.inventory(&scope, now, &mut inventory);
-    (observation.nodes, observation.queued_resources) = inventory;
+    Inventory {
+        nodes: observation.nodes,
+        queued_resources: observation.queued_resources,
+        others: observation.others,
+    } = inventory;
     listed?;
     let seen = sightings::changes(
         (&observation.listed.0, &observation.listed.1),

@@ -339,8 +339,12 @@ fn the_same_actions_give_the_same_observations_and_outcomes() {
         }
     });
     let inv = s.observe("start");
-    assert_eq!(inv.0.len(), 1, "only the adopted TPU exists");
-    assert!(inv.1.is_empty());
+    assert_eq!(inv.nodes.len(), 1, "only the adopted TPU exists");
+    assert!(inv.queued_resources.is_empty());
+    assert!(
+        inv.others.is_empty(),
+        "the adopted TPU is not someone else's"
+    );
 
     // Creates: two fit, a third waits, a duplicate and an unknown type are refused; on-demand
     // and reserved capacity come from their own pools, a reservation that does not exist is
@@ -395,7 +399,11 @@ fn the_same_actions_give_the_same_observations_and_outcomes() {
         s.advance(t);
         s.observe(&format!("at {t} s"));
     }
-    let (nodes, qrs) = s.observe("provisioned");
+    let Inventory {
+        nodes,
+        queued_resources: qrs,
+        ..
+    } = s.observe("provisioned");
     assert!(nodes.iter().any(|n| n.name == "tpu-a"), "{nodes:?}");
     assert_eq!(qrs.len(), 5);
     let model = |name: &str| nodes.iter().find(|n| n.name == name).map(|n| n.model());
@@ -479,11 +487,48 @@ fn the_same_actions_give_the_same_observations_and_outcomes() {
         c.set_stockout(EAST, false);
     });
     s.advance(9000);
-    let (nodes, _) = s.observe("lifted");
+    let nodes = s.observe("lifted").nodes;
     assert!(
         nodes.iter().any(|n| n.name == "tpu-c"),
         "the waiting request got capacity: {nodes:?}"
     );
+}
+
+/// Someone else's request and node in a listed zone (another team's, labelled for another
+/// runner) are listed apart by both backends, through its whole life: never among the
+/// runner's objects, always among the others whose chips count against the chip limits.
+#[test]
+fn someone_elses_tpus_are_listed_apart_alike() {
+    let mut s = Sides::new();
+    s.both(|c| {
+        let labels = std::sync::Arc::new(
+            [("managed-by".to_owned(), "another-team".to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        c.create_queued_resource(
+            ustr::ustr(EAST),
+            ustr::ustr("theirs-qr"),
+            ustr::ustr("theirs"),
+            "v6e-8",
+            tpu_runner_sim::PoolModel::Spot,
+            None,
+            labels,
+        )
+        .expect("their request");
+    });
+    let inv = s.observe("requested");
+    assert!(inv.queued_resources.is_empty(), "{inv:?}");
+    assert_eq!(inv.others.queued_resources.len(), 1, "{inv:?}");
+    assert_eq!(inv.others.queued_resources[0].name, "theirs-qr");
+    for t in [600, 1200, 1800, 3600] {
+        s.advance(t);
+        s.observe(&format!("at {t} s"));
+    }
+    let inv = s.observe("provisioned");
+    assert!(inv.nodes.iter().all(|n| n.name != "theirs"), "{inv:?}");
+    let theirs: Vec<_> = inv.others.nodes.iter().map(|n| n.name).collect();
+    assert_eq!(theirs, [Name::new("theirs")], "{inv:?}");
 }
 
 #[test]

@@ -411,6 +411,105 @@ fn a_stocked_out_request_is_shown_waiting_for_capacity() {
     );
 }
 
+/// The chip limit counts TPUs this runner did not create: another team's TPU in the zone
+/// leaves room for three of ours under `chip_limit: 32`, not four, and the waiting run says
+/// the limit is why (on the old code the fourth was created: 40 chips).
+#[test]
+fn the_chip_limit_counts_another_teams_tpus() {
+    let mut day = Day::new();
+    day.up();
+    let registry: Value =
+        serde_json::from_slice(&std::fs::read(day.home.join("local-stack.json")).unwrap()).unwrap();
+    let endpoint = registry["tpu_endpoint"].as_str().unwrap().to_owned();
+    let east = format!("{endpoint}/v2/projects/local-project/locations/us-east1-d");
+    let curl = |args: &[&str]| -> Value {
+        let out = Command::new("curl").arg("-sf").args(args).output().unwrap();
+        assert!(out.status.success(), "curl {args:?}: {out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // Every run goes east: the other zone has no capacity.
+    curl(&[
+        "-X",
+        "POST",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        r#"{"on": true}"#,
+        &format!("{endpoint}/emulator/v1/zones/us-central1-b/stockout"),
+    ]);
+    let theirs = r#"{"tpu": {"nodeSpec": [{"parent": "projects/local-project/locations/us-east1-d",
+        "nodeId": "their-tpu", "node": {"acceleratorType": "v6e-8", "runtimeVersion": "v2-alpha-tpuv6e",
+        "labels": {"team": "vision"}}}]}, "spot": {}}"#;
+    curl(&[
+        "-X",
+        "POST",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        theirs,
+        &format!("{east}/queuedResources?queuedResourceId=their-qr"),
+    ]);
+    day.wait_for("their TPU to be ready", || {
+        let out = Command::new("curl")
+            .args(["-sf", &format!("{east}/nodes/their-tpu")])
+            .output()
+            .unwrap();
+        out.status.success()
+            && serde_json::from_slice::<Value>(&out.stdout).unwrap()["state"] == "READY"
+    });
+    // Live v6e-8 chips in the zone, whoever created them.
+    let live_chips = || {
+        let nodes = curl(&[&format!("{east}/nodes")]);
+        nodes["nodes"].as_array().map_or(0, |nodes| {
+            nodes
+                .iter()
+                .filter(|n| matches!(n["state"].as_str(), Some("CREATING" | "READY")))
+                .count()
+                * 8
+        })
+    };
+    let runs: Vec<String> = (0..4)
+        .map(|_| day.submit(&["--env", "STEPS=2000"]))
+        .collect();
+    day.wait_for(
+        "three runs running and the fourth held by the chip limit",
+        || {
+            let v = day.status(&[]);
+            let running = runs
+                .iter()
+                .filter(|r| status_of(&v, r).as_deref() == Some("running"))
+                .count();
+            assert!(live_chips() <= 32, "past the chip limit: {v}");
+            running == 3 && v.to_string().contains("chip limit reached")
+        },
+    );
+    // It stays there: the fourth run is not given a TPU past the limit.
+    for _ in 0..12 {
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(live_chips() <= 32, "past the chip limit");
+    }
+    let v = day.status(&[]);
+    let pending = runs
+        .iter()
+        .filter(|r| status_of(&v, r).as_deref() == Some("pending"))
+        .count();
+    assert_eq!(pending, 1, "{v}");
+    // `status` plans from the stored state as the controller does, others' TPU included: the
+    // waiting run is held by the chip limit, with three of four requested in the zone.
+    let waiting = v["queue"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["status"] == "pending")
+        .unwrap()
+        .to_string();
+    assert!(
+        waiting.contains("chip limit reached: entry=east; chip_limit=32; available_chips=0"),
+        "{waiting}"
+    );
+    assert!(waiting.contains("v6e-8 east, 3/4 requested"), "{waiting}");
+}
+
 /// A store with runs but no controller: what `status` and `watch` say about the queue.
 struct Queue {
     _tmp: tempfile::TempDir,

@@ -605,8 +605,8 @@ fn a_freed_slice_goes_to_the_oldest_request_still_waiting() {
 #[test]
 fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
     use std::sync::Arc;
-    use tpu_runner::backend::CloudBackend;
     use tpu_runner::backend::sim::SimBackend;
+    use tpu_runner::backend::{CloudBackend, Inventory};
     use tpu_runner::engine::observe::{NodeState, QrState};
     use tpu_runner::engine::{InventoryScope, Timestamp};
     use ustr::ustr;
@@ -652,22 +652,39 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
         backend.inventory(&scope, Timestamp(0), &mut kept).unwrap();
         kept.clone()
     };
-    let (_, qrs) = read(&mut backend);
-    // Ours, in this zone, in name order; one call per zone and kind.
+    let Inventory {
+        queued_resources: qrs,
+        others,
+        ..
+    } = read(&mut backend);
+    // Ours, in this zone, in name order; one call per zone and kind. Someone else's request
+    // is listed apart (it counts against the chip limits, nothing acts on it).
     let names: Vec<&str> = qrs.iter().map(|q| q.name.as_str()).collect();
     assert_eq!(names, ["qr-a", "qr-b"]);
+    let names: Vec<&str> = others
+        .queued_resources
+        .iter()
+        .map(|q| q.name.as_str())
+        .collect();
+    assert_eq!(names, ["qr-c"]);
     assert!(qrs.iter().all(|q| q.state != QrState::Active), "{qrs:?}");
     let calls = |b: &SimBackend, kind: &str| b.cloud.accounting().api_calls.get(kind).copied();
     assert_eq!(calls(&backend, "list_queued_resources"), Some(1));
     assert_eq!(calls(&backend, "get_queued_resource"), None);
     // Unchanged objects are shared with the previous read, not converted again; the call
     // that found the zone unchanged still counts.
-    let (_, again) = read(&mut backend);
+    let again = read(&mut backend).queued_resources;
     assert!(Arc::ptr_eq(&qrs[0], &again[0]) && Arc::ptr_eq(&qrs[1], &again[1]));
     assert_eq!(calls(&backend, "list_queued_resources"), Some(2));
     // Changes are seen on the next read: the requests were granted, nodes came up.
     backend.cloud.advance_to(3_600_000);
-    let (nodes, qrs) = read(&mut backend);
+    let Inventory {
+        nodes,
+        queued_resources: qrs,
+        others,
+    } = read(&mut backend);
+    assert_eq!(others.nodes.len(), 1, "{others:?}");
+    assert_eq!(others.nodes[0].name.as_str(), "c");
     for q in &qrs {
         let now = backend
             .cloud
@@ -692,7 +709,7 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
         .delete_queued_resource(ustr("us-west1-a"), ustr("qr-a"))
         .unwrap();
     backend.cloud.advance_to(2 * 3_600_000);
-    let (_, qrs) = read(&mut backend);
+    let qrs = read(&mut backend).queued_resources;
     let names: Vec<&str> = qrs.iter().map(|q| q.name.as_str()).collect();
     assert_eq!(names, ["qr-b"]);
 }

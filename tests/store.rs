@@ -988,6 +988,15 @@ fn a_long_lived_controller_commits_pass_after_pass() {
                     },
                 );
             }
+            // So is what others hold in the fleet's zones (the pass set it from `obs`).
+            if k % 3 == 1 {
+                state.others = vec![tpu_runner::engine::state::OthersTpus {
+                    zone: Name::new("us-east1-d"),
+                    tpu_type: tpu_runner::spec::TpuType::parse("v6e-8").unwrap(),
+                    model: tpu_runner::spec::ProvisioningModel::Spot,
+                    count: k as u32,
+                }];
+            }
             assert_eq!(
                 s.commit_pass(&mut base, &state, &out.events, &fence(), now)
                     .unwrap(),
@@ -995,6 +1004,7 @@ fn a_long_lived_controller_commits_pass_after_pass() {
             );
             state.finished.clear();
             let stored = s.load_active().unwrap().state;
+            assert_eq!(stored.others, state.others, "{at:?}: pass {k}");
             assert_eq!(stored.jobs, state.jobs, "{at:?}: pass {k}");
             assert_eq!(stored.resources, state.resources, "{at:?}: pass {k}");
             assert_eq!(stored.notices, state.notices, "{at:?}: pass {k}");

@@ -559,10 +559,30 @@ fn the_inventory_keeps_the_runners_objects_and_fetches_adopted_tpus_by_name() {
             .collect(),
         adopted: [("us-central2-b", "trc")].into_iter().collect(),
     };
-    let mut inventory = (Vec::new(), Vec::new());
+    let mut inventory = Default::default();
     let notes = read_inventory(&c, &scope, &mut inventory).unwrap();
     assert!(notes.is_empty(), "{notes:?}");
-    let (nodes, qrs) = inventory;
+    let tpu_runner::backend::Inventory {
+        nodes,
+        queued_resources: qrs,
+        others,
+    } = inventory;
+    // Someone else's node and request are kept apart (they count against chip limits).
+    let names = |v: Vec<String>| v.join(",");
+    assert_eq!(
+        names(others.nodes.iter().map(|n| n.name.to_string()).collect()),
+        "other-1"
+    );
+    assert_eq!(
+        names(
+            others
+                .queued_resources
+                .iter()
+                .map(|q| q.name.to_string())
+                .collect()
+        ),
+        "x-qr"
+    );
     let names: Vec<String> = nodes
         .iter()
         .map(|n| format!("{}/{}", n.zone, n.name))

@@ -1591,6 +1591,34 @@ impl SimCloud {
             .map(|(_, q)| q.view())
     }
 
+    /// The nodes of `zone` that `list_nodes` with `label` leaves out (someone else's),
+    /// without making a call.
+    pub fn peek_other_nodes<'a>(
+        &'a self,
+        zone: Ustr,
+        label: (&'a str, &'a str),
+    ) -> impl Iterator<Item = NodeView<'a>> + 'a {
+        let mut filter = LabelFilter::new(label);
+        self.nodes
+            .in_zone(zone)
+            .filter(move |(_, n)| !filter.matches(&n.labels))
+            .map(|(_, n)| n.view())
+    }
+
+    /// The queued resources of `zone` that `list_queued_resources` with `label` leaves out,
+    /// without making a call.
+    pub fn peek_other_queued_resources<'a>(
+        &'a self,
+        zone: Ustr,
+        label: (&'a str, &'a str),
+    ) -> impl Iterator<Item = QrView<'a>> + 'a {
+        let mut filter = LabelFilter::new(label);
+        self.qrs
+            .in_zone(zone)
+            .filter(move |(_, q)| !filter.matches(&q.labels))
+            .map(|(_, q)| q.view())
+    }
+
     /// What `get_node` would return, without making a call (for checks).
     pub fn peek_node(&self, zone: Ustr, name: Ustr) -> Option<NodeView<'_>> {
         self.nodes

@@ -153,10 +153,11 @@ fn read_error(what: &str, e: &ApiError) -> BackendError {
 
 /// Reads the inventory `scope` names through `client` into `inventory` (replaced whole):
 /// every zone's nodes and queued resources labelled `managed-by` = the runner (one paginated
-/// listing per zone and kind, zones at once), then the adopted nodes by exact name. An object
-/// equal to one the lists held keeps that one's allocation (the engine recognises unchanged
-/// objects by address, and skips what did not change). Objects this build cannot read are
-/// left out and returned as notes; any failed call fails the read.
+/// listing per zone and kind, zones at once), then the adopted nodes by exact name; the
+/// zones' other objects go to `others`. An object equal to one the lists held keeps that
+/// one's allocation (the engine recognises unchanged objects by address, and skips what did
+/// not change). Objects this build cannot read are left out and returned as notes; any
+/// failed call fails the read.
 pub fn read_inventory(
     client: &tpu::Client,
     scope: &InventoryScope<'_>,
@@ -166,17 +167,27 @@ pub fn read_inventory(
     let ours = |labels: &BTreeMap<String, String>| {
         labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(scope.runner)
     };
+    let adopted = |zone: &str, name: &str| scope.adopted.contains(&(zone, name));
     let mut notes = Vec::new();
-    let (nodes, qrs) = inventory;
+    let Inventory {
+        nodes,
+        queued_resources: qrs,
+        others,
+    } = inventory;
+    others.clear();
     let old_nodes = Kept::of(nodes, |n| (n.zone, n.name));
     let old_qrs = Kept::of(qrs, |q| (q.zone, q.name));
     for (zone, listed) in zones.iter().zip(client.list_nodes(&zones)) {
         for node in listed.map_err(|e| read_error(&format!("listing nodes in {zone}"), &e))? {
-            if ours(&node.labels) {
-                match node_info(&node, zone) {
-                    Ok(info) => nodes.push(old_nodes.reuse(info, |n| (n.zone, n.name))),
-                    Err(e) => notes.push(format!("node {} in {zone} left out: {e}", node.id())),
-                }
+            let mine = ours(&node.labels);
+            if !mine && adopted(zone, node.id()) {
+                // Read by name below.
+                continue;
+            }
+            match node_info(&node, zone) {
+                Ok(info) if mine => nodes.push(old_nodes.reuse(info, |n| (n.zone, n.name))),
+                Ok(info) => others.nodes.push(info),
+                Err(e) => notes.push(format!("node {} in {zone} left out: {e}", node.id())),
             }
         }
     }
@@ -184,14 +195,15 @@ pub fn read_inventory(
         for qr in
             listed.map_err(|e| read_error(&format!("listing queued resources in {zone}"), &e))?
         {
-            if ours(qr.labels()) {
-                match qr_info(&qr, zone) {
-                    Ok(info) => qrs.push(old_qrs.reuse(info, |q| (q.zone, q.name))),
-                    Err(e) => notes.push(format!(
-                        "queued resource {} in {zone} left out: {e}",
-                        qr.id()
-                    )),
+            match qr_info(&qr, zone) {
+                Ok(info) if ours(qr.labels()) => {
+                    qrs.push(old_qrs.reuse(info, |q| (q.zone, q.name)));
                 }
+                Ok(info) => others.queued_resources.push(info),
+                Err(e) => notes.push(format!(
+                    "queued resource {} in {zone} left out: {e}",
+                    qr.id()
+                )),
             }
         }
     }
@@ -214,6 +226,12 @@ pub fn read_inventory(
     nodes.sort_by(|a, b| key(&a.zone, &a.name).cmp(&key(&b.zone, &b.name)));
     nodes.dedup_by(|a, b| a.zone == b.zone && a.name == b.name);
     qrs.sort_by(|a, b| key(&a.zone, &a.name).cmp(&key(&b.zone, &b.name)));
+    others
+        .nodes
+        .sort_by(|a, b| key(&a.zone, &a.name).cmp(&key(&b.zone, &b.name)));
+    others
+        .queued_resources
+        .sort_by(|a, b| key(&a.zone, &a.name).cmp(&key(&b.zone, &b.name)));
     Ok(notes)
 }
 
@@ -435,7 +453,7 @@ impl CloudBackend for GcpBackend {
     ) -> Result<(), BackendError> {
         self.notes = read_inventory(&self.client, scope, inventory)?;
         self.worker_counts = inventory
-            .0
+            .nodes
             .iter()
             .map(|n| ((n.zone, n.name), n.worker_count))
             .collect();

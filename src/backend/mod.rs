@@ -12,7 +12,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::engine::observe::{
-    AttemptReport, CancelOutcome, CloudFailure, NodeInfo, QueuedResourceInfo, RemoteError,
+    AttemptReport, CancelOutcome, CloudFailure, NodeInfo, Others, QueuedResourceInfo, RemoteError,
 };
 use crate::engine::{Action, InventoryScope, Timestamp};
 use crate::spec::{Name, NameMap};
@@ -59,8 +59,17 @@ pub enum Outcome {
     DiskRecovery(Result<Vec<String>, String>),
 }
 
-/// What an inventory read found: nodes and queued resources, each sorted by (zone, name).
-pub type Inventory = (Vec<Arc<NodeInfo>>, Vec<Arc<QueuedResourceInfo>>);
+/// What an inventory read found, each list sorted by (zone, name).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Inventory {
+    /// This runner's nodes and the adopted ones.
+    pub nodes: Vec<Arc<NodeInfo>>,
+    /// This runner's queued resources.
+    pub queued_resources: Vec<Arc<QueuedResourceInfo>>,
+    /// Everything else the zones' listings hold (never acted on; counted against chip
+    /// limits).
+    pub others: Others,
+}
 
 /// What a report refresh did.
 #[derive(Clone, Debug, PartialEq)]
@@ -76,7 +85,9 @@ pub struct Refreshed {
 pub trait CloudBackend {
     /// Lists the nodes and queued resources labelled `managed-by` = `scope.runner` in each
     /// of `scope.zones` and fetches the adopted nodes by name (absent ones are left out),
-    /// into `inventory`: each kind sorted by (zone, name), without duplicates. `inventory`
+    /// into `inventory`: each kind sorted by (zone, name), without duplicates; the zones'
+    /// other nodes and queued resources (not this runner's, not adopted) go to
+    /// `inventory.others`. `inventory`
     /// is what this backend left there on the previous call, kept by the driver: a backend
     /// may leave the objects of zones that did not change where they are, and must replace
     /// everything when handed anything else (empty lists force a full read). Any failed call

@@ -14,8 +14,8 @@ use ustr::Ustr;
 use super::{BackendError, CloudBackend, InFlight, Inventory, Outcome, Refreshed};
 use crate::engine::observe::{
     AttemptReport, CancelOutcome, CloudFailure, Health, LABEL_FLEET_ENTRY, LABEL_MANAGED_BY,
-    NodeInfo, NodeState, QrState, QueuedResourceInfo, RemoteError, RemoteErrorKind, WorkerState,
-    WorkerStatus,
+    NodeInfo, NodeState, Others, QrState, QueuedResourceInfo, RemoteError, RemoteErrorKind,
+    WorkerState, WorkerStatus,
 };
 use crate::engine::{Action, InventoryScope, Timestamp};
 use crate::gcp::http;
@@ -73,7 +73,13 @@ struct Listings {
 struct ZoneListing {
     nodes: Option<(u64, Vec<Converted<simc::NodeState, NodeInfo>>)>,
     qrs: Option<(u64, Vec<Converted<simc::QrState, QueuedResourceInfo>>)>,
+    /// The zone's objects the listings leave out (someone else's), as of the listings'
+    /// versions.
+    others: Option<(ListingVersions, Others)>,
 }
+
+/// The versions of a zone's node and queued-resource listings.
+type ListingVersions = (Option<u64>, Option<u64>);
 
 /// A cloud object converted: its incarnation (serial) and state, the only field that
 /// changes during an incarnation, and the observation object.
@@ -204,6 +210,10 @@ impl SimBackend {
     /// The inventory of `scope` read afresh, converting everything and calling nothing (what
     /// `inventory` must agree with; the chaos runs check it on every pass).
     pub fn read_inventory(&self, scope: &InventoryScope<'_>) -> Inventory {
+        let mut others = Others::default();
+        for zone in &scope.zones {
+            self.others_in(*zone, scope, &mut others);
+        }
         let label = (LABEL_MANAGED_BY, scope.runner);
         let mut nodes: Vec<Arc<NodeInfo>> = scope
             .zones
@@ -222,7 +232,29 @@ impl SimBackend {
             .flat_map(|zone| self.cloud.peek_queued_resources(zone.ustr(), label))
             .filter_map(|q| qr_info(&q).map(Arc::new))
             .collect();
-        (nodes, qrs)
+        Inventory {
+            nodes,
+            queued_resources: qrs,
+            others,
+        }
+    }
+
+    /// Appends the objects of `zone` that are neither this runner's nor adopted to `others`.
+    fn others_in(&self, zone: Name, scope: &InventoryScope<'_>, others: &mut Others) {
+        let label = (LABEL_MANAGED_BY, scope.runner);
+        let adopted =
+            |n: &simc::NodeView<'_>| scope.adopted.contains(&(n.zone.as_str(), n.name.as_str()));
+        others.nodes.extend(
+            self.cloud
+                .peek_other_nodes(zone.ustr(), label)
+                .filter(|n| !adopted(n))
+                .filter_map(|n| node_info(&n, self.public_ip)),
+        );
+        others.queued_resources.extend(
+            self.cloud
+                .peek_other_queued_resources(zone.ustr(), label)
+                .filter_map(|q| qr_info(&q)),
+        );
     }
 
     /// Every report of `in_flight` read afresh, the cache left alone (what `refresh_reports`
@@ -366,8 +398,13 @@ impl CloudBackend for SimBackend {
         &mut self,
         scope: &InventoryScope<'_>,
         _now: Timestamp,
-        (nodes, qrs): &mut Inventory,
+        inventory: &mut Inventory,
     ) -> Result<(), BackendError> {
+        let Inventory {
+            nodes,
+            queued_resources: qrs,
+            others,
+        } = inventory;
         let label = (LABEL_MANAGED_BY, scope.runner);
         let public_ip = self.public_ip;
         // The lists left last time, over the same zones and without adopted nodes: only the
@@ -419,6 +456,30 @@ impl CloudBackend for SimBackend {
                 .map_err(|e| read_error(e, zone))?;
             let incarnation = |q: &simc::QrView<'_>| (q.serial, q.state);
             keep(kept, listing, incarnation, qr_info, in_place, qrs, &mut at);
+        }
+        // Someone else's objects: read again only in zones whose listings changed (in a
+        // simulation nobody else creates anything, so this finds nothing).
+        others.clear();
+        for zone in &scope.zones {
+            let Some(listing) = self.listings.zones.get(zone) else {
+                continue;
+            };
+            let versions = (version(&listing.nodes), version(&listing.qrs));
+            if listing
+                .others
+                .as_ref()
+                .is_none_or(|(at, _)| *at != versions)
+            {
+                let mut found = Others::default();
+                self.others_in(*zone, scope, &mut found);
+                let listing = self.listings.zones.get_mut(zone).expect("looked up");
+                listing.others = Some((versions, found));
+            }
+            let (_, found) = self.listings.zones[zone].others.as_ref().expect("set");
+            others.nodes.extend(found.nodes.iter().cloned());
+            others
+                .queued_resources
+                .extend(found.queued_resources.iter().cloned());
         }
         self.produced = Some(Produced {
             zones: scope.zones.iter().copied().collect(),

@@ -4,15 +4,15 @@
 //! substituted. Only entries whose inputs changed since the last pass are sized (the memo's
 //! `SizingMemo`); the others would decide nothing again.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::fleet_index::{Declared, EntryFacts};
 use super::memo::SizingInputs;
-use super::observe::{Action, NodeInfo, QueuedResourceInfo};
+use super::observe::{Action, NodeInfo, Others, QueuedResourceInfo};
 use super::observed::Listed;
 use super::reconcile::Pass;
-use super::state::{Resource, ResourceStatus};
-use crate::spec::{Name, NameSet};
+use super::state::{OthersTpus, Resource, ResourceStatus};
+use crate::spec::{Name, NameSet, ProvisioningModel, TpuType};
 
 /// What the observation and the records hold for one entry.
 struct EntryInventory<'a, 's> {
@@ -108,6 +108,10 @@ struct OrdinalTables<'a> {
 
 impl<'a> Pass<'a> {
     pub(super) fn capacity(&mut self) {
+        let others = others_tpus(&self.obs.others);
+        if others != self.state.others {
+            self.state.others = others;
+        }
         let desired = std::mem::take(&mut self.desired);
         let named = std::mem::take(&mut self.named);
         // Free chips per quota key, counted when a sizing first wants more TPUs.
@@ -278,6 +282,12 @@ impl<'a> Pass<'a> {
                     .is_some_and(|n| node_counts(&n.info))
             {
                 reserved[k] += qr.tpu_type.chips() as i64;
+            }
+        }
+        // Someone else's TPUs in a fleet zone hold the same quota.
+        for held in &self.state.others {
+            if let Some(k) = index.quota_at(held.model, &held.tpu_type, held.zone) {
+                reserved[k] += i64::from(held.count) * held.tpu_type.chips() as i64;
             }
         }
         index
@@ -617,4 +627,49 @@ impl<'a> Pass<'a> {
             r.capacity_wait_since = None;
         }
     }
+}
+
+/// The TPUs of `others` that hold chips, counted by pool, by the rule the runner's own follow:
+/// a node holds chips unless it is terminal or its queued resource is not live; a live queued
+/// resource holds them unless its node already counts.
+pub(crate) fn others_tpus(others: &Others) -> Vec<OthersTpus> {
+    if others.is_empty() {
+        return Vec::new();
+    }
+    let live_qr: rustc_hash::FxHashMap<(Name, Name), bool> = others
+        .queued_resources
+        .iter()
+        .map(|q| ((q.zone, q.node_id), q.state.is_live()))
+        .collect();
+    let holding: rustc_hash::FxHashSet<(Name, Name)> = others
+        .nodes
+        .iter()
+        .filter(|n| {
+            !n.state.is_terminal() && live_qr.get(&(n.zone, n.name)).is_none_or(|live| *live)
+        })
+        .map(|n| (n.zone, n.name))
+        .collect();
+    let mut counts: BTreeMap<(Name, TpuType, ProvisioningModel), u32> = BTreeMap::new();
+    let nodes = others
+        .nodes
+        .iter()
+        .filter(|n| holding.contains(&(n.zone, n.name)))
+        .map(|n| (n.zone, n.tpu_type.clone(), n.model()));
+    let requests = others
+        .queued_resources
+        .iter()
+        .filter(|q| q.state.is_live() && !holding.contains(&(q.zone, q.node_id)))
+        .map(|q| (q.zone, q.tpu_type.clone(), q.model()));
+    for key in nodes.chain(requests) {
+        *counts.entry(key).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .map(|((zone, tpu_type, model), count)| OthersTpus {
+            zone,
+            tpu_type,
+            model,
+            count,
+        })
+        .collect()
 }

@@ -632,6 +632,25 @@ pub fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) ->
             }));
         }
     }
+    // Someone else's TPUs, as many as the last pass counted.
+    for held in &state.others {
+        for _ in 0..held.count {
+            let n = obs.others.nodes.len() + 1;
+            obs.others.nodes.push(NodeInfo {
+                name: crate::spec::Name::new(&format!("others-{n}")),
+                zone: held.zone,
+                tpu_type: held.tpu_type.clone(),
+                state: NodeState::Ready,
+                health: Health::Healthy,
+                spot: held.model == crate::spec::ProvisioningModel::Spot,
+                reserved: held.model == crate::spec::ProvisioningModel::Reserved,
+                labels: Default::default(),
+                queued_resource: None,
+                worker_count: 1,
+                public_ip: false,
+            });
+        }
+    }
     obs
 }
 

@@ -392,7 +392,12 @@ impl FleetIndex {
 
     /// The position in `quotas` of the quota key of an object of `tpu_type` in `zone`, if
     /// the fleet has one.
-    fn quota_at(&self, model: ProvisioningModel, tpu_type: &TpuType, zone: Name) -> Option<usize> {
+    pub(crate) fn quota_at(
+        &self,
+        model: ProvisioningModel,
+        tpu_type: &TpuType,
+        zone: Name,
+    ) -> Option<usize> {
         let family = tpu_type.quota_family();
         self.quota_by_zone
             .get(&(model, zone))?

@@ -55,6 +55,35 @@ pub struct Observation {
     /// tell what the next listing changed: `sightings`).
     #[serde(skip)]
     pub listed: (Vec<Arc<NodeInfo>>, Vec<Arc<QueuedResourceInfo>>),
+    /// What others hold in the listed zones.
+    #[serde(default, skip_serializing_if = "Others::is_empty")]
+    pub others: Others,
+}
+
+/// The nodes and queued resources of the listed zones that this runner neither created nor
+/// adopted: another team's, another runner's, made by hand. The engine never acts on them;
+/// their chips count against the fleet's chip limits, as the project's quota counts them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Others {
+    /// Their nodes, by (zone, name).
+    #[serde(default)]
+    pub nodes: Vec<NodeInfo>,
+    /// Their queued resources, by (zone, name).
+    #[serde(default)]
+    pub queued_resources: Vec<QueuedResourceInfo>,
+}
+
+impl Others {
+    /// Nothing of anyone else's is listed.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty() && self.queued_resources.is_empty()
+    }
+
+    /// Empties both lists.
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+        self.queued_resources.clear();
+    }
 }
 
 impl Observation {

@@ -69,6 +69,10 @@ pub struct State {
     /// Stockout memory per pool (`zone/type/model`), when the policy keeps one.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pools: BTreeMap<String, PoolMemory>,
+    /// TPUs someone else holds in the fleet's zones, as the last pass counted them against
+    /// the chip limits (so that a command planning from the state alone counts them too).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub others: Vec<OthersTpus>,
 }
 
 impl State {
@@ -127,6 +131,20 @@ pub struct Backoff {
     /// The refused queued resource (the backoff ends when it exists).
     #[serde(default)]
     pub request: Name,
+}
+
+/// TPUs of one pool (zone, TPU type, provisioning model) that someone else holds: another
+/// team's, another runner's, made by hand.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct OthersTpus {
+    /// Zone.
+    pub zone: Name,
+    /// TPU type.
+    pub tpu_type: TpuType,
+    /// How they are paid for.
+    pub model: ProvisioningModel,
+    /// How many (nodes that hold chips, and live requests without such a node).
+    pub count: u32,
 }
 
 /// What the stockout memory holds for one pool (zone, TPU type, provisioning model).

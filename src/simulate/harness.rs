@@ -717,17 +717,19 @@ pub fn run(
                     // reading everything afresh gives.
                     if invariants.is_some() {
                         let w = lock(&world);
-                        let (nodes, qrs) = w.sim.read_inventory(&engine.inventory_scope(&state));
+                        let fresh = w.sim.read_inventory(&engine.inventory_scope(&state));
                         let in_flight = driver::in_flight(&state);
                         let mut reports = w.sim.read_reports(&in_flight);
                         drop(w);
                         driver::merge_feedback(&mut reports, &mut Vec::new(), &feedback);
-                        let differs =
-                            if nodes != observation.nodes || qrs != observation.queued_resources {
-                                Some("inventory")
-                            } else {
-                                (reports != observation.attempts).then_some("worker reports")
-                            };
+                        let differs = if fresh.nodes != observation.nodes
+                            || fresh.queued_resources != observation.queued_resources
+                            || fresh.others != observation.others
+                        {
+                            Some("inventory")
+                        } else {
+                            (reports != observation.attempts).then_some("worker reports")
+                        };
                         if let Some(what) = differs {
                             return Err(Violation {
                                 message: format!(

@@ -253,6 +253,7 @@ pub fn sync(state: &mut State, fresh: Loaded) -> Base {
         backoff: fresh.entry_backoff,
         notices: fresh.notices,
         pools: fresh.pools,
+        others: fresh.others,
     }
     .apply_to(state);
     fresh_base.jobs_at = state.jobs.revision();

@@ -387,6 +387,11 @@ impl FirestoreStore {
                 fields: self.record(&docs.pools),
                 precondition: Precondition::None,
             },
+            Write::Set {
+                path: format!("{c}/others"),
+                fields: self.record(&json!({ "tpus": docs.others })),
+                precondition: Precondition::None,
+            },
         ]
     }
 
@@ -631,6 +636,7 @@ impl FirestoreStore {
             format!("{}/backoff", names.controller),
             format!("{}/notices", names.controller),
             format!("{}/pools", names.controller),
+            format!("{}/others", names.controller),
             format!("{}/events", names.controller),
         ];
         let mut docs = self.get(&paths, Some(tx)).map_err(|e| self.error(&e))?;
@@ -642,6 +648,10 @@ impl FirestoreStore {
         }
         let counter = Counter::of(docs.pop().flatten());
         let mut control = ControllerDocs::default();
+        if let Some(mut doc) = docs.pop().flatten() {
+            let tpus = doc.fields.remove("tpus").unwrap_or(json!([]));
+            control.others = serde_json::from_value(tpus).map_err(|e| self.bad(&doc.name, e))?;
+        }
         if let Some(doc) = docs.pop().flatten() {
             control.pools = self.parse(doc)?;
         }

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use crate::engine::commands::{CancelResult, ReprioritizeResult};
 use crate::engine::lease::{Lease, Refusal};
-use crate::engine::state::{Backoff, InterruptionRequest, Job, PoolMemory};
+use crate::engine::state::{Backoff, InterruptionRequest, Job, OthersTpus, PoolMemory};
 use crate::engine::{Event, State, Timestamp};
 use crate::spec::{Name, NameMap, Priority};
 
@@ -391,6 +391,8 @@ pub struct ControllerDocs {
     pub notices: BTreeMap<String, String>,
     /// `State::pools`.
     pub pools: BTreeMap<String, PoolMemory>,
+    /// `State::others`.
+    pub others: Vec<OthersTpus>,
 }
 
 impl ControllerDocs {
@@ -400,6 +402,7 @@ impl ControllerDocs {
             backoff: state.entry_backoff.clone(),
             notices: state.notices.clone(),
             pools: state.pools.clone(),
+            others: state.others.clone(),
         }
     }
 
@@ -408,6 +411,7 @@ impl ControllerDocs {
         self.backoff == state.entry_backoff
             && self.notices == state.notices
             && self.pools == state.pools
+            && self.others == state.others
     }
 
     /// Puts the documents into `state` (leaving fields that already hold them untouched).
@@ -420,6 +424,9 @@ impl ControllerDocs {
         }
         if state.pools != self.pools {
             state.pools = self.pools;
+        }
+        if state.others != self.others {
+            state.others = self.others;
         }
     }
 }

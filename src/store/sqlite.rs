@@ -471,6 +471,7 @@ fn write_controller(tx: &Transaction<'_>, path: &Path, docs: &ControllerDocs) ->
         ("backoff", json(&docs.backoff)),
         ("notices", json(&docs.notices)),
         ("pools", json(&docs.pools)),
+        ("others", json(&docs.others)),
     ] {
         tx.execute(
             "INSERT INTO controller (key, doc) VALUES (?1, ?2)
@@ -1091,8 +1092,9 @@ fn load_in(tx: &Transaction<'_>, path: &Path) -> Res<Loaded> {
     Ok(Loaded { state, base })
 }
 
-/// Documents a load reads besides the records: backoffs, notices, pools and the sequence.
-const CONTROL_READS: usize = 4;
+/// Documents a load reads besides the records: backoffs, notices, pools, others' TPUs and
+/// the sequence.
+const CONTROL_READS: usize = 5;
 
 /// What was written after `cursor`, read in `tx` (one snapshot): the records stamped with a
 /// later change number (an index on each table's stamp), each job with its attempts.
@@ -1177,6 +1179,10 @@ fn read_controller(tx: &Transaction<'_>, path: &Path) -> Res<ControllerDocs> {
         pools: match get("pools")? {
             Some(doc) => parse(path, "controller", "pools", &doc)?,
             None => BTreeMap::new(),
+        },
+        others: match get("others")? {
+            Some(doc) => parse(path, "controller", "others", &doc)?,
+            None => Vec::new(),
         },
     })
 }

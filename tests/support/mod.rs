@@ -64,6 +64,9 @@ pub struct Case {
     /// What the previous pass's disk recoveries answered.
     #[serde(default)]
     pub disk_recoveries: Vec<CaseRecovery>,
+    /// Someone else's nodes and queued resources in the listed zones, as observed.
+    #[serde(default)]
+    pub others: tpu_runner::engine::observe::Others,
 }
 
 /// A disk recovery's answer: its workers' lines, or an error.
@@ -422,6 +425,7 @@ pub fn build(case: &Case, index: &FleetIndex) -> (State, Observation) {
             failure: None,
         }));
     }
+    obs.others = case.others.clone();
     obs.attempts = case
         .reports
         .clone()
