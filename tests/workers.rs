@@ -965,6 +965,68 @@ fn absurd_timings_are_refused_at_launch() {
     }
 }
 
+/// The agent signals only process groups it started. A forged `process/current.json` naming
+/// another process (as one left from before a reboot names a reused pid) stops nothing: the
+/// launch goes on and the process lives (the old agent killed it). A command that drops its
+/// environment (`env -i`) is still the agent's: a cancel stops it.
+#[test]
+fn only_the_agents_own_process_groups_are_signalled() {
+    use std::os::unix::process::CommandExt;
+    let rig = Rig::new(Kind::Local);
+    let mut victim = std::process::Command::new("sleep")
+        .arg("120")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = victim.id();
+    let process = rig.root("tpu-forged", 0).join("process");
+    std::fs::create_dir_all(&process).unwrap();
+    std::fs::write(
+        process.join("current.json"),
+        format!(
+            r#"{{"attempt_id": "a-old", "job_id": "job-old", "supervisor": {pid}, "command_group": {pid}, "token": "forged"}}"#
+        ),
+    )
+    .unwrap();
+    let r = rig.request("a-forged", "job-forged", "tpu-forged", 1, "true");
+    assert_eq!(rig.launch(&r), Outcome::Done);
+    let report = rig.wait(&r, "the status", |rep| finished(rep, 1));
+    assert_eq!(report.statuses[0].state, WorkerState::Succeeded);
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "a process the agent did not start was killed"
+    );
+    let _ = victim.kill();
+    let _ = victim.wait();
+
+    let r = rig.request(
+        "a-bare",
+        "job-bare",
+        "tpu-bare",
+        1,
+        "exec env -i /bin/sleep 600",
+    );
+    assert_eq!(rig.launch(&r), Outcome::Done);
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let current = std::fs::read_to_string(rig.root("tpu-bare", 0).join("process/current.json"))
+            .unwrap_or_default();
+        if current.contains("\"command_group\":") && !current.contains("\"command_group\":null") {
+            break;
+        }
+        assert!(Instant::now() < until, "the command did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(rig.cancel(&r), Outcome::Cancelled(CancelOutcome::Sent));
+    let report = rig.wait(&r, "the status after the cancel", |rep| finished(rep, 1));
+    assert_eq!(
+        report.statuses[0].command_exit_code,
+        Some(143),
+        "{report:?}"
+    );
+}
+
 /// A root another user could have prepared is refused before anything in it is emptied or
 /// read: a workspace that is a link to someone's folder, or a root writable by others (the
 /// default root is in a world-writable `/tmp`).

@@ -7,7 +7,7 @@
 //! stop it on cancel (TERM the group, KILL after the grace). Everything an attempt leaves is
 //! under the worker's root. It decides nothing about jobs.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -91,6 +91,42 @@ pub struct Current {
     pub supervisor: i32,
     /// The command's process group, once it started.
     pub command_group: Option<i32>,
+    /// The random token this agent put in the environment of the supervisor (and through it
+    /// of the command): only a group holding a process that carries it, or a child of one,
+    /// is ever signalled (a pid in a file may name anyone's process, or one reused since).
+    #[serde(default)]
+    pub token: String,
+}
+
+/// The variable holding `Current::token` in the processes the agent starts.
+const TOKEN_VAR: &str = "TPU_RUNNER_AGENT_TOKEN";
+
+/// Whether process `pid` carries `token` in its environment (its own, readable only by its
+/// user or root).
+fn carries_token(pid: i32, token: &str) -> bool {
+    if token.is_empty() || pid <= 0 {
+        return false;
+    }
+    let Ok(file) = std::fs::File::open(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let mut environ = Vec::new();
+    if file.take(4 << 20).read_to_end(&mut environ).is_err() {
+        return false;
+    }
+    let want = format!("{TOKEN_VAR}={token}");
+    environ.split(|b| *b == 0).any(|e| e == want.as_bytes())
+}
+
+/// Whether process group `pgid` is one this agent started: a live process of it carries
+/// `token`, or is the child of one that does (a command that replaced its environment).
+fn started_here(pgid: i32, token: &str) -> bool {
+    pgid > 0
+        && processes().iter().any(|p| {
+            p.group == pgid
+                && p.state != 'Z'
+                && (carries_token(p.pid, token) || carries_token(p.parent, token))
+        })
 }
 
 pub(crate) fn read_current(root: &Root) -> Option<Current> {
@@ -115,8 +151,16 @@ fn write_current(root: &Root, current: &Current) -> std::io::Result<()> {
     )
 }
 
-/// `(pid, process group, state)` of every process, from `/proc` (Linux).
-fn processes() -> Vec<(i32, i32, char)> {
+/// A process as `/proc/PID/stat` shows it.
+struct Process {
+    pid: i32,
+    parent: i32,
+    group: i32,
+    state: char,
+}
+
+/// Every process, from `/proc` (Linux).
+fn processes() -> Vec<Process> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -129,9 +173,14 @@ fn processes() -> Vec<(i32, i32, char)> {
             let rest = &stat[stat.rfind(')')? + 2..];
             let mut fields = rest.split_whitespace();
             let state = fields.next()?.chars().next()?;
-            let _ppid = fields.next()?;
-            let pgrp: i32 = fields.next()?.parse().ok()?;
-            Some((pid, pgrp, state))
+            let parent: i32 = fields.next()?.parse().ok()?;
+            let group: i32 = fields.next()?.parse().ok()?;
+            Some(Process {
+                pid,
+                parent,
+                group,
+                state,
+            })
         })
         .collect()
 }
@@ -140,9 +189,12 @@ fn processes() -> Vec<(i32, i32, char)> {
 pub(crate) fn alive(pid: i32) -> bool {
     pid > 0
         && nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok()
-        && processes()
-            .iter()
-            .any(|&(p, _, state)| p == pid && state != 'Z')
+        && processes().iter().any(|p| p.pid == pid && p.state != 'Z')
+}
+
+/// Whether process `pid` runs and is one this agent started (see `Current::token`).
+fn ours_alive(pid: i32, token: &str) -> bool {
+    alive(pid) && carries_token(pid, token)
 }
 
 /// Whether any process of group `pgid` still runs.
@@ -151,11 +203,22 @@ fn group_alive(pgid: i32) -> bool {
         && killpg(Pid::from_raw(pgid), None).is_ok()
         && processes()
             .iter()
-            .any(|&(_, g, state)| g == pgid && state != 'Z')
+            .any(|p| p.group == pgid && p.state != 'Z')
 }
 
-/// TERMs process group `pgid`, waits up to `grace` for it to end, then KILLs it.
-fn stop_group(pgid: i32, grace: Duration) {
+/// TERMs process group `pgid`, waits up to `grace` for it to end, then KILLs it; only while
+/// it is a group this agent started (`started_here` with `token`), never anyone else's.
+fn stop_group(pgid: i32, grace: Duration, token: &str) {
+    if group_alive(pgid) && !started_here(pgid, token) {
+        eprintln!("tpu-runner: process group {pgid} was not started by this agent: left alone");
+        return;
+    }
+    terminate(pgid, grace, || started_here(pgid, token));
+}
+
+/// TERMs process group `pgid`, waits up to `grace` for it to end, then KILLs it if
+/// `still_ours()`.
+fn terminate(pgid: i32, grace: Duration, still_ours: impl Fn() -> bool) {
     if !group_alive(pgid) {
         return;
     }
@@ -164,7 +227,7 @@ fn stop_group(pgid: i32, grace: Duration) {
     while group_alive(pgid) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(50));
     }
-    if group_alive(pgid) {
+    if group_alive(pgid) && still_ours() {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
 }
@@ -487,19 +550,16 @@ pub fn launch(
         return Ok(LaunchAck::AlreadyComplete);
     }
     if let Some(current) = read_current(root) {
-        if current.attempt_id == attempt && alive(current.supervisor) {
+        let token = current.token.as_str();
+        if current.attempt_id == attempt && ours_alive(current.supervisor, token) {
             return Ok(LaunchAck::AlreadyRunning);
         }
-        // Whatever else runs here stops first.
+        // Whatever else this agent started here stops first.
+        let grace = Duration::from_secs(spec.grace_secs.max(1));
         if let Some(group) = current.command_group {
-            stop_group(group, Duration::from_secs(spec.grace_secs.max(1)));
+            stop_group(group, grace, token);
         }
-        if alive(current.supervisor) {
-            stop_group(
-                current.supervisor,
-                Duration::from_secs(spec.grace_secs.max(1)),
-            );
-        }
+        stop_group(current.supervisor, grace, token);
         let _ = std::fs::remove_file(root.current());
     }
     // A clean workspace and shared memory; the attempt's own folder (earlier attempts'
@@ -584,7 +644,9 @@ pub fn launch(
     command
         .arg("--metadata")
         .arg(metadata.unwrap_or(METADATA_OFF));
+    let token = uuid::Uuid::new_v4().simple().to_string();
     let child = command
+        .env(TOKEN_VAR, &token)
         .stdin(Stdio::null())
         .stdout(log.try_clone().map_err(|e| e.to_string())?)
         .stderr(log)
@@ -598,6 +660,7 @@ pub fn launch(
             job_id: job.to_owned(),
             supervisor: child.id() as i32,
             command_group: None,
+            token,
         },
     )
     .map_err(|e| format!("cannot record the attempt: {e}"))?;
@@ -779,8 +842,9 @@ pub fn supervise(
     let code = status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
-    // Nothing of the command outlives it.
-    stop_group(group, Duration::from_secs(1));
+    // Nothing of the command outlives it (the group is the one this supervisor started:
+    // while any process of it lives, its id is not reused).
+    terminate(group, Duration::from_secs(1), || true);
     let upload = crate::files::read_bytes(&log_path, 5 << 30)
         .map_err(|e| e.to_string())
         .and_then(|data| {
@@ -838,7 +902,7 @@ pub fn stop_all(root: &Root) {
             .into_iter()
             .chain([current.supervisor])
         {
-            stop_group(group, Duration::ZERO);
+            stop_group(group, Duration::ZERO, &current.token);
         }
     }
 }
@@ -864,7 +928,11 @@ pub fn cancel(
     if current.attempt_id != attempt {
         return CancelAck::Mismatch;
     }
-    let running = current.command_group.is_some_and(group_alive) || alive(current.supervisor);
+    let token = current.token.as_str();
+    let running = current
+        .command_group
+        .is_some_and(|group| group_alive(group) && started_here(group, token))
+        || ours_alive(current.supervisor, token);
     if !running {
         return CancelAck::NotRunning;
     }
@@ -880,11 +948,11 @@ pub fn cancel(
                 }
                 None => grace,
             };
-            stop_group(group, grace)
+            stop_group(group, grace, token)
         }
         // Still setting up: stop the supervisor itself, and say so in its place.
         None => {
-            stop_group(current.supervisor, grace);
+            stop_group(current.supervisor, grace, token);
             let dirs = root.dirs(&current.job_id, attempt);
             if !dirs.attempt.join("status.json").exists()
                 && let Ok(bytes) =
