@@ -69,10 +69,49 @@ struct Rig {
     workers: AgentWorkers,
     ssh: Option<SshSide>,
     rt: tokio::runtime::Runtime,
+    /// A script the agent is run through (removed with the rig).
+    wrapper: Option<tempfile::TempPath>,
 }
 
 impl Rig {
     fn new(kind: Kind) -> Rig {
+        Rig::with_agent(kind, PathBuf::from(env!("CARGO_BIN_EXE_tpu-runner")))
+    }
+
+    /// A local rig whose agent runs as the unprivileged user `uid` (through `setpriv`), its
+    /// folders reachable by that user; `None` when this test cannot switch users (not root,
+    /// or no `setpriv`).
+    fn as_user(uid: u32) -> Option<Rig> {
+        use std::os::unix::fs::PermissionsExt;
+        let can = nix::unistd::Uid::effective().is_root()
+            && std::process::Command::new("setpriv")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success());
+        if !can {
+            return None;
+        }
+        let wrapper = tempfile::Builder::new()
+            .prefix("agent-as-")
+            .tempfile()
+            .unwrap()
+            .into_temp_path();
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nexec setpriv --reuid={uid} --regid={uid} --clear-groups '{}' \"$@\"\n",
+                env!("CARGO_BIN_EXE_tpu-runner")
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut rig = Rig::with_agent(Kind::Local, wrapper.to_path_buf());
+        rig.wrapper = Some(wrapper);
+        std::fs::set_permissions(rig.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        Some(rig)
+    }
+
+    fn with_agent(kind: Kind, agent: PathBuf) -> Rig {
         static BUCKETS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let dir = tempfile::tempdir().unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -90,7 +129,7 @@ impl Rig {
                 "gs://job-bucket".to_owned(),
                 Arc::new(Local {
                     base: dir.path().join("workers"),
-                    agent: PathBuf::from(env!("CARGO_BIN_EXE_tpu-runner")),
+                    agent,
                     objects: Some(dir.path().join("objects")),
                     metadata: None,
                 }),
@@ -135,6 +174,7 @@ impl Rig {
             workers,
             ssh,
             rt,
+            wrapper: None,
         }
     }
 
@@ -711,6 +751,69 @@ fn bundles_are_verified_and_cannot_write_outside_the_job_directory() {
         );
         assert!(!std::fs::symlink_metadata(&victim).unwrap().is_symlink());
     }
+}
+
+/// Links that escape by chaining, with the agent running as a second, unprivileged user (as
+/// it does on a TPU VM) who owns a folder beside its root: the set-up fails naming the link
+/// and that user's folder keeps its files (the check does not rest on being root).
+#[test]
+fn chained_links_escape_nothing_for_an_unprivileged_agent() {
+    const NOBODY: u32 = 65534;
+    let Some(rig) = Rig::as_user(NOBODY) else {
+        eprintln!("skipped: needs root and setpriv to run the agent as another user");
+        return;
+    };
+    let chown = |path: &std::path::Path| {
+        let out = std::process::Command::new("chown")
+            .args(["-R", &format!("{NOBODY}:{NOBODY}")])
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    let root = rig.root("tpu-u", 0);
+    std::fs::create_dir_all(root.join("home")).unwrap();
+    let victim = root.parent().unwrap().join("victim");
+    std::fs::create_dir_all(&victim).unwrap();
+    std::fs::write(victim.join("keep.txt"), "theirs").unwrap();
+    let data = tarball(&[("d", "->."), ("d/d/d/c", "->../../..")]);
+    let uri = format!("{}/bundles/{}.tar.gz", rig.bucket, sha256(&data));
+    rig.objects.put(&uri, &data, true).unwrap();
+    for path in [
+        root.as_path(),
+        victim.as_path(),
+        &rig.dir.path().join("objects"),
+    ] {
+        chown(path);
+    }
+    let mut r = rig.request("a-chain-u", "job-chain-u", "tpu-u", 1, "true");
+    r.bundle = Some(uri);
+    r.caches = vec![Cache {
+        key: "k".into(),
+        path: "c/victim".into(),
+    }];
+    assert_eq!(rig.launch(&r), Outcome::Done);
+    let report = rig.wait(&r, "the refusal", |rep| finished(rep, 1));
+    assert_eq!(report.statuses[0].state, WorkerState::FailedSetup);
+    let status = rig.object("jobs/job-chain-u/attempts/a-chain-u/status/tpu-u-w-0.json");
+    assert!(
+        status.contains("leads outside the job directory"),
+        "{status}"
+    );
+    // The agent really ran as that user: its files are theirs.
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(root.join("process/current.json").parent().unwrap())
+            .unwrap()
+            .uid(),
+        NOBODY
+    );
+    assert_eq!(
+        std::fs::read_to_string(victim.join("keep.txt")).unwrap(),
+        "theirs",
+        "a folder outside the worker's root was emptied"
+    );
+    assert!(!std::fs::symlink_metadata(&victim).unwrap().is_symlink());
 }
 
 #[test]
