@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tpu_runner::emulator::{self, Clock, Running, Shared, World, lock};
@@ -670,6 +671,97 @@ fn the_emulator_refuses_unknown_parameters_and_fields_as_google_does() {
             .peek_queued_resource("us-east1-d".into(), "conf-x-qr".into())
             .is_none()
     );
+}
+
+/// Every refusal is `google.rpc.Status` JSON, also those the HTTP layer makes before a
+/// handler runs (they were plain text, or no body at all): a body without its JSON content
+/// type, a query value out of range, a method a path does not have, on the TPU API and on
+/// the emulator's own routes.
+#[test]
+fn every_refusal_of_the_emulator_is_a_google_rpc_status() {
+    let running = emulator::start(world(), "127.0.0.1:0").unwrap();
+    let url = running.url();
+    let base = format!("{url}/v2/projects/{PROJECT}/locations/{EAST}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let send = |method: &str, url: String, content_type: Option<&str>, body: &str| {
+        rt.block_on(async {
+            let mut r = reqwest::Client::new()
+                .request(method.parse().unwrap(), url)
+                .body(body.to_owned());
+            if let Some(t) = content_type {
+                r = r.header("content-type", t);
+            }
+            let reply = r.send().await.unwrap();
+            (reply.status().as_u16(), reply.bytes().await.unwrap())
+        })
+    };
+    let json = Some("application/json");
+    let qrs = format!("{base}/queuedResources?queuedResourceId=conf-x-qr");
+    let cases = [
+        ("POST", qrs.clone(), None, r#"{"tpu": {}}"#, 400),
+        ("POST", qrs, json, r#"{"tpu": "#, 400),
+        ("GET", format!("{base}/nodes?pageSize=-1"), None, "", 400),
+        ("PUT", format!("{base}/nodes/conf-small"), json, "{}", 404),
+        (
+            "POST",
+            format!("{url}/emulator/v1/zones/{EAST}/stockout"),
+            None,
+            r#"{"on": true}"#,
+            400,
+        ),
+        (
+            "POST",
+            format!("{url}/emulator/v1/zones/{EAST}/stockout"),
+            json,
+            r#"{"on": "#,
+            400,
+        ),
+        ("PUT", format!("{url}/emulator/v1/status"), None, "", 404),
+        ("GET", format!("{url}/nowhere"), None, "", 404),
+    ];
+    for (method, url, content_type, body, code) in cases {
+        let (status, reply) = send(method, url.clone(), content_type, body);
+        assert_eq!(
+            status,
+            code,
+            "{method} {url}: {}",
+            String::from_utf8_lossy(&reply)
+        );
+        error_shape(status, &reply).unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    }
+}
+
+/// A client that opens a connection and never finishes its request's headers is cut off
+/// (it held a connection and its task for as long as it liked).
+#[test]
+fn the_emulator_closes_a_connection_whose_headers_never_end() {
+    use std::io::{Read, Write};
+    let running = emulator::start_with(world(), "127.0.0.1:0", Duration::from_secs(1)).unwrap();
+    let addr = running.url().trim_start_matches("http://").to_owned();
+    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+    slow.write_all(b"GET /emulator/v1/status HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut rest = Vec::new();
+    // The server ends the connection (EOF, or a reset) instead of waiting for the headers.
+    let _ = slow.read_to_end(&mut rest);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the connection was held open"
+    );
+    // A client that sends its request whole is served.
+    let mut quick = std::net::TcpStream::connect(&addr).unwrap();
+    quick
+        .write_all(b"GET /emulator/v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    quick.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
 }
 
 /// The emulator `var` names (`STORAGE_EMULATOR_HOST`, `FIRESTORE_EMULATOR_HOST`), if one

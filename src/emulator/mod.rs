@@ -445,9 +445,25 @@ impl Drop for Running {
     }
 }
 
+/// How long a client may take to send a request's headers (and, between requests, to start
+/// the next) before its connection is closed: a client that opens connections and sends
+/// nothing holds none for long. Longer than HTTP clients keep an idle connection (reqwest:
+/// 90 s), so that they, not the emulator, close idle ones.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Starts serving `shared` on `listen` (`127.0.0.1:0` picks a free port) in a thread of its
 /// own; returns once it listens.
 pub fn start(shared: Shared, listen: &str) -> std::io::Result<Running> {
+    start_with(shared, listen, HEADER_READ_TIMEOUT)
+}
+
+/// `start`, closing a connection whose request headers take longer than
+/// `header_read_timeout`.
+pub fn start_with(
+    shared: Shared,
+    listen: &str,
+    header_read_timeout: Duration,
+) -> std::io::Result<Running> {
     let std_listener = std::net::TcpListener::bind(listen)?;
     std_listener.set_nonblocking(true)?;
     let addr = std_listener.local_addr()?;
@@ -475,12 +491,7 @@ pub fn start(shared: Shared, listen: &str) -> std::io::Result<Running> {
                         }
                     }
                 });
-                let app = routes::router(shared);
-                let _ = axum::serve(listener, app)
-                    .with_graceful_shutdown(async {
-                        let _ = rx.await;
-                    })
-                    .await;
+                serve(listener, routes::router(shared), rx, header_read_timeout).await;
             });
         })?;
     Ok(Running {
@@ -488,6 +499,38 @@ pub fn start(shared: Shared, listen: &str) -> std::io::Result<Running> {
         shutdown: Some(tx),
         thread: Some(thread),
     })
+}
+
+/// Serves `app` on `listener` until `shutdown`, one task per connection, each closed when
+/// a request's headers take longer than `header_read_timeout`.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    shutdown: tokio::sync::oneshot::Receiver<()>,
+    header_read_timeout: Duration,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of descriptors and the like: let connections end before accepting more.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_read_timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
 }
 
 /// The environment a shell needs to point tpu-runner (and `curl`) at the emulator.

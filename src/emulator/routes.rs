@@ -161,7 +161,38 @@ pub fn router(shared: Shared) -> Router {
             )
         })
         .layer(axum::middleware::from_fn(front_end))
+        .layer(axum::middleware::map_response(as_status))
         .with_state(shared)
+}
+
+/// Every refusal in Google's error shape (`google.rpc.Status` JSON), also those the router
+/// and axum's extractors make in plain text: a body without its JSON content type, a query
+/// that does not parse (`pageSize=-1`), a method the path does not have.
+async fn as_status(response: Response) -> Response {
+    let code = response.status();
+    let json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if json || !(code.is_client_error() || code.is_server_error()) {
+        return response;
+    }
+    let text = axum::body::to_bytes(response.into_body(), 64 << 10)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        code.canonical_reason().unwrap_or("refused").to_owned()
+    } else {
+        text
+    };
+    let (code, status) = match code.as_u16() {
+        404 | 405 => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+        400..=499 => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
+    };
+    Fail::new(code, status, message).into_response()
 }
 
 /// The TPU API v2 as Google describes it (the discovery document `tests/discovery/` vendors).
