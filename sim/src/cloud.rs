@@ -480,6 +480,9 @@ pub struct SimCloud {
     capacity_log: Vec<(Millis, usize, u32)>,
     /// The last level logged per pool.
     logged: Vec<Option<u32>>,
+    /// Per pool: its nodes that are CREATING or READY (kept by `insert_node`,
+    /// `set_node_state` and `remove_node`, so that asking costs nothing).
+    live: Vec<u32>,
     /// Pools stocked out by hand (`set_stockout`): no capacity until lifted.
     stocked_out: Vec<bool>,
     /// The pass whose calls `take_call_latency_ms` is numbering, and the calls so far.
@@ -535,6 +538,7 @@ impl SimCloud {
             quota_at: 0,
             capacity_log: Vec::new(),
             logged: vec![None; n],
+            live: vec![0; n],
             stocked_out: vec![false; n],
             pass_calls: (Millis::MAX, 0),
             horizon: None,
@@ -849,7 +853,7 @@ impl SimCloud {
                         self.qrs.remove(key).map(|q| q.pool)
                     } else {
                         // Its runs were marked changed when the deletion started.
-                        self.nodes.remove(key).map(|n| n.pool)
+                        self.remove_node(key).map(|n| n.pool)
                     };
                     self.version += 1;
                     if let Some(pool) = pool {
@@ -914,7 +918,7 @@ impl SimCloud {
                         if let Some(run) = self.nodes.get_mut(node_id).and_then(|n| n.run.take()) {
                             self.kill_run(run);
                         }
-                        if let Some(n) = self.nodes.remove(node_id) {
+                        if let Some(n) = self.remove_node(node_id) {
                             self.by_serial.remove(&n.serial);
                         }
                     }
@@ -943,7 +947,7 @@ impl SimCloud {
                     if let Some(run) = self.nodes.get_mut(key).and_then(|n| n.run.take()) {
                         self.kill_run(run);
                     }
-                    let pool = self.nodes.remove(key).map(|n| n.pool);
+                    let pool = self.remove_node(key).map(|n| n.pool);
                     self.by_serial.remove(&serial);
                     self.version += 1;
                     if let Some(pool) = pool {
@@ -985,9 +989,52 @@ impl SimCloud {
     }
 
     fn in_use(&self, pool: usize) -> u32 {
-        self.pool_nodes(pool)
-            .filter(|(_, n)| matches!(n.state, NodeState::Creating | NodeState::Ready))
-            .count() as u32
+        debug_assert_eq!(
+            self.live[pool],
+            self.pool_nodes(pool)
+                .filter(|(_, n)| is_live(n.state))
+                .count() as u32,
+            "pool {pool}'s live-node count"
+        );
+        self.live[pool]
+    }
+
+    /// Adds `node` (keeping its pool's live count).
+    fn insert_node(&mut self, key: Ustr, node: Node) {
+        if is_live(node.state)
+            && let Some(live) = self.live.get_mut(node.pool)
+        {
+            *live += 1;
+        }
+        self.remove_node(key);
+        self.nodes.insert(key, node);
+    }
+
+    /// Moves node `key` to `state` (keeping its pool's live count).
+    fn set_node_state(&mut self, key: Ustr, state: NodeState) {
+        let Some(node) = self.nodes.get_mut(key) else {
+            return;
+        };
+        let (was, pool) = (is_live(node.state), node.pool);
+        node.state = state;
+        if let Some(live) = self.live.get_mut(pool) {
+            match (was, is_live(state)) {
+                (true, false) => *live -= 1,
+                (false, true) => *live += 1,
+                _ => {}
+            }
+        }
+    }
+
+    /// Removes node `key` (keeping its pool's live count).
+    fn remove_node(&mut self, key: Ustr) -> Option<Node> {
+        let node = self.nodes.remove(key)?;
+        if is_live(node.state)
+            && let Some(live) = self.live.get_mut(node.pool)
+        {
+            *live -= 1;
+        }
+        Some(node)
     }
 
     /// Preempt the newest nodes while more are in use than available (nodes already under
@@ -1075,10 +1122,10 @@ impl SimCloud {
     fn reclaim(&mut self, key: Ustr) {
         self.release_allocation(key);
         self.touch_node_runs(key);
+        self.set_node_state(key, NodeState::Preempted);
         let Some(node) = self.nodes.get_mut(key) else {
             return;
         };
-        node.state = NodeState::Preempted;
         let run = node.run.take();
         let qr = node.queued_resource;
         self.accounting.preemptions += 1;
@@ -1229,7 +1276,7 @@ impl SimCloud {
         };
         self.serial += 1;
         self.by_serial.insert(node.serial, (false, node_key));
-        self.nodes.insert(node_key, node);
+        self.insert_node(node_key, node);
         self.version += 1;
         self.push(
             self.now + (secs * 1000.0) as u64,
@@ -1258,10 +1305,13 @@ impl SimCloud {
             .get(node_key)
             .and_then(|n| self.config.pools.get(n.pool))
             .map_or(0.0, |p| p.preemption_per_hour);
-        if let Some(node) = self.nodes.get_mut(node_key)
-            && node.state == NodeState::Creating
+        if self
+            .nodes
+            .get(node_key)
+            .is_some_and(|n| n.state == NodeState::Creating)
         {
-            node.state = NodeState::Ready;
+            self.set_node_state(node_key, NodeState::Ready);
+            let node = self.nodes.get_mut(node_key).expect("exists");
             node.active_since = Some(self.now);
             let serial = node.serial;
             if rate > 0.0 {
@@ -1481,7 +1531,7 @@ impl SimCloud {
         if node.state == NodeState::Deleting {
             return;
         }
-        node.state = NodeState::Deleting;
+        self.set_node_state(key, NodeState::Deleting);
         self.touch_node_runs(key);
         let node = self.nodes.get_mut(key).expect("exists");
         let serial = node.serial;
@@ -1651,7 +1701,7 @@ impl SimCloud {
         self.serial += 1;
         let (zone, key) = (Ustr::from(zone), Ustr::from(name));
         self.by_serial.insert(self.serial, (false, key));
-        self.nodes.insert(
+        self.insert_node(
             key,
             Node {
                 serial: self.serial,
@@ -2232,4 +2282,9 @@ fn sample(rng: &mut SimRng, latency: Latency) -> f64 {
 /// The region of a zone (`us-east1-d` → `us-east1`).
 pub fn region_of(zone: &str) -> &str {
     zone.rsplit_once('-').map_or(zone, |(r, _)| r)
+}
+
+/// A node that holds a slice of its pool: CREATING or READY.
+fn is_live(state: NodeState) -> bool {
+    matches!(state, NodeState::Creating | NodeState::Ready)
 }
