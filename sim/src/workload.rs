@@ -215,21 +215,39 @@ pub struct TraceReplay {
 }
 
 impl TraceReplay {
-    /// The arrivals.
-    pub fn generate(&self, seed: u64) -> Vec<JobArrival> {
-        let mut rng = SimRng::new(seed, &format!("workload/{}", self.name));
+    /// The jobs replayed: the first `limit` rows.
+    fn rows(&self) -> usize {
+        self.arrivals.len().min(self.widths.len()).min(self.limit)
+    }
+
+    /// When row `i` arrives.
+    fn arrival_secs(&self, i: usize) -> f64 {
         let first = self.arrivals.first().copied().unwrap_or(0.0);
-        let n = self.arrivals.len().min(self.widths.len()).min(self.limit);
-        (0..n)
-            .map(|i| {
+        (self.arrivals[i] - first).max(0.0) * self.time_scale + self.template.start_secs
+    }
+
+    /// How many jobs arrive up to `until_secs`.
+    pub fn arriving_until(&self, until_secs: f64) -> usize {
+        (0..self.rows())
+            .filter(|&i| self.arrival_secs(i) <= until_secs)
+            .count()
+    }
+
+    /// The arrivals up to `until_secs` (each row's draws are made whether it arrives in
+    /// time or not, so a horizon changes no arrival's values).
+    pub fn generate(&self, seed: u64, until_secs: f64) -> Vec<JobArrival> {
+        let mut rng = SimRng::new(seed, &format!("workload/{}", self.name));
+        (0..self.rows())
+            .filter_map(|i| {
                 let work = match &self.durations {
                     Some(d) => d[i % d.len()],
                     None => self.duration.sample(&mut rng),
                 };
                 let t = &self.template;
-                JobArrival {
-                    id: format!("{}-{i:05}", self.name),
-                    at_secs: (self.arrivals[i] - first).max(0.0) * self.time_scale + t.start_secs,
+                let at_secs = self.arrival_secs(i);
+                let arrival = JobArrival {
+                    id: String::new(),
+                    at_secs,
                     width_chips: (self.widths[i].max(1.0) as u32)
                         .saturating_mul(self.chips_per_unit),
                     regions: weighted(&mut rng, &self.regions),
@@ -251,7 +269,11 @@ impl TraceReplay {
                         cache_key: Some(format!("{}-cache", self.name)),
                         checkpoint_on_notice: t.checkpoint_on_notice,
                     },
-                }
+                };
+                (at_secs <= until_secs).then(|| JobArrival {
+                    id: format!("{}-{i:05}", self.name),
+                    ..arrival
+                })
             })
             .collect()
     }

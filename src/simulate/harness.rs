@@ -304,13 +304,16 @@ pub fn cloud_config(scenario: &Scenario, seed: u64, chaos: Option<&ChaosSpec>) -
 /// The arrivals of a scenario for `seed` within its horizon, sorted by time then id.
 pub fn arrivals(scenario: &Scenario, seed: u64) -> Vec<JobArrival> {
     let mut all: Vec<JobArrival> = Vec::new();
+    let until = scenario.horizon_secs as f64;
     for w in &scenario.workloads {
-        all.extend(match w {
-            WorkloadSpec::Synthetic(s) => s.generate(seed, scenario.horizon_secs as f64),
-            WorkloadSpec::Trace(t) => t.generate(seed),
-            WorkloadSpec::Jobs(jobs) => jobs.clone(),
-            WorkloadSpec::Queue(q) => q.generate(seed),
-        });
+        match w {
+            WorkloadSpec::Synthetic(s) => all.extend(s.generate(seed, until)),
+            WorkloadSpec::Trace(t) => all.extend(t.generate(seed, until)),
+            WorkloadSpec::Jobs(jobs) => {
+                all.extend(jobs.iter().filter(|j| j.at_secs <= until).cloned());
+            }
+            WorkloadSpec::Queue(q) => all.extend(q.generate(seed)),
+        }
     }
     all.sort_by(|a, b| {
         a.at_secs

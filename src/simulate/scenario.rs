@@ -453,6 +453,10 @@ fn read(
         (Some(w), Some(None)) => Some(w),
         _ => None,
     };
+    if let (Some(workloads), Some(horizon)) = (&workloads, horizon_secs) {
+        let node = f.get("workload").unwrap_or(f.node());
+        check_replayed_jobs(c, node, workloads, horizon);
+    }
     let fleet_families: BTreeSet<String> = fleet
         .iter()
         .flat_map(|fleet| &fleet.tpus)
@@ -523,6 +527,36 @@ fn read(
         data_gb_per_attempt: data_gb_per_attempt?,
         chaos: chaos?,
     })
+}
+
+/// The most jobs a run replays from files (traces and captured jobs, within the horizon):
+/// a run keeps every job it has seen, about 2.6 KB each (README, Performance), so two
+/// million take some 5 GB.
+pub const MAX_REPLAYED_JOBS: usize = 2_000_000;
+
+/// Refuses, before anything runs, workloads whose files bring more than
+/// `MAX_REPLAYED_JOBS` jobs within the horizon (a ten-million-row trace took 3.8 GB and
+/// aborted). Synthetic workloads draw only the arrivals their horizon holds.
+fn check_replayed_jobs(c: &mut Checker<'_>, node: &Node, workloads: &[WorkloadSpec], horizon: u64) {
+    let until = horizon as f64;
+    let replayed: usize = workloads
+        .iter()
+        .map(|w| match w {
+            WorkloadSpec::Trace(t) => t.arriving_until(until),
+            WorkloadSpec::Jobs(jobs) => jobs.iter().filter(|j| j.at_secs <= until).count(),
+            WorkloadSpec::Synthetic(_) | WorkloadSpec::Queue(_) => 0,
+        })
+        .sum();
+    if replayed > MAX_REPLAYED_JOBS {
+        c.error_hint(
+            node,
+            "workload",
+            format!(
+                "the workloads' files bring {replayed} jobs within the horizon; a run replays at most {MAX_REPLAYED_JOBS} (each job it has seen stays in memory, about 2.6 KB)"
+            ),
+            "replay fewer: a trace's `limit:`, a shorter `horizon_hours`, or a smaller `time_scale`",
+        );
+    }
 }
 
 const CHAOS_FIELDS: &[&str] = &[
