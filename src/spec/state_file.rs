@@ -38,6 +38,10 @@ pub fn parse(file: &str, text: &str) -> Result<State, String> {
             version.map_or("none".to_owned(), |v| v.to_string()),
         ));
     }
+    // A key given twice in one object would be merged (the last wins) without a word.
+    if let Err(e) = serde_json::from_str::<NoDuplicateKeys>(text) {
+        return Err(json_error(file, "invalid state", &e));
+    }
     // Fields serde would skip are reported (a misspelled `priorty` must not vanish).
     let mut unknown = Vec::new();
     let state: State =
@@ -87,6 +91,67 @@ pub fn parse(file: &str, text: &str) -> Result<State, String> {
         .finish(file, ())
         .expect_err("problems were recorded");
     Err(format!("{}{NOTHING_DONE}", errors.render()))
+}
+
+/// Any JSON value whose objects name each key once (building nothing).
+struct NoDuplicateKeys;
+
+impl<'de> serde::Deserialize<'de> for NoDuplicateKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NoDuplicateKeys)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for NoDuplicateKeys {
+    type Value = NoDuplicateKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(self)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(self)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(self)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(self)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(self)
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(self)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<NoDuplicateKeys>()?.is_some() {}
+        Ok(self)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut keys: std::collections::HashSet<std::borrow::Cow<'de, str>> =
+            std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if keys.contains(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "the key `{key}` is given twice in one object (the first would be lost)"
+                )));
+            }
+            map.next_value::<NoDuplicateKeys>()?;
+            keys.insert(key);
+        }
+        Ok(self)
+    }
 }
 
 /// A path serde_ignored reports, in the field-path syntax of every other message
