@@ -1479,3 +1479,71 @@ fn readme_comparison_of_policies_is_what_simulate_compare_prints() {
         );
     }
 }
+
+/// A store file this user may only read, in a folder they cannot write, is read by the
+/// commands that only read (`state export`, `status`): opened read-only, nothing created
+/// beside it. A command that writes says the file is read-only (exit 5). Run as a second,
+/// unprivileged user where the test runs as root (root may write anything).
+#[test]
+fn a_read_only_store_file_is_read_and_never_written() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("shared");
+    std::fs::create_dir(&folder).unwrap();
+    let db = folder.join("state.db");
+    let store = format!("sqlite:{}", db.display());
+    let fleet = root().join("docs/plan-example/deployment.yaml");
+    let fleet = fleet.to_str().unwrap();
+    let imported = tpu_runner(
+        &[
+            "state",
+            "import",
+            "docs/plan-example/state.json",
+            "--store",
+            &store,
+            "--fleet",
+            fleet,
+        ],
+        &root(),
+    );
+    assert!(imported.status.success(), "{imported:?}");
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o444)).unwrap();
+    std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o555)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let as_other = nix::unistd::Uid::effective().is_root();
+    let run = |args: &[&str]| {
+        let mut c = if as_other {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(env!("CARGO_BIN_EXE_tpu-runner"));
+            c
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_tpu-runner"))
+        };
+        c.args(args).current_dir(&folder).output().unwrap()
+    };
+    let export = run(&["state", "export", "--store", &store]);
+    assert!(export.status.success(), "{export:?}");
+    let state: serde_json::Value = serde_json::from_slice(&export.stdout).unwrap();
+    let id = state["jobs"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    let status = run(&["status", "--store", &store, "--fleet", fleet]);
+    assert!(status.status.success(), "{status:?}");
+    let cancel = run(&["cancel", &id, "--store", &store, "--fleet", fleet]);
+    assert_eq!(cancel.status.code(), Some(5), "{cancel:?}");
+    assert!(
+        String::from_utf8_lossy(&cancel.stderr).contains("readonly database"),
+        "{cancel:?}"
+    );
+    let beside: Vec<_> = std::fs::read_dir(&folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(beside, ["state.db"], "files were made beside the store");
+    std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o755)).unwrap();
+}

@@ -133,7 +133,14 @@ impl SqliteStore {
                 "is an empty file, not a store (truncated?): nothing was read or written; restore it from a backup, or remove it to start a new store".into(),
             ));
         }
-        let conn = Connection::open(path).map_err(|e| fail(open_error(&e)))?;
+        let conn = match read_only_uri(path) {
+            Some(uri) => Connection::open_with_flags(
+                uri,
+                rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_URI,
+            ),
+            None => Connection::open(path),
+        }
+        .map_err(|e| fail(open_error(&e)))?;
         let mut store = SqliteStore {
             conn,
             path: path.to_owned(),
@@ -172,6 +179,17 @@ impl SqliteStore {
             return Err(self.fail(format!(
                 "has schema version {version}, newer than this tpu-runner understands ({LATEST_SCHEMA}): nothing was written; upgrade tpu-runner"
             )));
+        }
+        // A file this user may only read (SQLite then opens it read-only): reads work, and
+        // a write says the file is read-only. Its schema must be current (a migration writes).
+        let read_only = self.conn.is_readonly(rusqlite::MAIN_DB).map_err(e)?;
+        if read_only {
+            if version < LATEST_SCHEMA {
+                return Err(self.fail(format!(
+                    "is read-only for this user and has schema version {version}, older than this tpu-runner's ({LATEST_SCHEMA}): open it once with write access to bring it up to date"
+                )));
+            }
+            return Ok(());
         }
         self.conn
             .pragma_update(None, "journal_mode", "WAL")
@@ -287,6 +305,31 @@ impl SqliteStore {
             .map_err(|e| store_err(&path, e))?;
         f(&tx, &path)
     }
+}
+
+/// For a store file this user may only read: the URI that opens it read-only. Where the
+/// WAL index (`-shm`) is missing and cannot be made (a folder this user cannot write), the
+/// file is read as immutable: no writer runs (one would have made the index).
+fn read_only_uri(path: &Path) -> Option<String> {
+    use nix::unistd::{AccessFlags, access};
+    if !path.exists() || access(path, AccessFlags::W_OK).is_ok() {
+        return None;
+    }
+    let full = path.canonicalize().ok()?;
+    let dir = full.parent()?;
+    let mut shm = full.clone().into_os_string();
+    shm.push("-shm");
+    let immutable = !Path::new(&shm).exists() && access(dir, AccessFlags::W_OK).is_err();
+    // The URI's path: `%`, `?` and `#` escaped.
+    let escaped = full
+        .to_str()?
+        .replace('%', "%25")
+        .replace('?', "%3f")
+        .replace('#', "%23");
+    Some(format!(
+        "file:{escaped}?mode=ro{}",
+        if immutable { "&immutable=1" } else { "" }
+    ))
 }
 
 /// A readable sentence for an SQLite failure, with what to do.
