@@ -112,6 +112,14 @@ impl Day {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
+    /// The local stack's TPU API emulator (its registry says where).
+    fn tpu_endpoint(&self) -> String {
+        let registry: Value =
+            serde_json::from_slice(&std::fs::read(self.home.join("local-stack.json")).unwrap())
+                .unwrap();
+        registry["tpu_endpoint"].as_str().unwrap().to_owned()
+    }
+
     fn wait_for(&self, what: &str, mut done: impl FnMut() -> bool) {
         let until = Instant::now() + Duration::from_secs(120);
         while !done() {
@@ -367,9 +375,7 @@ fn no_credentials_is_said_once() {
 fn a_stocked_out_request_is_shown_waiting_for_capacity() {
     let mut day = Day::new();
     day.up();
-    let registry: Value =
-        serde_json::from_slice(&std::fs::read(day.home.join("local-stack.json")).unwrap()).unwrap();
-    let endpoint = registry["tpu_endpoint"].as_str().unwrap().to_owned();
+    let endpoint = day.tpu_endpoint();
     let stockout = |zone: &str, on: bool| {
         let out = Command::new("curl")
             .args(["-sf", "-X", "POST", "-H", "content-type: application/json"])
@@ -418,37 +424,36 @@ fn a_stocked_out_request_is_shown_waiting_for_capacity() {
 fn the_chip_limit_counts_another_teams_tpus() {
     let mut day = Day::new();
     day.up();
-    let registry: Value =
-        serde_json::from_slice(&std::fs::read(day.home.join("local-stack.json")).unwrap()).unwrap();
-    let endpoint = registry["tpu_endpoint"].as_str().unwrap().to_owned();
+    let endpoint = day.tpu_endpoint();
     let east = format!("{endpoint}/v2/projects/local-project/locations/us-east1-d");
     let curl = |args: &[&str]| -> Value {
         let out = Command::new("curl").arg("-sf").args(args).output().unwrap();
         assert!(out.status.success(), "curl {args:?}: {out:?}");
         serde_json::from_slice(&out.stdout).unwrap()
     };
+    let post = |url: &str, body: &str| {
+        curl(&[
+            "-X",
+            "POST",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            body,
+            url,
+        ])
+    };
     // Every run goes east: the other zone has no capacity.
-    curl(&[
-        "-X",
-        "POST",
-        "-H",
-        "content-type: application/json",
-        "-d",
-        r#"{"on": true}"#,
+    post(
         &format!("{endpoint}/emulator/v1/zones/us-central1-b/stockout"),
-    ]);
-    let theirs = r#"{"tpu": {"nodeSpec": [{"parent": "projects/local-project/locations/us-east1-d",
-        "nodeId": "their-tpu", "node": {"acceleratorType": "v6e-8", "runtimeVersion": "v2-alpha-tpuv6e",
-        "labels": {"team": "vision"}}}]}, "spot": {}}"#;
-    curl(&[
-        "-X",
-        "POST",
-        "-H",
-        "content-type: application/json",
-        "-d",
-        theirs,
+        r#"{"on": true}"#,
+    );
+    // Another team's request in the zone (labelled for no runner).
+    post(
         &format!("{east}/queuedResources?queuedResourceId=their-qr"),
-    ]);
+        r#"{"tpu": {"nodeSpec": [{"parent": "projects/local-project/locations/us-east1-d",
+        "nodeId": "their-tpu", "node": {"acceleratorType": "v6e-8", "runtimeVersion": "v2-alpha-tpuv6e",
+        "labels": {"team": "vision"}}}]}, "spot": {}}"#,
+    );
     day.wait_for("their TPU to be ready", || {
         let out = Command::new("curl")
             .args(["-sf", &format!("{east}/nodes/their-tpu")])

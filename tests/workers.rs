@@ -720,36 +720,7 @@ fn bundles_are_verified_and_cannot_write_outside_the_job_directory() {
             assert!(!rig.root("tpu-f", 0).join("outside").exists());
         }
 
-        // Links that escape by chaining: `d -> .` and `d/d/d/c -> ../../..`, each inside
-        // when judged alone; `c` really sits at the top of the job directory and leads three
-        // levels up, beside the worker's root, where a cache declared at `c/victim` would
-        // have had its folder emptied and replaced by a link.
-        let victim = rig.root("tpu-f", 0).parent().unwrap().join("victim");
-        std::fs::create_dir_all(&victim).unwrap();
-        std::fs::write(victim.join("keep.txt"), "mine").unwrap();
-        let data = tarball(&[("d", "->."), ("d/d/d/c", "->../../..")]);
-        let uri = format!("{}/bundles/{}.tar.gz", rig.bucket, sha256(&data));
-        rig.objects.put(&uri, &data, true).unwrap();
-        let mut r = rig.request("a-chain", "job-chain", "tpu-f", 1, "true");
-        r.bundle = Some(uri);
-        r.caches = vec![Cache {
-            key: "k".into(),
-            path: "c/victim".into(),
-        }];
-        assert_eq!(rig.launch(&r), Outcome::Done);
-        let report = rig.wait(&r, "the refusal", |rep| finished(rep, 1));
-        assert_eq!(report.statuses[0].state, WorkerState::FailedSetup);
-        let status = rig.object("jobs/job-chain/attempts/a-chain/status/tpu-f-w-0.json");
-        assert!(
-            status.contains("leads outside the job directory"),
-            "{status}"
-        );
-        assert_eq!(
-            std::fs::read_to_string(victim.join("keep.txt")).unwrap(),
-            "mine",
-            "a folder outside the worker's root was emptied"
-        );
-        assert!(!std::fs::symlink_metadata(&victim).unwrap().is_symlink());
+        chained_links_are_refused(&rig, "tpu-f", |_| {});
     }
 }
 
@@ -773,20 +744,34 @@ fn chained_links_escape_nothing_for_an_unprivileged_agent() {
     };
     let root = rig.root("tpu-u", 0);
     std::fs::create_dir_all(root.join("home")).unwrap();
-    let victim = root.parent().unwrap().join("victim");
+    chained_links_are_refused(&rig, "tpu-u", |victim| {
+        for path in [root.as_path(), victim, &rig.dir.path().join("objects")] {
+            chown(path);
+        }
+    });
+    // The agent really ran as that user: its files are theirs.
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(root.join("process")).unwrap().uid(),
+        NOBODY
+    );
+}
+
+/// Links that escape by chaining: `d -> .` and `d/d/d/c -> ../../..`, each inside when
+/// judged alone; `c` really sits at the top of the job directory and leads three levels up,
+/// beside the worker's root, where a cache declared at `c/victim` would have had its folder
+/// emptied and replaced by a link. On `tpu`'s first worker: the set-up fails naming the link
+/// and the folder keeps its file. `prepare(victim)` runs before the launch.
+fn chained_links_are_refused(rig: &Rig, tpu: &str, prepare: impl FnOnce(&std::path::Path)) {
+    let victim = rig.root(tpu, 0).parent().unwrap().join("victim");
     std::fs::create_dir_all(&victim).unwrap();
-    std::fs::write(victim.join("keep.txt"), "theirs").unwrap();
+    std::fs::write(victim.join("keep.txt"), "mine").unwrap();
     let data = tarball(&[("d", "->."), ("d/d/d/c", "->../../..")]);
     let uri = format!("{}/bundles/{}.tar.gz", rig.bucket, sha256(&data));
     rig.objects.put(&uri, &data, true).unwrap();
-    for path in [
-        root.as_path(),
-        victim.as_path(),
-        &rig.dir.path().join("objects"),
-    ] {
-        chown(path);
-    }
-    let mut r = rig.request("a-chain-u", "job-chain-u", "tpu-u", 1, "true");
+    prepare(&victim);
+    let (attempt, job) = (format!("a-chain-{tpu}"), format!("job-chain-{tpu}"));
+    let mut r = rig.request(&attempt, &job, tpu, 1, "true");
     r.bundle = Some(uri);
     r.caches = vec![Cache {
         key: "k".into(),
@@ -795,22 +780,16 @@ fn chained_links_escape_nothing_for_an_unprivileged_agent() {
     assert_eq!(rig.launch(&r), Outcome::Done);
     let report = rig.wait(&r, "the refusal", |rep| finished(rep, 1));
     assert_eq!(report.statuses[0].state, WorkerState::FailedSetup);
-    let status = rig.object("jobs/job-chain-u/attempts/a-chain-u/status/tpu-u-w-0.json");
+    let status = rig.object(&format!(
+        "jobs/{job}/attempts/{attempt}/status/{tpu}-w-0.json"
+    ));
     assert!(
         status.contains("leads outside the job directory"),
         "{status}"
     );
-    // The agent really ran as that user: its files are theirs.
-    use std::os::unix::fs::MetadataExt;
-    assert_eq!(
-        std::fs::metadata(root.join("process/current.json").parent().unwrap())
-            .unwrap()
-            .uid(),
-        NOBODY
-    );
     assert_eq!(
         std::fs::read_to_string(victim.join("keep.txt")).unwrap(),
-        "theirs",
+        "mine",
         "a folder outside the worker's root was emptied"
     );
     assert!(!std::fs::symlink_metadata(&victim).unwrap().is_symlink());

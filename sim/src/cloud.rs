@@ -1621,11 +1621,7 @@ impl SimCloud {
         zone: Ustr,
         label: (&'a str, &'a str),
     ) -> impl Iterator<Item = NodeView<'a>> + 'a {
-        let mut filter = LabelFilter::new(label);
-        self.nodes
-            .in_zone(zone)
-            .filter(move |(_, n)| filter.matches(&n.labels))
-            .map(|(_, n)| n.view())
+        self.nodes_where(zone, label, true)
     }
 
     /// What `list_queued_resources` lists in `zone`, without making a call (also for checks).
@@ -1634,11 +1630,7 @@ impl SimCloud {
         zone: Ustr,
         label: (&'a str, &'a str),
     ) -> impl Iterator<Item = QrView<'a>> + 'a {
-        let mut filter = LabelFilter::new(label);
-        self.qrs
-            .in_zone(zone)
-            .filter(move |(_, q)| filter.matches(&q.labels))
-            .map(|(_, q)| q.view())
+        self.qrs_where(zone, label, true)
     }
 
     /// The nodes of `zone` that `list_nodes` with `label` leaves out (someone else's),
@@ -1648,11 +1640,7 @@ impl SimCloud {
         zone: Ustr,
         label: (&'a str, &'a str),
     ) -> impl Iterator<Item = NodeView<'a>> + 'a {
-        let mut filter = LabelFilter::new(label);
-        self.nodes
-            .in_zone(zone)
-            .filter(move |(_, n)| !filter.matches(&n.labels))
-            .map(|(_, n)| n.view())
+        self.nodes_where(zone, label, false)
     }
 
     /// The queued resources of `zone` that `list_queued_resources` with `label` leaves out,
@@ -1662,10 +1650,34 @@ impl SimCloud {
         zone: Ustr,
         label: (&'a str, &'a str),
     ) -> impl Iterator<Item = QrView<'a>> + 'a {
+        self.qrs_where(zone, label, false)
+    }
+
+    /// The nodes of `zone` whose `label` is set as given (`labelled`), or not.
+    fn nodes_where<'a>(
+        &'a self,
+        zone: Ustr,
+        label: (&'a str, &'a str),
+        labelled: bool,
+    ) -> impl Iterator<Item = NodeView<'a>> + 'a {
+        let mut filter = LabelFilter::new(label);
+        self.nodes
+            .in_zone(zone)
+            .filter(move |(_, n)| filter.matches(&n.labels) == labelled)
+            .map(|(_, n)| n.view())
+    }
+
+    /// The queued resources of `zone` whose `label` is set as given (`labelled`), or not.
+    fn qrs_where<'a>(
+        &'a self,
+        zone: Ustr,
+        label: (&'a str, &'a str),
+        labelled: bool,
+    ) -> impl Iterator<Item = QrView<'a>> + 'a {
         let mut filter = LabelFilter::new(label);
         self.qrs
             .in_zone(zone)
-            .filter(move |(_, q)| !filter.matches(&q.labels))
+            .filter(move |(_, q)| filter.matches(&q.labels) == labelled)
             .map(|(_, q)| q.view())
     }
 
