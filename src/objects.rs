@@ -64,6 +64,9 @@ pub trait ObjectStore: Send + Sync {
     fn download(&self, uri: &str, path: &Path, limit: u64) -> Result<bool, ObjectError>;
     /// Writes the object; `create_only`: fails with `exists` if it is there.
     fn put(&self, uri: &str, data: &[u8], create_only: bool) -> Result<(), ObjectError>;
+    /// Writes the object from the file at `path`, streamed (never held in memory whole);
+    /// `create_only` as for `put`.
+    fn upload(&self, uri: &str, path: &Path, create_only: bool) -> Result<(), ObjectError>;
     /// Objects whose address starts with `prefix` (`gs://BUCKET/PREFIX`), in name order.
     fn list(&self, prefix: &str) -> Result<Vec<Listed>, ObjectError>;
     /// Copies the object `from` to `to` (replacing it), inside the store.
@@ -146,6 +149,17 @@ impl ObjectStore for Gcs {
             })
     }
 
+    fn upload(&self, uri: &str, path: &Path, create_only: bool) -> Result<(), ObjectError> {
+        let (bucket, name) = split(uri)?;
+        self.0
+            .upload(bucket, name, path, create_only)
+            .map(|_| ())
+            .map_err(|e| ObjectError {
+                exists: e.code == 412,
+                message: format!("writing {uri}: {e}"),
+            })
+    }
+
     fn list(&self, prefix: &str) -> Result<Vec<Listed>, ObjectError> {
         let (bucket, name) = prefix
             .strip_prefix("gs://")
@@ -217,6 +231,31 @@ impl LocalDir {
         Ok(())
     }
 
+    /// Writes object `uri` whole or not at all: `write` fills a temporary file beside it,
+    /// which then takes its name (`create_only`: only if there is none).
+    fn write_with(
+        &self,
+        uri: &str,
+        create_only: bool,
+        write: impl FnOnce(&mut tempfile::NamedTempFile) -> std::io::Result<()>,
+    ) -> Result<(), ObjectError> {
+        let path = self.path(uri)?;
+        let dir = path.parent().expect("an object has a folder");
+        std::fs::create_dir_all(dir).map_err(|e| io(uri, e))?;
+        let mut temp = tempfile::NamedTempFile::new_in(dir).map_err(|e| io(uri, e))?;
+        write(&mut temp).map_err(|e| io(uri, e))?;
+        temp.as_file().sync_all().map_err(|e| io(uri, e))?;
+        if create_only {
+            temp.persist_noclobber(&path).map_err(|e| ObjectError {
+                exists: e.error.kind() == std::io::ErrorKind::AlreadyExists,
+                message: format!("{uri}: {}", e.error),
+            })?;
+        } else {
+            temp.persist(&path).map_err(|e| io(uri, e.error))?;
+        }
+        Ok(())
+    }
+
     fn path(&self, uri: &str) -> Result<PathBuf, ObjectError> {
         let (bucket, name) = split(uri)?;
         if name
@@ -276,21 +315,13 @@ impl ObjectStore for LocalDir {
     }
 
     fn put(&self, uri: &str, data: &[u8], create_only: bool) -> Result<(), ObjectError> {
-        let path = self.path(uri)?;
-        let dir = path.parent().expect("an object has a folder");
-        std::fs::create_dir_all(dir).map_err(|e| io(uri, e))?;
-        let mut temp = tempfile::NamedTempFile::new_in(dir).map_err(|e| io(uri, e))?;
-        temp.write_all(data).map_err(|e| io(uri, e))?;
-        temp.as_file().sync_all().map_err(|e| io(uri, e))?;
-        if create_only {
-            temp.persist_noclobber(&path).map_err(|e| ObjectError {
-                exists: e.error.kind() == std::io::ErrorKind::AlreadyExists,
-                message: format!("{uri}: {}", e.error),
-            })?;
-        } else {
-            temp.persist(&path).map_err(|e| io(uri, e.error))?;
-        }
-        Ok(())
+        self.write_with(uri, create_only, |temp| temp.write_all(data))
+    }
+
+    fn upload(&self, uri: &str, path: &Path, create_only: bool) -> Result<(), ObjectError> {
+        self.write_with(uri, create_only, |temp| {
+            std::io::copy(&mut std::fs::File::open(path)?, temp).map(|_| ())
+        })
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<Listed>, ObjectError> {

@@ -188,6 +188,39 @@ fn objects_are_written_read_listed_and_deleted_alike() {
     }
 }
 
+/// A file is uploaded streamed, whole and exact (larger than one chunk, with its CRC32C
+/// checked by the store), create-only as `put` is; what is there is left as it was.
+#[test]
+fn files_are_uploaded_whole_and_create_only() {
+    for (kind, store, bucket, _dir) in stores("upload-files") {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bundle.tar.gz");
+        let data: Vec<u8> = (0..(3 << 20) + 12345u32)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        std::fs::write(&path, &data).unwrap();
+        let uri = format!("{bucket}/bundles/b.tar.gz");
+        store.upload(&uri, &path, true).unwrap();
+        let back = store.get(&uri, 64 << 20).unwrap().unwrap();
+        assert!(back == data, "{kind}: the object differs from the file");
+        std::fs::write(&path, b"other").unwrap();
+        let e = store.upload(&uri, &path, true).unwrap_err();
+        assert!(e.exists, "{kind}: {e}");
+        assert!(
+            store.get(&uri, 64 << 20).unwrap().unwrap() == data,
+            "{kind}"
+        );
+        store.upload(&uri, &path, false).unwrap();
+        assert_eq!(
+            store.get(&uri, 64 << 20).unwrap().unwrap(),
+            b"other",
+            "{kind}"
+        );
+        let missing = dir.path().join("missing");
+        assert!(store.upload(&uri, &missing, false).is_err(), "{kind}");
+    }
+}
+
 #[test]
 fn listings_follow_every_page() {
     let Some(endpoint) = emulator() else { return };

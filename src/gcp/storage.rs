@@ -72,8 +72,46 @@ pub fn encode(name: &str) -> String {
 
 /// Base64 (standard, padded) of the big-endian CRC32C of `data`, as GCS reports it.
 pub fn crc32c_b64(data: &[u8]) -> String {
+    crc_b64(crc32c::crc32c(data))
+}
+
+/// A CRC32C as Cloud Storage writes it: base64 of its big-endian bytes.
+fn crc_b64(crc: u32) -> String {
     use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(crc32c::crc32c(data).to_be_bytes())
+    base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes())
+}
+
+/// The file at `path` in chunks, read as the request body is sent.
+fn file_chunks(
+    path: &Path,
+) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static {
+    let file = std::fs::File::open(path);
+    futures_util::stream::unfold(Some(file), |state| async move {
+        let mut file = match state? {
+            Ok(file) => file,
+            Err(e) => return Some((Err(e), None)),
+        };
+        let mut chunk = vec![0; 1 << 20];
+        match std::io::Read::read(&mut file, &mut chunk) {
+            Ok(0) => None,
+            Ok(n) => {
+                chunk.truncate(n);
+                Some((Ok(bytes::Bytes::from(chunk)), Some(Ok(file))))
+            }
+            Err(e) => Some((Err(e), None)),
+        }
+    })
+}
+
+/// What an upload writes: where, its type and precondition, and its content's CRC32C and
+/// size.
+struct Upload<'a> {
+    bucket: &'a str,
+    name: &'a str,
+    content_type: &'a str,
+    create_only: bool,
+    crc: u32,
+    size: u64,
 }
 
 impl Storage {
@@ -241,37 +279,99 @@ impl Storage {
         content_type: &str,
         create_only: bool,
     ) -> Result<ObjectMeta, ApiError> {
+        let data = bytes::Bytes::copy_from_slice(data);
+        let crc = crc32c::crc32c(&data);
+        let upload = Upload {
+            bucket,
+            name,
+            content_type,
+            create_only,
+            crc,
+            size: data.len() as u64,
+        };
+        self.multipart(&upload, CALL_TIMEOUT, &|| {
+            futures_util::stream::iter([Ok(data.clone())])
+        })
+    }
+
+    /// Writes the object from the file at `path` as `put` does, the file streamed into the
+    /// request (never held in memory whole), with a timeout that grows with its size.
+    pub fn upload(
+        &self,
+        bucket: &str,
+        name: &str,
+        path: &Path,
+        create_only: bool,
+    ) -> Result<ObjectMeta, ApiError> {
+        let local = |e: std::io::Error| transport("INTERNAL", format!("{}: {e}", path.display()));
+        let (mut crc, mut size) = (0u32, 0u64);
+        let mut file = std::fs::File::open(path).map_err(local)?;
+        let mut chunk = vec![0; 1 << 20];
+        loop {
+            let n = std::io::Read::read(&mut file, &mut chunk).map_err(local)?;
+            if n == 0 {
+                break;
+            }
+            crc = crc32c::crc32c_append(crc, &chunk[..n]);
+            size += n as u64;
+        }
+        let upload = Upload {
+            bucket,
+            name,
+            content_type: "application/octet-stream",
+            create_only,
+            crc,
+            size,
+        };
+        // At least a megabyte a second, on top of a call's own time.
+        let timeout = CALL_TIMEOUT + Duration::from_secs(size >> 20);
+        self.multipart(&upload, timeout, &|| file_chunks(path))
+    }
+
+    /// A multipart upload of `upload`, its content streamed from `content()` (called
+    /// afresh for each try).
+    fn multipart<S>(
+        &self,
+        upload: &Upload<'_>,
+        timeout: Duration,
+        content: &dyn Fn() -> S,
+    ) -> Result<ObjectMeta, ApiError>
+    where
+        S: futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static,
+    {
+        use futures_util::StreamExt;
         let mut url = format!(
             "{}/upload/storage/v1/b/{}/o?uploadType=multipart",
             self.endpoint.base,
-            encode(bucket)
+            encode(upload.bucket)
         );
-        if create_only {
+        if upload.create_only {
             url.push_str("&ifGenerationMatch=0");
         }
         let boundary = format!("tpu-runner-{:016x}", http::jitter());
         let metadata = json!({
-            "name": name,
-            "contentType": content_type,
-            "crc32c": crc32c_b64(data),
+            "name": upload.name,
+            "contentType": upload.content_type,
+            "crc32c": crc_b64(upload.crc),
         });
-        let mut body = Vec::with_capacity(data.len() + 512);
-        body.extend_from_slice(
-            format!(
-                "--{boundary}\r\ncontent-type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n--{boundary}\r\ncontent-type: {content_type}\r\n\r\n"
-            )
-            .as_bytes(),
-        );
-        body.extend_from_slice(data);
-        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-        let body = bytes::Bytes::from(body);
+        let head = bytes::Bytes::from(format!(
+            "--{boundary}\r\ncontent-type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n--{boundary}\r\ncontent-type: {}\r\n\r\n",
+            upload.content_type
+        ));
+        let tail = bytes::Bytes::from(format!("\r\n--{boundary}--\r\n"));
+        let length = head.len() as u64 + upload.size + tail.len() as u64;
         let reply = self.call(&|h| {
+            let body = futures_util::stream::iter([Ok(head.clone())])
+                .chain(content())
+                .chain(futures_util::stream::iter([Ok(tail.clone())]));
             h.post(&url)
                 .header(
                     reqwest::header::CONTENT_TYPE,
                     format!("multipart/related; boundary={boundary}"),
                 )
-                .body(body.clone())
+                .header(reqwest::header::CONTENT_LENGTH, length)
+                .timeout(timeout)
+                .body(reqwest::Body::wrap_stream(body))
         })?;
         if let Some(mut e) = reply.error() {
             if reply.code == 412 {

@@ -2,7 +2,9 @@
 //! without following links, minus what is never code (`.git`, virtualenvs, caches, `*.pyc`)
 //! and what `.tpu-runnerignore` names, archived as a deterministic `tar.gz` (sorted paths,
 //! owner 0, mtime 0, fixed compression): the same content gives the same bytes, so its
-//! SHA-256 names it and workers verify it. A tar file is used as it is. Reads only the
+//! SHA-256 names it and workers verify it. A tar file is used as it is. The archive is
+//! written to a private temporary file (random name, 0600, removed when the bundle is
+//! dropped), bounded and hashed while written: never held in memory. Reads only the
 //! bundle's own files; never uploads.
 
 use std::os::unix::fs::PermissionsExt;
@@ -24,12 +26,14 @@ const ALWAYS_SKIPPED: [&str; 7] = [
     "__pycache__",
 ];
 
-/// A bundle ready to upload.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A bundle ready to upload: its archive in a temporary file.
+#[derive(Debug)]
 pub struct Bundle {
-    /// The archive's bytes.
-    pub data: Vec<u8>,
-    /// Their SHA-256, hex (the object's name: `bundles/<sha256>.tar.gz`).
+    /// The archive (removed when the bundle is dropped).
+    pub file: tempfile::TempPath,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its SHA-256, hex (the object's name: `bundles/<sha256>.tar.gz`).
     pub sha256: String,
     /// Files, links and folders in it.
     pub entries: usize,
@@ -131,27 +135,55 @@ fn walk(dir: &Path, ignores: &[Ignore]) -> Result<Vec<(String, PathBuf)>, String
     Ok(found)
 }
 
-/// A writer that refuses to grow past `limit` bytes: the archive is bounded while it is
-/// written, never built whole and measured after.
+/// The archive's temporary file as it is written: bounded (it refuses to grow past
+/// `limit` bytes, never built whole and measured after) and hashed.
 struct Bounded {
-    data: Vec<u8>,
+    file: std::io::BufWriter<tempfile::NamedTempFile>,
+    hash: Sha256,
+    written: u64,
     limit: u64,
+}
+
+impl Bounded {
+    /// A new private temporary file bounded at `limit` bytes.
+    fn new(limit: u64) -> std::io::Result<Bounded> {
+        Ok(Bounded {
+            file: std::io::BufWriter::new(tempfile::NamedTempFile::new()?),
+            hash: Sha256::new(),
+            written: 0,
+            limit,
+        })
+    }
+
+    /// The bundle it holds, once whole on disk.
+    fn finish(self, entries: usize) -> std::io::Result<Bundle> {
+        let file = self.file.into_inner().map_err(|e| e.into_error())?;
+        file.as_file().sync_all()?;
+        Ok(Bundle {
+            file: file.into_temp_path(),
+            size: self.written,
+            sha256: hex::encode(self.hash.finalize()),
+            entries,
+        })
+    }
 }
 
 impl std::io::Write for Bounded {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.data.len() as u64 + buf.len() as u64 > self.limit {
+        if self.written + buf.len() as u64 > self.limit {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::FileTooLarge,
                 TOO_BIG,
             ));
         }
-        self.data.extend_from_slice(buf);
+        self.file.write_all(buf)?;
+        self.hash.update(buf);
+        self.written += buf.len() as u64;
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+        self.file.flush()
     }
 }
 
@@ -237,13 +269,10 @@ pub fn of_directory(dir: &Path) -> Result<Bundle, String> {
 fn of_directory_within(dir: &Path, limit: u64) -> Result<Bundle, String> {
     let ignores = read_ignores(dir)?;
     let paths = walk(dir, &ignores)?;
-    let gz = flate2::GzBuilder::new().mtime(0).write(
-        Bounded {
-            data: Vec::new(),
-            limit,
-        },
-        flate2::Compression::new(6),
-    );
+    let out = Bounded::new(limit).map_err(|e| format!("a temporary file for the bundle: {e}"))?;
+    let gz = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(out, flate2::Compression::new(6));
     let mut tar = tar::Builder::new(gz);
     tar.mode(tar::HeaderMode::Deterministic);
     tar.follow_symlinks(false);
@@ -289,16 +318,25 @@ fn of_directory_within(dir: &Path, limit: u64) -> Result<Bundle, String> {
         };
         added.map_err(|e| write_error(&e, dir, &full))?;
     }
-    let data = tar
-        .into_inner()
+    tar.into_inner()
         .and_then(|gz| gz.finish())
-        .map_err(|e| write_error(&e, dir, dir))?
-        .data;
-    Ok(Bundle {
-        sha256: hex::encode(Sha256::digest(&data)),
-        data,
-        entries: paths.len(),
-    })
+        .and_then(|out| out.finish(paths.len()))
+        .map_err(|e| write_error(&e, dir, dir))
+}
+
+/// The SHA-256 (hex) of the file at `path`, read in chunks.
+pub fn sha256_of_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hash = Sha256::new();
+    let mut chunk = vec![0; 1 << 20];
+    loop {
+        let n = file.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(hex::encode(hash.finalize()));
+        }
+        hash.update(&chunk[..n]);
+    }
 }
 
 fn too_big(path: &Path) -> String {
@@ -322,47 +360,46 @@ fn is_tar(header: &[u8]) -> bool {
     header.get(257..262) == Some(&b"ustar"[..])
 }
 
-fn kind_of(data: &[u8]) -> Option<Kind> {
-    if data.starts_with(&[0x1f, 0x8b]) {
-        let mut head = Vec::with_capacity(512);
-        let mut gz = flate2::read::GzDecoder::new(data);
-        std::io::Read::read_to_end(&mut std::io::Read::take(&mut gz, 512), &mut head).ok()?;
-        is_tar(&head).then_some(Kind::TarGz)
+/// What the archive `file` holds, read from its first bytes (the file is left at its start).
+fn kind_of(file: &mut std::fs::File) -> std::io::Result<Option<Kind>> {
+    use std::io::{Read, Seek};
+    let mut head = Vec::with_capacity(512);
+    file.by_ref().take(512).read_to_end(&mut head)?;
+    file.rewind()?;
+    let kind = if head.starts_with(&[0x1f, 0x8b]) {
+        let mut inner = Vec::with_capacity(512);
+        let gz = flate2::read::GzDecoder::new(file.by_ref());
+        let read = gz.take(512).read_to_end(&mut inner);
+        file.rewind()?;
+        (read.is_ok() && is_tar(&inner)).then_some(Kind::TarGz)
     } else {
-        is_tar(data).then_some(Kind::Tar)
-    }
+        is_tar(&head).then_some(Kind::Tar)
+    };
+    Ok(kind)
 }
 
 /// The bundle of a tar archive: a `tar.gz` used as it is, a plain tar compressed (the
-/// workers unpack `tar.gz`); anything else is refused, whatever its name says.
+/// workers unpack `tar.gz`); anything else is refused, whatever its name says. The archive
+/// is streamed into the bundle's file and checked there, as shipped, by the workers' own
+/// unpacking.
 pub fn of_archive(path: &Path) -> Result<Bundle, String> {
-    let data = crate::files::read_bytes(path, LIMIT).map_err(|e| match e {
-        crate::files::ReadError::TooLarge(_) => too_big(path),
-        e => format!("{}: {e}", path.display()),
-    })?;
-    let data = match kind_of(&data) {
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let (mut file, meta) = crate::files::open_regular(path).map_err(|e| at(&e))?;
+    if meta.len() > LIMIT {
+        return Err(too_big(path));
+    }
+    let kind = kind_of(&mut file).map_err(|e| at(&e))?;
+    let out = Bounded::new(LIMIT).map_err(|e| at(&e))?;
+    let written = match kind {
         Some(Kind::TarGz) => {
-            // Unpacked as the workers unpack it, by their own function: an entry or a link
-            // they would refuse is refused here.
-            let scratch = tempfile::tempdir().map_err(|e| format!("{}: {e}", path.display()))?;
-            crate::worker::bundle::unpack(
-                flate2::read::GzDecoder::new(&data[..]),
-                scratch.path(),
-                0,
-            )
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-            data
+            let mut out = out;
+            std::io::copy(&mut file, &mut out).map(|_| out)
         }
         Some(Kind::Tar) => {
-            let scratch = tempfile::tempdir().map_err(|e| format!("{}: {e}", path.display()))?;
-            crate::worker::bundle::unpack(&data[..], scratch.path(), 0)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
             let mut gz = flate2::GzBuilder::new()
                 .mtime(0)
-                .write(Vec::new(), flate2::Compression::new(6));
-            std::io::Write::write_all(&mut gz, &data)
-                .and_then(|()| gz.finish())
-                .map_err(|e| format!("{}: {e}", path.display()))?
+                .write(out, flate2::Compression::new(6));
+            std::io::copy(&mut file, &mut gz).and_then(|_| gz.finish())
         }
         None => {
             return Err(format!(
@@ -371,11 +408,20 @@ pub fn of_archive(path: &Path) -> Result<Bundle, String> {
             ));
         }
     };
-    Ok(Bundle {
-        sha256: hex::encode(Sha256::digest(&data)),
-        data,
-        entries: 0,
-    })
+    let bundle = written
+        .and_then(|out| out.finish(0))
+        .map_err(|e| write_error(&e, path, path))?;
+    // Unpacked as the workers unpack it, by their own function: an entry or a link they
+    // would refuse is refused here.
+    let shipped = std::fs::File::open(&bundle.file).map_err(|e| at(&e))?;
+    let scratch = tempfile::tempdir().map_err(|e| at(&e))?;
+    crate::worker::bundle::unpack(
+        flate2::read::GzDecoder::new(std::io::BufReader::new(shipped)),
+        scratch.path(),
+        0,
+    )
+    .map_err(|e| at(&e))?;
+    Ok(bundle)
 }
 
 /// The bundle a job names: a folder or a tar archive. A relative name is taken in `base`
@@ -435,8 +481,13 @@ mod tests {
         std::os::unix::fs::symlink("src/model.py", dir.join("link")).unwrap();
     }
 
+    fn bytes(bundle: &Bundle) -> Vec<u8> {
+        std::fs::read(&bundle.file).unwrap()
+    }
+
     fn names(bundle: &Bundle) -> Vec<String> {
-        let gz = flate2::read::GzDecoder::new(&bundle.data[..]);
+        let data = bytes(bundle);
+        let gz = flate2::read::GzDecoder::new(&data[..]);
         let mut archive = tar::Archive::new(gz);
         archive
             .entries()
@@ -463,6 +514,28 @@ mod tests {
         );
     }
 
+    /// The archive is a private temporary file, hashed and measured as written, and gone
+    /// once the bundle is dropped.
+    #[test]
+    fn a_bundle_is_a_private_file_named_by_its_digest_and_removed_after() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        tree(dir.path());
+        let bundle = of_directory(dir.path()).unwrap();
+        let data = bytes(&bundle);
+        assert_eq!(data.len() as u64, bundle.size);
+        assert_eq!(hex::encode(Sha256::digest(&data)), bundle.sha256);
+        assert_eq!(sha256_of_file(&bundle.file).unwrap(), bundle.sha256);
+        let mode = std::fs::metadata(&bundle.file)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "readable by others: {mode:o}");
+        let path = bundle.file.to_path_buf();
+        drop(bundle);
+        assert!(!path.exists(), "the bundle's file was left behind");
+    }
+
     #[test]
     fn the_same_content_gives_the_same_bytes() {
         let a = tempfile::tempdir().unwrap();
@@ -487,21 +560,21 @@ mod tests {
         let base = dir.path().join("project");
         std::fs::create_dir_all(base.join("code")).unwrap();
         std::fs::write(base.join("code/train.py"), "print(1)\n").unwrap();
-        let folder = of_directory(&base.join("code")).unwrap();
-        let gz = flate2::read::GzDecoder::new(&folder.data[..]);
+        let folder = bytes(&of_directory(&base.join("code")).unwrap());
+        let gz = flate2::read::GzDecoder::new(&folder[..]);
         let mut plain = Vec::new();
         std::io::Read::read_to_end(&mut { gz }, &mut plain).unwrap();
         std::fs::write(base.join("code.tar"), &plain).unwrap();
-        std::fs::write(base.join("code.tar.gz"), &folder.data).unwrap();
+        std::fs::write(base.join("code.tar.gz"), &folder).unwrap();
         let from_tar = build("code.tar", &base).unwrap();
         assert_eq!(names(&from_tar), ["train.py"]);
-        assert_eq!(build("code.tar.gz", &base).unwrap().data, folder.data);
+        assert_eq!(bytes(&build("code.tar.gz", &base).unwrap()), folder);
         std::fs::write(base.join("notes.tar.gz"), "not an archive").unwrap();
         let e = build("notes.tar.gz", &base).unwrap_err();
         assert!(e.contains("is not a tar or tar.gz archive"), "{e}");
         let e = build("/proc/self/environ", &base).unwrap_err();
         assert!(e.contains("is not a tar or tar.gz archive"), "{e}");
-        std::fs::write(dir.path().join("outside.tar.gz"), &folder.data).unwrap();
+        std::fs::write(dir.path().join("outside.tar.gz"), &folder).unwrap();
         let e = build("../outside.tar.gz", &base).unwrap_err();
         assert!(e.contains("outside the manifest's folder"), "{e}");
         std::os::unix::fs::symlink(dir.path().join("outside.tar.gz"), base.join("in.tar.gz"))
@@ -558,7 +631,7 @@ mod tests {
         std::fs::write(dir.path().join("big.bin"), &noise).unwrap();
         match of_directory_within(dir.path(), 64 << 10) {
             Err(e) => assert!(e.contains("would exceed"), "{e}"),
-            Ok(b) => panic!("a {} byte bundle passed a 64 KiB bound", b.data.len()),
+            Ok(b) => panic!("a {} byte bundle passed a 64 KiB bound", b.size),
         }
         assert!(of_directory_within(dir.path(), 4 << 20).is_ok());
         // Walked at one size, grown before it is read.

@@ -309,6 +309,34 @@ fn assign_run_ids(jobs: &mut [JobSpec], store: &mut dyn StateStore) -> Result<()
     ))
 }
 
+/// Uploads `bundle` create-only to `uri`, streamed from its file; an object already there
+/// must hold the same bytes (read back into a temporary file and hashed, never into memory).
+fn upload_bundle(
+    objects: &dyn ObjectStore,
+    uri: &str,
+    bundle: &bundle::Bundle,
+) -> Result<(), SubmitError> {
+    let mismatch = || {
+        SubmitError::Objects(format!(
+            "error: artifact integrity mismatch: {uri} exists with other content than this bundle; it was left as it is\n"
+        ))
+    };
+    match objects.upload(uri, &bundle.file, true) {
+        Ok(()) => Ok(()),
+        Err(e) if e.exists => {
+            let there = tempfile::NamedTempFile::new()
+                .map_err(|e| SubmitError::Objects(format!("error: a temporary file: {e}\n")))?;
+            let found = objects
+                .download(uri, there.path(), bundle.size)
+                .map_err(|_| mismatch())?;
+            let same =
+                found && bundle::sha256_of_file(there.path()).is_ok_and(|sha| sha == bundle.sha256);
+            if same { Ok(()) } else { Err(mismatch()) }
+        }
+        Err(e) => Err(SubmitError::Objects(format!("error: upload {uri}: {e}\n"))),
+    }
+}
+
 /// Uploads `data` create-only to `uri`; an object already there must hold the same bytes.
 fn upload(objects: &dyn ObjectStore, uri: &str, data: &[u8]) -> Result<(), SubmitError> {
     match objects.put(uri, data, true) {
@@ -371,8 +399,8 @@ pub fn submit(
             let b = &built[&job.bundle];
             for r in &regions {
                 let uri = format!("{}/bundles/{}.tar.gz", r.bucket, b.sha256);
-                progress(&uri, b.data.len());
-                upload(objects, &uri, &b.data)?;
+                progress(&uri, b.size as usize);
+                upload_bundle(objects, &uri, b)?;
                 bundles.push(uri);
             }
             job.bundle = format!("sha256:{}", b.sha256);
@@ -408,5 +436,35 @@ pub fn submit(
         CreateResult::Exist(ids) => Err(SubmitError::Exist(
             ids.iter().map(|n| n.to_string()).collect(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bundle goes up once; the same bundle again finds its own bytes there (read back
+    /// and hashed); other bytes under its name are refused and left as they are.
+    #[test]
+    fn a_bundle_is_uploaded_once_and_other_bytes_under_its_name_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let code = dir.path().join("code");
+        std::fs::create_dir_all(&code).unwrap();
+        std::fs::write(code.join("train.py"), "print(1)\n").unwrap();
+        let objects = crate::objects::LocalDir::new(dir.path().join("objects"));
+        let b = bundle::of_directory(&code).unwrap();
+        let uri = format!("gs://lab/bundles/{}.tar.gz", b.sha256);
+        upload_bundle(&objects, &uri, &b).unwrap();
+        upload_bundle(&objects, &uri, &b).unwrap();
+        let other = "gs://lab/bundles/other.tar.gz";
+        objects.put(other, b"not this bundle", true).unwrap();
+        let Err(SubmitError::Objects(e)) = upload_bundle(&objects, other, &b) else {
+            panic!("other bytes were taken for the bundle");
+        };
+        assert!(e.contains("artifact integrity mismatch"), "{e}");
+        assert_eq!(
+            objects.get(other, 100).unwrap().unwrap(),
+            b"not this bundle"
+        );
     }
 }
