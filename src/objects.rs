@@ -305,13 +305,22 @@ impl ObjectStore for LocalDir {
     }
 
     fn download(&self, uri: &str, path: &Path, limit: u64) -> Result<bool, ObjectError> {
-        match self.get(uri, limit)? {
-            None => Ok(false),
-            Some(data) => {
-                std::fs::write(path, data).map_err(|e| io(uri, e))?;
-                Ok(true)
-            }
+        let source = self.path(uri)?;
+        let mut file = match std::fs::File::open(&source) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io(uri, e)),
+        };
+        let size = file.metadata().map_err(|e| io(uri, e))?.len();
+        if size > limit {
+            return Err(fail(format!(
+                "{uri} is {size} bytes, more than the {limit} allowed"
+            )));
         }
+        // Copied, never read whole into memory.
+        let mut out = std::fs::File::create(path).map_err(|e| io(uri, e))?;
+        std::io::copy(&mut std::io::Read::take(&mut file, limit), &mut out).map_err(|e| io(uri, e))?;
+        Ok(true)
     }
 
     fn put(&self, uri: &str, data: &[u8], create_only: bool) -> Result<(), ObjectError> {

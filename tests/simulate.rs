@@ -922,10 +922,10 @@ fn a_trace_is_replayed_up_to_the_horizon_and_a_huge_one_is_refused() {
     let longer = harness::arrivals(&two, 1);
     assert_eq!(longer.len(), 3601);
     assert_eq!(format!("{:?}", &longer[..1801]), format!("{arrivals:?}"));
-    // Past the limit: refused up front, the limit named.
-    let e = scenario::parse(&path, &scenario_of("2000"))
-        .unwrap_err()
-        .to_string();
+    // Past the limit: refused before anything runs, the limit named.
+    assert!(scenario::check_replayed_jobs(&two).is_ok());
+    let long = scenario::parse(&path, &scenario_of("2000")).unwrap_or_else(|e| panic!("{e}"));
+    let e = scenario::check_replayed_jobs(&long).unwrap_err();
     assert!(
         e.contains(&format!(
             "bring {rows} jobs within the horizon; a run replays at most {}",

@@ -1061,23 +1061,27 @@ fn only_the_agents_own_process_groups_are_signalled() {
         .spawn()
         .unwrap();
     let pid = victim.id();
-    let process = rig.root("tpu-forged", 0).join("process");
-    std::fs::create_dir_all(&process).unwrap();
-    std::fs::write(
-        process.join("current.json"),
-        format!(
-            r#"{{"attempt_id": "a-old", "job_id": "job-old", "supervisor": {pid}, "command_group": {pid}, "token": "forged"}}"#
-        ),
-    )
-    .unwrap();
-    let r = rig.request("a-forged", "job-forged", "tpu-forged", 1, "true");
-    assert_eq!(rig.launch(&r), Outcome::Done);
-    let report = rig.wait(&r, "the status", |rep| finished(rep, 1));
-    assert_eq!(report.statuses[0].state, WorkerState::Succeeded);
-    assert!(
-        victim.try_wait().unwrap().is_none(),
-        "a process the agent did not start was killed"
-    );
+    // A forged token, and none at all (as an agent from before tokens recorded).
+    for (i, token) in [r#", "token": "forged""#, ""].into_iter().enumerate() {
+        let tpu = format!("tpu-forged-{i}");
+        let process = rig.root(&tpu, 0).join("process");
+        std::fs::create_dir_all(&process).unwrap();
+        std::fs::write(
+            process.join("current.json"),
+            format!(
+                r#"{{"attempt_id": "a-old", "job_id": "job-old", "supervisor": {pid}, "command_group": {pid}{token}}}"#
+            ),
+        )
+        .unwrap();
+        let r = rig.request(&format!("a-forged-{i}"), "job-forged", &tpu, 1, "true");
+        assert_eq!(rig.launch(&r), Outcome::Done);
+        let report = rig.wait(&r, "the status", |rep| finished(rep, 1));
+        assert_eq!(report.statuses[0].state, WorkerState::Succeeded);
+        assert!(
+            victim.try_wait().unwrap().is_none(),
+            "a process the agent did not start was killed ({token:?})"
+        );
+    }
     let _ = victim.kill();
     let _ = victim.wait();
 

@@ -199,6 +199,8 @@ pub fn read_inventory(
                 Ok(info) if ours(qr.labels()) => {
                     qrs.push(old_qrs.reuse(info, |q| (q.zone, q.name)));
                 }
+                // The request behind an adopted TPU: its chips are the TPU's, counted once.
+                Ok(info) if adopted(zone, info.node_id.as_str()) => {}
                 Ok(info) => others.queued_resources.push(info),
                 Err(e) => notes.push(format!(
                     "queued resource {} in {zone} left out: {e}",

@@ -250,10 +250,16 @@ impl SimBackend {
                 .filter(|n| !adopted(n))
                 .filter_map(|n| node_info(&n, self.public_ip)),
         );
+        // The request behind an adopted TPU: its chips are the TPU's, counted once.
         others.queued_resources.extend(
             self.cloud
                 .peek_other_queued_resources(zone.ustr(), label)
-                .filter_map(|q| qr_info(&q)),
+                .filter_map(|q| qr_info(&q))
+                .filter(|q| {
+                    !scope
+                        .adopted
+                        .contains(&(q.zone.as_str(), q.node_id.as_str()))
+                }),
         );
     }
 

@@ -219,6 +219,10 @@ pub(crate) fn run(args: SimulateArgs<'_>) -> Result<ExitStatus, Failure> {
             s.chaos = Some(ChaosSpec::defaults(s.horizon_secs));
         }
         apply_limits(s, args.horizon_hours, args.max_jobs);
+        scenario::check_replayed_jobs(s).map_err(|message| Failure {
+            message,
+            status: ExitStatus::Invalid,
+        })?;
     }
     if let Some(path) = args.variants {
         let text =

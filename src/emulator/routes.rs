@@ -161,14 +161,20 @@ pub fn router(shared: Shared) -> Router {
             )
         })
         .layer(axum::middleware::from_fn(front_end))
-        .layer(axum::middleware::map_response(as_status))
+        .layer(axum::middleware::from_fn(as_status))
         .with_state(shared)
 }
 
 /// Every refusal in Google's error shape (`google.rpc.Status` JSON), also those the router
 /// and axum's extractors make in plain text: a body without its JSON content type, a query
-/// that does not parse (`pageSize=-1`), a method the path does not have.
-async fn as_status(response: Response) -> Response {
+/// that does not parse (`pageSize=-1`), a method the path does not have. The metadata
+/// server's routes answer as the metadata server does (plain text).
+async fn as_status(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let metadata = request.uri().path().contains("/computeMetadata/");
+    let response = next.run(request).await;
+    if metadata {
+        return response;
+    }
     let code = response.status();
     let json = response
         .headers()
@@ -187,8 +193,15 @@ async fn as_status(response: Response) -> Response {
     } else {
         text
     };
+    // Google's canonical codes for the HTTP statuses (a method the path lacks is 404).
     let (code, status) = match code.as_u16() {
+        401 => (code, "UNAUTHENTICATED"),
+        403 => (code, "PERMISSION_DENIED"),
         404 | 405 => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+        409 => (code, "ABORTED"),
+        429 => (code, "RESOURCE_EXHAUSTED"),
+        503 => (code, "UNAVAILABLE"),
+        504 => (code, "DEADLINE_EXCEEDED"),
         400..=499 => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
     };

@@ -634,7 +634,7 @@ pub fn assumed_observation(index: &FleetIndex, state: &State, now: Timestamp) ->
     }
     // Someone else's TPUs, as many as the last pass counted.
     for held in &state.others {
-        for _ in 0..held.count {
+        for _ in 0..held.count.min(super::snapshot::MAX_OTHERS_PER_POOL) {
             let n = obs.others.nodes.len() + 1;
             obs.others.nodes.push(NodeInfo {
                 name: crate::spec::Name::new(&format!("others-{n}")),

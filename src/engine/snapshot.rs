@@ -26,6 +26,10 @@ fn problem(path: String, message: String, hint: Option<&str>) -> Problem {
     }
 }
 
+/// The most TPUs of one pool a snapshot may say others hold (no zone holds more; `status`
+/// and `plan` stand one observed node in for each).
+pub const MAX_OTHERS_PER_POOL: u32 = 10_000;
+
 /// Every problem of `state`, in table order (jobs, finished, resources, requests). What a
 /// fleet change explains (a job no entry runs any more, a TPU of an entry whose type
 /// changed) is not a problem: the pass handles it.
@@ -54,6 +58,19 @@ pub fn problems(state: &State) -> Vec<Problem> {
                     job.status.as_str()
                 ),
                 Some("`finished` holds succeeded, failed and deactivated jobs; active ones go under `jobs`"),
+            ));
+        }
+    }
+    // Others' TPUs as a pass counts them: one pool each, a count a zone can hold.
+    for (i, held) in state.others.iter().enumerate() {
+        if held.count > MAX_OTHERS_PER_POOL {
+            out.push(problem(
+                format!("others[{i}].count"),
+                format!(
+                    "{} TPUs of one pool held by others; at most {MAX_OTHERS_PER_POOL}",
+                    held.count
+                ),
+                Some("`others` is what a pass counted of other users' TPUs in a zone"),
             ));
         }
     }

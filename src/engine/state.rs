@@ -135,7 +135,7 @@ pub struct Backoff {
 
 /// TPUs of one pool (zone, TPU type, provisioning model) that someone else holds: another
 /// team's, another runner's, made by hand.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct OthersTpus {
     /// Zone.
     pub zone: Name,

@@ -36,6 +36,7 @@ impl Fingerprint {
         for (k, m) in &state.pools {
             (k, m.waiting_since, m.granted, m.strikes, m.cool_until).hash(&mut h);
         }
+        state.others.hash(&mut h);
         h.finish()
     }
 }

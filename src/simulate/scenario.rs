@@ -453,10 +453,6 @@ fn read(
         (Some(w), Some(None)) => Some(w),
         _ => None,
     };
-    if let (Some(workloads), Some(horizon)) = (&workloads, horizon_secs) {
-        let node = f.get("workload").unwrap_or(f.node());
-        check_replayed_jobs(c, node, workloads, horizon);
-    }
     let fleet_families: BTreeSet<String> = fleet
         .iter()
         .flat_map(|fleet| &fleet.tpus)
@@ -536,10 +532,12 @@ pub const MAX_REPLAYED_JOBS: usize = 2_000_000;
 
 /// Refuses, before anything runs, workloads whose files bring more than
 /// `MAX_REPLAYED_JOBS` jobs within the horizon (a ten-million-row trace took 3.8 GB and
-/// aborted). Synthetic workloads draw only the arrivals their horizon holds.
-fn check_replayed_jobs(c: &mut Checker<'_>, node: &Node, workloads: &[WorkloadSpec], horizon: u64) {
-    let until = horizon as f64;
-    let replayed: usize = workloads
+/// aborted). Synthetic workloads draw only the arrivals their horizon holds. Checked on the
+/// scenario as it will run (after `--horizon-hours` and `--max-jobs`).
+pub fn check_replayed_jobs(s: &Scenario) -> Result<(), String> {
+    let until = s.horizon_secs as f64;
+    let replayed: usize = s
+        .workloads
         .iter()
         .map(|w| match w {
             WorkloadSpec::Trace(t) => t.arriving_until(until),
@@ -548,15 +546,12 @@ fn check_replayed_jobs(c: &mut Checker<'_>, node: &Node, workloads: &[WorkloadSp
         })
         .sum();
     if replayed > MAX_REPLAYED_JOBS {
-        c.error_hint(
-            node,
-            "workload",
-            format!(
-                "the workloads' files bring {replayed} jobs within the horizon; a run replays at most {MAX_REPLAYED_JOBS} (each job it has seen stays in memory, about 2.6 KB)"
-            ),
-            "replay fewer: a trace's `limit:`, a shorter `horizon_hours`, or a smaller `time_scale`",
-        );
+        return Err(format!(
+            "error: {}: the workloads' files bring {replayed} jobs within the horizon; a run replays at most {MAX_REPLAYED_JOBS} (each job it has seen stays in memory, about 2.6 KB)\n  = hint: replay fewer: a trace's `limit:` (or --max-jobs), a shorter `horizon_hours` (or --horizon-hours), or a smaller `time_scale`\n",
+            s.path.display()
+        ));
     }
+    Ok(())
 }
 
 const CHAOS_FIELDS: &[&str] = &[

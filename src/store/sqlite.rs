@@ -308,8 +308,9 @@ impl SqliteStore {
 }
 
 /// For a store file this user may only read: the URI that opens it read-only. Where the
-/// WAL index (`-shm`) is missing and cannot be made (a folder this user cannot write), the
-/// file is read as immutable: no writer runs (one would have made the index).
+/// WAL index (`-shm`) and log (`-wal`) are missing and cannot be made (a folder this user
+/// cannot write), the file is read as immutable, as it is when opened: no writer runs (one
+/// would have made the index).
 fn read_only_uri(path: &Path) -> Option<String> {
     use nix::unistd::{AccessFlags, access};
     if !path.exists() || access(path, AccessFlags::W_OK).is_ok() {
@@ -317,9 +318,14 @@ fn read_only_uri(path: &Path) -> Option<String> {
     }
     let full = path.canonicalize().ok()?;
     let dir = full.parent()?;
-    let mut shm = full.clone().into_os_string();
-    shm.push("-shm");
-    let immutable = !Path::new(&shm).exists() && access(dir, AccessFlags::W_OK).is_err();
+    let beside = |suffix: &str| {
+        let mut name = full.clone().into_os_string();
+        name.push(suffix);
+        Path::new(&name).exists()
+    };
+    // No index, no log (a leftover log would be ignored), and no way to make them: nobody
+    // writes it now. It is read as it is when opened.
+    let immutable = !beside("-shm") && !beside("-wal") && access(dir, AccessFlags::W_OK).is_err();
     // The URI's path: `%`, `?` and `#` escaped.
     let escaped = full
         .to_str()?

@@ -324,21 +324,6 @@ fn of_directory_within(dir: &Path, limit: u64) -> Result<Bundle, String> {
         .map_err(|e| write_error(&e, dir, dir))
 }
 
-/// The SHA-256 (hex) of the file at `path`, read in chunks.
-pub fn sha256_of_file(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
-    let mut hash = Sha256::new();
-    let mut chunk = vec![0; 1 << 20];
-    loop {
-        let n = file.read(&mut chunk)?;
-        if n == 0 {
-            return Ok(hex::encode(hash.finalize()));
-        }
-        hash.update(&chunk[..n]);
-    }
-}
-
 fn too_big(path: &Path) -> String {
     format!(
         "{}: the bundle would exceed {} GiB; upload large files to a bucket and name a `gs://` bundle",
@@ -525,7 +510,10 @@ mod tests {
         let data = bytes(&bundle);
         assert_eq!(data.len() as u64, bundle.size);
         assert_eq!(hex::encode(Sha256::digest(&data)), bundle.sha256);
-        assert_eq!(sha256_of_file(&bundle.file).unwrap(), bundle.sha256);
+        assert_eq!(
+            crate::worker::bundle::sha256_file(&bundle.file).unwrap(),
+            bundle.sha256
+        );
         let mode = std::fs::metadata(&bundle.file)
             .unwrap()
             .permissions()

@@ -316,42 +316,45 @@ fn upload_bundle(
     uri: &str,
     bundle: &bundle::Bundle,
 ) -> Result<(), SubmitError> {
-    let mismatch = || {
-        SubmitError::Objects(format!(
-            "error: artifact integrity mismatch: {uri} exists with other content than this bundle; it was left as it is\n"
-        ))
-    };
-    match objects.upload(uri, &bundle.file, true) {
-        Ok(()) => Ok(()),
-        Err(e) if e.exists => {
-            let there = tempfile::NamedTempFile::new()
-                .map_err(|e| SubmitError::Objects(format!("error: a temporary file: {e}\n")))?;
-            let found = objects
-                .download(uri, there.path(), bundle.size)
-                .map_err(|_| mismatch())?;
-            let same =
-                found && bundle::sha256_of_file(there.path()).is_ok_and(|sha| sha == bundle.sha256);
-            if same { Ok(()) } else { Err(mismatch()) }
-        }
-        Err(e) => Err(SubmitError::Objects(format!("error: upload {uri}: {e}\n"))),
-    }
+    create_once(uri, objects.upload(uri, &bundle.file, true), || {
+        let there = tempfile::NamedTempFile::new().map_err(|e| format!("a temporary file: {e}"))?;
+        let found = objects
+            .download(uri, there.path(), bundle.size)
+            .map_err(|e| e.to_string())?;
+        Ok(found
+            && crate::worker::bundle::sha256_file(there.path())
+                .is_ok_and(|sha| sha == bundle.sha256))
+    })
 }
 
 /// Uploads `data` create-only to `uri`; an object already there must hold the same bytes.
 fn upload(objects: &dyn ObjectStore, uri: &str, data: &[u8]) -> Result<(), SubmitError> {
-    match objects.put(uri, data, true) {
+    create_once(uri, objects.put(uri, data, true), || {
+        let there = objects
+            .get(uri, data.len() as u64 + 1)
+            .map_err(|e| e.to_string())?;
+        Ok(there.is_some_and(|bytes| Sha256::digest(&bytes) == Sha256::digest(data)))
+    })
+}
+
+/// What a create-only write of `uri` that returned `written` means: done, or, where the
+/// object was there already, done only if `same()` finds it holds what was to be written.
+fn create_once(
+    uri: &str,
+    written: Result<(), crate::objects::ObjectError>,
+    same: impl FnOnce() -> Result<bool, String>,
+) -> Result<(), SubmitError> {
+    match written {
         Ok(()) => Ok(()),
-        Err(e) if e.exists => {
-            let there = objects
-                .get(uri, data.len() as u64 + 1)
-                .map_err(|e| SubmitError::Objects(format!("error: {e}\n")))?;
-            match there {
-                Some(bytes) if Sha256::digest(&bytes) == Sha256::digest(data) => Ok(()),
-                _ => Err(SubmitError::Objects(format!(
-                    "error: artifact integrity mismatch: {uri} exists with other content than this bundle; it was left as it is\n"
-                ))),
-            }
-        }
+        Err(e) if e.exists => match same() {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(SubmitError::Objects(format!(
+                "error: artifact integrity mismatch: {uri} exists with other content than this bundle; it was left as it is\n"
+            ))),
+            Err(e) => Err(SubmitError::Objects(format!(
+                "error: {uri} exists; reading it back to compare failed: {e}\n"
+            ))),
+        },
         Err(e) => Err(SubmitError::Objects(format!("error: upload {uri}: {e}\n"))),
     }
 }

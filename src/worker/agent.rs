@@ -94,6 +94,8 @@ pub struct Current {
     /// The random token this agent put in the environment of the supervisor (and through it
     /// of the command): only a group holding a process that carries it, or a child of one,
     /// is ever signalled (a pid in a file may name anyone's process, or one reused since).
+    /// Empty in a record of an agent from before tokens: its supervisor is then known by
+    /// its command line.
     #[serde(default)]
     pub token: String,
 }
@@ -118,14 +120,62 @@ fn carries_token(pid: i32, token: &str) -> bool {
     environ.split(|b| *b == 0).any(|e| e == want.as_bytes())
 }
 
-/// Whether process group `pgid` is one this agent started: a live process of it carries
-/// `token`, or is the child of one that does (a command that replaced its environment).
-fn started_here(pgid: i32, token: &str) -> bool {
+/// What proves that a process was started for the attempt `current` records: the token in
+/// its environment; for a record an agent from before tokens wrote (no token), its
+/// supervisor, proven by its owner and command line (`worker supervise … --attempt A`).
+struct Proof<'a> {
+    token: &'a str,
+    supervisor: i32,
+    attempt: &'a str,
+}
+
+impl Proof<'_> {
+    fn of(current: &Current) -> Proof<'_> {
+        Proof {
+            token: &current.token,
+            supervisor: current.supervisor,
+            attempt: &current.attempt_id,
+        }
+    }
+
+    /// Whether process `pid` was started for the attempt.
+    fn holds(&self, pid: i32) -> bool {
+        if self.token.is_empty() {
+            pid == self.supervisor && supervises(pid, self.attempt)
+        } else {
+            carries_token(pid, self.token)
+        }
+    }
+}
+
+/// Whether process `pid` is this user's `tpu-runner worker supervise … --attempt ATTEMPT`.
+fn supervises(pid: i32, attempt: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let mine = std::fs::metadata(format!("/proc/{pid}"))
+        .is_ok_and(|m| m.uid() == nix::unistd::geteuid().as_raw());
+    let Ok(file) = std::fs::File::open(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let mut cmdline = Vec::new();
+    if file.take(1 << 16).read_to_end(&mut cmdline).is_err() {
+        return false;
+    }
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    mine && args
+        .windows(2)
+        .any(|w| w == [&b"worker"[..], &b"supervise"[..]])
+        && args
+            .windows(2)
+            .any(|w| w[0] == b"--attempt" && w[1] == attempt.as_bytes())
+}
+
+/// Whether process group `pgid` is one started for the attempt `proof` stands for: a live
+/// process of it is proven, or is the child of one that is (a command that replaced its
+/// environment).
+fn started_here(pgid: i32, proof: &Proof<'_>) -> bool {
     pgid > 0
         && processes().iter().any(|p| {
-            p.group == pgid
-                && p.state != 'Z'
-                && (carries_token(p.pid, token) || carries_token(p.parent, token))
+            p.group == pgid && p.state != 'Z' && (proof.holds(p.pid) || proof.holds(p.parent))
         })
 }
 
@@ -192,9 +242,9 @@ pub(crate) fn alive(pid: i32) -> bool {
         && processes().iter().any(|p| p.pid == pid && p.state != 'Z')
 }
 
-/// Whether process `pid` runs and is one this agent started (see `Current::token`).
-fn ours_alive(pid: i32, token: &str) -> bool {
-    alive(pid) && carries_token(pid, token)
+/// Whether process `pid` runs and was started for the attempt `proof` stands for.
+fn ours_alive(pid: i32, proof: &Proof<'_>) -> bool {
+    alive(pid) && proof.holds(pid)
 }
 
 /// Whether any process of group `pgid` still runs.
@@ -207,13 +257,13 @@ fn group_alive(pgid: i32) -> bool {
 }
 
 /// TERMs process group `pgid`, waits up to `grace` for it to end, then KILLs it; only while
-/// it is a group this agent started (`started_here` with `token`), never anyone else's.
-fn stop_group(pgid: i32, grace: Duration, token: &str) {
-    if group_alive(pgid) && !started_here(pgid, token) {
+/// it is a group started for the attempt `proof` stands for, never anyone else's.
+fn stop_group(pgid: i32, grace: Duration, proof: &Proof<'_>) {
+    if group_alive(pgid) && !started_here(pgid, proof) {
         eprintln!("tpu-runner: process group {pgid} was not started by this agent: left alone");
         return;
     }
-    terminate(pgid, grace, || started_here(pgid, token));
+    terminate(pgid, grace, || started_here(pgid, proof));
 }
 
 /// TERMs process group `pgid`, waits up to `grace` for it to end, then KILLs it if
@@ -550,16 +600,16 @@ pub fn launch(
         return Ok(LaunchAck::AlreadyComplete);
     }
     if let Some(current) = read_current(root) {
-        let token = current.token.as_str();
-        if current.attempt_id == attempt && ours_alive(current.supervisor, token) {
+        let proof = Proof::of(&current);
+        if current.attempt_id == attempt && ours_alive(current.supervisor, &proof) {
             return Ok(LaunchAck::AlreadyRunning);
         }
         // Whatever else this agent started here stops first.
         let grace = Duration::from_secs(spec.grace_secs.max(1));
         if let Some(group) = current.command_group {
-            stop_group(group, grace, token);
+            stop_group(group, grace, &proof);
         }
-        stop_group(current.supervisor, grace, token);
+        stop_group(current.supervisor, grace, &proof);
         let _ = std::fs::remove_file(root.current());
     }
     // A clean workspace and shared memory; the attempt's own folder (earlier attempts'
@@ -902,7 +952,7 @@ pub fn stop_all(root: &Root) {
             .into_iter()
             .chain([current.supervisor])
         {
-            stop_group(group, Duration::ZERO, &current.token);
+            stop_group(group, Duration::ZERO, &Proof::of(&current));
         }
     }
 }
@@ -928,11 +978,11 @@ pub fn cancel(
     if current.attempt_id != attempt {
         return CancelAck::Mismatch;
     }
-    let token = current.token.as_str();
+    let proof = Proof::of(&current);
     let running = current
         .command_group
-        .is_some_and(|group| group_alive(group) && started_here(group, token))
-        || ours_alive(current.supervisor, token);
+        .is_some_and(|group| group_alive(group) && started_here(group, &proof))
+        || ours_alive(current.supervisor, &proof);
     if !running {
         return CancelAck::NotRunning;
     }
@@ -948,11 +998,11 @@ pub fn cancel(
                 }
                 None => grace,
             };
-            stop_group(group, grace, token)
+            stop_group(group, grace, &proof)
         }
         // Still setting up: stop the supervisor itself, and say so in its place.
         None => {
-            stop_group(current.supervisor, grace, token);
+            stop_group(current.supervisor, grace, &proof);
             let dirs = root.dirs(&current.job_id, attempt);
             if !dirs.attempt.join("status.json").exists()
                 && let Ok(bytes) =
