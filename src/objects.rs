@@ -319,7 +319,8 @@ impl ObjectStore for LocalDir {
         }
         // Copied, never read whole into memory.
         let mut out = std::fs::File::create(path).map_err(|e| io(uri, e))?;
-        std::io::copy(&mut std::io::Read::take(&mut file, limit), &mut out).map_err(|e| io(uri, e))?;
+        std::io::copy(&mut std::io::Read::take(&mut file, limit), &mut out)
+            .map_err(|e| io(uri, e))?;
         Ok(true)
     }
 
