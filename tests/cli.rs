@@ -1487,7 +1487,16 @@ fn readme_comparison_of_policies_is_what_simulate_compare_prints() {
 #[test]
 fn a_read_only_store_file_is_read_and_never_written() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
+    let as_other = nix::unistd::Uid::effective().is_root();
+    // Where the second user can reach it (the test's own temporary folder may be private).
+    let dir = if as_other {
+        tempfile::Builder::new()
+            .prefix("tpu-runner-ro-")
+            .tempdir_in("/tmp")
+            .unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
     let folder = dir.path().join("shared");
     std::fs::create_dir(&folder).unwrap();
     let db = folder.join("state.db");
@@ -1510,12 +1519,12 @@ fn a_read_only_store_file_is_read_and_never_written() {
     std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o444)).unwrap();
     std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o555)).unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let as_other = nix::unistd::Uid::effective().is_root();
     let run = |args: &[&str]| {
         let mut c = if as_other {
             let mut c = Command::new("setpriv");
             c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-                .arg(env!("CARGO_BIN_EXE_tpu-runner"));
+                .arg(env!("CARGO_BIN_EXE_tpu-runner"))
+                .env("TMPDIR", "/tmp");
             c
         } else {
             Command::new(env!("CARGO_BIN_EXE_tpu-runner"))

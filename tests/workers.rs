@@ -75,7 +75,11 @@ struct Rig {
 
 impl Rig {
     fn new(kind: Kind) -> Rig {
-        Rig::with_agent(kind, PathBuf::from(env!("CARGO_BIN_EXE_tpu-runner")))
+        Rig::with_agent(
+            kind,
+            PathBuf::from(env!("CARGO_BIN_EXE_tpu-runner")),
+            tempfile::tempdir().unwrap(),
+        )
     }
 
     /// A local rig whose agent runs as the unprivileged user `uid` (through `setpriv`), its
@@ -99,21 +103,25 @@ impl Rig {
         std::fs::write(
             &wrapper,
             format!(
-                "#!/bin/sh\nexec setpriv --reuid={uid} --regid={uid} --clear-groups '{}' \"$@\"\n",
+                "#!/bin/sh\nTMPDIR=/tmp exec setpriv --reuid={uid} --regid={uid} --clear-groups '{}' \"$@\"\n",
                 env!("CARGO_BIN_EXE_tpu-runner")
             ),
         )
         .unwrap();
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let mut rig = Rig::with_agent(Kind::Local, wrapper.to_path_buf());
+        // Where that user can reach it (the test's own temporary folder may be private).
+        let dir = tempfile::Builder::new()
+            .prefix("tpu-runner-rig-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let mut rig = Rig::with_agent(Kind::Local, wrapper.to_path_buf(), dir);
         rig.wrapper = Some(wrapper);
         std::fs::set_permissions(rig.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         Some(rig)
     }
 
-    fn with_agent(kind: Kind, agent: PathBuf) -> Rig {
+    fn with_agent(kind: Kind, agent: PathBuf, dir: tempfile::TempDir) -> Rig {
         static BUCKETS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let dir = tempfile::tempdir().unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
