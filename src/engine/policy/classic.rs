@@ -140,6 +140,17 @@ pub(super) fn match_in_order(
             });
         members[c].push_back(t);
     }
+    // TPU classes by zone and by name (ascending ids), so that a job pinned to a zone or a
+    // TPU checks only the classes there: the pins of a sweep queue make thousands of job
+    // classes, each of which would otherwise check every TPU class.
+    let mut by_zone: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    let mut by_name: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (c, m) in members.iter().enumerate() {
+        let r = tpus[m[0]];
+        by_zone.entry(r.zone.as_str()).or_default().push(c);
+        by_name.entry(r.tpu_name.as_str()).or_default().push(c);
+    }
+    let all: Vec<usize> = (0..members.len()).collect();
     // Job classes: the demand classes that occur, with their compatible TPU classes.
     let mut job_class_of: Vec<Option<u32>> = vec![None; demand.classes.len()];
     let mut compat: Vec<Vec<u32>> = Vec::new();
@@ -149,10 +160,17 @@ pub(super) fn match_in_order(
             let dc = demand.jobs[j].class;
             *job_class_of[dc as usize].get_or_insert_with(|| {
                 let req = demand.classes[dc as usize].req;
+                let candidates = match (req.tpu_name, req.zone) {
+                    (Some(name), _) => by_name.get(name),
+                    (None, Some(zone)) => by_zone.get(zone),
+                    (None, None) => Some(&all),
+                };
                 compat.push(
-                    (0..members.len())
-                        .filter(|&c| req.accepts_tpu(index, tpus[members[c][0]]))
-                        .map(|c| c as u32)
+                    candidates
+                        .into_iter()
+                        .flatten()
+                        .filter(|&&c| req.accepts_tpu(index, tpus[members[c][0]]))
+                        .map(|&c| c as u32)
                         .collect(),
                 );
                 (compat.len() - 1) as u32

@@ -2,9 +2,10 @@
 //! class; TPUs are grouped into TPU classes with a capacity. A job is matched exactly when it
 //! can be added to the earlier matched jobs by an augmenting path — the original's Kuhn
 //! matching, whose matched set in a given order is unique (the greedy basis of a transversal
-//! matroid). Paths are searched on classes, not on single jobs and TPUs, so the cost grows
-//! with the number of jobs plus (successful augmentations + dead classes) × class edges,
-//! instead of jobs × TPUs × edges.
+//! matroid). Paths are searched on classes, not on single jobs and TPUs, and a failed search
+//! retires every class it reached, so the cost grows with the number of jobs plus successful
+//! augmentations × class edges (failed searches read each class edge once in all), instead
+//! of jobs × TPUs × edges.
 
 /// The class graph.
 #[derive(Clone, Debug)]
@@ -25,6 +26,10 @@ pub fn greedy_match(graph: &ClassGraph, job_classes: &[u32]) -> Vec<Option<u32>>
     // users[tc]: (job class, position in its compat list) that ever sent flow into tc.
     let mut users: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_tpu_classes];
     let mut dead = vec![false; n_job_classes];
+    // TPU classes a failed search reached: full, and every path out of them leads back into
+    // what that search saw, so no later augmenting path enters them (their flows never
+    // change again). Later searches skip them, and find the same paths.
+    let mut dead_tc = vec![false; n_tpu_classes];
     let mut matched = vec![false; job_classes.len()];
 
     // BFS scratch, reused; `stamp` avoids clearing between searches.
@@ -37,6 +42,11 @@ pub fn greedy_match(graph: &ClassGraph, job_classes: &[u32]) -> Vec<Option<u32>>
     let mut parent_jc = vec![(u32::MAX, 0u32); n_job_classes];
     let mut queue: Vec<u32> = Vec::new();
     let mut visited: Vec<u32> = Vec::new();
+    let mut visited_tc: Vec<u32> = Vec::new();
+    // Per job class: no compatible class before this position has a free TPU. A class once
+    // full stays full (`used` only grows), so the fast path scans each list once in all,
+    // not once per job (a sweep queue's unconstrained class lists every TPU class).
+    let mut first_free = vec![0usize; n_job_classes];
 
     for (j, &jc) in job_classes.iter().enumerate() {
         let jc_us = jc as usize;
@@ -44,11 +54,14 @@ pub fn greedy_match(graph: &ClassGraph, job_classes: &[u32]) -> Vec<Option<u32>>
             continue;
         }
         // Fast path: a compatible class with a free TPU.
-        if let Some(k) = graph.compat[jc_us]
+        let compat = &graph.compat[jc_us];
+        let start = first_free[jc_us];
+        let free = compat[start..]
             .iter()
-            .position(|&tc| used[tc as usize] < graph.capacity[tc as usize])
-        {
-            let tc = graph.compat[jc_us][k];
+            .position(|&tc| used[tc as usize] < graph.capacity[tc as usize]);
+        first_free[jc_us] = free.map_or(compat.len(), |k| start + k);
+        if let Some(k) = free.map(|k| start + k) {
+            let tc = compat[k];
             add_flow(&mut flow, &mut users, jc, k as u32, tc);
             used[tc as usize] += 1;
             matched[j] = true;
@@ -58,6 +71,7 @@ pub fn greedy_match(graph: &ClassGraph, job_classes: &[u32]) -> Vec<Option<u32>>
         stamp += 1;
         queue.clear();
         visited.clear();
+        visited_tc.clear();
         queue.push(jc);
         seen_jc[jc_us] = stamp;
         parent_jc[jc_us] = (u32::MAX, 0);
@@ -69,10 +83,11 @@ pub fn greedy_match(graph: &ClassGraph, job_classes: &[u32]) -> Vec<Option<u32>>
             head += 1;
             for (k, &tc) in graph.compat[cur as usize].iter().enumerate() {
                 let tcu = tc as usize;
-                if seen_tc[tcu] == stamp {
+                if seen_tc[tcu] == stamp || dead_tc[tcu] {
                     continue;
                 }
                 seen_tc[tcu] = stamp;
+                visited_tc.push(tc);
                 parent_tc[tcu] = (cur, k as u32);
                 if used[tcu] < graph.capacity[tcu] {
                     found = Some(tc);
@@ -96,6 +111,9 @@ pub fn greedy_match(graph: &ClassGraph, job_classes: &[u32]) -> Vec<Option<u32>>
                 for &v in &visited {
                     dead[v as usize] = true;
                 }
+                for &t in &visited_tc {
+                    dead_tc[t as usize] = true;
+                }
             }
             Some(free) => {
                 used[free as usize] += 1;
@@ -117,17 +135,22 @@ pub fn greedy_match(graph: &ClassGraph, job_classes: &[u32]) -> Vec<Option<u32>>
     }
     // Re-derive per-job classes from the final flows: earlier jobs may have been moved by
     // later augmentations, but any decomposition of the flow is a valid assignment.
+    // Flows are only taken from here on: the first position with flow left only moves on.
     let mut remaining = flow;
+    let mut first_flow = vec![0usize; n_job_classes];
     let mut out = vec![None; job_classes.len()];
     for (j, &jc) in job_classes.iter().enumerate() {
         if !matched[j] {
             continue;
         }
         let row = &mut remaining[jc as usize];
-        let k = row
-            .iter()
-            .position(|&f| f > 0)
-            .expect("a matched job has flow in its class");
+        let start = &mut first_flow[jc as usize];
+        let k = *start
+            + row[*start..]
+                .iter()
+                .position(|&f| f > 0)
+                .expect("a matched job has flow in its class");
+        *start = k;
         row[k] -= 1;
         out[j] = Some(graph.compat[jc as usize][k]);
     }
