@@ -102,7 +102,8 @@ impl<'a> Requirement<'a> {
         self.regions.accepts(region)
     }
 
-    fn place_ok(&self, tpu_type: &TpuType, zone: &str) -> bool {
+    /// A TPU of `tpu_type` in `zone` is of a type, zone and region the job accepts.
+    pub fn accepts_place(&self, tpu_type: &TpuType, zone: &str) -> bool {
         self.tpu.accepts(tpu_type)
             && self.zone.is_none_or(|z| z == zone)
             // Zones were validated on input: the region is everything before the last `-`.
@@ -114,7 +115,7 @@ impl<'a> Requirement<'a> {
     /// otherwise an adopted entry or a managed one with `count > 0`.
     pub fn accepts_entry(&self, index: &FleetIndex, entry_index: usize) -> bool {
         let entry: &TpuEntry = index.entry(entry_index);
-        if !self.place_ok(&entry.tpu_type, &entry.zone)
+        if !self.accepts_place(&entry.tpu_type, &entry.zone)
             || (!entry.is_adopted() && !self.models.has(entry.provisioning_model))
         {
             return false;
@@ -131,7 +132,7 @@ impl<'a> Requirement<'a> {
 
     /// Job accepts resource (§3.9): type, zone, name and region.
     pub fn accepts_resource(&self, resource: &Resource) -> bool {
-        self.place_ok(&resource.tpu_type, &resource.zone)
+        self.accepts_place(&resource.tpu_type, &resource.zone)
             && self.tpu_name.is_none_or(|n| n == resource.tpu_name)
     }
 

@@ -16,7 +16,7 @@ use super::observe::{
     QueuedResourceInfo,
 };
 use super::reconcile::PassOutput;
-use super::state::{JobStatus, RegionChoice, Resource, ResourceStatus, State};
+use super::state::{JobStatus, RegionChoice, ResourceStatus, State};
 use super::time::Timestamp;
 use crate::spec::gcp::ModelSet;
 use crate::spec::{EntryKind, TpuRequest};
@@ -308,9 +308,24 @@ pub fn explain_jobs<'j>(
     // Facts about the TPU records, read once: busy TPUs per entry, usable adopted TPUs.
     let mut busy_per_entry: HashMap<&str, u32> = HashMap::new();
     let mut usable_adopted: std::collections::HashSet<&str> = Default::default();
-    let mut records: rustc_hash::FxHashMap<crate::spec::Name, Vec<&Resource>> = Default::default();
+    let mut held: Vec<Vec<Held<'_>>> = vec![Vec::new(); index.fleet.tpus.len()];
     for r in state.resources.values() {
-        records.entry(r.entry_id).or_default().push(r);
+        // A declared record is its entry's, of its type and zone.
+        if let Some(owner) = &r.owner
+            && let Some(d) = index.declared(&r.tpu_name)
+            && index.declares(index.entry(d.entry), r)
+        {
+            let when = if assigned_now.contains(&(owner.job_id.as_str(), r.id.as_str())) {
+                "assigned this pass"
+            } else {
+                "running"
+            };
+            held[d.entry].push(Held {
+                job: owner.job_id.as_str(),
+                when,
+                tpu_name: r.tpu_name,
+            });
+        }
         if r.is_busy() {
             *busy_per_entry.entry(r.entry_id.as_str()).or_default() += 1;
         }
@@ -322,10 +337,9 @@ pub fn explain_jobs<'j>(
         index,
         state,
         requests,
-        assigned_now,
         busy_per_entry,
         usable_adopted,
-        records,
+        held,
         now,
     };
     // Jobs a priority preemption under way is freeing a TPU for: waiter → (victim, TPU).
@@ -344,8 +358,9 @@ pub fn explain_jobs<'j>(
     } else {
         Default::default()
     };
-    // What depends only on the requirement, once per class.
-    let mut by_class: rustc_hash::FxHashMap<ClassKey<'_>, Vec<Reason>> = Default::default();
+    // What depends only on the requirement, once per class, with its sentences.
+    let mut by_class: rustc_hash::FxHashMap<ClassKey<'_>, (Vec<Reason>, Vec<String>)> =
+        Default::default();
     let mut result = Vec::new();
     let pending = jobs.into_iter().filter_map(|j| {
         state
@@ -358,7 +373,11 @@ pub fn explain_jobs<'j>(
         let models = req.models;
         let class = by_class
             .entry(ClassKey::of(job, models))
-            .or_insert_with(|| class_reasons(&facts, &req));
+            .or_insert_with(|| {
+                let codes = class_reasons(&facts, &req);
+                let sentences = codes.iter().map(ToString::to_string).collect();
+                (codes, sentences)
+            });
         let mut codes = Vec::new();
         if let Some(t) = job.not_before.filter(|t| *t > now) {
             codes.push(Reason::BackingOff {
@@ -375,10 +394,12 @@ pub fn explain_jobs<'j>(
                 tpu: tpu.to_string(),
             });
         }
-        codes.extend(class.iter().cloned());
+        let mut reasons: Vec<String> = codes.iter().map(ToString::to_string).collect();
+        codes.extend(class.0.iter().cloned());
+        reasons.extend(class.1.iter().cloned());
         result.push(Explanation {
             job_id: job.id.to_string(),
-            reasons: codes.iter().map(ToString::to_string).collect(),
+            reasons,
             codes,
         });
     }
@@ -427,15 +448,29 @@ struct Facts<'a> {
     state: &'a State,
     /// Live requests per entry.
     requests: BTreeMap<&'a str, u32>,
-    /// (job, resource) assigned by this pass.
-    assigned_now: std::collections::HashSet<(&'a str, &'a str)>,
     /// Busy TPU records per entry.
     busy_per_entry: HashMap<&'a str, u32>,
     /// Adopted TPUs that are idle or busy.
     usable_adopted: std::collections::HashSet<&'a str>,
-    /// TPU records by the entry they name (hashed: only looked up).
-    records: rustc_hash::FxHashMap<crate::spec::Name, Vec<&'a Resource>>,
+    /// Per entry (fleet order), its declared TPUs that run a job.
+    held: Vec<Vec<Held<'a>>>,
     now: Timestamp,
+}
+
+/// A declared TPU that runs a job.
+#[derive(Clone, Copy, Debug)]
+struct Held<'a> {
+    /// The job it runs.
+    job: &'a str,
+    /// `running`, or `assigned this pass`.
+    when: &'static str,
+    /// The TPU's name (a job may require one).
+    tpu_name: crate::spec::Name,
+}
+
+/// The bytes of a holder's text `job (when)` up to the closing parenthesis, for ordering.
+fn holder_text<'a>((job, when): (&'a str, &'a str)) -> impl Iterator<Item = u8> + 'a {
+    job.bytes().chain(*b" (").chain(when.bytes())
 }
 
 /// The reasons every job with requirement `req` shares.
@@ -444,7 +479,6 @@ fn class_reasons(facts: &Facts<'_>, req: &Requirement<'_>) -> Vec<Reason> {
         index,
         state,
         requests,
-        assigned_now,
         busy_per_entry,
         usable_adopted,
         now,
@@ -464,30 +498,38 @@ fn class_reasons(facts: &Facts<'_>, req: &Requirement<'_>) -> Vec<Reason> {
         });
         return reasons;
     }
-    // TPUs of compatible entries and who holds them: a declared record is its entry's, of
-    // its type and zone, so only the candidates' records can be accepted.
+    // Who holds the TPUs of compatible entries: only candidates in the required zone, and
+    // the entry declaring the required name, hold TPUs the job accepts.
+    let named = req
+        .tpu_name
+        .map(|n| crate::spec::Name::existing(n).and_then(|n| Some(index.declared(&n)?.entry)));
     let mut holders = Vec::new();
-    let records = candidates
-        .iter()
-        .flat_map(|&e| facts.records.get(&index.entry(e as usize).id))
-        .flatten();
-    for r in records {
-        if !req.accepts_resource(r) || !index.is_declared(r) {
+    for e in candidates.iter().map(|&e| e as usize) {
+        let entry = index.entry(e);
+        if req.zone.is_some_and(|z| entry.zone != z)
+            || named.is_some_and(|declaring| declaring != Some(e))
+            || !req.accepts_place(&entry.tpu_type, &entry.zone)
+        {
             continue;
         }
-        if let Some(owner) = &r.owner {
-            let when = if assigned_now.contains(&(owner.job_id.as_str(), r.id.as_str())) {
-                "assigned this pass"
-            } else {
-                "running"
-            };
-            holders.push(format!("{} ({when})", owner.job_id));
-        }
+        let accepted = facts.held[e]
+            .iter()
+            .filter(|h| req.tpu_name.is_none_or(|n| n == h.tpu_name));
+        holders.extend(accepted.map(|h| (h.job, h.when)));
     }
     if !holders.is_empty() {
-        holders.sort();
+        // The first SHOWN in the order of their text `job (when)`, the only ones written.
+        let order = |a: &(&str, &str), b: &(&str, &str)| holder_text(*a).cmp(holder_text(*b));
         let more = holders.len().saturating_sub(SHOWN);
-        holders.truncate(SHOWN);
+        if more > 0 {
+            holders.select_nth_unstable_by(SHOWN, order);
+            holders.truncate(SHOWN);
+        }
+        holders.sort_unstable_by(order);
+        let holders = holders
+            .iter()
+            .map(|(job, when)| format!("{job} ({when})"))
+            .collect();
         reasons.push(Reason::TpusTaken { holders, more });
     }
     let mut requested = Vec::new();
