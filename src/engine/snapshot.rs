@@ -146,20 +146,8 @@ fn check_specs(state: &State, out: &mut Vec<Problem>) {
     if all.is_empty() {
         return;
     }
-    let specs: Vec<serde_json::Value> = all
-        .iter()
-        .map(|(_, j)| {
-            let mut v = serde_json::to_value(&j.spec).expect("a spec serialises");
-            if let Some(m) = v.as_object_mut() {
-                // Derived, not written by a person: not a field of `job.yaml`.
-                m.remove("id_generated");
-            }
-            v
-        })
-        .collect();
-    // Read as `job.yaml` is, from the tree of the records (no text to write and scan again).
-    let root = crate::spec::yaml::from_json(&serde_json::json!({ "jobs": specs }));
-    let Err(errors) = crate::spec::job::parse_jobs_tree("snapshot", &root, None) else {
+    let specs: Vec<&crate::spec::JobSpec> = all.iter().map(|(_, j)| &j.spec).collect();
+    let Err(errors) = crate::spec::job::recheck_stored(&specs) else {
         return;
     };
     for d in errors.diagnostics {

@@ -381,12 +381,81 @@ fn read_jobs(c: &mut Checker<'_>, root: &Node, fleet: Option<&FleetSpec>) -> Opt
     let f = c.mapping(root, "", "the job manifest", &["jobs"], &rejected)?;
     let list = f.required(c, "jobs", "a list of jobs")?;
     let items = c.list(list, "jobs", "a non-empty list of jobs", false)?;
-    let mut jobs = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        if let Some(job) = read_job(c, item, i, fleet) {
-            jobs.push((job, item, i));
-        }
+    let jobs = read_items(c, items, fleet);
+    check_unique(c, &jobs);
+    Some(jobs.into_iter().map(|(j, _, _)| j).collect())
+}
+
+/// Below this many jobs a list is read on one thread.
+const READ_APART_FROM: usize = 4096;
+
+/// `f` over `items` cut into one part per core (the part's start and the part), results in
+/// order; a short list is one part, read here.
+fn in_parts<'a, T: Sync, R: Send>(
+    items: &'a [T],
+    f: impl Fn(usize, &'a [T]) -> R + Sync,
+) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    if items.len() < READ_APART_FROM || threads == 1 {
+        return vec![f(0, items)];
     }
+    let size = items.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let f = &f;
+        let running: Vec<_> = (items.chunks(size).enumerate())
+            .map(|(k, part)| s.spawn(move || f(k * size, part)))
+            .collect();
+        running
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
+}
+
+/// Each job of a `jobs:` list, read with its place in the list. A job's reading looks at no
+/// other job, so a long list (a sweep's) is read in parts side by side, its problems kept
+/// in list order.
+fn read_items<'n>(
+    c: &mut Checker<'_>,
+    items: &'n [Node],
+    fleet: Option<&FleetSpec>,
+) -> Vec<(JobSpec, &'n Node, usize)> {
+    let parts = in_parts(items, |start, part: &'n [Node]| {
+        let mut own = c.fork();
+        let numbered = part.iter().enumerate().map(|(k, item)| (start + k, item));
+        let jobs: Vec<_> = numbered
+            .filter_map(|(i, item)| Some((read_job(&mut own, item, i, fleet)?, item, i)))
+            .collect();
+        (own, jobs)
+    });
+    let mut jobs = Vec::with_capacity(items.len());
+    for (own, part) in parts {
+        c.absorb(own);
+        jobs.extend(part);
+    }
+    jobs
+}
+
+/// Stored job specs (a state snapshot's) read again exactly as the jobs of a `job.yaml`
+/// are, from the tree of the records (no text to write and scan again): one rule wherever
+/// a job comes from. Problems name the i-th spec `jobs[i]`.
+pub fn recheck_stored(specs: &[&JobSpec]) -> Result<(), SpecErrors> {
+    let as_read = |_, part: &[&JobSpec]| -> Vec<Node> {
+        let value = |j: &&JobSpec| serde_json::to_value(j).expect("a spec serialises");
+        part.iter().map(|j| yaml::from_json(&value(j))).collect()
+    };
+    let nodes: Vec<Node> = in_parts(specs, as_read).into_iter().flatten().collect();
+    let mut c = Checker::new("");
+    let jobs = read_items(&mut c, &nodes, None);
+    check_unique(&mut c, &jobs);
+    c.finish("snapshot", ())
+}
+
+/// Ids and names are each used once in a list.
+fn check_unique(c: &mut Checker<'_>, jobs: &[(JobSpec, &Node, usize)]) {
     c.unique(
         jobs.iter()
             .filter(|(j, _, _)| !j.fresh_id)
@@ -405,7 +474,6 @@ fn read_jobs(c: &mut Checker<'_>, root: &Node, fleet: Option<&FleetSpec>) -> Opt
             }),
         "job name",
     );
-    Some(jobs.into_iter().map(|(j, _, _)| j).collect())
 }
 
 fn read_job(
@@ -917,4 +985,64 @@ fn check_against_fleet(
         format!("no entry of fleet `{}` can run this job", fleet.name),
         hint,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A manifest of `n` jobs; `bad` maps a job's place to a field line replacing its command.
+    fn manifest(n: usize, bad: &[(usize, &str)]) -> String {
+        let mut s = String::from("jobs:\n");
+        for i in 0..n {
+            let id = if i == n - 1 { 2 } else { i };
+            s.push_str(&format!(
+                "  - id: job-{id}\n    tpu: v6e-8\n    buckets: [gs://b-us-east1]\n"
+            ));
+            match bad.iter().find(|(at, _)| *at == i) {
+                Some((_, line)) => s.push_str(&format!("    {line}\n")),
+                None => s.push_str("    command: python train.py\n"),
+            }
+        }
+        s
+    }
+
+    /// A list long enough to be read in parts reports what a short one does, in list order:
+    /// problems from every part, a repeat across parts named with its first place.
+    #[test]
+    fn a_long_list_read_in_parts_reports_every_problem_in_order() {
+        let n = READ_APART_FROM * 3;
+        let bad = [(3, "command: ''"), (n / 2, "comand: x"), (n - 2, "command: 7")];
+        let errors = parse_jobs("jobs.yaml", &manifest(n, &bad), None).expect_err("refused");
+        let paths: Vec<&str> = errors.diagnostics.iter().map(|d| d.path.as_str()).collect();
+        let last = format!("jobs[{}].id", n - 1);
+        assert_eq!(
+            paths,
+            [
+                "jobs[3].command".to_owned(),
+                format!("jobs[{}].command", n / 2),
+                format!("jobs[{}].comand", n / 2),
+                format!("jobs[{}].command", n - 2),
+                last,
+            ],
+        );
+        let repeat = errors.diagnostics.last().expect("the repeat");
+        assert!(repeat.message.contains("already used at jobs[2].id"), "{}", repeat.message);
+        // The same problems as a short list gives for the same jobs.
+        let short = parse_jobs("jobs.yaml", &manifest(8, &[(3, "command: ''")]), None)
+            .expect_err("refused");
+        assert_eq!(short.diagnostics[0].message, errors.diagnostics[0].message);
+    }
+
+    /// Every item repeating one id is reported once each, quickly (one lookup per item).
+    #[test]
+    fn many_repeats_of_one_id_are_reported_each() {
+        let mut s = String::from("jobs:\n");
+        for _ in 0..20_000 {
+            s.push_str("  - {id: same, tpu: v6e-8, command: x, buckets: [gs://b-us-east1]}\n");
+        }
+        let errors = parse_jobs("jobs.yaml", &s, None).expect_err("refused");
+        assert_eq!(errors.diagnostics.len(), 19_999);
+        assert!(errors.diagnostics.iter().all(|d| d.message.contains("jobs[0].id")));
+    }
 }

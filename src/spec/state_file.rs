@@ -20,35 +20,47 @@ pub fn json_error(file: &str, what: &str, e: &serde_json::Error) -> String {
 
 /// The state of `text` (read from `file`), or every problem found, rendered.
 pub fn parse(file: &str, text: &str) -> Result<State, String> {
-    // The version first, the rest skipped without building it (a 100k-job snapshot as a
-    // `serde_json::Value` took half a gigabyte).
-    #[derive(serde::Deserialize)]
-    struct Head {
-        schema_version: Option<serde_json::Value>,
-    }
-    let version = match serde_json::from_str::<Head>(text) {
-        Ok(head) => head.schema_version,
-        Err(e) if e.is_data() => None,
-        Err(e) => return Err(json_error(file, "invalid JSON", &e)),
+    // Two reads of the whole text, side by side (a 100k-job snapshot is 70 MB): the records,
+    // and the check that no object names a key twice (merged, the last wins, without a
+    // word). Fields serde would skip are reported (a misspelled `priorty` must not vanish).
+    let mut unknown = Vec::new();
+    let (read, duplicates) = std::thread::scope(|s| {
+        let duplicates = s.spawn(|| serde_json::from_str::<NoDuplicateKeys>(text).err());
+        let read: Result<State, _> =
+            serde_ignored::deserialize(&mut serde_json::Deserializer::from_str(text), |p| {
+                unknown.push(field_path(&p))
+            });
+        (read, duplicates.join())
+    });
+    // The version is judged first, as written (`1.0` is not `1`): a snapshot of another
+    // schema fails for that reason, not for a field of its own. Read apart, building
+    // nothing, only when the records did not say it.
+    let version = match &read {
+        Ok(state) => Some(serde_json::Value::from(state.schema_version)),
+        Err(_) => {
+            #[derive(serde::Deserialize)]
+            struct Head {
+                schema_version: Option<serde_json::Value>,
+            }
+            match serde_json::from_str::<Head>(text) {
+                Ok(head) => head.schema_version,
+                Err(e) if e.is_data() => None,
+                Err(e) => return Err(json_error(file, "invalid JSON", &e)),
+            }
+        }
     };
     if version.as_ref().and_then(serde_json::Value::as_u64) != Some(SCHEMA_VERSION as u64) {
-        // What was there, as written (`1.0` is not `1`).
         return Err(format!(
             "error: schema_version: expected {SCHEMA_VERSION}, found {}\n  --> {file}\n",
             version.map_or("none".to_owned(), |v| v.to_string()),
         ));
     }
-    // A key given twice in one object would be merged (the last wins) without a word.
-    if let Err(e) = serde_json::from_str::<NoDuplicateKeys>(text) {
-        return Err(json_error(file, "invalid state", &e));
+    match duplicates {
+        Ok(None) => {}
+        Ok(Some(e)) => return Err(json_error(file, "invalid state", &e)),
+        Err(panic) => std::panic::resume_unwind(panic),
     }
-    // Fields serde would skip are reported (a misspelled `priorty` must not vanish).
-    let mut unknown = Vec::new();
-    let state: State =
-        serde_ignored::deserialize(&mut serde_json::Deserializer::from_str(text), |p| {
-            unknown.push(field_path(&p))
-        })
-        .map_err(|e| json_error(file, "invalid state", &e))?;
+    let state = read.map_err(|e| json_error(file, "invalid state", &e))?;
     let mut problems: Vec<Problem> = unknown
         .into_iter()
         .map(|p| Problem {

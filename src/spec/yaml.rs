@@ -2,8 +2,6 @@
 //! (fleet, jobs, scenarios) is read through here so all of them report problems the same way.
 //! Must not coerce types: a quoted `"1"` is a string, `64.7` is a float, never an integer.
 
-use std::collections::BTreeSet;
-
 use saphyr::{LoadableYamlNode, MarkedYamlOwned, ScalarOwned, YamlDataOwned};
 
 use super::diagnostic::{Diagnostic, SpecErrors};
@@ -199,6 +197,16 @@ impl<'s> Checker<'s> {
             source,
             diagnostics: Vec::new(),
         }
+    }
+
+    /// An empty checker over the same source, for a part read apart (on another thread).
+    pub fn fork(&self) -> Checker<'s> {
+        Checker::new(self.source)
+    }
+
+    /// Takes in the problems of a part read apart, after this checker's own.
+    pub fn absorb(&mut self, part: Checker<'s>) {
+        self.diagnostics.extend(part.diagnostics);
     }
 
     /// Records a problem at `node`.
@@ -425,25 +433,18 @@ impl<'s> Checker<'s> {
         items: impl IntoIterator<Item = (String, &'n Node, String)>,
         what: &str,
     ) {
-        let mut seen: Vec<(String, String)> = Vec::new();
-        let mut set = BTreeSet::new();
+        // Where each value was first seen: one lookup per item, however many repeat.
+        let mut first: std::collections::HashMap<String, String> = Default::default();
         for (value, node, path) in items {
-            if !set.insert(value.clone()) {
-                let first = seen
-                    .iter()
-                    .find(|(v, _)| *v == value)
-                    .map(|(_, p)| p.clone())
-                    .unwrap_or_default();
-                self.error(
-                    node,
-                    &path,
-                    format!(
-                        "duplicate {what} {}, already used at {first}",
-                        quote(&value)
-                    ),
-                );
-            } else {
-                seen.push((value, path));
+            match first.get(&value) {
+                Some(at) => {
+                    let message =
+                        format!("duplicate {what} {}, already used at {at}", quote(&value));
+                    self.error(node, &path, message);
+                }
+                None => {
+                    first.insert(value, path);
+                }
             }
         }
     }
