@@ -105,7 +105,7 @@ pub fn in_flight(state: &State) -> Vec<InFlight> {
             Some(InFlight {
                 attempt: j.attempt()?.id,
                 job: j.id,
-                bucket: Name::new(j.placement.as_ref().map_or("", |p| p.bucket.as_str())),
+                bucket: j.placement.as_ref().map_or(Name::new(""), |p| p.bucket),
             })
         })
         .collect()

@@ -61,7 +61,7 @@ impl Logs {
         only: Option<&str>,
         flush: bool,
     ) -> Result<Vec<Line>, crate::objects::ObjectError> {
-        let Some(bucket) = job.placement.as_ref().map(|p| p.bucket.clone()) else {
+        let Some(bucket) = job.placement.as_ref().map(|p| p.bucket.to_string()) else {
             return Ok(Vec::new());
         };
         let attempts = job.attempts.iter().enumerate();

@@ -186,6 +186,25 @@ impl NodeState {
                 | NodeState::Deleting
         )
     }
+
+    /// The API's name (`READY`), as serde writes it.
+    pub fn api_name(self) -> &'static str {
+        match self {
+            NodeState::Creating => "CREATING",
+            NodeState::Ready => "READY",
+            NodeState::Restarting => "RESTARTING",
+            NodeState::Repairing => "REPAIRING",
+            NodeState::Stopping => "STOPPING",
+            NodeState::Starting => "STARTING",
+            NodeState::Stopped => "STOPPED",
+            NodeState::Preempted => "PREEMPTED",
+            NodeState::Terminated => "TERMINATED",
+            NodeState::Failed => "FAILED",
+            NodeState::Deleting => "DELETING",
+            NodeState::Suspending => "SUSPENDING",
+            NodeState::Suspended => "SUSPENDED",
+        }
+    }
 }
 
 /// TPU node health.
@@ -205,6 +224,19 @@ pub enum Health {
     UnhealthyTensorflow,
     /// Timed out.
     Timeout,
+}
+
+impl Health {
+    /// The API's name (`HEALTHY`), as serde writes it.
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Health::Healthy => "HEALTHY",
+            Health::Unhealthy => "UNHEALTHY",
+            Health::UnhealthyMaintenance => "UNHEALTHY_MAINTENANCE",
+            Health::UnhealthyTensorflow => "UNHEALTHY_TENSORFLOW",
+            Health::Timeout => "TIMEOUT",
+        }
+    }
 }
 
 impl NodeInfo {
@@ -294,6 +326,22 @@ impl QrState {
     /// Being deleted or suspended.
     pub fn is_deleting(self) -> bool {
         matches!(self, QrState::Deleting | QrState::Suspending)
+    }
+
+    /// The API's name (`WAITING_FOR_RESOURCES`), as serde writes it.
+    pub fn api_name(self) -> &'static str {
+        match self {
+            QrState::Creating => "CREATING",
+            QrState::Accepted => "ACCEPTED",
+            QrState::WaitingForResources => "WAITING_FOR_RESOURCES",
+            QrState::Provisioning => "PROVISIONING",
+            QrState::Active => "ACTIVE",
+            QrState::Failed => "FAILED",
+            QrState::Deleting => "DELETING",
+            QrState::Suspending => "SUSPENDING",
+            QrState::Suspended => "SUSPENDED",
+            QrState::Expired => "EXPIRED",
+        }
     }
 }
 

@@ -70,6 +70,13 @@ fn diff<T: PartialEq>(
 
 fn node_event(old: Option<&NodeInfo>, new: Option<&NodeInfo>, at: Timestamp) -> Option<Event> {
     let shown = new.or(old)?;
+    // Labels, endpoints and the like change nothing a trace records.
+    if let (Some(o), Some(n)) = (old, new)
+        && n.state == o.state
+        && n.health == o.health
+    {
+        return None;
+    }
     let mut detail = format!(
         "zone={} type={} spot={}",
         shown.zone, shown.tpu_type, shown.spot
@@ -78,18 +85,14 @@ fn node_event(old: Option<&NodeInfo>, new: Option<&NodeInfo>, at: Timestamp) -> 
         detail.push_str(" reserved=true");
     }
     if let Some(o) = old {
-        // Labels, endpoints and the like change nothing a trace records.
-        if new.is_some_and(|n| n.state == o.state && n.health == o.health) {
-            return None;
-        }
-        let _ = write!(detail, " from={}", upper(&o.state));
+        let _ = write!(detail, " from={}", o.state.api_name());
     }
     if let Some(n) = new {
         let _ = write!(
             detail,
             " to={} health={}",
-            upper(&n.state),
-            upper(&n.health)
+            n.state.api_name(),
+            n.health.api_name()
         );
     }
     Some(event(
@@ -110,6 +113,12 @@ fn qr_event(
     at: Timestamp,
 ) -> Option<Event> {
     let shown = new.or(old)?;
+    if let (Some(o), Some(n)) = (old, new)
+        && n.state == o.state
+        && n.failure == o.failure
+    {
+        return None;
+    }
     let mut detail = format!(
         "qr={} zone={} type={} spot={}",
         shown.name, shown.zone, shown.tpu_type, shown.spot
@@ -118,13 +127,10 @@ fn qr_event(
         detail.push_str(" reserved=true");
     }
     if let Some(o) = old {
-        if new.is_some_and(|n| n.state == o.state && n.failure == o.failure) {
-            return None;
-        }
-        let _ = write!(detail, " from={}", upper(&o.state));
+        let _ = write!(detail, " from={}", o.state.api_name());
     }
     if let Some(n) = new {
-        let _ = write!(detail, " to={}", upper(&n.state));
+        let _ = write!(detail, " to={}", n.state.api_name());
         if let Some(reason) = &n.failure {
             // Last, so that it may hold spaces.
             let _ = write!(detail, " reason={}", reason.replace(['\n', '\r'], " "));
@@ -149,14 +155,6 @@ fn event(kind: &str, resource: Name, at: Timestamp, detail: String) -> Event {
     }
 }
 
-/// A state's API name (`WAITING_FOR_RESOURCES`), as serde writes it.
-fn upper<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_value(value)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
-}
-
 /// The `key=value` pairs of an event's detail written here (`reason` takes the rest).
 pub fn fields(detail: &str) -> impl Iterator<Item = (&str, &str)> {
     let (head, reason) = match detail.find(" reason=") {
@@ -173,6 +171,37 @@ mod tests {
     use super::*;
     use crate::engine::observe::{Health, NodeState, QrState};
     use crate::spec::TpuType;
+
+    /// The names written into events are the API's, as serde reads and writes them.
+    #[test]
+    fn state_names_are_serdes() {
+        fn serde_name<T: serde::Serialize>(value: T) -> String {
+            serde_json::to_value(value).unwrap().as_str().unwrap().to_owned()
+        }
+        fn back<T: serde::de::DeserializeOwned>(name: &str) -> T {
+            serde_json::from_value(serde_json::Value::from(name)).unwrap()
+        }
+        for name in [
+            "CREATING", "READY", "RESTARTING", "REPAIRING", "STOPPING", "STARTING", "STOPPED",
+            "PREEMPTED", "TERMINATED", "FAILED", "DELETING", "SUSPENDING", "SUSPENDED",
+        ] {
+            let state: NodeState = back(name);
+            assert_eq!((state.api_name(), serde_name(state)), (name, name.to_owned()));
+        }
+        for name in [
+            "HEALTHY", "UNHEALTHY", "UNHEALTHY_MAINTENANCE", "UNHEALTHY_TENSORFLOW", "TIMEOUT",
+        ] {
+            let health: Health = back(name);
+            assert_eq!((health.api_name(), serde_name(health)), (name, name.to_owned()));
+        }
+        for name in [
+            "CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE", "FAILED",
+            "DELETING", "SUSPENDING", "SUSPENDED", "EXPIRED",
+        ] {
+            let state: QrState = back(name);
+            assert_eq!((state.api_name(), serde_name(state)), (name, name.to_owned()));
+        }
+    }
 
     fn node(name: &str, state: NodeState) -> Arc<NodeInfo> {
         Arc::new(NodeInfo {

@@ -256,8 +256,9 @@ impl JobStatus {
 pub struct Placement {
     /// Exact region of the selected bucket (`storage_region`).
     pub region: String,
-    /// The selected bucket (`JOB_BUCKET`).
-    pub bucket: String,
+    /// The selected bucket (`JOB_BUCKET`; interned: every pass hands it to the workers'
+    /// report reads).
+    pub bucket: Name,
     /// The bucket's region when the job was moved away from it without its checkpoints
     /// (`move_checkpoints: false`); `None`: `region`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -278,7 +279,7 @@ impl Placement {
     pub fn new(region: &str, bucket: &str) -> Placement {
         Placement {
             region: region.to_owned(),
-            bucket: bucket.to_owned(),
+            bucket: Name::new(bucket),
             bucket_region: None,
             checkpoint_from: None,
             since: None,

@@ -533,7 +533,7 @@ fn launch_request(job: &Job, resource: &Resource, attempt_id: &Name) -> Action {
     let bucket = job
         .placement
         .as_ref()
-        .map(|p| p.bucket.clone())
+        .map(|p| p.bucket.to_string())
         .unwrap_or_default();
     let checkpoint_from = job
         .placement

@@ -54,7 +54,7 @@ impl<'a> Pass<'a> {
         let next = if job.spec.move_checkpoints {
             Placement {
                 region: to.region.clone(),
-                bucket: to.bucket.clone(),
+                bucket: Name::new(&to.bucket),
                 bucket_region: None,
                 checkpoint_from: Some(placement.checkpoint_from.clone().unwrap_or(checkpoint_dir)),
                 since: Some(now),
@@ -62,7 +62,7 @@ impl<'a> Pass<'a> {
         } else {
             Placement {
                 region: to.region.clone(),
-                bucket: placement.bucket.clone(),
+                bucket: placement.bucket,
                 bucket_region: (old_bucket_region != to.region).then_some(old_bucket_region),
                 checkpoint_from: None,
                 since: Some(now),
