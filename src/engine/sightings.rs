@@ -176,30 +176,66 @@ mod tests {
     #[test]
     fn state_names_are_serdes() {
         fn serde_name<T: serde::Serialize>(value: T) -> String {
-            serde_json::to_value(value).unwrap().as_str().unwrap().to_owned()
+            serde_json::to_value(value)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_owned()
         }
         fn back<T: serde::de::DeserializeOwned>(name: &str) -> T {
             serde_json::from_value(serde_json::Value::from(name)).unwrap()
         }
         for name in [
-            "CREATING", "READY", "RESTARTING", "REPAIRING", "STOPPING", "STARTING", "STOPPED",
-            "PREEMPTED", "TERMINATED", "FAILED", "DELETING", "SUSPENDING", "SUSPENDED",
+            "CREATING",
+            "READY",
+            "RESTARTING",
+            "REPAIRING",
+            "STOPPING",
+            "STARTING",
+            "STOPPED",
+            "PREEMPTED",
+            "TERMINATED",
+            "FAILED",
+            "DELETING",
+            "SUSPENDING",
+            "SUSPENDED",
         ] {
             let state: NodeState = back(name);
-            assert_eq!((state.api_name(), serde_name(state)), (name, name.to_owned()));
+            assert_eq!(
+                (state.api_name(), serde_name(state)),
+                (name, name.to_owned())
+            );
         }
         for name in [
-            "HEALTHY", "UNHEALTHY", "UNHEALTHY_MAINTENANCE", "UNHEALTHY_TENSORFLOW", "TIMEOUT",
+            "HEALTHY",
+            "UNHEALTHY",
+            "UNHEALTHY_MAINTENANCE",
+            "UNHEALTHY_TENSORFLOW",
+            "TIMEOUT",
         ] {
             let health: Health = back(name);
-            assert_eq!((health.api_name(), serde_name(health)), (name, name.to_owned()));
+            assert_eq!(
+                (health.api_name(), serde_name(health)),
+                (name, name.to_owned())
+            );
         }
         for name in [
-            "CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE", "FAILED",
-            "DELETING", "SUSPENDING", "SUSPENDED", "EXPIRED",
+            "CREATING",
+            "ACCEPTED",
+            "WAITING_FOR_RESOURCES",
+            "PROVISIONING",
+            "ACTIVE",
+            "FAILED",
+            "DELETING",
+            "SUSPENDING",
+            "SUSPENDED",
+            "EXPIRED",
         ] {
             let state: QrState = back(name);
-            assert_eq!((state.api_name(), serde_name(state)), (name, name.to_owned()));
+            assert_eq!(
+                (state.api_name(), serde_name(state)),
+                (name, name.to_owned())
+            );
         }
     }
 

@@ -142,7 +142,7 @@ pub fn problems(state: &State) -> Vec<Problem> {
 /// caches, command): one rule wherever a job comes from. A job both under `jobs` and under
 /// `finished` is an id given twice. One read for the whole snapshot.
 fn check_specs(state: &State, out: &mut Vec<Problem>) {
-    let all: Vec<(String, &Job)> = jobs_with_paths(state).collect();
+    let all: Vec<(JobPath, &Job)> = jobs_with_paths(state).collect();
     if all.is_empty() {
         return;
     }
@@ -185,33 +185,43 @@ fn check_specs(state: &State, out: &mut Vec<Problem>) {
     }
 }
 
-/// Every job, active then finished, with its field path (`jobs.K`, `finished.K`).
-fn jobs_with_paths(state: &State) -> impl Iterator<Item = (String, &Job)> {
-    let active = state.jobs.iter().map(|(k, j)| (format!("jobs.{k}"), j));
-    let finished = state
-        .finished
-        .iter()
-        .map(|(k, j)| (format!("finished.{k}"), &**j));
+/// Where a job is in a snapshot (`jobs.K`, `finished.K`), written only when a problem is.
+#[derive(Clone, Copy)]
+struct JobPath {
+    table: &'static str,
+    key: crate::spec::Name,
+}
+
+impl std::fmt::Display for JobPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.table, self.key)
+    }
+}
+
+/// Every job, active then finished, with its place.
+fn jobs_with_paths(state: &State) -> impl Iterator<Item = (JobPath, &Job)> {
+    let at = |table, key: &crate::spec::Name| JobPath { table, key: *key };
+    let active = state.jobs.iter().map(move |(k, j)| (at("jobs", k), j));
+    let finished = (state.finished.iter()).map(move |(k, j)| (at("finished", k), &**j));
     active.chain(finished)
 }
 
 /// An attempt id names one attempt of one job: a repeat would be merged away by a store.
 fn check_attempt_ids(state: &State, out: &mut Vec<Problem>) {
-    let mut seen: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
+    let mut seen: std::collections::HashMap<&str, (JobPath, usize)> = Default::default();
     for (at, job) in jobs_with_paths(state) {
         for (i, a) in job.attempts.iter().enumerate() {
-            let here = format!("{at}.attempts[{i}].id");
             match seen.get(a.id.as_str()) {
-                Some(first) => out.push(problem(
-                    here,
+                Some((first, k)) => out.push(problem(
+                    format!("{at}.attempts[{i}].id"),
                     format!(
-                        "the attempt id `{}` is given twice (first at {first})",
+                        "the attempt id `{}` is given twice (first at {first}.attempts[{k}].id)",
                         a.id
                     ),
                     Some("every attempt has its own id"),
                 )),
                 None => {
-                    seen.insert(a.id.as_str(), here);
+                    seen.insert(a.id.as_str(), (at, i));
                 }
             }
         }

@@ -1012,7 +1012,11 @@ mod tests {
     #[test]
     fn a_long_list_read_in_parts_reports_every_problem_in_order() {
         let n = READ_APART_FROM * 3;
-        let bad = [(3, "command: ''"), (n / 2, "comand: x"), (n - 2, "command: 7")];
+        let bad = [
+            (3, "command: ''"),
+            (n / 2, "comand: x"),
+            (n - 2, "command: 7"),
+        ];
         let errors = parse_jobs("jobs.yaml", &manifest(n, &bad), None).expect_err("refused");
         let paths: Vec<&str> = errors.diagnostics.iter().map(|d| d.path.as_str()).collect();
         let last = format!("jobs[{}].id", n - 1);
@@ -1027,7 +1031,11 @@ mod tests {
             ],
         );
         let repeat = errors.diagnostics.last().expect("the repeat");
-        assert!(repeat.message.contains("already used at jobs[2].id"), "{}", repeat.message);
+        assert!(
+            repeat.message.contains("already used at jobs[2].id"),
+            "{}",
+            repeat.message
+        );
         // The same problems as a short list gives for the same jobs.
         let short = parse_jobs("jobs.yaml", &manifest(8, &[(3, "command: ''")]), None)
             .expect_err("refused");
@@ -1043,6 +1051,11 @@ mod tests {
         }
         let errors = parse_jobs("jobs.yaml", &s, None).expect_err("refused");
         assert_eq!(errors.diagnostics.len(), 19_999);
-        assert!(errors.diagnostics.iter().all(|d| d.message.contains("jobs[0].id")));
+        assert!(
+            errors
+                .diagnostics
+                .iter()
+                .all(|d| d.message.contains("jobs[0].id"))
+        );
     }
 }

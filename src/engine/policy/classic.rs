@@ -10,7 +10,7 @@ use super::matching::{ClassGraph, greedy_match};
 use super::{AssignInput, CapacityInput, Pair, Policy};
 use crate::engine::demand::Demand;
 use crate::engine::fleet_index::FleetIndex;
-use crate::engine::state::Resource;
+use crate::engine::state::{RegionChoice, Resource};
 use crate::spec::EntryKind;
 
 /// The original's policy.
@@ -140,17 +140,38 @@ pub(super) fn match_in_order(
             });
         members[c].push_back(t);
     }
-    // TPU classes by zone and by name (ascending ids), so that a job pinned to a zone or a
-    // TPU checks only the classes there: the pins of a sweep queue make thousands of job
-    // classes, each of which would otherwise check every TPU class.
+    // TPU classes by zone, name and region (ascending ids), so that a job class checks only
+    // the classes of its pinned TPU or zone, else of its regions: the pins of a sweep queue
+    // make thousands of job classes, each of which would otherwise check every TPU class.
     let mut by_zone: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     let mut by_name: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    let mut by_region: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (c, m) in members.iter().enumerate() {
         let r = tpus[m[0]];
         by_zone.entry(r.zone.as_str()).or_default().push(c);
         by_name.entry(r.tpu_name.as_str()).or_default().push(c);
+        // Zones were validated on input: the region is everything before the last `-`.
+        let region = r
+            .zone
+            .as_str()
+            .rsplit_once('-')
+            .map_or("", |(region, _)| region);
+        by_region.entry(region).or_default().push(c);
     }
-    let all: Vec<usize> = (0..members.len()).collect();
+    // Otherwise the classes of the regions it may run in, in class order.
+    let in_regions = |regions: RegionChoice<'_>| -> Vec<usize> {
+        let mut classes: Vec<usize> = match regions {
+            RegionChoice::Pinned(region) => by_region.get(region).cloned().unwrap_or_default(),
+            RegionChoice::AnyOf(list) => list
+                .iter()
+                .flat_map(|b| by_region.get(b.region.as_str()).into_iter().flatten())
+                .copied()
+                .collect(),
+        };
+        classes.sort_unstable();
+        classes.dedup();
+        classes
+    };
     // Job classes: the demand classes that occur, with their compatible TPU classes.
     let mut job_class_of: Vec<Option<u32>> = vec![None; demand.classes.len()];
     let mut compat: Vec<Vec<u32>> = Vec::new();
@@ -160,15 +181,18 @@ pub(super) fn match_in_order(
             let dc = demand.jobs[j].class;
             *job_class_of[dc as usize].get_or_insert_with(|| {
                 let req = demand.classes[dc as usize].req;
+                let regional;
                 let candidates = match (req.tpu_name, req.zone) {
-                    (Some(name), _) => by_name.get(name),
-                    (None, Some(zone)) => by_zone.get(zone),
-                    (None, None) => Some(&all),
+                    (Some(name), _) => by_name.get(name).map_or(&[][..], Vec::as_slice),
+                    (None, Some(zone)) => by_zone.get(zone).map_or(&[][..], Vec::as_slice),
+                    (None, None) => {
+                        regional = in_regions(req.regions);
+                        &regional
+                    }
                 };
                 compat.push(
                     candidates
-                        .into_iter()
-                        .flatten()
+                        .iter()
                         .filter(|&&c| req.accepts_tpu(index, tpus[members[c][0]]))
                         .map(|&c| c as u32)
                         .collect(),
