@@ -13,6 +13,7 @@ pub mod engine;
 pub mod files;
 pub mod gcp;
 pub mod objects;
+pub mod parallel;
 pub mod simulate;
 pub mod spec;
 pub mod store;

@@ -358,52 +358,68 @@ pub fn explain_jobs<'j>(
     } else {
         Default::default()
     };
-    // What depends only on the requirement, once per class, with its sentences.
-    let mut by_class: rustc_hash::FxHashMap<ClassKey<'_>, (Vec<Reason>, Vec<String>)> =
-        Default::default();
-    let mut result = Vec::new();
-    let pending = jobs.into_iter().filter_map(|j| {
-        state
-            .jobs
-            .get(&j.id)
-            .filter(|j| j.status == JobStatus::Pending)
+    let pending: Vec<&super::state::Job> = jobs
+        .into_iter()
+        .filter_map(|j| {
+            let job = state.jobs.get(&j.id)?;
+            (job.status == JobStatus::Pending).then_some(job)
+        })
+        .collect();
+    // Each job's reasons are its own plus its class's: a long queue is explained in parts
+    // side by side, each part working out the reasons of the classes it meets once.
+    let parts = crate::parallel::in_parts(&pending, |_, part| {
+        let mut by_class = Default::default();
+        let explain = |job| explain_one(&facts, &displacing, &mut by_class, job);
+        part.iter().map(explain).collect::<Vec<_>>()
     });
-    for job in pending {
-        let req = Requirement::at(index, job, now);
-        let models = req.models;
-        let class = by_class
-            .entry(ClassKey::of(job, models))
-            .or_insert_with(|| {
-                let codes = class_reasons(&facts, &req);
-                let sentences = codes.iter().map(ToString::to_string).collect();
-                (codes, sentences)
-            });
-        let mut codes = Vec::new();
-        if let Some(t) = job.not_before.filter(|t| *t > now) {
-            codes.push(Reason::BackingOff {
-                failures: job.infra_failures,
-                until: t,
-            });
-        }
-        if models != ModelSet::ALL {
-            codes.extend(spot_first(index, job, &Requirement::of(job), models));
-        }
-        if let Some((victim, tpu)) = displacing.get(&job.id) {
-            codes.push(Reason::Displacing {
-                victim: victim.to_string(),
-                tpu: tpu.to_string(),
-            });
-        }
-        let mut reasons: Vec<String> = codes.iter().map(ToString::to_string).collect();
-        codes.extend(class.0.iter().cloned());
-        reasons.extend(class.1.iter().cloned());
-        result.push(Explanation {
-            job_id: job.id.to_string(),
-            reasons,
-            codes,
+    parts.into_iter().flatten().collect()
+}
+
+/// What depends only on the requirement, per class, with its sentences.
+type ClassReasons<'a> = rustc_hash::FxHashMap<ClassKey<'a>, (Vec<Reason>, Vec<String>)>;
+
+/// Why pending `job` waits: its own reasons (backing off, Spot first, displacing a victim),
+/// then its class's (worked out once per class in `by_class`).
+fn explain_one<'a>(
+    facts: &Facts<'a>,
+    displacing: &rustc_hash::FxHashMap<crate::spec::Name, (crate::spec::Name, crate::spec::Name)>,
+    by_class: &mut ClassReasons<'a>,
+    job: &&'a super::state::Job,
+) -> Explanation {
+    let (index, now) = (facts.index, facts.now);
+    let req = Requirement::at(index, job, now);
+    let models = req.models;
+    let class = by_class
+        .entry(ClassKey::of(job, models))
+        .or_insert_with(|| {
+            let codes = class_reasons(facts, &req);
+            let sentences = codes.iter().map(ToString::to_string).collect();
+            (codes, sentences)
+        });
+    let mut codes = Vec::new();
+    if let Some(t) = job.not_before.filter(|t| *t > now) {
+        codes.push(Reason::BackingOff {
+            failures: job.infra_failures,
+            until: t,
         });
     }
-    result
+    if models != ModelSet::ALL {
+        codes.extend(spot_first(index, job, &Requirement::of(job), models));
+    }
+    if let Some((victim, tpu)) = displacing.get(&job.id) {
+        codes.push(Reason::Displacing {
+            victim: victim.to_string(),
+            tpu: tpu.to_string(),
+        });
+    }
+    let mut reasons: Vec<String> = codes.iter().map(ToString::to_string).collect();
+    codes.extend(class.0.iter().cloned());
+    reasons.extend(class.1.iter().cloned());
+    Explanation {
+        job_id: job.id.to_string(),
+        reasons,
+        codes,
+    }
 }
 
 /// The entries of each provisioning model `job` may not take yet (it may take `models`),

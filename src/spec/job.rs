@@ -386,35 +386,6 @@ fn read_jobs(c: &mut Checker<'_>, root: &Node, fleet: Option<&FleetSpec>) -> Opt
     Some(jobs.into_iter().map(|(j, _, _)| j).collect())
 }
 
-/// Below this many jobs a list is read on one thread.
-const READ_APART_FROM: usize = 4096;
-
-/// `f` over `items` cut into one part per core (the part's start and the part), results in
-/// order; a short list is one part, read here.
-fn in_parts<'a, T: Sync, R: Send>(
-    items: &'a [T],
-    f: impl Fn(usize, &'a [T]) -> R + Sync,
-) -> Vec<R> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    if items.len() < READ_APART_FROM || threads == 1 {
-        return vec![f(0, items)];
-    }
-    let size = items.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        let f = &f;
-        let running: Vec<_> = (items.chunks(size).enumerate())
-            .map(|(k, part)| s.spawn(move || f(k * size, part)))
-            .collect();
-        running
-            .into_iter()
-            .map(|t| {
-                t.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
-    })
-}
-
 /// Each job of a `jobs:` list, read with its place in the list. A job's reading looks at no
 /// other job, so a long list (a sweep's) is read in parts side by side, its problems kept
 /// in list order.
@@ -423,7 +394,7 @@ fn read_items<'n>(
     items: &'n [Node],
     fleet: Option<&FleetSpec>,
 ) -> Vec<(JobSpec, &'n Node, usize)> {
-    let parts = in_parts(items, |start, part: &'n [Node]| {
+    let parts = crate::parallel::in_parts(items, |start, part: &'n [Node]| {
         let mut own = c.fork();
         let numbered = part.iter().enumerate().map(|(k, item)| (start + k, item));
         let jobs: Vec<_> = numbered
@@ -447,7 +418,9 @@ pub fn recheck_stored(specs: &[&JobSpec]) -> Result<(), SpecErrors> {
         let value = |j: &&JobSpec| serde_json::to_value(j).expect("a spec serialises");
         part.iter().map(|j| yaml::from_json(&value(j))).collect()
     };
-    let nodes: Vec<Node> = in_parts(specs, as_read).into_iter().flatten().collect();
+    let nodes: Vec<Node> = (crate::parallel::in_parts(specs, as_read).into_iter())
+        .flatten()
+        .collect();
     let mut c = Checker::new("");
     let jobs = read_items(&mut c, &nodes, None);
     check_unique(&mut c, &jobs);
@@ -1011,7 +984,7 @@ mod tests {
     /// problems from every part, a repeat across parts named with its first place.
     #[test]
     fn a_long_list_read_in_parts_reports_every_problem_in_order() {
-        let n = READ_APART_FROM * 3;
+        let n = crate::parallel::PARTS_FROM * 3;
         let bad = [
             (3, "command: ''"),
             (n / 2, "comand: x"),
