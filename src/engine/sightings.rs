@@ -175,17 +175,17 @@ mod tests {
     /// The names written into events are the API's, as serde reads and writes them.
     #[test]
     fn state_names_are_serdes() {
-        fn serde_name<T: serde::Serialize>(value: T) -> String {
-            serde_json::to_value(value)
-                .unwrap()
-                .as_str()
-                .unwrap()
-                .to_owned()
+        fn check<T: serde::Serialize + serde::de::DeserializeOwned + Copy>(
+            names: &[&str],
+            api_name: fn(T) -> &'static str,
+        ) {
+            for &name in names {
+                let value: T = serde_json::from_value(serde_json::Value::from(name)).unwrap();
+                let written = serde_json::to_value(value).unwrap();
+                assert_eq!((api_name(value), written.as_str()), (name, Some(name)));
+            }
         }
-        fn back<T: serde::de::DeserializeOwned>(name: &str) -> T {
-            serde_json::from_value(serde_json::Value::from(name)).unwrap()
-        }
-        for name in [
+        let node_states = [
             "CREATING",
             "READY",
             "RESTARTING",
@@ -199,27 +199,17 @@ mod tests {
             "DELETING",
             "SUSPENDING",
             "SUSPENDED",
-        ] {
-            let state: NodeState = back(name);
-            assert_eq!(
-                (state.api_name(), serde_name(state)),
-                (name, name.to_owned())
-            );
-        }
-        for name in [
+        ];
+        check(&node_states, NodeState::api_name);
+        let health = [
             "HEALTHY",
             "UNHEALTHY",
             "UNHEALTHY_MAINTENANCE",
             "UNHEALTHY_TENSORFLOW",
             "TIMEOUT",
-        ] {
-            let health: Health = back(name);
-            assert_eq!(
-                (health.api_name(), serde_name(health)),
-                (name, name.to_owned())
-            );
-        }
-        for name in [
+        ];
+        check(&health, Health::api_name);
+        let qr_states = [
             "CREATING",
             "ACCEPTED",
             "WAITING_FOR_RESOURCES",
@@ -230,13 +220,8 @@ mod tests {
             "SUSPENDING",
             "SUSPENDED",
             "EXPIRED",
-        ] {
-            let state: QrState = back(name);
-            assert_eq!(
-                (state.api_name(), serde_name(state)),
-                (name, name.to_owned())
-            );
-        }
+        ];
+        check(&qr_states, QrState::api_name);
     }
 
     fn node(name: &str, state: NodeState) -> Arc<NodeInfo> {

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use super::matching::{ClassGraph, greedy_match};
 use super::{AssignInput, CapacityInput, Pair, Policy};
 use crate::engine::demand::Demand;
-use crate::engine::fleet_index::FleetIndex;
+use crate::engine::fleet_index::{FleetIndex, region_of};
 use crate::engine::state::{RegionChoice, Resource};
 use crate::spec::EntryKind;
 
@@ -150,13 +150,7 @@ pub(super) fn match_in_order(
         let r = tpus[m[0]];
         by_zone.entry(r.zone.as_str()).or_default().push(c);
         by_name.entry(r.tpu_name.as_str()).or_default().push(c);
-        // Zones were validated on input: the region is everything before the last `-`.
-        let region = r
-            .zone
-            .as_str()
-            .rsplit_once('-')
-            .map_or("", |(region, _)| region);
-        by_region.entry(region).or_default().push(c);
+        by_region.entry(region_of(&r.zone)).or_default().push(c);
     }
     // Otherwise the classes of the regions it may run in, in class order.
     let in_regions = |regions: RegionChoice<'_>| -> Vec<usize> {
