@@ -382,7 +382,10 @@ fn read_jobs(c: &mut Checker<'_>, root: &Node, fleet: Option<&FleetSpec>) -> Opt
     let list = f.required(c, "jobs", "a list of jobs")?;
     let items = c.list(list, "jobs", "a non-empty list of jobs", false)?;
     let jobs = read_items(c, items, fleet);
-    check_unique(c, &jobs);
+    let keys: Vec<(ListKeys, &Node)> = (jobs.iter())
+        .map(|(j, n, i)| (ListKeys::of(j, *i), *n))
+        .collect();
+    check_unique(c, keys.iter().map(|(k, n)| (k, *n)));
     Some(jobs.into_iter().map(|(j, _, _)| j).collect())
 }
 
@@ -412,41 +415,69 @@ fn read_items<'n>(
 
 /// Stored job specs (a state snapshot's) read again exactly as the jobs of a `job.yaml`
 /// are, from the tree of the records (no text to write and scan again): one rule wherever
-/// a job comes from. Problems name the i-th spec `jobs[i]`.
+/// a job comes from. Problems name the i-th spec `jobs[i]`. Each part turns its specs into
+/// trees, reads them and keeps only what the list-wide checks read.
 pub fn recheck_stored(specs: &[&JobSpec]) -> Result<(), SpecErrors> {
-    let as_read = |_, part: &[&JobSpec]| -> Vec<Node> {
-        let value = |j: &&JobSpec| serde_json::to_value(j).expect("a spec serialises");
-        part.iter().map(|j| yaml::from_json(&value(j))).collect()
-    };
-    let nodes: Vec<Node> = (crate::parallel::in_parts(specs, as_read).into_iter())
-        .flatten()
-        .collect();
     let mut c = Checker::new("");
-    let jobs = read_items(&mut c, &nodes, None);
-    check_unique(&mut c, &jobs);
+    let parts = crate::parallel::in_parts(specs, |start, part: &[&JobSpec]| {
+        let mut own = c.fork();
+        let read = |(k, spec): (usize, &&JobSpec)| {
+            let tree = yaml::from_json(serde_json::to_value(spec).expect("a spec serialises"));
+            let job = read_job(&mut own, &tree, start + k, None)?;
+            Some(ListKeys::of(&job, start + k))
+        };
+        let keys: Vec<ListKeys> = part.iter().enumerate().filter_map(read).collect();
+        (own, keys)
+    });
+    let mut keys = Vec::with_capacity(specs.len());
+    for (own, part) in parts {
+        c.absorb(own);
+        keys.extend(part);
+    }
+    // A tree of the records has no positions: every node is at line 1, column 1.
+    let at = yaml::from_json(serde_json::Value::Null);
+    check_unique(&mut c, keys.iter().map(|k| (k, &at)));
     c.finish("snapshot", ())
 }
 
+/// What the list-wide checks read of a job that passed its own: its id (unless it is to
+/// get one), its name and its place.
+struct ListKeys {
+    id: Option<String>,
+    name: Option<String>,
+    index: usize,
+}
+
+impl ListKeys {
+    fn of(job: &JobSpec, index: usize) -> ListKeys {
+        ListKeys {
+            id: (!job.fresh_id).then(|| job.id.clone()),
+            name: job.name.clone(),
+            index,
+        }
+    }
+}
+
+/// A field of the i-th job (`jobs[i].id`), written only for a problem.
+struct JobField(usize, &'static str);
+
+impl std::fmt::Display for JobField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "jobs[{}].{}", self.0, self.1)
+    }
+}
+
 /// Ids and names are each used once in a list.
-fn check_unique(c: &mut Checker<'_>, jobs: &[(JobSpec, &Node, usize)]) {
-    c.unique(
-        jobs.iter()
-            .filter(|(j, _, _)| !j.fresh_id)
-            .map(|(j, n, i)| (j.id.clone(), *n, format!("{}.id", yaml::index("jobs", *i)))),
-        "job id",
-    );
-    c.unique(
-        jobs.iter()
-            .filter(|(j, _, _)| j.name.is_some())
-            .map(|(j, n, i)| {
-                (
-                    j.name().to_owned(),
-                    *n,
-                    format!("{}.name", yaml::index("jobs", *i)),
-                )
-            }),
-        "job name",
-    );
+fn check_unique<'k, 'n>(
+    c: &mut Checker<'_>,
+    jobs: impl Iterator<Item = (&'k ListKeys, &'n Node)> + Clone,
+) {
+    let ids = jobs
+        .clone()
+        .filter_map(|(k, n)| Some((k.id.as_deref()?, n, JobField(k.index, "id"))));
+    c.unique(ids, "job id");
+    let names = jobs.filter_map(|(k, n)| Some((k.name.as_deref()?, n, JobField(k.index, "name"))));
+    c.unique(names, "job name");
 }
 
 fn read_job(

@@ -124,24 +124,19 @@ pub fn parse(file: &str, source: &str) -> Result<Node, SpecErrors> {
 /// The tree of a JSON value already parsed (a snapshot's records), as `parse` would give
 /// for the same text but without positions: every node at line 1, column 1, with no source
 /// span (a reader's `raw_text` of it is empty; JSON scalars are never read raw).
-pub fn from_json(value: &serde_json::Value) -> Node {
+pub fn from_json(value: serde_json::Value) -> Node {
     let value = match value {
         serde_json::Value::Null => Value::Null,
-        serde_json::Value::Bool(b) => Value::Bool(*b),
+        serde_json::Value::Bool(b) => Value::Bool(b),
         serde_json::Value::Number(n) => match n.as_i64() {
             Some(i) => Value::Int(i),
             None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
         },
-        serde_json::Value::String(s) => Value::Str(s.clone()),
-        serde_json::Value::Array(items) => Value::Seq(items.iter().map(from_json).collect()),
+        serde_json::Value::String(s) => Value::Str(s),
+        serde_json::Value::Array(items) => Value::Seq(items.into_iter().map(from_json).collect()),
         serde_json::Value::Object(map) => Value::Map(
-            map.iter()
-                .map(|(k, v)| {
-                    (
-                        from_json(&serde_json::Value::String(k.clone())),
-                        from_json(v),
-                    )
-                })
+            map.into_iter()
+                .map(|(k, v)| (from_json(serde_json::Value::String(k)), from_json(v)))
                 .collect(),
         ),
     };
@@ -428,19 +423,25 @@ impl<'s> Checker<'s> {
     }
 
     /// Reports duplicates among `(value, node, path)` triples, naming the first occurrence.
-    pub fn unique<'n>(
+    /// A path is written only for a problem.
+    pub fn unique<'n, V, P>(
         &mut self,
-        items: impl IntoIterator<Item = (String, &'n Node, String)>,
+        items: impl IntoIterator<Item = (V, &'n Node, P)>,
         what: &str,
-    ) {
+    ) where
+        V: AsRef<str> + Eq + std::hash::Hash,
+        P: std::fmt::Display,
+    {
         // Where each value was first seen: one lookup per item, however many repeat.
-        let mut first: std::collections::HashMap<String, String> = Default::default();
+        let mut first: std::collections::HashMap<V, P> = Default::default();
         for (value, node, path) in items {
             match first.get(&value) {
                 Some(at) => {
-                    let message =
-                        format!("duplicate {what} {}, already used at {at}", quote(&value));
-                    self.error(node, &path, message);
+                    let message = format!(
+                        "duplicate {what} {}, already used at {at}",
+                        quote(value.as_ref())
+                    );
+                    self.error(node, &path.to_string(), message);
                 }
                 None => {
                     first.insert(value, path);
