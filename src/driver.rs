@@ -97,6 +97,7 @@ pub fn observe<B: CloudBackend + ?Sized>(
 /// The attempts whose workers may report: the current attempt of every running or
 /// cancelling job, with the job and its bucket, in job-id order.
 pub fn in_flight(state: &State) -> Vec<InFlight> {
+    let unplaced = Name::new("");
     state
         .jobs
         .values()
@@ -105,7 +106,7 @@ pub fn in_flight(state: &State) -> Vec<InFlight> {
             Some(InFlight {
                 attempt: j.attempt()?.id,
                 job: j.id,
-                bucket: j.placement.as_ref().map_or(Name::new(""), |p| p.bucket),
+                bucket: j.placement.as_ref().map_or(unplaced, |p| p.bucket),
             })
         })
         .collect()

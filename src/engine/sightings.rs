@@ -41,7 +41,9 @@ pub fn changes(
 
 /// Appends an event per object of `after` that is new or differs from its namesake in
 /// `before` (`event(Some(old), new)` / `event(None, new)`), then one per vanished object
-/// (`event(Some(old), None)`).
+/// (`event(Some(old), None)`). The backends keep an unchanged object in place, the very
+/// same one: walking both lists side by side pairs those off, and only what is left (the
+/// changed, new and gone, plus whatever the walk lost sight of) is matched by name.
 fn diff<T: PartialEq>(
     before: &[Arc<T>],
     after: &[Arc<T>],
@@ -50,18 +52,35 @@ fn diff<T: PartialEq>(
     out: &mut Vec<Event>,
     event: fn(Option<&T>, Option<&T>, Timestamp) -> Option<Event>,
 ) {
-    if before.len() == after.len() && before.iter().zip(after).all(|(b, a)| Arc::ptr_eq(b, a)) {
+    // An object is listed once, so a pair of the same object is a match however the walk
+    // went; an object it passes unpaired is left to the match by name.
+    let (mut i, mut j) = (0, 0);
+    let (mut rest_after, mut rest_before) = (Vec::new(), Vec::new());
+    while i < after.len() && j < before.len() {
+        if Arc::ptr_eq(&after[i], &before[j]) {
+            (i, j) = (i + 1, j + 1);
+        } else if j + 1 < before.len() && Arc::ptr_eq(&after[i], &before[j + 1]) {
+            rest_before.push(&before[j]);
+            j += 1;
+        } else {
+            rest_after.push(&after[i]);
+            i += 1;
+        }
+    }
+    rest_after.extend(&after[i..]);
+    rest_before.extend(&before[j..]);
+    if rest_after.is_empty() && rest_before.is_empty() {
         return;
     }
-    let mut old: FxHashMap<Name, &Arc<T>> = before.iter().map(|b| (name(b), b)).collect();
-    for a in after {
+    // Both rests keep their list's order: the vanished are reported in the order of `before`.
+    let mut old: FxHashMap<Name, &Arc<T>> = rest_before.iter().map(|b| (name(b), *b)).collect();
+    for a in rest_after {
         match old.remove(&name(a)) {
             Some(b) if Arc::ptr_eq(b, a) || **b == **a => {}
             b => out.extend(event(b.map(|b| &**b), Some(a), now)),
         }
     }
-    // Vanished ones, in the order they were listed (the map only says which).
-    for b in before {
+    for b in rest_before {
         if old.remove(&name(b)).is_some() {
             out.extend(event(Some(b), None, now));
         }
@@ -339,5 +358,64 @@ mod tests {
         let reason: Vec<_> = fields(&second[2].detail).collect();
         assert_eq!(reason.last(), Some(&("reason", "no capacity in zone")));
         assert!(reason.contains(&("from", "WAITING_FOR_RESOURCES")));
+    }
+
+    /// Every object of `before` by name, then `after` in order, then the vanished: the
+    /// plain rule the walk of [`diff`] must agree with.
+    fn by_name(before: &[Arc<NodeInfo>], after: &[Arc<NodeInfo>]) -> Vec<Event> {
+        let mut out = Vec::new();
+        let mut old: FxHashMap<Name, &Arc<NodeInfo>> = before.iter().map(|b| (b.name, b)).collect();
+        for a in after {
+            match old.remove(&a.name) {
+                Some(b) if **b == **a => {}
+                b => out.extend(node_event(b.map(|b| &**b), Some(a), Timestamp(1))),
+            }
+        }
+        for b in before {
+            if old.remove(&b.name).is_some() {
+                out.extend(node_event(Some(b), None, Timestamp(1)));
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// A listing changed as a backend changes it (objects kept in place, some replaced
+        /// by a copy or a changed copy, some gone, new ones anywhere, runs moved) gives the
+        /// events the match by name gives.
+        #[test]
+        fn the_walk_agrees_with_the_match_by_name(
+            n in 0usize..40,
+            edits in proptest::collection::vec((0u8..6, 0usize..64), 0..12),
+        ) {
+            let states = [NodeState::Creating, NodeState::Ready, NodeState::Preempted];
+            let before: Vec<Arc<NodeInfo>> = (0..n)
+                .map(|i| node(&format!("n{i}"), states[i % 3]))
+                .collect();
+            let mut after = before.clone();
+            for (k, (op, at)) in edits.into_iter().enumerate() {
+                let at = if after.is_empty() { 0 } else { at % after.len() };
+                match op {
+                    0 if !after.is_empty() => { after.remove(at); }
+                    1 => after.insert(at, node(&format!("new{k}"), NodeState::Creating)),
+                    2 if !after.is_empty() => {
+                        let name = after[at].name.to_string();
+                        after[at] = node(&name, states[(k + 1) % 3]);
+                    }
+                    3 if !after.is_empty() => {
+                        let (name, state) = (after[at].name.to_string(), after[at].state);
+                        after[at] = node(&name, state);
+                    }
+                    4 if after.len() > 1 => {
+                        let moved = after.remove(at);
+                        after.insert((at * 7 + 3) % after.len(), moved);
+                    }
+                    _ => after.reverse(),
+                }
+            }
+            let mut walked = Vec::new();
+            diff(&before, &after, |n| n.name, Timestamp(1), &mut walked, node_event);
+            proptest::prop_assert_eq!(lines(&walked), lines(&by_name(&before, &after)));
+        }
     }
 }
