@@ -5,14 +5,13 @@
 //! Pure: it compares two listings handed to it and reads no clock; the driver calls it once
 //! per observation. It decides nothing.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
 use super::observe::{Event, NodeInfo, QueuedResourceInfo};
 use super::time::Timestamp;
-use crate::spec::Name;
+use crate::spec::{Name, TpuType};
 
 /// A node first seen or in a new state (`detail`: `zone= type= spot= [from=] to= health=`).
 pub const NODE_STATE: &str = "node_state";
@@ -96,23 +95,19 @@ fn node_event(old: Option<&NodeInfo>, new: Option<&NodeInfo>, at: Timestamp) -> 
     {
         return None;
     }
-    let mut detail = format!(
-        "zone={} type={} spot={}",
-        shown.zone, shown.tpu_type, shown.spot
+    let mut detail = Detail::head(
+        None,
+        shown.zone,
+        &shown.tpu_type,
+        shown.spot,
+        shown.reserved,
     );
-    if shown.reserved {
-        detail.push_str(" reserved=true");
-    }
     if let Some(o) = old {
-        let _ = write!(detail, " from={}", o.state.api_name());
+        detail.field("from", o.state.api_name());
     }
     if let Some(n) = new {
-        let _ = write!(
-            detail,
-            " to={} health={}",
-            n.state.api_name(),
-            n.health.api_name()
-        );
+        detail.field("to", n.state.api_name());
+        detail.field("health", n.health.api_name());
     }
     Some(event(
         if new.is_some() {
@@ -122,7 +117,7 @@ fn node_event(old: Option<&NodeInfo>, new: Option<&NodeInfo>, at: Timestamp) -> 
         },
         shown.name,
         at,
-        detail,
+        detail.0,
     ))
 }
 
@@ -138,29 +133,64 @@ fn qr_event(
     {
         return None;
     }
-    let mut detail = format!(
-        "qr={} zone={} type={} spot={}",
-        shown.name, shown.zone, shown.tpu_type, shown.spot
-    );
-    if shown.reserved {
-        detail.push_str(" reserved=true");
-    }
+    let (zone, tpu_type) = (shown.zone, &shown.tpu_type);
+    let mut detail = Detail::head(Some(shown.name), zone, tpu_type, shown.spot, shown.reserved);
     if let Some(o) = old {
-        let _ = write!(detail, " from={}", o.state.api_name());
+        detail.field("from", o.state.api_name());
     }
     if let Some(n) = new {
-        let _ = write!(detail, " to={}", n.state.api_name());
+        detail.field("to", n.state.api_name());
         if let Some(reason) = &n.failure {
             // Last, so that it may hold spaces.
-            let _ = write!(detail, " reason={}", reason.replace(['\n', '\r'], " "));
+            detail.field("reason", &reason.replace(['\n', '\r'], " "));
         }
     }
     Some(event(
         if new.is_some() { QR_STATE } else { QR_VANISHED },
         shown.node_id,
         at,
-        detail,
+        detail.0,
     ))
+}
+
+/// A sighting's detail, `key=value` pairs separated by spaces, written piece by piece (a
+/// long run writes one for most objects it sees change).
+struct Detail(String);
+
+impl Detail {
+    /// `[qr=Q ]zone=Z type=T spot=B[ reserved=true]`.
+    fn head(
+        qr: Option<Name>,
+        zone: Name,
+        tpu_type: &TpuType,
+        spot: bool,
+        reserved: bool,
+    ) -> Detail {
+        let mut d = Detail(String::with_capacity(160));
+        if let Some(q) = qr {
+            d.0.push_str("qr=");
+            d.0.push_str(q.as_str());
+            d.0.push(' ');
+        }
+        d.0.push_str("zone=");
+        d.0.push_str(zone.as_str());
+        d.field("type", tpu_type.family());
+        d.0.push('-');
+        d.0.push_str(itoa::Buffer::new().format(tpu_type.size()));
+        d.field("spot", if spot { "true" } else { "false" });
+        if reserved {
+            d.field("reserved", "true");
+        }
+        d
+    }
+
+    /// Appends ` key=value`.
+    fn field(&mut self, key: &str, value: &str) {
+        self.0.push(' ');
+        self.0.push_str(key);
+        self.0.push('=');
+        self.0.push_str(value);
+    }
 }
 
 fn event(kind: &str, resource: Name, at: Timestamp, detail: String) -> Event {
@@ -189,7 +219,6 @@ pub fn fields(detail: &str) -> impl Iterator<Item = (&str, &str)> {
 mod tests {
     use super::*;
     use crate::engine::observe::{Health, NodeState, QrState};
-    use crate::spec::TpuType;
 
     /// The names written into events are the API's, as serde reads and writes them.
     #[test]

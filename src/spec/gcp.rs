@@ -217,7 +217,10 @@ impl TpuType {
 
 impl fmt::Display for TpuType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}-{}", self.family, self.size)
+        // Piece by piece: types are written into every event and action that names one.
+        f.write_str(self.family.as_str())?;
+        f.write_str("-")?;
+        f.write_str(itoa::Buffer::new().format(self.size))
     }
 }
 
