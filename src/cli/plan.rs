@@ -251,7 +251,7 @@ fn render(
     s.push_str(&format!("\nwaiting jobs ({}):\n", waiting.len()));
     for w in waiting {
         s.push_str(&format!("  {}\n", w.job_id));
-        for r in &w.reasons {
+        for r in w.reasons() {
             s.push_str(&format!("    - {r}\n"));
         }
     }

@@ -143,7 +143,10 @@ fn queue<'s>(
             let job = q.job;
             let attempt = job.attempt().filter(|a| !a.status.is_terminal());
             let (waiting, codes) = match q.why {
-                Some(e) => (e.reasons, e.codes),
+                Some(e) => (
+                    e.reasons().map(str::to_owned).collect(),
+                    e.codes().cloned().collect(),
+                ),
                 None if job.status == JobStatus::Pending => (
                     vec!["a compatible TPU is free: the controller's next pass starts it".into()],
                     Vec::new(),

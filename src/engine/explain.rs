@@ -24,15 +24,65 @@ use crate::spec::{EntryKind, TpuRequest};
 /// Names a reason lists at most; the rest are counted.
 pub const SHOWN: usize = 5;
 
-/// The reasons one pending job waits.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// The reasons one pending job waits: its own, then those every job of its requirement
+/// class shares (held once for the class: a sweep's thousands of alike jobs do not each
+/// copy them). Serialises as `{job_id, reasons, codes}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Explanation {
     /// Job id.
     pub job_id: String,
+    /// The job's own reasons (backing off, Spot first, displacing a victim) and sentences.
+    own: Said,
+    /// Its class's.
+    class: std::sync::Arc<Said>,
+}
+
+/// Reasons as codes and, in the same order, as sentences.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Said {
+    codes: Vec<Reason>,
+    sentences: Vec<String>,
+}
+
+impl Said {
+    fn of(codes: Vec<Reason>) -> Said {
+        let sentences = codes.iter().map(ToString::to_string).collect();
+        Said { codes, sentences }
+    }
+}
+
+impl Explanation {
     /// One sentence per reason, most important first.
-    pub reasons: Vec<String>,
+    pub fn reasons(&self) -> impl Iterator<Item = &str> + Clone {
+        let sentences = self.own.sentences.iter().chain(&self.class.sentences);
+        sentences.map(String::as_str)
+    }
+
     /// The same reasons as codes with their names as fields, in the same order.
-    pub codes: Vec<Reason>,
+    pub fn codes(&self) -> impl Iterator<Item = &Reason> + Clone {
+        self.own.codes.iter().chain(&self.class.codes)
+    }
+}
+
+impl Serialize for Explanation {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        /// A list written from an iterator.
+        struct Seq<I>(I);
+        impl<I: Iterator + Clone> Serialize for Seq<I>
+        where
+            I::Item: Serialize,
+        {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq(self.0.clone())
+            }
+        }
+        let mut out = serializer.serialize_struct("Explanation", 3)?;
+        out.serialize_field("job_id", &self.job_id)?;
+        out.serialize_field("reasons", &Seq(self.reasons()))?;
+        out.serialize_field("codes", &Seq(self.codes()))?;
+        out.end()
+    }
 }
 
 /// Capacity asked for in one entry.
@@ -376,7 +426,7 @@ pub fn explain_jobs<'j>(
 }
 
 /// What depends only on the requirement, per class, with its sentences.
-type ClassReasons<'a> = rustc_hash::FxHashMap<ClassKey<'a>, (Vec<Reason>, Vec<String>)>;
+type ClassReasons<'a> = rustc_hash::FxHashMap<ClassKey<'a>, std::sync::Arc<Said>>;
 
 /// Why pending `job` waits: its own reasons (backing off, Spot first, displacing a victim),
 /// then its class's (worked out once per class in `by_class`).
@@ -391,11 +441,8 @@ fn explain_one<'a>(
     let models = req.models;
     let class = by_class
         .entry(ClassKey::of(job, models))
-        .or_insert_with(|| {
-            let codes = class_reasons(facts, &req);
-            let sentences = codes.iter().map(ToString::to_string).collect();
-            (codes, sentences)
-        });
+        .or_insert_with(|| std::sync::Arc::new(Said::of(class_reasons(facts, &req))))
+        .clone();
     let mut codes = Vec::new();
     if let Some(t) = job.not_before.filter(|t| *t > now) {
         codes.push(Reason::BackingOff {
@@ -412,13 +459,10 @@ fn explain_one<'a>(
             tpu: tpu.to_string(),
         });
     }
-    let mut reasons: Vec<String> = codes.iter().map(ToString::to_string).collect();
-    codes.extend(class.0.iter().cloned());
-    reasons.extend(class.1.iter().cloned());
     Explanation {
         job_id: job.id.to_string(),
-        reasons,
-        codes,
+        own: Said::of(codes),
+        class,
     }
 }
 
@@ -834,9 +878,9 @@ mod tests {
                 .count();
             assert_eq!(waiting.len(), pending);
             for w in &waiting {
-                let text: Vec<String> = w.codes.iter().map(ToString::to_string).collect();
-                assert_eq!(text, w.reasons);
-                for c in &w.codes {
+                let text: Vec<String> = w.codes().map(ToString::to_string).collect();
+                assert_eq!(text, w.reasons().collect::<Vec<_>>());
+                for c in w.codes() {
                     if let Reason::TpusTaken { holders, .. } = c {
                         assert!(holders.len() <= SHOWN);
                     }
@@ -845,7 +889,7 @@ mod tests {
             longest.push(
                 waiting
                     .iter()
-                    .flat_map(|w| w.reasons.iter().map(String::len))
+                    .flat_map(|w| w.reasons().map(str::len))
                     .max()
                     .unwrap_or(0),
             );
@@ -880,9 +924,9 @@ mod tests {
         let engine = Engine::new(fleet, EngineConfig::default(), Box::new(Classic));
         let out = engine.reconcile(&mut state, &obs, now);
         let waiting = explain(engine.index(), &state, &obs, &out, now);
-        let cooled: Vec<&String> = waiting
+        let cooled: Vec<&str> = waiting
             .iter()
-            .flat_map(|w| &w.reasons)
+            .flat_map(|w| w.reasons())
             .filter(|r| r.contains("stockout in"))
             .collect();
         assert!(!cooled.is_empty(), "{waiting:?}");
@@ -918,11 +962,12 @@ mod tests {
         attempt.displaced_by = Some(waiter);
         let (victim, tpu) = (victim.id.to_string(), attempt.tpu_name.to_string());
         let waiting = explain(engine.index(), &state, &obs, &out, now);
-        let reasons = &waiting
+        let reasons: Vec<&str> = waiting
             .iter()
             .find(|w| w.job_id == waiter.as_str())
             .expect("explained")
-            .reasons;
+            .reasons()
+            .collect();
         assert!(
             reasons.iter().any(|r| r
                 == &format!("displacing lower-priority job {victim} from TPU {tpu}: assigned once its workers have stopped")),
@@ -947,7 +992,7 @@ mod tests {
             let out = engine.reconcile(&mut state, &obs, now);
             explain(engine.index(), &state, &obs, &out, now)
                 .into_iter()
-                .flat_map(|w| w.reasons)
+                .flat_map(|w| w.reasons().map(str::to_owned).collect::<Vec<_>>())
                 .filter(|r| r.contains(&on_demand))
                 .collect()
         };
@@ -982,7 +1027,9 @@ mod tests {
             (
                 q.job.id,
                 q.position,
-                q.why.as_ref().map(|w| w.reasons.clone()),
+                q.why
+                    .as_ref()
+                    .map(|w| w.reasons().map(str::to_owned).collect::<Vec<_>>()),
             )
         };
         let even = |j: &crate::engine::state::Job| j.id.as_str().ends_with(['0', '2', '4']);
