@@ -2,8 +2,9 @@
 //! script can read, and the queue in the order it is served: used by `plan`, `status`,
 //! `watch` and the dashboard. Reads the fleet, the state after a
 //! pass, the observation and the pass output; pure. The cost is linear: what depends only on
-//! a job's requirement is worked out once per requirement class, and every list a reason
-//! names is bounded (the first few names and a count).
+//! a job's requirement is worked out once per requirement class (and held once, shared by
+//! the class's jobs), and every list a reason names is bounded (the first few names and a
+//! count).
 
 use std::collections::{BTreeMap, HashMap};
 
