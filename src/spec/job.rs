@@ -381,7 +381,9 @@ fn read_jobs(c: &mut Checker<'_>, root: &Node, fleet: Option<&FleetSpec>) -> Opt
     let f = c.mapping(root, "", "the job manifest", &["jobs"], &rejected)?;
     let list = f.required(c, "jobs", "a list of jobs")?;
     let items = c.list(list, "jobs", "a non-empty list of jobs", false)?;
-    let jobs = read_items(c, items, fleet);
+    let jobs = read_items(c, items, |c, item, i| {
+        Some((read_job(c, item, i, fleet)?, item, i))
+    });
     let keys: Vec<(ListKeys, &Node)> = (jobs.iter())
         .map(|(j, n, i)| (ListKeys::of(j, *i), *n))
         .collect();
@@ -389,28 +391,28 @@ fn read_jobs(c: &mut Checker<'_>, root: &Node, fleet: Option<&FleetSpec>) -> Opt
     Some(jobs.into_iter().map(|(j, _, _)| j).collect())
 }
 
-/// Each job of a `jobs:` list, read with its place in the list. A job's reading looks at no
-/// other job, so a long list (a sweep's) is read in parts side by side, its problems kept
-/// in list order.
-fn read_items<'n>(
+/// Each item of a list read by `read` with its place in the list (what it keeps of the
+/// ones that pass). A job's reading looks at no other job, so a long list (a sweep's) is
+/// read in parts side by side, its problems kept in list order.
+fn read_items<'n, I: Sync, R: Send>(
     c: &mut Checker<'_>,
-    items: &'n [Node],
-    fleet: Option<&FleetSpec>,
-) -> Vec<(JobSpec, &'n Node, usize)> {
-    let parts = crate::parallel::in_parts(items, |start, part: &'n [Node]| {
+    items: &'n [I],
+    read: impl Fn(&mut Checker<'_>, &'n I, usize) -> Option<R> + Sync,
+) -> Vec<R> {
+    let parts = crate::parallel::in_parts(items, |start, part: &'n [I]| {
         let mut own = c.fork();
         let numbered = part.iter().enumerate().map(|(k, item)| (start + k, item));
-        let jobs: Vec<_> = numbered
-            .filter_map(|(i, item)| Some((read_job(&mut own, item, i, fleet)?, item, i)))
+        let kept: Vec<R> = numbered
+            .filter_map(|(i, item)| read(&mut own, item, i))
             .collect();
-        (own, jobs)
+        (own, kept)
     });
-    let mut jobs = Vec::with_capacity(items.len());
+    let mut kept = Vec::with_capacity(items.len());
     for (own, part) in parts {
         c.absorb(own);
-        jobs.extend(part);
+        kept.extend(part);
     }
-    jobs
+    kept
 }
 
 /// Stored job specs (a state snapshot's) read again exactly as the jobs of a `job.yaml`
@@ -419,21 +421,10 @@ fn read_items<'n>(
 /// trees, reads them and keeps only what the list-wide checks read.
 pub fn recheck_stored(specs: &[&JobSpec]) -> Result<(), SpecErrors> {
     let mut c = Checker::new("");
-    let parts = crate::parallel::in_parts(specs, |start, part: &[&JobSpec]| {
-        let mut own = c.fork();
-        let read = |(k, spec): (usize, &&JobSpec)| {
-            let tree = yaml::from_json(serde_json::to_value(spec).expect("a spec serialises"));
-            let job = read_job(&mut own, &tree, start + k, None)?;
-            Some(ListKeys::of(&job, start + k))
-        };
-        let keys: Vec<ListKeys> = part.iter().enumerate().filter_map(read).collect();
-        (own, keys)
+    let keys = read_items(&mut c, specs, |c, spec, i| {
+        let tree = yaml::from_json(serde_json::to_value(spec).expect("a spec serialises"));
+        Some(ListKeys::of(&read_job(c, &tree, i, None)?, i))
     });
-    let mut keys = Vec::with_capacity(specs.len());
-    for (own, part) in parts {
-        c.absorb(own);
-        keys.extend(part);
-    }
     // A tree of the records has no positions: every node is at line 1, column 1.
     let at = yaml::from_json(serde_json::Value::Null);
     check_unique(&mut c, keys.iter().map(|k| (k, &at)));
