@@ -39,7 +39,7 @@ pub struct Explanation {
 }
 
 /// Reasons as codes and, in the same order, as sentences.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Said {
     codes: Vec<Reason>,
     sentences: Vec<String>,

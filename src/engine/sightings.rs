@@ -5,6 +5,7 @@
 //! Pure: it compares two listings handed to it and reads no clock; the driver calls it once
 //! per observation. It decides nothing.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -174,9 +175,7 @@ impl Detail {
         }
         d.0.push_str("zone=");
         d.0.push_str(zone.as_str());
-        d.field("type", tpu_type.family());
-        d.0.push('-');
-        d.0.push_str(itoa::Buffer::new().format(tpu_type.size()));
+        let _ = write!(d.0, " type={tpu_type}");
         d.field("spot", if spot { "true" } else { "false" });
         if reserved {
             d.field("reserved", "true");
