@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tpu_runner_sim::workload::{Dist, JobArrival, Regions, Synthetic, TraceReplay, read_column};
 use tpu_runner_sim::{ApiConfig, ApiLatency, ApiQuota, Capacity, Latency, SpotTrace, WorkerConfig};
 
-use crate::spec::yaml::{self, Checker, Fields, Node, Value};
+use crate::spec::yaml::{self, Checker, Fields, Node, Place, Value};
 use crate::spec::{
     EntryKind, FleetSpec, PolicyName, PolicySpec, ProvisioningModel, SpecErrors, TpuEntry, TpuType,
     gcp, parse_fleet,
@@ -901,7 +901,7 @@ fn check_types_in_fleet(
     }
 }
 
-fn read_latency(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Latency> {
+fn read_latency(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Latency> {
     let f = c.mapping(
         node,
         path,
@@ -927,7 +927,7 @@ fn read_latency(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Latency>
     })
 }
 
-fn read_api(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<ApiConfig> {
+fn read_api(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<ApiConfig> {
     let a = c.mapping(
         node,
         path,
@@ -1309,7 +1309,7 @@ fn read_pool_defaults(
 fn read_pool(
     c: &mut Checker<'_>,
     node: &Node,
-    path: &str,
+    path: impl Place,
     dir: &Dirs,
     unreadable: &mut usize,
 ) -> Option<PoolSpec> {
@@ -1398,7 +1398,7 @@ fn read_pool(
             .map(|items| {
                 let mut out = Vec::new();
                 for (i, item) in items.iter().enumerate() {
-                    let p = yaml::index(&f.path("outages_hours"), i);
+                    let p = yaml::index(f.path("outages_hours"), i);
                     match &item.value {
                         Value::Seq(pair) if pair.len() == 2 => {
                             let a = c.number(&pair[0], &p, 0.0, 1e6, "hours");
@@ -1455,7 +1455,7 @@ fn read_pool(
 fn read_capacity(
     c: &mut Checker<'_>,
     node: &Node,
-    path: &str,
+    path: impl Place,
     dir: &Dirs,
     unreadable: &mut usize,
 ) -> Option<Capacity> {
@@ -1565,7 +1565,7 @@ fn read_capacity(
 
 /// `[[seconds, slices or unlimited], ...]`, in increasing time: each step holds until the
 /// next (what a capture saw of a pool).
-fn read_schedule(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Capacity> {
+fn read_schedule(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Capacity> {
     const STEP: &str = "a step `[seconds, slices]` (slices a number or `unlimited`)";
     let items = c.list(node, path, "a non-empty list of steps", false)?;
     let mut steps: Vec<(u64, u32)> = Vec::with_capacity(items.len());
@@ -1721,7 +1721,7 @@ fn read_initial_state(
 fn read_dist(
     c: &mut Checker<'_>,
     node: &Node,
-    path: &str,
+    path: impl Place,
     dir: &Dirs,
     unreadable: &mut usize,
 ) -> Option<Dist> {
@@ -1804,7 +1804,7 @@ fn read_dist(
 fn read_csv_column(
     c: &mut Checker<'_>,
     node: &Node,
-    path: &str,
+    path: impl Place,
     file: &Path,
     column: &str,
     unreadable: &mut usize,
@@ -1830,7 +1830,7 @@ fn read_csv_column(
     }
 }
 
-fn read_weights(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<(u32, f64)>> {
+fn read_weights(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Vec<(u32, f64)>> {
     let Value::Map(pairs) = &node.value else {
         c.expected(
             node,
@@ -1856,7 +1856,7 @@ fn read_weights(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<(u32
     Some(out)
 }
 
-fn read_regions(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<(Regions, f64)>> {
+fn read_regions(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Vec<(Regions, f64)>> {
     let items = c.list(node, path, "a list of `{regions: [...], weight: N}`", false)?;
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
@@ -1871,7 +1871,7 @@ fn read_regions(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<(Reg
                 rs.iter()
                     .enumerate()
                     .filter_map(|(j, r)| {
-                        let rp = yaml::index(&f.path("regions"), j);
+                        let rp = yaml::index(f.path("regions"), j);
                         let s = c.nonempty_string(r, &rp, "a region")?;
                         gcp::check_region(&s)
                             .map_err(|e| c.expected(r, &rp, &e))

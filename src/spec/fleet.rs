@@ -10,7 +10,7 @@ use super::diagnostic::SpecErrors;
 use super::gcp::{self, ProvisioningModel, TpuType};
 use super::names::{self, Name};
 use super::policy::{self, PolicySpec};
-use super::yaml::{self, Checker, Node, Value};
+use super::yaml::{self, Checker, Node, Place, Value};
 
 /// The most TPUs one managed entry may declare (every ordinal has a name the controller
 /// reads; 4,096 slices is beyond any TPU quota a single zone grants).
@@ -536,13 +536,13 @@ fn read_entries<'n>(c: &mut Checker<'_>, items: &'n [Node]) -> Vec<Located<'n>> 
 }
 
 fn field_path(i: usize, field: &str) -> String {
-    yaml::join(&yaml::index("tpus", i), field)
+    yaml::join(yaml::index("tpus", i), field).to_string()
 }
 
 fn read_entry(
     c: &mut Checker<'_>,
     node: &Node,
-    path: &str,
+    path: impl Place,
     index_1based: usize,
 ) -> Option<TpuEntry> {
     let rejected = [

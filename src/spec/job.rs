@@ -10,7 +10,7 @@ use super::diagnostic::SpecErrors;
 use super::fleet::{EntryKind, FleetSpec, TpuEntry};
 use super::gcp::{self, TpuType};
 use super::names;
-use super::yaml::{self, Checker, Node, Value};
+use super::yaml::{self, Checker, Node, Place, Value};
 
 /// A validated job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -577,7 +577,7 @@ fn read_job(
             )?;
             let mut out = Vec::new();
             for (i, item) in items.iter().enumerate() {
-                let p = yaml::index(&f.path("buckets"), i);
+                let p = yaml::index(f.path("buckets"), i);
                 if let Some(b) = c.string(item, &p, "a bucket URI such as `gs://my-bucket`") {
                     match gcp::normalize_bucket_uri(&b) {
                         Ok(uri) => out.push((uri, item, p)),
@@ -652,20 +652,21 @@ fn read_job(
     Some(job)
 }
 
-fn read_tpu_request(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<TpuRequest> {
-    let parse_one = |c: &mut Checker<'_>, n: &Node, p: &str| -> Option<Result<TpuType, ()>> {
-        let t = c.nonempty_string(n, p, "a TPU type such as `v6e-16`")?;
-        if t == "any" {
-            return Some(Err(()));
-        }
-        match TpuType::parse(&t) {
-            Ok(t) => Some(Ok(t)),
-            Err(e) => {
-                c.error(n, p, format!("expected {e}, found {}", yaml::quote(&t)));
-                None
+fn read_tpu_request(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<TpuRequest> {
+    let parse_one =
+        |c: &mut Checker<'_>, n: &Node, p: &dyn std::fmt::Display| -> Option<Result<TpuType, ()>> {
+            let t = c.nonempty_string(n, p, "a TPU type such as `v6e-16`")?;
+            if t == "any" {
+                return Some(Err(()));
             }
-        }
-    };
+            match TpuType::parse(&t) {
+                Ok(t) => Some(Ok(t)),
+                Err(e) => {
+                    c.error(n, p, format!("expected {e}, found {}", yaml::quote(&t)));
+                    None
+                }
+            }
+        };
     match &node.value {
         Value::Seq(items) => {
             if items.is_empty() {
@@ -694,14 +695,14 @@ fn read_tpu_request(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<TpuR
                 types.into_iter().map(|(t, _, _)| t).collect(),
             ))
         }
-        _ => match parse_one(c, node, path)? {
+        _ => match parse_one(c, node, &path)? {
             Ok(t) => Some(TpuRequest::OneOf(vec![t])),
             Err(()) => Some(TpuRequest::Any),
         },
     }
 }
 
-fn read_caches(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<Cache>> {
+fn read_caches(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Vec<Cache>> {
     let items = c.list(
         node,
         path,
@@ -774,7 +775,11 @@ fn read_caches(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<Vec<Cache
     )
 }
 
-fn read_env(c: &mut Checker<'_>, node: &Node, path: &str) -> Option<BTreeMap<String, String>> {
+fn read_env(
+    c: &mut Checker<'_>,
+    node: &Node,
+    path: impl Place,
+) -> Option<BTreeMap<String, String>> {
     let Value::Map(pairs) = &node.value else {
         c.expected(node, path, "a mapping of variable names to values");
         return None;

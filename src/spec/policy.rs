@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::gcp::ProvisioningModel;
-use super::yaml::{self, Checker, Node, Value};
+use super::yaml::{self, Checker, Node, Place, Value};
 
 /// Timing and limits of the reconcile engine (the original's §3.11 values and the limits the
 /// rewrite added). Every `…_secs` field is a number of seconds, the rest counts.
@@ -540,7 +540,13 @@ pub fn parse_duration(text: &str) -> Option<i64> {
 
 /// Reads a duration field (a string with a unit, or an integer of seconds) in
 /// `min..=max` seconds.
-pub fn duration(c: &mut Checker<'_>, node: &Node, path: &str, min: i64, max: i64) -> Option<i64> {
+pub fn duration(
+    c: &mut Checker<'_>,
+    node: &Node,
+    path: impl Place,
+    min: i64,
+    max: i64,
+) -> Option<i64> {
     let secs = match &node.value {
         Value::Int(i) => Some(*i),
         Value::Str(s) => parse_duration(s),
@@ -581,7 +587,7 @@ fn engine_keys() -> Vec<(String, String)> {
 pub fn read_policy(
     c: &mut Checker<'_>,
     node: &Node,
-    path: &str,
+    path: impl Place,
     base: &PolicySpec,
     default_name: Option<PolicyName>,
 ) -> Option<PolicySpec> {
@@ -714,7 +720,7 @@ pub fn read_policy(
 fn read_engine(
     c: &mut Checker<'_>,
     node: &Node,
-    path: &str,
+    path: impl Place,
     base: EngineConfig,
 ) -> Option<EngineConfig> {
     let keys = engine_keys();

@@ -172,7 +172,9 @@ fn field_path(path: &serde_ignored::Path<'_>) -> String {
     match path {
         Path::Root => String::new(),
         Path::Seq { parent, index } => format!("{}[{index}]", field_path(parent)),
-        Path::Map { parent, key } => super::yaml::join(&field_path(parent), key),
+        Path::Map { parent, key } => {
+            super::yaml::join(field_path(parent).as_str(), key).to_string()
+        }
         Path::Some { parent }
         | Path::NewtypeStruct { parent }
         | Path::NewtypeVariant { parent } => field_path(parent),

@@ -205,7 +205,7 @@ impl<'s> Checker<'s> {
     }
 
     /// Records a problem at `node`.
-    pub fn error(&mut self, node: &Node, path: &str, message: impl Into<String>) {
+    pub fn error(&mut self, node: &Node, path: impl Place, message: impl Into<String>) {
         self.push(node, path, message.into(), None);
     }
 
@@ -213,16 +213,16 @@ impl<'s> Checker<'s> {
     pub fn error_hint(
         &mut self,
         node: &Node,
-        path: &str,
+        path: impl Place,
         message: impl Into<String>,
         hint: impl Into<String>,
     ) {
         self.push(node, path, message.into(), Some(hint.into()));
     }
 
-    fn push(&mut self, node: &Node, path: &str, message: String, hint: Option<String>) {
+    fn push(&mut self, node: &Node, path: impl Place, message: String, hint: Option<String>) {
         self.diagnostics.push(Diagnostic {
-            path: path.to_owned(),
+            path: path.to_string(),
             line: node.line,
             column: node.column,
             message,
@@ -231,7 +231,7 @@ impl<'s> Checker<'s> {
     }
 
     /// Records "expected X, found Y".
-    pub fn expected(&mut self, node: &Node, path: &str, expected: &str) {
+    pub fn expected(&mut self, node: &Node, path: impl Place, expected: &str) {
         let hint = match (&node.value, expected) {
             (Value::Str(s), e) if e.contains("integer") && s.trim().parse::<i64>().is_ok() => {
                 Some("remove the quotes: numbers are written without them".to_owned())
@@ -304,7 +304,7 @@ impl<'s> Checker<'s> {
     pub fn mapping<'n>(
         &mut self,
         node: &'n Node,
-        path: &str,
+        path: impl Place,
         what: &str,
         allowed: &[&str],
         rejected: &[(&str, &str)],
@@ -319,11 +319,10 @@ impl<'s> Checker<'s> {
                 self.expected(key, path, "a field name (a string key)");
                 continue;
             };
-            let field_path = join(path, name);
             if let Some((_, why)) = rejected.iter().find(|(k, _)| *k == name) {
                 self.error_hint(
                     key,
-                    &field_path,
+                    join(path, name),
                     format!("field `{name}` is not allowed here"),
                     *why,
                 );
@@ -337,7 +336,7 @@ impl<'s> Checker<'s> {
                 sorted.sort_unstable();
                 self.error_hint(
                     key,
-                    &field_path,
+                    join(path, name),
                     format!("unknown field `{name}` in {what}"),
                     format!("{suggestion}known fields: {}", sorted.join(", ")),
                 );
@@ -345,13 +344,13 @@ impl<'s> Checker<'s> {
         }
         Some(Fields {
             node,
-            path: path.to_owned(),
+            path: path.to_string(),
             fields,
         })
     }
 
     /// Reads a string; `None` (with an error) otherwise. Does not trim.
-    pub fn string(&mut self, node: &Node, path: &str, expected: &str) -> Option<String> {
+    pub fn string(&mut self, node: &Node, path: impl Place, expected: &str) -> Option<String> {
         match &node.value {
             Value::Str(s) => Some(s.clone()),
             _ => {
@@ -362,7 +361,12 @@ impl<'s> Checker<'s> {
     }
 
     /// Reads a trimmed, non-empty string.
-    pub fn nonempty_string(&mut self, node: &Node, path: &str, expected: &str) -> Option<String> {
+    pub fn nonempty_string(
+        &mut self,
+        node: &Node,
+        path: impl Place,
+        expected: &str,
+    ) -> Option<String> {
         let s = self.string(node, path, expected)?;
         let trimmed = s.trim();
         if trimmed.is_empty() {
@@ -376,7 +380,7 @@ impl<'s> Checker<'s> {
     pub fn integer(
         &mut self,
         node: &Node,
-        path: &str,
+        path: impl Place,
         min: i64,
         max: i64,
         expected: &str,
@@ -395,7 +399,7 @@ impl<'s> Checker<'s> {
     }
 
     /// Reads a boolean.
-    pub fn boolean(&mut self, node: &Node, path: &str) -> Option<bool> {
+    pub fn boolean(&mut self, node: &Node, path: impl Place) -> Option<bool> {
         match node.value {
             Value::Bool(b) => Some(b),
             _ => {
@@ -409,7 +413,7 @@ impl<'s> Checker<'s> {
     pub fn list<'n>(
         &mut self,
         node: &'n Node,
-        path: &str,
+        path: impl Place,
         expected: &str,
         allow_empty: bool,
     ) -> Option<&'n [Node]> {
@@ -441,7 +445,7 @@ impl<'s> Checker<'s> {
                         "duplicate {what} {}, already used at {at}",
                         quote(value.as_ref())
                     );
-                    self.error(node, &path.to_string(), message);
+                    self.error(node, &path, message);
                 }
                 None => {
                     first.insert(value, path);
@@ -525,9 +529,9 @@ impl<'n> Fields<'n> {
         true
     }
 
-    /// Path of a field of this mapping.
-    pub fn path(&self, name: &str) -> String {
-        join(&self.path, name)
+    /// Path of a field of this mapping (written only when a problem names it).
+    pub fn path<'f>(&'f self, name: &'f str) -> Joined<'f, &'f str> {
+        join(self.path.as_str(), name)
     }
 
     /// The mapping node itself.
@@ -577,18 +581,52 @@ fn quoted(names: &[&str]) -> String {
         .join(", ")
 }
 
+/// Where a value is in its file (`tpus[2].zone`): anything that writes itself as a path. A
+/// reader passes places along and a place is written only when a problem names it (a long
+/// list read without problems formats none).
+pub trait Place: std::fmt::Display + Copy {}
+
+impl<T: std::fmt::Display + Copy> Place for T {}
+
+/// A parent path and a field name: `tpus[2]` + `zone` = `tpus[2].zone`.
+#[derive(Clone, Copy)]
+pub struct Joined<'a, P> {
+    parent: P,
+    name: &'a str,
+}
+
+impl<P: Place> std::fmt::Display for Joined<'_, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parent = self.parent.to_string();
+        if parent.is_empty() {
+            f.write_str(self.name)
+        } else {
+            write!(f, "{parent}.{}", self.name)
+        }
+    }
+}
+
 /// Joins a parent path and a field name: `tpus[2]` + `zone` = `tpus[2].zone`.
-pub fn join(parent: &str, name: &str) -> String {
-    if parent.is_empty() {
-        name.to_owned()
-    } else {
-        format!("{parent}.{name}")
+pub fn join<P: Place>(parent: P, name: &str) -> Joined<'_, P> {
+    Joined { parent, name }
+}
+
+/// A list element's path: `tpus` + 2 = `tpus[2]`.
+#[derive(Clone, Copy)]
+pub struct Indexed<P> {
+    parent: P,
+    i: usize,
+}
+
+impl<P: Place> std::fmt::Display for Indexed<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}]", self.parent, self.i)
     }
 }
 
 /// Path of a list element: `tpus` + 2 = `tpus[2]`.
-pub fn index(parent: &str, i: usize) -> String {
-    format!("{parent}[{i}]")
+pub fn index<P: Place>(parent: P, i: usize) -> Indexed<P> {
+    Indexed { parent, i }
 }
 
 /// Converts a node to JSON (non-string keys are written as their description).
@@ -649,7 +687,7 @@ impl Checker<'_> {
     pub fn number(
         &mut self,
         node: &Node,
-        path: &str,
+        path: impl Place,
         min: f64,
         max: f64,
         expected: &str,
