@@ -26,14 +26,14 @@ pub(crate) struct PlanArgs<'a> {
     pub write_state: Option<&'a Path>,
 }
 
-#[derive(Serialize)]
+#[derive(Clone, Copy, Serialize)]
 struct PlanReport<'a> {
     schema_version: u32,
     now: Timestamp,
     policy: &'a str,
     /// The digest of everything that decides (name, parameters, timings), as the
     /// controller's pass records give it.
-    policy_digest: String,
+    policy_digest: &'a str,
     actions: &'a [Action],
     events: &'a [Event],
     waiting: &'a [Explanation],
@@ -125,21 +125,20 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
         super::write_output(path, &text, false)?;
     }
     if args.json {
+        let digest = engine.index().fleet.policy.digest();
         let report = PlanReport {
             schema_version: SCHEMA_VERSION,
             now,
             policy: engine.policy().name(),
-            policy_digest: engine.index().fleet.policy.digest(),
+            policy_digest: &digest,
             actions: &out.actions,
             events: &out.events,
             waiting: &waiting,
             next_wake: out.next_wake,
             violations: &out.violations,
         };
-        // Streamed: at 100k waiting jobs the report is ~200 MB.
-        let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
-        let _ = serde_json::to_writer_pretty(&mut stdout, &report)
-            .map_err(std::io::Error::from)
+        let mut stdout = std::io::stdout().lock();
+        let _ = write_report(&mut stdout, &report, WAIT_BATCH)
             .and_then(|()| stdout.write_all(b"\n"))
             .and_then(|()| stdout.flush());
     } else {
@@ -150,6 +149,52 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
     } else {
         ExitStatus::Invalid
     })
+}
+
+/// Waiting jobs written per batch (a batch's text is held: ~2 KB a job).
+const WAIT_BATCH: usize = 4 * crate::parallel::PARTS_FROM;
+
+/// `report` as `serde_json::to_writer_pretty` writes it, the waiting jobs (at 100k of them
+/// nearly all of a ~200 MB report) written in batches, each in parts side by side: the
+/// report without them, with its empty list cut open and the parts put in.
+fn write_report(
+    w: &mut impl std::io::Write,
+    report: &PlanReport<'_>,
+    batch: usize,
+) -> std::io::Result<()> {
+    use serde_json::ser::Formatter as _;
+    let frame = serde_json::to_vec_pretty(&PlanReport {
+        waiting: &[],
+        ..*report
+    })?;
+    // A top-level key starts a line of its own: no string holds a raw line break.
+    const EMPTY: &[u8] = b"\n  \"waiting\": []";
+    let open = (frame.windows(EMPTY.len()).position(|w| w == EMPTY))
+        .expect("the report has a waiting list")
+        + EMPTY.len()
+        - 1;
+    w.write_all(&frame[..open])?;
+    for (k, batch) in report.waiting.chunks(batch).enumerate() {
+        let parts = crate::parallel::in_parts(batch, |_, part| {
+            // A list one level down (in the report's object): `[` + items + `\n  ]`.
+            let mut formatter = serde_json::ser::PrettyFormatter::new();
+            formatter.begin_object(&mut std::io::sink())?;
+            let mut ser = serde_json::Serializer::with_formatter(Vec::new(), formatter);
+            part.serialize(&mut ser)?;
+            Ok::<_, std::io::Error>(ser.into_inner())
+        });
+        for (j, part) in parts.into_iter().enumerate() {
+            let text = part?;
+            if k + j > 0 {
+                w.write_all(b",")?;
+            }
+            w.write_all(&text[1..text.len() - 4])?;
+        }
+    }
+    if !report.waiting.is_empty() {
+        w.write_all(b"\n  ")?;
+    }
+    w.write_all(&frame[open..])
 }
 
 fn render(
@@ -265,4 +310,44 @@ fn render(
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::synthetic;
+
+    /// The report written in batches and parts is byte for byte what the plain pretty
+    /// writer gives: no waiting job, a few (one part), and batches of several parts.
+    #[test]
+    fn the_report_in_parts_is_the_report() {
+        let epoch = Timestamp::from_secs(1_767_225_600);
+        let fleet = synthetic::fleet(40, 2);
+        for n_jobs in [0, 3, crate::parallel::PARTS_FROM + 700] {
+            let (mut state, observation) = synthetic::planning_instance(&fleet, 0, 20, epoch);
+            for job in synthetic::varied_pending_jobs(&fleet, n_jobs, epoch) {
+                state.jobs.insert(job.id, job);
+            }
+            let engine = Engine::with_policy(fleet.policy.clone(), fleet.clone());
+            let out = engine.reconcile(&mut state, &observation, epoch);
+            let waiting = explain(engine.index(), &state, &observation, &out, epoch);
+            let report = PlanReport {
+                schema_version: SCHEMA_VERSION,
+                now: epoch,
+                policy: engine.policy().name(),
+                policy_digest: "d",
+                actions: &out.actions,
+                events: &out.events,
+                waiting: &waiting,
+                next_wake: out.next_wake,
+                violations: &out.violations,
+            };
+            let plain = serde_json::to_vec_pretty(&report).expect("serialises");
+            for batch in [1, 2, crate::parallel::PARTS_FROM + 50, WAIT_BATCH] {
+                let mut parts = Vec::new();
+                write_report(&mut parts, &report, batch).expect("writes to memory");
+                assert!(parts == plain, "{n_jobs} jobs in batches of {batch}");
+            }
+        }
+    }
 }
