@@ -330,22 +330,6 @@ pub fn parse_jobs(
     parse_jobs_in(file, source, fleet, &folder)
 }
 
-/// [`parse_jobs`] on a tree already built (`yaml::from_json` of records read elsewhere, a
-/// snapshot's specs): the same rules, without a source to point into.
-pub fn parse_jobs_tree(
-    file: &str,
-    root: &yaml::Node,
-    fleet: Option<&FleetSpec>,
-) -> Result<Vec<JobSpec>, SpecErrors> {
-    let mut c = Checker::new("");
-    let mut jobs = read_jobs(&mut c, root, fleet);
-    if let Some(jobs) = &mut jobs {
-        JobSpec::name_unnamed(jobs, "");
-    }
-    c.finish(file, jobs)
-        .and_then(|j| j.ok_or_else(|| super::incomplete(file, "")))
-}
-
 /// [`parse_jobs`] for a manifest in the folder named `folder` (its last component; empty:
 /// unnamed jobs are `job`, `job-2` …).
 pub fn parse_jobs_in(
@@ -422,11 +406,11 @@ fn read_items<'n, I: Sync, R: Send>(
 pub fn recheck_stored(specs: &[&JobSpec]) -> Result<(), SpecErrors> {
     let mut c = Checker::new("");
     let keys = read_items(&mut c, specs, |c, spec, i| {
-        let tree = yaml::from_json(serde_json::to_value(spec).expect("a spec serialises"));
+        let tree = super::value_tree::to_tree(spec).expect("a spec has a tree");
         Some(ListKeys::of(&read_job(c, &tree, i, None)?, i))
     });
     // A tree of the records has no positions: every node is at line 1, column 1.
-    let at = yaml::from_json(serde_json::Value::Null);
+    let at = super::value_tree::to_tree(&()).expect("null has a tree");
     check_unique(&mut c, keys.iter().map(|k| (k, &at)));
     c.finish("snapshot", ())
 }
@@ -585,10 +569,7 @@ fn read_job(
                     }
                 }
             }
-            c.unique(
-                out.iter().map(|(u, n, p)| (u.clone(), *n, p.clone())),
-                "bucket",
-            );
+            c.unique(out.iter().map(|(u, n, p)| (u.as_str(), *n, *p)), "bucket");
             Some(out.into_iter().map(|(u, _, _)| u).collect::<Vec<_>>())
         });
     let caches = match f.get("caches") {
@@ -758,13 +739,13 @@ fn read_caches(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Vec
     c.unique(
         caches
             .iter()
-            .map(|((k, n), _, p)| (k.clone(), *n, format!("{p}.key"))),
+            .map(|((k, n), _, p)| (k.as_str(), *n, yaml::join(p, "key"))),
         "cache key",
     );
     c.unique(
         caches
             .iter()
-            .map(|(_, (q, n), p)| (q.clone(), *n, format!("{p}.path"))),
+            .map(|(_, (q, n), p)| (q.as_str(), *n, yaml::join(p, "path"))),
         "cache path",
     );
     Some(

@@ -10,6 +10,7 @@ pub mod names;
 pub mod policy;
 pub mod prices;
 pub mod state_file;
+pub mod value_tree;
 pub mod yaml;
 
 pub use diagnostic::{Diagnostic, SpecErrors};

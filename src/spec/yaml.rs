@@ -121,33 +121,6 @@ pub fn parse(file: &str, source: &str) -> Result<Node, SpecErrors> {
     }
 }
 
-/// The tree of a JSON value already parsed (a snapshot's records), as `parse` would give
-/// for the same text but without positions: every node at line 1, column 1, with no source
-/// span (a reader's `raw_text` of it is empty; JSON scalars are never read raw).
-pub fn from_json(value: serde_json::Value) -> Node {
-    let value = match value {
-        serde_json::Value::Null => Value::Null,
-        serde_json::Value::Bool(b) => Value::Bool(b),
-        serde_json::Value::Number(n) => match n.as_i64() {
-            Some(i) => Value::Int(i),
-            None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        serde_json::Value::String(s) => Value::Str(s),
-        serde_json::Value::Array(items) => Value::Seq(items.into_iter().map(from_json).collect()),
-        serde_json::Value::Object(map) => Value::Map(
-            map.into_iter()
-                .map(|(k, v)| (from_json(serde_json::Value::String(k)), from_json(v)))
-                .collect(),
-        ),
-    };
-    Node {
-        line: 1,
-        column: 1,
-        span: (0, 0),
-        value,
-    }
-}
-
 fn convert(node: MarkedYamlOwned) -> Node {
     let line = node.span.start.line().max(1);
     let column = node.span.start.col() + 1;
@@ -436,10 +409,18 @@ impl<'s> Checker<'s> {
         V: AsRef<str> + Eq + std::hash::Hash,
         P: std::fmt::Display,
     {
-        // Where each value was first seen: one lookup per item, however many repeat.
-        let mut first: std::collections::HashMap<V, P> = Default::default();
+        // Where each value was first seen: a short list (a job's buckets) is scanned, a
+        // long one (a sweep's ids) hashed, one lookup per item however many repeat.
+        const SCANNED: usize = 16;
+        let mut few: Vec<(V, P)> = Vec::new();
+        let mut many: std::collections::HashMap<V, P> = Default::default();
         for (value, node, path) in items {
-            match first.get(&value) {
+            let first = if many.is_empty() {
+                few.iter().find(|(v, _)| *v == value).map(|(_, p)| p)
+            } else {
+                many.get(&value)
+            };
+            match first {
                 Some(at) => {
                     let message = format!(
                         "duplicate {what} {}, already used at {at}",
@@ -447,8 +428,10 @@ impl<'s> Checker<'s> {
                     );
                     self.error(node, &path, message);
                 }
+                None if many.is_empty() && few.len() < SCANNED => few.push((value, path)),
                 None => {
-                    first.insert(value, path);
+                    many.extend(few.drain(..));
+                    many.insert(value, path);
                 }
             }
         }
