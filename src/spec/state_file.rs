@@ -105,7 +105,11 @@ pub fn parse(file: &str, text: &str) -> Result<State, String> {
     Err(format!("{}{NOTHING_DONE}", errors.render()))
 }
 
+use std::borrow::Cow;
+use std::collections::HashSet;
+
 /// Any JSON value whose objects name each key once (building nothing).
+#[derive(Debug)]
 struct NoDuplicateKeys;
 
 impl<'de> serde::Deserialize<'de> for NoDuplicateKeys {
@@ -151,16 +155,33 @@ impl<'de> serde::de::Visitor<'de> for NoDuplicateKeys {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut keys: std::collections::HashSet<std::borrow::Cow<'de, str>> =
-            std::collections::HashSet::new();
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if keys.contains(&key) {
+        // Most objects hold a few keys: compared one by one, without hashing; a larger one
+        // (a queue's jobs) goes through a hash set, so no object costs more than linear.
+        const FEW: usize = 16;
+        let mut few: [Option<Cow<'de, str>>; FEW] = Default::default();
+        let mut many: HashSet<Cow<'de, str>> = HashSet::new();
+        let mut n = 0;
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            let seen = if n <= FEW {
+                few[..n].iter().any(|k| k.as_deref() == Some(&*key))
+            } else {
+                many.contains(&key)
+            };
+            if seen {
                 return Err(serde::de::Error::custom(format!(
                     "the key `{key}` is given twice in one object (the first would be lost)"
                 )));
             }
             map.next_value::<NoDuplicateKeys>()?;
-            keys.insert(key);
+            if n < FEW {
+                few[n] = Some(key);
+            } else {
+                if n == FEW {
+                    many.extend(few.iter_mut().filter_map(Option::take));
+                }
+                many.insert(key);
+            }
+            n += 1;
         }
         Ok(self)
     }
@@ -189,6 +210,37 @@ mod tests {
         assert!(e.contains("expected 1, found 1.0"), "{e}");
         let e = super::parse("s.json", r#"{"jobs": {}}"#).unwrap_err();
         assert!(e.contains("found none"), "{e}");
+    }
+
+    #[test]
+    fn a_key_given_twice_is_found_in_small_and_large_objects() {
+        use super::NoDuplicateKeys;
+        let object = |keys: &[String]| {
+            let fields: Vec<String> = keys.iter().map(|k| format!("{k:?}: [{{}}]")).collect();
+            format!("{{{}}}", fields.join(", "))
+        };
+        for n in [1, 2, 15, 16, 17, 40] {
+            let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+            let fine = object(&keys);
+            assert!(
+                serde_json::from_str::<NoDuplicateKeys>(&fine).is_ok(),
+                "{fine}"
+            );
+            // The repeat of every key, placed after each of the others.
+            for first in 0..n {
+                for at in first + 1..=n {
+                    let mut twice = keys.clone();
+                    twice.insert(at, keys[first].clone());
+                    let text = format!("[{}, {{\"a\": 1}}]", object(&twice));
+                    let e = serde_json::from_str::<NoDuplicateKeys>(&text).unwrap_err();
+                    let want = format!("the key `k{first}` is given twice");
+                    assert!(e.to_string().starts_with(&want), "{text}: {e}");
+                }
+            }
+        }
+        // An escaped key equals its plain spelling.
+        let e = serde_json::from_str::<NoDuplicateKeys>(r#"{"a": 1, "\u0061": 2}"#);
+        assert!(e.is_err());
     }
 
     #[test]
