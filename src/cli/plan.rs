@@ -162,7 +162,6 @@ fn write_report(
     report: &PlanReport<'_>,
     batch: usize,
 ) -> std::io::Result<()> {
-    use serde_json::ser::Formatter as _;
     let frame = serde_json::to_vec_pretty(&PlanReport {
         waiting: &[],
         ..*report
@@ -175,26 +174,58 @@ fn write_report(
         - 1;
     w.write_all(&frame[..open])?;
     for (k, batch) in report.waiting.chunks(batch).enumerate() {
-        let parts = crate::parallel::in_parts(batch, |_, part| {
-            // A list one level down (in the report's object): `[` + items + `\n  ]`.
-            let mut formatter = serde_json::ser::PrettyFormatter::new();
-            formatter.begin_object(&mut std::io::sink())?;
-            let mut ser = serde_json::Serializer::with_formatter(Vec::new(), formatter);
-            part.serialize(&mut ser)?;
-            Ok::<_, std::io::Error>(ser.into_inner())
-        });
+        let parts = crate::parallel::in_parts(batch, |_, part| waiting_items(part));
         for (j, part) in parts.into_iter().enumerate() {
             let text = part?;
             if k + j > 0 {
                 w.write_all(b",")?;
             }
-            w.write_all(&text[1..text.len() - 4])?;
+            w.write_all(&text)?;
         }
     }
     if !report.waiting.is_empty() {
         w.write_all(b"\n  ")?;
     }
     w.write_all(&frame[open..])
+}
+
+/// `waiting` as the items of the report's list (each on a line of its own, after a comma
+/// but the first) as the pretty writer writes them. The explanations whose reasons are all
+/// their class's differ only in the job id: each class's text is made once, then copied.
+fn waiting_items(waiting: &[Explanation]) -> std::io::Result<Vec<u8>> {
+    use serde_json::ser::Formatter as _;
+    /// How an item starts, up to its job id (the first field).
+    const HEAD: &[u8] = b"{\n      \"job_id\": ";
+    let mut tails: rustc_hash::FxHashMap<usize, Vec<u8>> = Default::default();
+    let mut out = Vec::new();
+    let mut id = Vec::new();
+    for (i, e) in waiting.iter().enumerate() {
+        out.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
+        id.clear();
+        serde_json::to_writer(&mut id, &e.job_id)?;
+        if let Some(tail) = e.class_only().and_then(|k| tails.get(&k)) {
+            out.extend_from_slice(HEAD);
+            out.extend_from_slice(&id);
+            out.extend_from_slice(tail);
+            continue;
+        }
+        // An item of a list in the report's object: two levels down.
+        let mut formatter = serde_json::ser::PrettyFormatter::new();
+        formatter.begin_object(&mut std::io::sink())?;
+        formatter.begin_object(&mut std::io::sink())?;
+        let start = out.len();
+        let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
+        e.serialize(&mut ser)?;
+        let text = &out[start..];
+        if let Some(key) = e.class_only()
+            && let Some(tail) = text
+                .strip_prefix(HEAD)
+                .and_then(|t| t.strip_prefix(&id[..]))
+        {
+            tails.insert(key, tail.to_vec());
+        }
+    }
+    Ok(out)
 }
 
 fn render(
@@ -318,19 +349,35 @@ mod tests {
     use crate::engine::synthetic;
 
     /// The report written in batches and parts is byte for byte what the plain pretty
-    /// writer gives: no waiting job, a few (one part), and batches of several parts.
+    /// writer gives: no waiting job, a few (one part), and batches of several parts; jobs
+    /// waiting only for their class's reasons (written once per class) and for their own.
     #[test]
     fn the_report_in_parts_is_the_report() {
         let epoch = Timestamp::from_secs(1_767_225_600);
         let fleet = synthetic::fleet(40, 2);
         for n_jobs in [0, 3, crate::parallel::PARTS_FROM + 700] {
             let (mut state, observation) = synthetic::planning_instance(&fleet, 0, 20, epoch);
-            for job in synthetic::varied_pending_jobs(&fleet, n_jobs, epoch) {
+            for (i, mut job) in synthetic::varied_pending_jobs(&fleet, n_jobs, epoch)
+                .into_iter()
+                .enumerate()
+            {
+                // Every seventh backs off: a reason of its own.
+                if i % 7 == 1 {
+                    job.not_before = Some(Timestamp(epoch.0 + 600_000));
+                    job.infra_failures = 1;
+                }
                 state.jobs.insert(job.id, job);
             }
             let engine = Engine::with_policy(fleet.policy.clone(), fleet.clone());
             let out = engine.reconcile(&mut state, &observation, epoch);
             let waiting = explain(engine.index(), &state, &observation, &out, epoch);
+            let class_only = waiting.iter().filter(|w| w.class_only().is_some()).count();
+            if n_jobs > 3 {
+                assert!(
+                    class_only > 100 && class_only < waiting.len(),
+                    "{class_only}"
+                );
+            }
             let report = PlanReport {
                 schema_version: SCHEMA_VERSION,
                 now: epoch,
