@@ -540,6 +540,20 @@ fn holder_text<'a>((job, when): (&'a str, &'a str)) -> impl Iterator<Item = u8> 
     job.bytes().chain(*b" (").chain(when.bytes())
 }
 
+/// The order of [`holder_text`], comparing slices: byte by byte only when one job id starts
+/// the other.
+fn holder_order(a: &(&str, &str), b: &(&str, &str)) -> std::cmp::Ordering {
+    let (ja, jb) = (a.0.as_bytes(), b.0.as_bytes());
+    let n = ja.len().min(jb.len());
+    ja[..n].cmp(&jb[..n]).then_with(|| {
+        if ja.len() == jb.len() {
+            a.1.cmp(b.1)
+        } else {
+            holder_text(*a).cmp(holder_text(*b))
+        }
+    })
+}
+
 /// The reasons every job with requirement `req` shares.
 fn class_reasons(facts: &Facts<'_>, req: &Requirement<'_>) -> Vec<Reason> {
     let Facts {
@@ -586,7 +600,7 @@ fn class_reasons(facts: &Facts<'_>, req: &Requirement<'_>) -> Vec<Reason> {
     }
     if !holders.is_empty() {
         // The first SHOWN in the order of their text `job (when)`, the only ones written.
-        let order = |a: &(&str, &str), b: &(&str, &str)| holder_text(*a).cmp(holder_text(*b));
+        let order = holder_order;
         let more = holders.len().saturating_sub(SHOWN);
         if more > 0 {
             holders.select_nth_unstable_by(SHOWN, order);
@@ -864,6 +878,19 @@ mod tests {
     use crate::engine::policy::Classic;
     use crate::engine::state::PoolMemory;
     use crate::engine::{Engine, EngineConfig, synthetic};
+
+    /// Holders are ordered as their texts `job (when)`: job ids and times that start one
+    /// another, with bytes below and above the joining ` (`.
+    #[test]
+    fn holders_are_ordered_as_their_texts() {
+        let parts = ["", "a", "ab", "a ", "a (", "a (b", "(", "!", "b", "\u{e9}"];
+        for a in parts.iter().flat_map(|j| parts.map(|w| (*j, w))) {
+            for b in parts.iter().flat_map(|j| parts.map(|w| (*j, w))) {
+                let text = |(j, w): (&str, &str)| format!("{j} ({w}");
+                assert_eq!(holder_order(&a, &b), text(a).cmp(&text(b)), "{a:?} {b:?}");
+            }
+        }
+    }
 
     /// Every pending job is explained, its text is its codes', and no reason grows with the
     /// queue: the same bound at 500 and 5,000 jobs.
