@@ -335,8 +335,8 @@ struct Map {
 }
 
 impl Map {
-    fn field<T: Serialize + ?Sized>(&mut self, key: &str, value: &T) -> Result<(), Error> {
-        self.pairs.push((key.to_owned(), value.serialize(Tree)?));
+    fn field<T: Serialize + ?Sized>(&mut self, key: String, value: &T) -> Result<(), Error> {
+        self.pairs.push((key, value.serialize(Tree)?));
         Ok(())
     }
 
@@ -374,7 +374,7 @@ impl ser::SerializeMap for Map {
             .key
             .take()
             .ok_or_else(|| Error("a value without its key".into()))?;
-        self.field(&key, value)
+        self.field(key, value)
     }
 
     fn end(self) -> Result<Node, Error> {
@@ -391,7 +391,7 @@ impl ser::SerializeStruct for Map {
         key: &'static str,
         value: &T,
     ) -> Result<(), Error> {
-        self.field(key, value)
+        self.field(key.to_owned(), value)
     }
 
     fn end(self) -> Result<Node, Error> {
@@ -408,7 +408,7 @@ impl ser::SerializeStructVariant for Map {
         key: &'static str,
         value: &T,
     ) -> Result<(), Error> {
-        self.field(key, value)
+        self.field(key.to_owned(), value)
     }
 
     fn end(self) -> Result<Node, Error> {
