@@ -401,7 +401,7 @@ fn read(
                 .filter_map(|(i, s)| {
                     c.integer(
                         s,
-                        &yaml::index("seeds", i),
+                        yaml::index("seeds", i),
                         0,
                         i64::MAX,
                         "a non-negative integer",
@@ -575,17 +575,17 @@ fn read_chaos(c: &mut Checker<'_>, node: &Node, horizon_secs: u64) -> Option<Cha
     let d = ChaosSpec::defaults(horizon_secs);
     let hours = |c: &mut Checker<'_>, name: &str, default: f64| {
         f.get(name).map_or(Some(default), |n| {
-            c.number(n, &f.path(name), 0.0, 1e6, "hours")
+            c.number(n, f.path(name), 0.0, 1e6, "hours")
         })
     };
     let rate = |c: &mut Checker<'_>, name: &str, default: f64| {
         f.get(name).map_or(Some(default), |n| {
-            c.number(n, &f.path(name), 0.0, 1000.0, "a rate per hour")
+            c.number(n, f.path(name), 0.0, 1000.0, "a rate per hour")
         })
     };
     let prob = |c: &mut Checker<'_>, name: &str, default: f64| {
         f.get(name).map_or(Some(default), |n| {
-            c.number(n, &f.path(name), 0.0, 1.0, "a probability from 0 to 1")
+            c.number(n, f.path(name), 0.0, 1.0, "a probability from 0 to 1")
         })
     };
     // Every field is read before any is combined: each problem is reported, not the first.
@@ -666,8 +666,8 @@ fn read_fleet(
                         let at = yaml::node_at(node, &d.path);
                         let path = yaml::join("fleet", &d.path);
                         match &d.hint {
-                            Some(hint) => c.error_hint(at, &path, d.message.clone(), hint.clone()),
-                            None => c.error(at, &path, d.message.clone()),
+                            Some(hint) => c.error_hint(at, path, d.message.clone(), hint.clone()),
+                            None => c.error(at, path, d.message.clone()),
                         }
                     }
                     None
@@ -700,18 +700,18 @@ fn read_policies(
             let mut out = Vec::new();
             for (i, p) in items.iter().enumerate() {
                 let path = yaml::index("policies", i);
-                let Some(name) = c.nonempty_string(p, &path, "a policy name") else {
+                let Some(name) = c.nonempty_string(p, path, "a policy name") else {
                     continue;
                 };
                 if PolicyName::parse(&name).is_none() {
                     c.error_hint(
                         p,
-                        &path,
+                        path,
                         format!("unknown policy `{name}`"),
                         format!("known policies: {} (a variant with parameters is a mapping: `policies: {{{name}: {{name: frugal, race_after: 5m}}}}`)", PolicyName::list()),
                     );
                 } else if out.contains(&name) {
-                    c.error(p, &path, format!("policy `{name}` is listed twice"));
+                    c.error(p, path, format!("policy `{name}` is listed twice"));
                 } else {
                     out.push(name);
                 }
@@ -860,15 +860,11 @@ fn read_types_by_width(c: &mut Checker<'_>, node: &Node) -> Option<BTreeMap<u32,
         let mut types = Vec::new();
         for (i, item) in items.iter().enumerate() {
             let p = yaml::index(&path, i);
-            if let Some(t) = c.nonempty_string(item, &p, "a TPU type") {
+            if let Some(t) = c.nonempty_string(item, p, "a TPU type") {
                 match TpuType::parse(&t) {
                     Ok(t) if t.chips() as i64 == width => types.push(t),
-                    Ok(t) => c.error(
-                        item,
-                        &p,
-                        format!("{t} has {} chips, not {width}", t.chips()),
-                    ),
-                    Err(e) => c.error(item, &p, format!("expected {e}, found {}", yaml::quote(&t))),
+                    Ok(t) => c.error(item, p, format!("{t} has {} chips, not {width}", t.chips())),
+                    Err(e) => c.error(item, p, format!("expected {e}, found {}", yaml::quote(&t))),
                 }
             }
         }
@@ -911,11 +907,11 @@ fn read_latency(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<La
     )?;
     let median = f
         .required(c, "median_secs", "seconds")
-        .and_then(|n| c.number(n, &f.path("median_secs"), 0.0, 1e7, "seconds, 0 or more"));
+        .and_then(|n| c.number(n, f.path("median_secs"), 0.0, 1e7, "seconds, 0 or more"));
     let sigma = f.get("sigma").map_or(Some(0.0), |n| {
         c.number(
             n,
-            &f.path("sigma"),
+            f.path("sigma"),
             0.0,
             5.0,
             "a log-normal shape from 0 to 5",
@@ -945,7 +941,7 @@ fn read_api(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<ApiCon
 
 fn probability(c: &mut Checker<'_>, f: &Fields<'_>, name: &str) -> Option<f64> {
     f.get(name).map_or(Some(0.0), |n| {
-        c.number(n, &f.path(name), 0.0, 1.0, "a probability from 0 to 1")
+        c.number(n, f.path(name), 0.0, 1.0, "a probability from 0 to 1")
     })
 }
 
@@ -1151,7 +1147,7 @@ fn read_cloud(
                     q.get(name).map_or(Some(0.0), |n| {
                         c.number(
                             n,
-                            &q.path(name),
+                            q.path(name),
                             0.0,
                             1e9,
                             "calls per minute, 0 for no limit",
@@ -1223,7 +1219,7 @@ fn read_cloud(
                 let mut pools: Vec<PoolSpec> = Vec::new();
                 for (i, node) in items.iter().enumerate() {
                     let path = yaml::index("cloud.pools", i);
-                    let Some(pool) = read_pool(c, node, &path, dir, unreadable) else {
+                    let Some(pool) = read_pool(c, node, path, dir, unreadable) else {
                         continue;
                     };
                     let used = fleet.tpus.iter().any(|e| serves(&pool, e));
@@ -1241,7 +1237,7 @@ fn read_cloud(
                     if !used {
                         c.error(
                             node,
-                            &path,
+                            path,
                             format!(
                                 "no managed fleet entry is a {what}: this pool would never be used"
                             ),
@@ -1252,7 +1248,7 @@ fn read_cloud(
                             && p.model == pool.model
                             && p.reservation == pool.reservation
                     }) {
-                        c.error(node, &path, format!("a second pool for {what}"));
+                        c.error(node, path, format!("a second pool for {what}"));
                     } else {
                         pools.push(pool);
                     }
@@ -1331,16 +1327,16 @@ fn read_pool(
     )?;
     const MODELS: &str = "`spot`, `on-demand` or `reserved`";
     let model = f.get("model").map_or(Some(ProvisioningModel::Spot), |n| {
-        let m = c.string(n, &f.path("model"), MODELS)?;
+        let m = c.string(n, f.path("model"), MODELS)?;
         let model = ProvisioningModel::parse(&m);
         if model.is_none() {
-            c.expected(n, &f.path("model"), MODELS);
+            c.expected(n, f.path("model"), MODELS);
         }
         model
     });
     let reservation = f
         .get("reservation")
-        .and_then(|n| c.nonempty_string(n, &f.path("reservation"), "the reservation's name"));
+        .and_then(|n| c.nonempty_string(n, f.path("reservation"), "the reservation's name"));
     match (model, &reservation) {
         (Some(ProvisioningModel::Reserved), None) => {
             f.required(
@@ -1353,32 +1349,32 @@ fn read_pool(
             let n = f.get("reservation").unwrap_or(node);
             c.error(
                 n,
-                &f.path("reservation"),
+                f.path("reservation"),
                 "`reservation` applies only to `model: reserved`",
             );
         }
         _ => {}
     }
     let zone = f.required(c, "zone", "a zone").and_then(|n| {
-        let z = c.nonempty_string(n, &f.path("zone"), "a zone")?;
+        let z = c.nonempty_string(n, f.path("zone"), "a zone")?;
         gcp::zone_region(&z)
-            .map_err(|e| c.expected(n, &f.path("zone"), &e))
+            .map_err(|e| c.expected(n, f.path("zone"), &e))
             .ok()?;
         Some(z)
     });
     let tpu_type = f.required(c, "type", "a TPU type").and_then(|n| {
-        let t = c.nonempty_string(n, &f.path("type"), "a TPU type")?;
+        let t = c.nonempty_string(n, f.path("type"), "a TPU type")?;
         TpuType::parse(&t)
-            .map_err(|e| c.error(n, &f.path("type"), format!("expected {e}")))
+            .map_err(|e| c.error(n, f.path("type"), format!("expected {e}")))
             .ok()
     });
     let capacity = f.get("capacity").map_or(Some(Capacity::Unlimited), |n| {
-        read_capacity(c, n, &f.path("capacity"), dir, unreadable)
+        read_capacity(c, n, f.path("capacity"), dir, unreadable)
     });
     let preemption = f.get("preemption_per_hour").map_or(Some(0.0), |n| {
         c.number(
             n,
-            &f.path("preemption_per_hour"),
+            f.path("preemption_per_hour"),
             0.0,
             1000.0,
             "a rate per node-hour",
@@ -1386,12 +1382,12 @@ fn read_pool(
     });
     let reclaims = f
         .get("reclaim")
-        .map_or(Some(true), |n| c.boolean(n, &f.path("reclaim")));
+        .map_or(Some(true), |n| c.boolean(n, f.path("reclaim")));
     let outages = match f.get("outages_hours") {
         Some(n) => c
             .list(
                 n,
-                &f.path("outages_hours"),
+                f.path("outages_hours"),
                 "a list of `[from, until]` hour pairs",
                 true,
             )
@@ -1401,17 +1397,17 @@ fn read_pool(
                     let p = yaml::index(f.path("outages_hours"), i);
                     match &item.value {
                         Value::Seq(pair) if pair.len() == 2 => {
-                            let a = c.number(&pair[0], &p, 0.0, 1e6, "hours");
-                            let b = c.number(&pair[1], &p, 0.0, 1e6, "hours");
+                            let a = c.number(&pair[0], p, 0.0, 1e6, "hours");
+                            let b = c.number(&pair[1], p, 0.0, 1e6, "hours");
                             if let (Some(a), Some(b)) = (a, b) {
                                 if a < b {
                                     out.push(((a * 3600.0) as u64, (b * 3600.0) as u64));
                                 } else {
-                                    c.error(item, &p, "an outage must end after it starts");
+                                    c.error(item, p, "an outage must end after it starts");
                                 }
                             }
                         }
-                        _ => c.expected(item, &p, "a pair `[from_hour, until_hour]`"),
+                        _ => c.expected(item, p, "a pair `[from_hour, until_hour]`"),
                     }
                 }
                 out
@@ -1423,19 +1419,19 @@ fn read_pool(
         if let Some(n) = f.get("preemption_per_hour").filter(|_| preemption > 0.0) {
             c.error(
                 n,
-                &f.path("preemption_per_hour"),
+                f.path("preemption_per_hour"),
                 format!("{} capacity is never preempted", model.as_str()),
             );
         }
         if let Some(n) = f.get("reclaim") {
-            c.error(n, &f.path("reclaim"), "only Spot capacity is reclaimed");
+            c.error(n, f.path("reclaim"), "only Spot capacity is reclaimed");
         }
     }
     if model == ProvisioningModel::Reserved && !matches!(capacity, Capacity::Constant(_)) {
         let n = f.get("capacity").unwrap_or(node);
         c.error_hint(
             n,
-            &f.path("capacity"),
+            f.path("capacity"),
             "a reservation's capacity is its size: a number of slices",
             "a reservation is billed whole for the whole run, so its size must be fixed",
         );
@@ -1471,13 +1467,13 @@ fn read_capacity(
                 return None;
             }
             if let Some(n) = f.get("schedule") {
-                return read_schedule(c, n, &f.path("schedule"));
+                return read_schedule(c, n, f.path("schedule"));
             }
             if let Some(n) = f.get("on_off") {
                 let p = f.path("on_off");
                 let o = c.mapping(
                     n,
-                    &p,
+                    p,
                     "an on/off model",
                     &["slices", "mean_on_hours", "mean_off_hours"],
                     &[],
@@ -1487,17 +1483,17 @@ fn read_capacity(
                     .and_then(|n| {
                         c.integer(
                             n,
-                            &o.path("slices"),
+                            o.path("slices"),
                             0,
                             u32::MAX as i64,
                             "a number of slices",
                         )
                     });
                 let on = o.required(c, "mean_on_hours", "hours").and_then(|n| {
-                    c.number(n, &o.path("mean_on_hours"), 0.001, 1e5, "positive hours")
+                    c.number(n, o.path("mean_on_hours"), 0.001, 1e5, "positive hours")
                 });
                 let off = o.required(c, "mean_off_hours", "hours").and_then(|n| {
-                    c.number(n, &o.path("mean_off_hours"), 0.001, 1e5, "positive hours")
+                    c.number(n, o.path("mean_off_hours"), 0.001, 1e5, "positive hours")
                 });
                 return Some(Capacity::OnOff {
                     slices: slices? as u32,
@@ -1509,19 +1505,19 @@ fn read_capacity(
                 let p = f.path("trace");
                 let t = c.mapping(
                     n,
-                    &p,
+                    p,
                     "a trace model",
                     &["file", "scale", "offset_hours"],
                     &[],
                 )?;
                 let file = t
                     .required(c, "file", "a spot trace JSON file")
-                    .and_then(|n| c.nonempty_string(n, &t.path("file"), "a file path"))?;
+                    .and_then(|n| c.nonempty_string(n, t.path("file"), "a file path"))?;
                 let scale = t.get("scale").map_or(Some(1), |n| {
-                    c.integer(n, &t.path("scale"), 1, 10_000, "slices per trace instance")
+                    c.integer(n, t.path("scale"), 1, 10_000, "slices per trace instance")
                 });
                 let offset = t.get("offset_hours").map_or(Some(0.0), |n| {
-                    c.number(n, &t.path("offset_hours"), 0.0, 1e6, "hours")
+                    c.number(n, t.path("offset_hours"), 0.0, 1e6, "hours")
                 });
                 let full = dir.join(&file);
                 let trace = match crate::files::read_text(&full, crate::files::DATA_LIMIT) {
@@ -1530,7 +1526,7 @@ fn read_capacity(
                         Err(e) => {
                             c.error(
                                 n,
-                                &t.path("file"),
+                                t.path("file"),
                                 format!("`{}` is not a spot trace: {e}", full.display()),
                             );
                             return None;
@@ -1540,7 +1536,7 @@ fn read_capacity(
                         *unreadable += 1;
                         c.error_hint(
                             n,
-                            &t.path("file"),
+                            t.path("file"),
                             format!("cannot read the spot trace `{}`: {e}", full.display()),
                             DATA_HINT,
                         );
@@ -1575,14 +1571,14 @@ fn read_schedule(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<C
         let pair = match &item.value {
             Value::Seq(pair) if pair.len() == 2 => pair,
             _ => {
-                c.expected(item, &p, STEP);
+                c.expected(item, p, STEP);
                 ok = false;
                 continue;
             }
         };
         let at = c.number(
             &pair[0],
-            &yaml::index(&p, 0),
+            yaml::index(&p, 0),
             0.0,
             1e9,
             "seconds from the start",
@@ -1592,7 +1588,7 @@ fn read_schedule(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<C
             _ => c
                 .integer(
                     &pair[1],
-                    &yaml::index(&p, 1),
+                    yaml::index(&p, 1),
                     0,
                     u32::MAX as i64 - 1,
                     "a number of slices",
@@ -1607,7 +1603,7 @@ fn read_schedule(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<C
         if steps.last().is_some_and(|(last, _)| *last >= at) {
             c.error(
                 item,
-                &p,
+                p,
                 format!(
                     "the steps must go forward in time: {at} s comes after {} s",
                     steps.last().map_or(0, |s| s.0)
@@ -1637,7 +1633,7 @@ fn read_initial_state(
             let f = c.mapping(node, path, "a state snapshot", &["file", "duration"], &[])?;
             let file = f.required(c, "file", "a state snapshot from `state export`")?;
             let duration = match f.get("duration") {
-                Some(n) => Some(read_dist(c, n, &f.path("duration"), dir, unreadable)?),
+                Some(n) => Some(read_dist(c, n, f.path("duration"), dir, unreadable)?),
                 None => None,
             };
             (file, duration)
@@ -1737,28 +1733,28 @@ fn read_dist(
     }
     if let Some(n) = f.get("constant") {
         return c
-            .number(n, &f.path("constant"), 0.0, 1e9, "seconds")
+            .number(n, f.path("constant"), 0.0, 1e9, "seconds")
             .map(Dist::Constant);
     }
     if let Some(n) = f.get("exponential") {
         return c
-            .number(n, &f.path("exponential"), 0.0, 1e9, "a mean in seconds")
+            .number(n, f.path("exponential"), 0.0, 1e9, "a mean in seconds")
             .map(Dist::Exponential);
     }
     if let Some(n) = f.get("lognormal") {
         let l = c.mapping(
             n,
-            &f.path("lognormal"),
+            f.path("lognormal"),
             "`{median, sigma}`",
             &["median", "sigma"],
             &[],
         )?;
         let median = l
             .required(c, "median", "seconds")
-            .and_then(|n| c.number(n, &l.path("median"), 0.0, 1e9, "seconds"));
+            .and_then(|n| c.number(n, l.path("median"), 0.0, 1e9, "seconds"));
         let sigma = l
             .required(c, "sigma", "a shape")
-            .and_then(|n| c.number(n, &l.path("sigma"), 0.0, 5.0, "a shape from 0 to 5"));
+            .and_then(|n| c.number(n, l.path("sigma"), 0.0, 5.0, "a shape from 0 to 5"));
         return Some(Dist::LogNormal {
             median: median?,
             sigma: sigma?,
@@ -1767,26 +1763,26 @@ fn read_dist(
     if let Some(n) = f.get("empirical") {
         let e = c.mapping(
             n,
-            &f.path("empirical"),
+            f.path("empirical"),
             "`{file, column}`",
             &["file", "column"],
             &[],
         )?;
         let file = e
             .required(c, "file", "a CSV file")
-            .and_then(|n| c.nonempty_string(n, &e.path("file"), "a file path"))?;
+            .and_then(|n| c.nonempty_string(n, e.path("file"), "a file path"))?;
         let column = e
             .required(c, "column", "a column name")
-            .and_then(|n| c.nonempty_string(n, &e.path("column"), "a column name"))?;
+            .and_then(|n| c.nonempty_string(n, e.path("column"), "a column name"))?;
         let values: Vec<f64> =
-            read_csv_column(c, n, &e.path("file"), &dir.join(&file), &column, unreadable)?
+            read_csv_column(c, n, e.path("file"), &dir.join(&file), &column, unreadable)?
                 .into_iter()
                 .filter(|v| *v > 0.0)
                 .collect();
         if values.is_empty() {
             c.error(
                 n,
-                &e.path("column"),
+                e.path("column"),
                 format!("column `{column}` of `{file}` has no positive value to draw from"),
             );
             return None;
@@ -1861,27 +1857,27 @@ fn read_regions(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Ve
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let p = yaml::index(path, i);
-        let Some(f) = c.mapping(item, &p, "a region set", &["regions", "weight"], &[]) else {
+        let Some(f) = c.mapping(item, p, "a region set", &["regions", "weight"], &[]) else {
             continue;
         };
         let regions = f
             .required(c, "regions", "a list of regions")
-            .and_then(|n| c.list(n, &f.path("regions"), "a non-empty list of regions", false))
+            .and_then(|n| c.list(n, f.path("regions"), "a non-empty list of regions", false))
             .map(|rs| {
                 rs.iter()
                     .enumerate()
                     .filter_map(|(j, r)| {
                         let rp = yaml::index(f.path("regions"), j);
-                        let s = c.nonempty_string(r, &rp, "a region")?;
+                        let s = c.nonempty_string(r, rp, "a region")?;
                         gcp::check_region(&s)
-                            .map_err(|e| c.expected(r, &rp, &e))
+                            .map_err(|e| c.expected(r, rp, &e))
                             .ok()?;
                         Some(s)
                     })
                     .collect::<Vec<_>>()
             });
         let weight = f.get("weight").map_or(Some(1.0), |n| {
-            c.number(n, &f.path("weight"), 0.0, 1e9, "a weight")
+            c.number(n, f.path("weight"), 0.0, 1e9, "a weight")
         });
         if let (Some(r), Some(w)) = (regions, weight) {
             out.push((r.into(), w));
@@ -1934,21 +1930,21 @@ fn read_workloads(
     for (i, item) in items.iter().enumerate() {
         let path = yaml::index("workload", i);
         let allowed = [WORKLOAD_FIELDS, SYNTHETIC_ONLY_FIELDS, TRACE_ONLY_FIELDS].concat();
-        let Some(f) = c.mapping(item, &path, "a workload", &allowed, &[]) else {
+        let Some(f) = c.mapping(item, path, "a workload", &allowed, &[]) else {
             continue;
         };
         let kind = f
             .required(c, "kind", "`synthetic`, `trace` or `jobs`")
-            .and_then(|n| c.nonempty_string(n, &f.path("kind"), "`synthetic`, `trace` or `jobs`"));
+            .and_then(|n| c.nonempty_string(n, f.path("kind"), "`synthetic`, `trace` or `jobs`"));
         let name = match f.get("name") {
             Some(n) => c
-                .nonempty_string(n, &f.path("name"), "a name")
+                .nonempty_string(n, f.path("name"), "a name")
                 .and_then(|s| {
                     let slug = crate::spec::names::slug(&s);
                     if slug != s {
                         c.error_hint(
                             n,
-                            &f.path("name"),
+                            f.path("name"),
                             format!("workload name {} is not a slug", yaml::quote(&s)),
                             format!("use `{slug}` (it prefixes job ids)"),
                         );
@@ -1966,7 +1962,7 @@ fn read_workloads(
         {
             c.error(
                 f.get("kind").expect("present"),
-                &f.path("kind"),
+                f.path("kind"),
                 format!(
                     "expected `synthetic`, `trace` or `jobs`, found {}",
                     yaml::quote(other)
@@ -1983,7 +1979,7 @@ fn read_workloads(
                 if let Some(n) = f.get_raw(field) {
                     c.error_hint(
                         n,
-                        &f.path(field),
+                        f.path(field),
                         format!("`{field}` does not apply to a `jobs` workload"),
                         format!("remove `{field}`: each job of the file has its own"),
                     );
@@ -2004,7 +2000,7 @@ fn read_workloads(
             if let Some(n) = f.get_raw(field) {
                 c.error_hint(
                     n,
-                    &f.path(field),
+                    f.path(field),
                     format!(
                         "`{field}` does not apply to a `{}` workload",
                         kind.as_deref().unwrap_or_default()
@@ -2028,7 +2024,7 @@ fn read_workloads(
                 if !unknown.is_empty() {
                     c.error_hint(
                         f.get("widths").expect("required by the template"),
-                        &f.path("widths"),
+                        f.path("widths"),
                         format!(
                             "no `types_by_width` entry for width {}: these jobs could never run",
                             unknown.join(", ")
@@ -2043,34 +2039,28 @@ fn read_workloads(
                 let Some(t) = template else { continue };
                 let file = f
                     .required(c, "file", "a CSV job trace")
-                    .and_then(|n| c.nonempty_string(n, &f.path("file"), "a file path"));
+                    .and_then(|n| c.nonempty_string(n, f.path("file"), "a file path"));
                 let arrival = f
                     .get("arrival_column")
                     .map_or(Some("arrival_time_s".to_owned()), |n| {
-                        c.nonempty_string(n, &f.path("arrival_column"), "a column")
+                        c.nonempty_string(n, f.path("arrival_column"), "a column")
                     });
                 let width = f
                     .get("width_column")
                     .map_or(Some("scale_factor".to_owned()), |n| {
-                        c.nonempty_string(n, &f.path("width_column"), "a column")
+                        c.nonempty_string(n, f.path("width_column"), "a column")
                     });
                 let duration_col = f
                     .get("duration_column")
-                    .and_then(|n| c.nonempty_string(n, &f.path("duration_column"), "a column"));
+                    .and_then(|n| c.nonempty_string(n, f.path("duration_column"), "a column"));
                 let chips = f.get("chips_per_unit").map_or(Some(1), |n| {
-                    c.integer(
-                        n,
-                        &f.path("chips_per_unit"),
-                        1,
-                        4096,
-                        "chips per width unit",
-                    )
+                    c.integer(n, f.path("chips_per_unit"), 1, 4096, "chips per width unit")
                 });
                 let scale = f.get("time_scale").map_or(Some(1.0), |n| {
-                    c.number(n, &f.path("time_scale"), 1e-6, 1e6, "a positive factor")
+                    c.number(n, f.path("time_scale"), 1e-6, 1e6, "a positive factor")
                 });
                 let limit = f.get("limit").map_or(Some(usize::MAX), |n| {
-                    c.integer(n, &f.path("limit"), 1, i64::MAX, "a number of jobs")
+                    c.integer(n, f.path("limit"), 1, i64::MAX, "a number of jobs")
                         .map(|v| v as usize)
                 });
                 let (Some(file), Some(arrival), Some(width), Some(chips), Some(scale), Some(limit)) =
@@ -2081,26 +2071,26 @@ fn read_workloads(
                 let full = dir.join(&file);
                 let node_file = f.get("file").expect("required");
                 let Some(arrivals) =
-                    read_csv_column(c, node_file, &f.path("file"), &full, &arrival, unreadable)
+                    read_csv_column(c, node_file, f.path("file"), &full, &arrival, unreadable)
                 else {
                     continue;
                 };
                 if arrivals.is_empty() {
                     c.error(
                         node_file,
-                        &f.path("file"),
+                        f.path("file"),
                         format!("`{file}` has no job rows"),
                     );
                     continue;
                 }
                 let Some(widths) =
-                    read_csv_column(c, node_file, &f.path("file"), &full, &width, unreadable)
+                    read_csv_column(c, node_file, f.path("file"), &full, &width, unreadable)
                 else {
                     continue;
                 };
                 let durations = match duration_col {
                     Some(col) => {
-                        read_csv_column(c, node_file, &f.path("file"), &full, &col, unreadable)
+                        read_csv_column(c, node_file, f.path("file"), &full, &col, unreadable)
                     }
                     None => None,
                 };
@@ -2138,7 +2128,7 @@ fn read_captured_jobs(
     unreadable: &mut usize,
 ) -> Option<Vec<JobArrival>> {
     let node = f.required(c, "file", "a captured job file (JSON lines)")?;
-    let file = c.nonempty_string(node, &f.path("file"), "a file path")?;
+    let file = c.nonempty_string(node, f.path("file"), "a file path")?;
     let full = dir.join(&file);
     let text = match crate::files::read_text(&full, crate::files::DATA_LIMIT) {
         Ok(text) => text,
@@ -2146,7 +2136,7 @@ fn read_captured_jobs(
             *unreadable += 1;
             c.error(
                 node,
-                &f.path("file"),
+                f.path("file"),
                 format!("cannot read the job file `{}`: {e}", full.display()),
             );
             return None;
@@ -2154,7 +2144,7 @@ fn read_captured_jobs(
     };
     match super::captured::parse(&text) {
         Ok(jobs) if jobs.is_empty() => {
-            c.error(node, &f.path("file"), format!("`{file}` has no jobs"));
+            c.error(node, f.path("file"), format!("`{file}` has no jobs"));
             None
         }
         Ok(jobs) => Some(
@@ -2165,7 +2155,7 @@ fn read_captured_jobs(
         Err((line, why)) => {
             c.error(
                 node,
-                &f.path("file"),
+                f.path("file"),
                 format!("`{}` line {line}: {why}", full.display()),
             );
             None
@@ -2185,37 +2175,37 @@ fn read_template(
         Some(0)
     } else {
         f.required(c, "count", "a number of jobs").and_then(|n| {
-            c.integer(n, &f.path("count"), 0, 10_000_000, "a number of jobs")
+            c.integer(n, f.path("count"), 0, 10_000_000, "a number of jobs")
                 .map(|v| v as usize)
         })
     };
     let start = f.get("start_hours").map_or(Some(0.0), |n| {
-        c.number(n, &f.path("start_hours"), 0.0, 1e6, "hours")
+        c.number(n, f.path("start_hours"), 0.0, 1e6, "hours")
     });
     let interarrival = match f.get("interarrival") {
-        Some(n) => read_dist(c, n, &f.path("interarrival"), dir, unreadable),
+        Some(n) => read_dist(c, n, f.path("interarrival"), dir, unreadable),
         None => Some(Dist::Constant(0.0)),
     };
     let duration = if is_trace && f.get("duration").is_none() {
         Some(Dist::Constant(3600.0))
     } else {
         f.required(c, "duration", "a distribution of work seconds")
-            .and_then(|n| read_dist(c, n, &f.path("duration"), dir, unreadable))
+            .and_then(|n| read_dist(c, n, f.path("duration"), dir, unreadable))
     };
     let widths = if is_trace {
         Some(vec![(0, 1.0)])
     } else {
         f.required(c, "widths", "widths in chips with weights")
-            .and_then(|n| read_weights(c, n, &f.path("widths")))
+            .and_then(|n| read_weights(c, n, f.path("widths")))
     };
     let regions = f
         .required(c, "regions", "region sets with weights")
-        .and_then(|n| read_regions(c, n, &f.path("regions")));
+        .and_then(|n| read_regions(c, n, f.path("regions")));
     let priorities = match f.get("priorities") {
         Some(n) => c
             .mapping(
                 n,
-                &f.path("priorities"),
+                f.path("priorities"),
                 "weights `{low, normal, high}`",
                 &["low", "normal", "high"],
                 &[],
@@ -2225,12 +2215,12 @@ fn read_template(
                 for (i, k) in ["low", "normal", "high"].iter().enumerate() {
                     w[i] = p
                         .get(k)
-                        .map_or(Some(0.0), |n| c.number(n, &p.path(k), 0.0, 1e9, "a weight"))?;
+                        .map_or(Some(0.0), |n| c.number(n, p.path(k), 0.0, 1e9, "a weight"))?;
                 }
                 if w.iter().sum::<f64>() <= 0.0 {
                     c.error(
                         n,
-                        &f.path("priorities"),
+                        f.path("priorities"),
                         "at least one priority needs a positive weight",
                     );
                     return None;
@@ -2242,22 +2232,22 @@ fn read_template(
     let checkpoint = f.get("checkpoint_secs").map_or(Some(0.0), |n| {
         c.number(
             n,
-            &f.path("checkpoint_secs"),
+            f.path("checkpoint_secs"),
             0.0,
             1e7,
             "seconds, 0 for none",
         )
     });
     let on_notice = f.get("checkpoint_on_notice").map_or(Some(false), |n| {
-        c.boolean(n, &f.path("checkpoint_on_notice"))
+        c.boolean(n, f.path("checkpoint_on_notice"))
     });
     let min = f.get("min_duration_secs").map_or(Some(60.0), |n| {
-        c.number(n, &f.path("min_duration_secs"), 0.0, 1e9, "seconds")
+        c.number(n, f.path("min_duration_secs"), 0.0, 1e9, "seconds")
     });
     let max = f
         .get("max_duration_secs")
         .map_or(Some(30.0 * 86400.0), |n| {
-            c.number(n, &f.path("max_duration_secs"), 0.0, 1e9, "seconds")
+            c.number(n, f.path("max_duration_secs"), 0.0, 1e9, "seconds")
         });
     let (min, max) = duration_limits(c, f, min, max);
     Some(Synthetic {
@@ -2310,7 +2300,7 @@ fn duration_limits(
             ),
         };
         if let Some(node) = f.get(key) {
-            c.error(node, &f.path(key), message);
+            c.error(node, f.path(key), message);
         }
         return (None, None);
     }
@@ -2357,10 +2347,10 @@ fn read_prices(
         };
         let spot = f
             .required(c, "spot", "USD per chip-hour")
-            .and_then(|n| c.number(n, &f.path("spot"), 0.0, 1e4, "USD per chip-hour"));
+            .and_then(|n| c.number(n, f.path("spot"), 0.0, 1e4, "USD per chip-hour"));
         let od = f
             .required(c, "on_demand", "USD per chip-hour")
-            .and_then(|n| c.number(n, &f.path("on_demand"), 0.0, 1e4, "USD per chip-hour"));
+            .and_then(|n| c.number(n, f.path("on_demand"), 0.0, 1e4, "USD per chip-hour"));
         if let (Some(s), Some(o)) = (spot, od) {
             out.insert(family, (s, o));
         }

@@ -425,10 +425,10 @@ fn read_fleet(c: &mut Checker<'_>, root: &Node) -> Option<FleetSpec> {
                 let mut out = Vec::new();
                 for (i, item) in items.iter().enumerate() {
                     let path = yaml::index("worker_secrets", i);
-                    if let Some(s) = c.nonempty_string(item, &path, "a non-empty secret name") {
+                    if let Some(s) = c.nonempty_string(item, path, "a non-empty secret name") {
                         match gcp::check_secret_name(&s) {
                             Ok(()) => out.push(s),
-                            Err(e) => c.expected(item, &path, &e),
+                            Err(e) => c.expected(item, path, &e),
                         }
                     }
                 }
@@ -516,7 +516,7 @@ fn read_entries<'n>(c: &mut Checker<'_>, items: &'n [Node]) -> Vec<Located<'n>> 
     let mut entries = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let path = yaml::index("tpus", i);
-        if let Some(entry) = read_entry(c, item, &path, i + 1) {
+        if let Some(entry) = read_entry(c, item, path, i + 1) {
             entries.push((entry, item, i));
         }
     }
@@ -564,13 +564,13 @@ fn read_entry(
             if matches!(n.value, Value::Seq(_)) {
                 c.error_hint(
                     n,
-                    &f.path("zone"),
+                    f.path("zone"),
                     "expected one zone, found a list",
                     "write one entry per zone",
                 );
                 return None;
             }
-            let z = c.nonempty_string(n, &f.path("zone"), "a zone such as `us-central2-b`")?;
+            let z = c.nonempty_string(n, f.path("zone"), "a zone such as `us-central2-b`")?;
             if let Err(e) = gcp::zone_region(&z) {
                 let hint = if gcp::check_region(&z).is_ok() {
                     format!("`{z}` is a region; add the zone letter, e.g. `{z}-a`")
@@ -579,7 +579,7 @@ fn read_entry(
                 };
                 c.error_hint(
                     n,
-                    &f.path("zone"),
+                    f.path("zone"),
                     format!("expected {e}, found {}", yaml::quote(&z)),
                     hint,
                 );
@@ -590,12 +590,12 @@ fn read_entry(
     let tpu_type = f
         .required(c, "type", "an accelerator type such as `v6e-16`")
         .and_then(|n| {
-            let t = c.nonempty_string(n, &f.path("type"), "a TPU type such as `v6e-16`")?;
+            let t = c.nonempty_string(n, f.path("type"), "a TPU type such as `v6e-16`")?;
             TpuType::parse(&t)
                 .map_err(|e| {
                     c.error(
                         n,
-                        &f.path("type"),
+                        f.path("type"),
                         format!("expected {e}, found {}", yaml::quote(&t)),
                     )
                 })
@@ -604,26 +604,26 @@ fn read_entry(
     const MODELS: &str = "`spot`, `on-demand` or `reserved`";
     let provisioning_model = match f.get("provisioning_model") {
         Some(n) => c
-            .string(n, &f.path("provisioning_model"), MODELS)
+            .string(n, f.path("provisioning_model"), MODELS)
             .and_then(|m| match ProvisioningModel::parse(&m) {
                 Some(model) => Some(model),
                 None => {
-                    c.expected(n, &f.path("provisioning_model"), MODELS);
+                    c.expected(n, f.path("provisioning_model"), MODELS);
                     None
                 }
             }),
         None => Some(ProvisioningModel::Spot),
     };
     let reservation = f.get("reservation").and_then(|n| {
-        let name = c.nonempty_string(n, &f.path("reservation"), "a reservation name")?;
+        let name = c.nonempty_string(n, f.path("reservation"), "a reservation name")?;
         if let Err(e) = gcp::check_reservation_name(&name) {
-            c.expected(n, &f.path("reservation"), &e);
+            c.expected(n, f.path("reservation"), &e);
             return None;
         }
         if provisioning_model.is_some_and(|m| m != ProvisioningModel::Reserved) {
             c.error_hint(
                 n,
-                &f.path("reservation"),
+                f.path("reservation"),
                 "`reservation` applies only to `provisioning_model: reserved`",
                 "remove it, or set `provisioning_model: reserved`",
             );
@@ -640,7 +640,7 @@ fn read_entry(
         .and_then(|n| {
             c.integer(
                 n,
-                &f.path("chip_limit"),
+                f.path("chip_limit"),
                 1,
                 u32::MAX as i64,
                 "a positive integer (a number of chips)",
@@ -651,7 +651,7 @@ fn read_entry(
         Some(n) => c
             .integer(
                 n,
-                &f.path("keep_warm_count"),
+                f.path("keep_warm_count"),
                 0,
                 u32::MAX as i64,
                 "an integer, 0 or more",
@@ -662,17 +662,17 @@ fn read_entry(
     let runtime = f.get("runtime").and_then(|n| {
         c.nonempty_string(
             n,
-            &f.path("runtime"),
+            f.path("runtime"),
             "a TPU software version such as `v2-alpha-tpuv6e`",
         )
     });
     let id = match f.get("id") {
-        Some(n) => c.nonempty_string(n, &f.path("id"), "an entry id (a slug)").and_then(|id| {
+        Some(n) => c.nonempty_string(n, f.path("id"), "an entry id (a slug)").and_then(|id| {
             let slugged = names::slug(&id);
             if slugged != id || id.len() > 63 {
                 c.error_hint(
                     n,
-                    &f.path("id"),
+                    f.path("id"),
                     format!("expected an entry id of at most 63 lowercase letters, digits and hyphens, found {}", yaml::quote(&id)),
                     format!("the id becomes the `fleet-entry` label on TPUs; try `{}`", &slugged[..slugged.len().min(63)]),
                 );
@@ -689,17 +689,17 @@ fn read_entry(
     let kind = match f.get("existing") {
         Some(n) => {
             let existing = c
-                .nonempty_string(n, &f.path("existing"), "the name of an existing TPU")
+                .nonempty_string(n, f.path("existing"), "the name of an existing TPU")
                 .and_then(|e| {
                     gcp::check_node_name(&e)
-                        .map_err(|err| c.expected(n, &f.path("existing"), &err))
+                        .map_err(|err| c.expected(n, f.path("existing"), &err))
                         .ok()?;
                     Some(e)
                 });
             if let Some(count) = f.get_raw("count") {
                 c.error_hint(
                     count,
-                    &f.path("count"),
+                    f.path("count"),
                     "`count` does not apply to an adopted TPU (`existing`)",
                     "an adopted entry is exactly one TPU; remove `count`",
                 );
@@ -709,7 +709,7 @@ fn read_entry(
             {
                 c.error_hint(
                     kw,
-                    &f.path("keep_warm_count"),
+                    f.path("keep_warm_count"),
                     "an adopted TPU cannot have keep_warm_count",
                     "adopted TPUs are never created or deleted; remove `keep_warm_count`",
                 );
@@ -722,7 +722,7 @@ fn read_entry(
                 .and_then(|n| {
                     c.integer(
                         n,
-                        &f.path("count"),
+                        f.path("count"),
                         0,
                         i64::from(MAX_ENTRY_COUNT),
                         "an integer from 0 to 4096 (the most TPUs of this entry; split a larger fleet into several entries)",
@@ -733,7 +733,7 @@ fn read_entry(
                 if count > 0 && runtime.is_none() && f.get("runtime").is_none() {
                     c.error_hint(
                         f.node(),
-                        &f.path("runtime"),
+                        f.path("runtime"),
                         "required field `runtime` is missing",
                         "managed TPUs need a software version, e.g. `runtime: v2-alpha-tpuv6e`",
                     );
@@ -743,7 +743,7 @@ fn read_entry(
                 {
                     c.error(
                         n,
-                        &f.path("keep_warm_count"),
+                        f.path("keep_warm_count"),
                         format!("keep_warm_count {kw} is above count {count}"),
                     );
                 }
@@ -753,7 +753,7 @@ fn read_entry(
             {
                 c.error_hint(
                     f.node(),
-                    &f.path("reservation"),
+                    f.path("reservation"),
                     "required field `reservation` is missing",
                     "a managed `reserved` entry creates its TPUs in a reservation: name it, e.g. `reservation: my-v6e-reservation`",
                 );

@@ -462,37 +462,37 @@ fn read_job(
     fleet: Option<&FleetSpec>,
 ) -> Option<JobSpec> {
     let path = yaml::index("jobs", index);
-    let f = c.mapping(node, &path, "a job", JOB_FIELDS, STORED_ONLY)?;
+    let f = c.mapping(node, path, "a job", JOB_FIELDS, STORED_ONLY)?;
     let errors_before = c.error_count();
 
     let id = match f.get("id") {
         Some(n) => c
-            .nonempty_string(n, &f.path("id"), "a job id (a string)")
+            .nonempty_string(n, f.path("id"), "a job id (a string)")
             .and_then(|id| {
                 check_job_id(&id)
-                    .map_err(|e| c.expected(n, &f.path("id"), &e))
+                    .map_err(|e| c.expected(n, f.path("id"), &e))
                     .ok()?;
                 Some((id, false))
             }),
         None => Some((String::new(), true)),
     };
     let name = f.get("name").and_then(|n| {
-        let name = c.nonempty_string(n, &f.path("name"), "a job name (a string)")?;
+        let name = c.nonempty_string(n, f.path("name"), "a job name (a string)")?;
         check_job_name(&name)
-            .map_err(|e| c.expected(n, &f.path("name"), &e))
+            .map_err(|e| c.expected(n, f.path("name"), &e))
             .ok()?;
         Some(name)
     });
     let tpu = f
         .required(c, "tpu", "a TPU type, a list of acceptable types, or `any`")
-        .and_then(|n| read_tpu_request(c, n, &f.path("tpu")));
+        .and_then(|n| read_tpu_request(c, n, f.path("tpu")));
     let bundle = match f.get_raw("bundle") {
         // `bundle: ~` is not "the folder": a bundle left blank by mistake must not ship the
         // whole manifest folder.
         Some(n) if matches!(n.value, Value::Null) => {
             c.error_hint(
                 n,
-                &f.path("bundle"),
+                f.path("bundle"),
                 "expected a directory, a tar archive or a `gs://` URI, found null".to_owned(),
                 "remove `bundle` to ship the manifest's folder, or name what to ship",
             );
@@ -501,7 +501,7 @@ fn read_job(
         Some(n) => c
             .nonempty_string(
                 n,
-                &f.path("bundle"),
+                f.path("bundle"),
                 "a directory, a tar archive or a `gs://` URI",
             )
             .and_then(|b| {
@@ -513,7 +513,7 @@ fn read_job(
                     {
                         c.expected(
                             n,
-                            &f.path("bundle"),
+                            f.path("bundle"),
                             "a bundle object URI such as `gs://my-bucket/bundles/code.tar.gz`",
                         );
                         return None;
@@ -526,23 +526,23 @@ fn read_job(
     let command = f
         .required(c, "command", "the shell command to run on every worker")
         .and_then(|n| {
-            let command = c.nonempty_string(n, &f.path("command"), "a non-empty shell command")?;
+            let command = c.nonempty_string(n, f.path("command"), "a non-empty shell command")?;
             check_command(&command)
-                .map_err(|e| c.expected(n, &f.path("command"), &e))
+                .map_err(|e| c.expected(n, f.path("command"), &e))
                 .ok()?;
             Some(command)
         });
     let tpu_name = f.get("tpu_name").and_then(|n| {
-        let name = c.nonempty_string(n, &f.path("tpu_name"), "a TPU name")?;
+        let name = c.nonempty_string(n, f.path("tpu_name"), "a TPU name")?;
         gcp::check_node_name(&name)
-            .map_err(|e| c.expected(n, &f.path("tpu_name"), &e))
+            .map_err(|e| c.expected(n, f.path("tpu_name"), &e))
             .ok()?;
         Some(name)
     });
     let zone = f.get("zone").and_then(|n| {
-        let z = c.nonempty_string(n, &f.path("zone"), "a zone such as `us-central2-b`")?;
+        let z = c.nonempty_string(n, f.path("zone"), "a zone such as `us-central2-b`")?;
         gcp::zone_region(&z)
-            .map_err(|e| c.expected(n, &f.path("zone"), &e))
+            .map_err(|e| c.expected(n, f.path("zone"), &e))
             .ok()?;
         Some(z)
     });
@@ -555,17 +555,17 @@ fn read_job(
         .and_then(|n| {
             let items = c.list(
                 n,
-                &f.path("buckets"),
+                f.path("buckets"),
                 "a non-empty list of bucket URIs",
                 false,
             )?;
             let mut out = Vec::new();
             for (i, item) in items.iter().enumerate() {
                 let p = yaml::index(f.path("buckets"), i);
-                if let Some(b) = c.string(item, &p, "a bucket URI such as `gs://my-bucket`") {
+                if let Some(b) = c.string(item, p, "a bucket URI such as `gs://my-bucket`") {
                     match gcp::normalize_bucket_uri(&b) {
                         Ok(uri) => out.push((uri, item, p)),
-                        Err(e) => c.expected(item, &p, &e),
+                        Err(e) => c.expected(item, p, &e),
                     }
                 }
             }
@@ -573,30 +573,30 @@ fn read_job(
             Some(out.into_iter().map(|(u, _, _)| u).collect::<Vec<_>>())
         });
     let caches = match f.get("caches") {
-        Some(n) => read_caches(c, n, &f.path("caches")),
+        Some(n) => read_caches(c, n, f.path("caches")),
         None => Some(Vec::new()),
     };
     let env = match f.get("env") {
-        Some(n) => read_env(c, n, &f.path("env")),
+        Some(n) => read_env(c, n, f.path("env")),
         None => Some(BTreeMap::new()),
     };
     let priority = match f.get("priority") {
         Some(n) => c
-            .string(n, &f.path("priority"), "`low`, `normal` or `high`")
+            .string(n, f.path("priority"), "`low`, `normal` or `high`")
             .and_then(|p| {
                 Priority::parse(&p).or_else(|| {
-                    c.expected(n, &f.path("priority"), "`low`, `normal` or `high`");
+                    c.expected(n, f.path("priority"), "`low`, `normal` or `high`");
                     None
                 })
             }),
         None => Some(Priority::Normal),
     };
     let retry = match f.get("retry_on_infrastructure_failure") {
-        Some(n) => c.boolean(n, &f.path("retry_on_infrastructure_failure")),
+        Some(n) => c.boolean(n, f.path("retry_on_infrastructure_failure")),
         None => Some(true),
     };
     let move_checkpoints = match f.get("move_checkpoints") {
-        Some(n) => c.boolean(n, &f.path("move_checkpoints")),
+        Some(n) => c.boolean(n, f.path("move_checkpoints")),
         None => Some(false),
     };
 
@@ -661,7 +661,7 @@ fn read_tpu_request(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Optio
                     Some(Ok(t)) => types.push((t, item, p)),
                     Some(Err(())) => c.error_hint(
                         item,
-                        &p,
+                        p,
                         "`any` cannot be combined with other types",
                         "write `tpu: any` on its own",
                     ),
@@ -669,7 +669,7 @@ fn read_tpu_request(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Optio
                 }
             }
             c.unique(
-                types.iter().map(|(t, n, p)| (t.to_string(), *n, p.clone())),
+                types.iter().map(|(t, n, p)| (t.to_string(), *n, *p)),
                 "TPU type",
             );
             Some(TpuRequest::OneOf(
@@ -695,7 +695,7 @@ fn read_caches(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Vec
         let p = yaml::index(path, i);
         let Some(f) = c.mapping(
             item,
-            &p,
+            p,
             "a cache (`{key: ..., path: ...}`)",
             &["key", "path"],
             &[],
@@ -703,16 +703,16 @@ fn read_caches(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Vec
             continue;
         };
         let key = f.required(c, "key", "a cache name").and_then(|n| {
-            let key = c.nonempty_string(n, &f.path("key"), "a non-empty cache name")?;
+            let key = c.nonempty_string(n, f.path("key"), "a non-empty cache name")?;
             check_cache_key(&key)
-                .map_err(|e| c.expected(n, &f.path("key"), &e))
+                .map_err(|e| c.expected(n, f.path("key"), &e))
                 .ok()?;
             Some((key, n))
         });
         let cache_path = f
             .required(c, "path", "a relative path in the job directory")
             .and_then(|n| {
-                let raw = c.nonempty_string(n, &f.path("path"), "a non-empty relative path")?;
+                let raw = c.nonempty_string(n, f.path("path"), "a non-empty relative path")?;
                 let trimmed = raw.trim_end_matches('/');
                 let components: Vec<&str> = trimmed
                     .split('/')
@@ -725,7 +725,7 @@ fn read_caches(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Vec
                 if bad {
                     c.expected(
                         n,
-                        &f.path("path"),
+                        f.path("path"),
                         "a relative path inside the job directory (not absolute, not `.`, no `..`)",
                     );
                     return None;
@@ -774,11 +774,11 @@ fn read_env(
         let p = yaml::join(path, name);
         match check_env_name(name) {
             Err(EnvProblem::Reserved(why)) => {
-                c.error_hint(key, &p, why, "rename the variable");
+                c.error_hint(key, p, why, "rename the variable");
                 continue;
             }
             Err(EnvProblem::Invalid(why)) => {
-                c.expected(key, &p, &why);
+                c.expected(key, p, &why);
                 continue;
             }
             Ok(()) => {}
@@ -787,12 +787,12 @@ fn read_env(
             Value::Str(s) => s.clone(),
             Value::Int(_) | Value::Float(_) | Value::Bool(_) => c.raw_text(value),
             _ => {
-                c.expected(value, &p, "a string, number or boolean value");
+                c.expected(value, p, "a string, number or boolean value");
                 continue;
             }
         };
         if let Err(why) = check_env_value(name, &text) {
-            c.expected(value, &p, &why);
+            c.expected(value, p, &why);
             continue;
         }
         env.insert(name.to_owned(), text);
@@ -962,7 +962,7 @@ fn check_against_fleet(
     };
     c.error_hint(
         at,
-        &f.path(field),
+        f.path(field),
         format!("no entry of fleet `{}` can run this job", fleet.name),
         hint,
     );

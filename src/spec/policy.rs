@@ -595,13 +595,13 @@ pub fn read_policy(
     // An unknown name is reported, and the rest is still checked (as `classic`'s).
     let name = match f.get("name") {
         Some(n) => c
-            .nonempty_string(n, &f.path("name"), "a policy name")
+            .nonempty_string(n, f.path("name"), "a policy name")
             .and_then(|text| match PolicyName::parse(&text) {
                 Some(p) => Some(p),
                 None => {
                     c.error_hint(
                         n,
-                        &f.path("name"),
+                        f.path("name"),
                         format!("unknown policy {}", yaml::quote(&text)),
                         format!("known policies: {}", PolicyName::list()),
                     );
@@ -630,7 +630,7 @@ pub fn read_policy(
         if name != PolicyName::Frugal && ok {
             c.error_hint(
                 n,
-                &f.path("race_after"),
+                f.path("race_after"),
                 format!(
                     "`race_after` is a parameter of `frugal`, not of `{}`",
                     name.as_str()
@@ -639,38 +639,38 @@ pub fn read_policy(
             );
             ok = false;
         } else if name == PolicyName::Frugal {
-            match duration(c, n, &f.path("race_after"), 0, 7 * 86_400) {
+            match duration(c, n, f.path("race_after"), 0, 7 * 86_400) {
                 Some(s) => spec.race_after_secs = s,
                 None => ok = false,
             }
         }
     }
     if let Some(n) = f.get("stockout_cooldown") {
-        match duration(c, n, &f.path("stockout_cooldown"), 0, 86_400) {
+        match duration(c, n, f.path("stockout_cooldown"), 0, 86_400) {
             Some(s) => spec.stockout.cooldown_secs = s,
             None => ok = false,
         }
     }
     if let Some(n) = f.get("stockout_wait") {
-        match duration(c, n, &f.path("stockout_wait"), 60, 86_400) {
+        match duration(c, n, f.path("stockout_wait"), 60, 86_400) {
             Some(s) => spec.stockout.wait_secs = s,
             None => ok = false,
         }
     }
     if let Some(n) = f.get("stockout_doublings") {
-        match c.integer(n, &f.path("stockout_doublings"), 0, 3, "a whole number") {
+        match c.integer(n, f.path("stockout_doublings"), 0, 3, "a whole number") {
             Some(d) => spec.stockout.doublings = d as u32,
             None => ok = false,
         }
     }
     if let Some(n) = f.get("priority_preemption_after") {
-        match duration(c, n, &f.path("priority_preemption_after"), 0, 7 * 86_400) {
+        match duration(c, n, f.path("priority_preemption_after"), 0, 7 * 86_400) {
             Some(s) => spec.priority_preemption.after_secs = s,
             None => ok = false,
         }
     }
     if let Some(n) = f.get("priority_preemption_window") {
-        match duration(c, n, &f.path("priority_preemption_window"), 0, 7 * 86_400) {
+        match duration(c, n, f.path("priority_preemption_window"), 0, 7 * 86_400) {
             Some(s) => spec.priority_preemption.window_secs = s,
             None => ok = false,
         }
@@ -678,7 +678,7 @@ pub fn read_policy(
     if let Some(n) = f.get("move_after_preemptions") {
         match c.integer(
             n,
-            &f.path("move_after_preemptions"),
+            f.path("move_after_preemptions"),
             0,
             100,
             "a whole number",
@@ -688,7 +688,7 @@ pub fn read_policy(
         }
     }
     if let Some(n) = f.get("move_window") {
-        match duration(c, n, &f.path("move_window"), 60, 30 * 86_400) {
+        match duration(c, n, f.path("move_window"), 60, 30 * 86_400) {
             Some(s) => spec.region_move.window_secs = s,
             None => ok = false,
         }
@@ -702,13 +702,13 @@ pub fn read_policy(
             *field = None;
             continue;
         }
-        match duration(c, n, &f.path(key), 0, 30 * 86_400) {
+        match duration(c, n, f.path(key), 0, 30 * 86_400) {
             Some(s) => *field = Some(s),
             None => ok = false,
         }
     }
     if let Some(n) = f.get("engine") {
-        match read_engine(c, n, &f.path("engine"), spec.engine) {
+        match read_engine(c, n, f.path("engine"), spec.engine) {
             Some(e) => spec.engine = e,
             None => ok = false,
         }
@@ -736,9 +736,9 @@ fn read_engine(
             } else {
                 0
             };
-            duration(c, n, &f.path(key), min, 30 * 86_400)
+            duration(c, n, f.path(key), min, 30 * 86_400)
         } else {
-            c.integer(n, &f.path(key), 0, 1000, "a whole number")
+            c.integer(n, f.path(key), 0, 1000, "a whole number")
         };
         match value {
             Some(v) => fields[field] = v.into(),

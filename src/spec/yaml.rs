@@ -478,7 +478,7 @@ impl<'n> Fields<'n> {
             };
             checker.error_hint(
                 self.get_raw(name).unwrap_or(self.node),
-                &self.path(name),
+                self.path(name),
                 format!("required field `{name}` {what}"),
                 format!("set `{name}` to {expected}"),
             );
@@ -500,7 +500,7 @@ impl<'n> Fields<'n> {
             let node = self.get_raw(second).unwrap_or(self.node);
             checker.error_hint(
                 node,
-                &self.path(second),
+                self.path(second),
                 format!(
                     "`{first}` is already given: choose one of {}",
                     quoted(names)
