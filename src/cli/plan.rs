@@ -325,12 +325,20 @@ fn render(
         ));
     }
     s.push_str(&format!("\nwaiting jobs ({}):\n", waiting.len()));
-    for w in waiting {
-        s.push_str(&format!("  {}\n", w.job_id));
-        for r in w.reasons() {
-            s.push_str(&format!("    - {r}\n"));
+    // A long queue's lines (nearly all of the text) are written in parts side by side.
+    let parts = crate::parallel::in_parts(waiting, |_, part| {
+        let mut s = String::new();
+        for w in part {
+            for line in [["  ", &w.job_id, "\n"]]
+                .into_iter()
+                .chain(w.reasons().map(|r| ["    - ", r, "\n"]))
+            {
+                s.extend(line);
+            }
         }
-    }
+        s
+    });
+    s.extend(parts);
     if let Some(t) = out.next_wake {
         s.push_str(&format!("\nnext pass needed by {t} at the latest\n"));
     }
@@ -389,6 +397,17 @@ mod tests {
                 next_wake: out.next_wake,
                 violations: &out.violations,
             };
+            // The text's waiting lines, written in parts, are those of one job after another.
+            let text = render(&engine, &out, &waiting, epoch);
+            let mut lines = String::new();
+            for w in &waiting {
+                lines += &format!("  {}\n", w.job_id);
+                for r in w.reasons() {
+                    lines += &format!("    - {r}\n");
+                }
+            }
+            let head = format!("\nwaiting jobs ({}):\n", waiting.len());
+            assert!(text.contains(&(head + &lines)), "{n_jobs} jobs: text");
             let plain = serde_json::to_vec_pretty(&report).expect("serialises");
             for batch in [1, 2, crate::parallel::PARTS_FROM + 50, WAIT_BATCH] {
                 let mut parts = Vec::new();
