@@ -21,7 +21,8 @@ use super::observe::{Action, Event, LaunchRequest, NodeInfo, Observation, Queued
 use super::observed::{ObservedIndex, Tpu};
 use super::policy::Policy;
 use super::state::{
-    AttemptStatus, EndReason, FailureCounter, Job, JobStatus, Resource, ResourceStatus, State,
+    AttemptStatus, EndReason, FailureCounter, Job, JobStatus, RequirementPrint,
+    RequirementPrintCache, Resource, ResourceStatus, State,
 };
 use super::time::Timestamp;
 use crate::spec::fleet::SshTransport;
@@ -157,10 +158,24 @@ impl<'a> Pass<'a> {
                 self.in_flight.push((job.status, job.id));
             }
         }
-        // Only jobs read back from the store lack their print: the others keep theirs.
-        for id in unprinted {
-            if let Some(job) = self.state.jobs.get_mut(&id) {
-                job.ensure_print();
+        // Only jobs read back from the store lack their print: the others keep theirs. A
+        // state read whole (a snapshot, a full reload) is printed in parts side by side.
+        if !unprinted.is_empty() && unprinted.len() == self.state.jobs.len() {
+            let jobs: Vec<&Job> = self.state.jobs.values().collect();
+            let prints = crate::parallel::in_parts(&jobs, |_, part| {
+                part.iter()
+                    .map(|j| RequirementPrint::of(j))
+                    .collect::<Vec<_>>()
+            });
+            let jobs = self.state.jobs.values_mut();
+            for (job, print) in jobs.zip(prints.into_iter().flatten()) {
+                job.print = RequirementPrintCache(Some(print));
+            }
+        } else {
+            for id in unprinted {
+                if let Some(job) = self.state.jobs.get_mut(&id) {
+                    job.ensure_print();
+                }
             }
         }
         self.repair_ownership();
