@@ -13,7 +13,7 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tpu_runner::engine::{Timestamp, synthetic};
@@ -52,19 +52,40 @@ fn fleet_yaml(fleet: &FleetSpec) -> String {
     s
 }
 
-/// Runs the binary with `args` in `dir`; the bytes it printed.
+/// Runs the binary with `args` in `dir`; the bytes it printed, drained as a pipe into a file
+/// or `wc -c` takes them (the bench holds none: a 185 MB report kept in a growing buffer
+/// cost the bench's side of the pipe as much CPU as parts of `plan` itself).
 fn run(dir: &Path, args: &[&str]) -> usize {
-    let out = Command::new(BIN)
+    use std::io::Read as _;
+    let mut child = Command::new(BIN)
         .current_dir(dir)
         .args(args)
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("the binary runs");
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout.len()
+    let mut stderr = child.stderr.take().expect("piped");
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let mut stdout = child.stdout.take().expect("piped");
+    // Read as `cat` reads (128 KB at a time), not in 8 KB steps.
+    let mut buffer = vec![0u8; 128 << 10];
+    let mut bytes = 0;
+    loop {
+        match stdout.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => bytes += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => panic!("reads the output: {e}"),
+        }
+    }
+    let status = child.wait().expect("the binary ends");
+    let errors = errors.join().expect("stderr is read");
+    assert!(status.success(), "{args:?} failed: {errors}");
+    bytes
 }
 
 /// A folder per size holding `deployment.yaml` and `state.json`: `n_jobs` pending jobs and
