@@ -3,6 +3,7 @@
 //! pass text in; nothing here does IO.
 
 pub mod diagnostic;
+pub mod first_seen;
 pub mod fleet;
 pub mod gcp;
 pub mod job;

@@ -106,7 +106,6 @@ pub fn parse(file: &str, text: &str) -> Result<State, String> {
 }
 
 use std::borrow::Cow;
-use std::collections::HashSet;
 
 /// Any JSON value whose objects name each key once (building nothing).
 #[derive(Debug)]
@@ -155,33 +154,17 @@ impl<'de> serde::de::Visitor<'de> for NoDuplicateKeys {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        // Most objects hold a few keys: compared one by one, without hashing; a larger one
-        // (a queue's jobs) goes through a hash set, so no object costs more than linear.
-        const FEW: usize = 16;
-        let mut few: [Option<Cow<'de, str>>; FEW] = Default::default();
-        let mut many: HashSet<Cow<'de, str>> = HashSet::new();
-        let mut n = 0;
+        // Most objects hold a few keys, compared without hashing; a large one (a queue's
+        // jobs) costs linear time all the same.
+        let mut seen = super::first_seen::FirstSeen::<Cow<'de, str>, ()>::default();
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            let seen = if n <= FEW {
-                few[..n].iter().any(|k| k.as_deref() == Some(&*key))
-            } else {
-                many.contains(&key)
-            };
-            if seen {
+            if seen.get(&key).is_some() {
                 return Err(serde::de::Error::custom(format!(
                     "the key `{key}` is given twice in one object (the first would be lost)"
                 )));
             }
             map.next_value::<NoDuplicateKeys>()?;
-            if n < FEW {
-                few[n] = Some(key);
-            } else {
-                if n == FEW {
-                    many.extend(few.iter_mut().filter_map(Option::take));
-                }
-                many.insert(key);
-            }
-            n += 1;
+            seen.insert(key, ());
         }
         Ok(self)
     }

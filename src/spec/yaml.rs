@@ -409,18 +409,9 @@ impl<'s> Checker<'s> {
         V: AsRef<str> + Eq + std::hash::Hash,
         P: std::fmt::Display,
     {
-        // Where each value was first seen: a short list (a job's buckets) is scanned, a
-        // long one (a sweep's ids) hashed, one lookup per item however many repeat.
-        const SCANNED: usize = 16;
-        let mut few: Vec<(V, P)> = Vec::new();
-        let mut many: std::collections::HashMap<V, P> = Default::default();
+        let mut seen = super::first_seen::FirstSeen::default();
         for (value, node, path) in items {
-            let first = if many.is_empty() {
-                few.iter().find(|(v, _)| *v == value).map(|(_, p)| p)
-            } else {
-                many.get(&value)
-            };
-            match first {
+            match seen.get(&value) {
                 Some(at) => {
                     let message = format!(
                         "duplicate {what} {}, already used at {at}",
@@ -428,11 +419,7 @@ impl<'s> Checker<'s> {
                     );
                     self.error(node, &path, message);
                 }
-                None if many.is_empty() && few.len() < SCANNED => few.push((value, path)),
-                None => {
-                    many.extend(few.drain(..));
-                    many.insert(value, path);
-                }
+                None => seen.insert(value, path),
             }
         }
     }
