@@ -35,6 +35,45 @@ pub(crate) struct Memo {
     pub classes: ClassEntries,
     /// The sizing step's inputs and per-entry outcome.
     pub sizing: SizingMemo,
+    /// When the refresh steps last looked.
+    pub refresh: RefreshMemo,
+}
+
+/// When the refresh steps (records brought up to date with the listed nodes and queued
+/// resources) last looked, so that they look again only under the TPU names where something
+/// changed: their judgement of a listed object reads only that object, its fleet entry and
+/// its record (and the entries' backoffs, which the step checks apart), and writes only
+/// that record, so an object listed as before whose record was not touched is left as the
+/// last look left it.
+#[derive(Debug, Default)]
+pub(crate) struct RefreshMemo {
+    seen: Option<Revision>,
+}
+
+impl RefreshMemo {
+    /// The TPU names to look at, in text order: those the observation index found listed
+    /// anew or gone, and those of records accessed mutably or removed since the last call;
+    /// `None` (look at every listed object) when either is unknown.
+    pub fn due(
+        &mut self,
+        records: &SortedMap<Resource>,
+        observed: &ObservedIndex,
+    ) -> Option<Vec<Name>> {
+        let seen = self.seen.replace(records.revision());
+        let changes = records.changes_since(seen?)?;
+        let mut names = observed.changed()?.to_vec();
+        for id in &changes.touched {
+            names.push(*id);
+            names.extend(records.get(id).map(|r| r.tpu_name));
+        }
+        for id in &changes.removed {
+            names.push(*id);
+            names.extend(Resource::tpu_name_in_id(id));
+        }
+        names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        Some(names)
+    }
 }
 
 /// Running jobs the attempts step found still running, with what it read and when each

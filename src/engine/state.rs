@@ -794,6 +794,9 @@ impl ResourceStatus {
     }
 }
 
+/// What an adopted TPU's record id puts before its TPU name.
+const ADOPTED_ID_PREFIX: &str = "adopted-";
+
 /// Which job and attempt a resource runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Owner {
@@ -864,10 +867,15 @@ impl Resource {
     /// TPU (an adopted TPU never shares an id with a managed ordinal of the same name).
     pub fn id_for(tpu_name: Name, adopted: bool) -> Name {
         if adopted {
-            Name::new(&format!("adopted-{tpu_name}"))
+            Name::new(&format!("{ADOPTED_ID_PREFIX}{tpu_name}"))
         } else {
             tpu_name
         }
+    }
+
+    /// The TPU name in an adopted record's id (`None` for an id that is not one).
+    pub fn tpu_name_in_id(id: &Name) -> Option<Name> {
+        id.as_str().strip_prefix(ADOPTED_ID_PREFIX).map(Name::new)
     }
 
     /// A new record for node `tpu_name` of `entry` (id `adopted-<name>` for adopted TPUs).

@@ -115,6 +115,8 @@ pub(crate) struct Pass<'a> {
     pub(super) named: NameSet,
     /// Running and cancelling jobs at the start of the pass.
     in_flight: Vec<(JobStatus, Name)>,
+    /// The TPU names the refresh steps look at (`None`: every listed object).
+    pub(super) refresh_due: Option<Vec<Name>>,
 }
 
 impl<'a> Pass<'a> {
@@ -143,6 +145,7 @@ impl<'a> Pass<'a> {
             desired: Vec::new(),
             named: NameSet::default(),
             in_flight: Vec::new(),
+            refresh_due: None,
         }
     }
 

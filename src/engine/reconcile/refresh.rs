@@ -13,7 +13,7 @@ use crate::engine::state::{
     AttemptStatus, Backoff, EndReason, JobStatus, Resource, ResourceStatus,
 };
 use crate::engine::time::Timestamp;
-use crate::spec::TpuEntry;
+use crate::spec::{Name, TpuEntry};
 
 impl<'a> Pass<'a> {
     // ----- step 0: ownership that does not point both ways (corrupted state) ------------
@@ -164,73 +164,130 @@ impl<'a> Pass<'a> {
 
     // ----- step 2: QR refresh ---------------------------------------------------------
 
+    /// Brings the records up to date with the live queued resources: every listed one when
+    /// the memo cannot tell what changed, else only those under the TPU names it names (see
+    /// `RefreshMemo`), with the entries' backoffs checked apart. The names are kept for the
+    /// ready refresh that follows.
     pub(super) fn refresh_from_queued_resources(&mut self) {
-        let qrs: &'a [Arc<QueuedResourceInfo>] = &self.obs.queued_resources;
-        for (i, qr) in qrs.iter().enumerate() {
-            if !qr.state.is_live() {
-                continue;
-            }
-            let Some(entry_index) = self.qr_facts[i].entry.map(|e| e as usize) else {
-                continue;
-            };
-            let entry = self.index.entry(entry_index);
-            // The refused request now exists: the backoff has done its job.
-            if self
-                .state
-                .entry_backoff
-                .get(&entry.id)
-                .is_some_and(|b| b.request == qr.name)
-            {
-                self.state.entry_backoff.remove(&entry.id);
-            }
-            // Records are looked at before being touched: the state tracks what a pass
-            // changes, and most passes change nothing here.
-            match self.state.resources.get(&qr.node_id) {
-                None => {
-                    self.state.resources.insert(
-                        qr.node_id,
-                        Resource::new(qr.node_id, entry, ResourceStatus::Provisioning, 1),
-                    );
+        self.refresh_due = self.memo.refresh.due(&self.state.resources, self.observed);
+        match self.refresh_due.take() {
+            None => {
+                let qrs: &'a [Arc<QueuedResourceInfo>] = &self.obs.queued_resources;
+                for (qr, facts) in qrs.iter().zip(self.qr_facts) {
+                    self.refresh_from_queued_resource(qr, facts.entry);
                 }
-                // A new incarnation of a TPU that was gone. Records being recycled, drained or
-                // waited on are left alone (the original reset them, losing recycles: §9.1 #9).
-                Some(r) if r.status.is_gone() && r.owner.is_none() => {
-                    let r = self.state.resources.get_mut(&qr.node_id).expect("exists");
-                    r.zone = entry.zone;
-                    r.tpu_type = entry.tpu_type.clone();
-                    r.entry_id = entry.id;
-                    r.status = ResourceStatus::Provisioning;
-                    r.idle_since = None;
-                    r.provisioning_node_seen_at = None;
-                    r.provisioning_node_missing_since = None;
-                    r.capacity_wait_since = None;
+            }
+            Some(names) => {
+                let observed = self.observed;
+                // A backoff's refused request now listed may be under a name with no change.
+                let live = |request: &Name| {
+                    let qr = observed.qr_named(request)?;
+                    let entry = qr.facts.entry.filter(|_| qr.info.state.is_live())?;
+                    Some(self.index.entry(entry as usize).id)
+                };
+                let done: Vec<Name> = (self.state.entry_backoff.iter())
+                    .filter(|(entry, b)| live(&b.request) == Some(**entry))
+                    .map(|(entry, _)| *entry)
+                    .collect();
+                for entry in &done {
+                    self.state.entry_backoff.remove(entry);
                 }
-                Some(_) => {}
+                for name in &names {
+                    if let Some(qr) = observed.tpu(name).and_then(|t| t.qr.as_ref()) {
+                        self.refresh_from_queued_resource(&qr.info, qr.facts.entry);
+                    }
+                }
+                self.refresh_due = Some(names);
             }
-            // A provisioning TPU whose request waits for capacity is a stockout users are
-            // shown, with since when.
-            let r = &self.state.resources[&qr.node_id];
-            let since = (r.status == ResourceStatus::Provisioning
-                && qr.state == QrState::WaitingForResources)
-                .then(|| r.capacity_wait_since.unwrap_or(self.now));
-            if r.capacity_wait_since != since {
-                self.state
-                    .resources
-                    .get_mut(&qr.node_id)
-                    .expect("exists")
-                    .capacity_wait_since = since;
+        }
+    }
+
+    /// Step 2 for one listed queued resource (`entry`: its matched entry).
+    fn refresh_from_queued_resource(&mut self, qr: &QueuedResourceInfo, entry: Option<u32>) {
+        if !qr.state.is_live() {
+            return;
+        }
+        let Some(entry_index) = entry.map(|e| e as usize) else {
+            return;
+        };
+        let entry = self.index.entry(entry_index);
+        // The refused request now exists: the backoff has done its job.
+        if self
+            .state
+            .entry_backoff
+            .get(&entry.id)
+            .is_some_and(|b| b.request == qr.name)
+        {
+            self.state.entry_backoff.remove(&entry.id);
+        }
+        // Records are looked at before being touched: the state tracks what a pass
+        // changes, and most passes change nothing here.
+        match self.state.resources.get(&qr.node_id) {
+            None => {
+                self.state.resources.insert(
+                    qr.node_id,
+                    Resource::new(qr.node_id, entry, ResourceStatus::Provisioning, 1),
+                );
             }
+            // A new incarnation of a TPU that was gone. Records being recycled, drained or
+            // waited on are left alone (the original reset them, losing recycles: §9.1 #9).
+            Some(r) if r.status.is_gone() && r.owner.is_none() => {
+                let r = self.state.resources.get_mut(&qr.node_id).expect("exists");
+                r.zone = entry.zone;
+                r.tpu_type = entry.tpu_type.clone();
+                r.entry_id = entry.id;
+                r.status = ResourceStatus::Provisioning;
+                r.idle_since = None;
+                r.provisioning_node_seen_at = None;
+                r.provisioning_node_missing_since = None;
+                r.capacity_wait_since = None;
+            }
+            Some(_) => {}
+        }
+        // A provisioning TPU whose request waits for capacity is a stockout users are
+        // shown, with since when.
+        let r = &self.state.resources[&qr.node_id];
+        let since = (r.status == ResourceStatus::Provisioning
+            && qr.state == QrState::WaitingForResources)
+            .then(|| r.capacity_wait_since.unwrap_or(self.now));
+        if r.capacity_wait_since != since {
+            self.state
+                .resources
+                .get_mut(&qr.node_id)
+                .expect("exists")
+                .capacity_wait_since = since;
         }
     }
 
     // ----- step 3: ready refresh --------------------------------------------------------
 
+    /// Brings the records up to date with the listed nodes: all of them, or only those
+    /// under the names the queued-resource refresh was given (see `RefreshMemo`).
     pub(super) fn refresh_from_ready_nodes(&mut self) {
-        let nodes: &'a [Arc<NodeInfo>] = &self.obs.nodes;
+        match self.refresh_due.take() {
+            None => {
+                let nodes: &'a [Arc<NodeInfo>] = &self.obs.nodes;
+                for (node, facts) in nodes.iter().zip(self.node_facts) {
+                    self.refresh_from_node(node, facts.entry);
+                }
+            }
+            Some(names) => {
+                let observed = self.observed;
+                for name in &names {
+                    if let Some(node) = observed.tpu(name).and_then(|t| t.node.as_ref()) {
+                        self.refresh_from_node(&node.info, node.facts.entry);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Step 3 for one listed node (`entry`: its matched entry).
+    fn refresh_from_node(&mut self, node: &NodeInfo, entry: Option<u32>) {
         let now = self.now;
-        for (i, node) in nodes.iter().enumerate() {
-            let Some(entry_index) = self.node_facts[i].entry.map(|e| e as usize) else {
-                continue;
+        {
+            let Some(entry_index) = entry.map(|e| e as usize) else {
+                return;
             };
             let entry = self.index.entry(entry_index);
             let id = Resource::id_for(node.name, entry.is_adopted());
