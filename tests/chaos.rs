@@ -242,6 +242,24 @@ fn short_sweep_with_every_fault_finds_nothing() {
     }
 }
 
+/// Regression (long sweep, chaos-mixed seed 252 with `dstack-offers`): a job that could run
+/// on Spot or on-demand in one zone waited for ever. Its Spot pool cooled for a minute, so the
+/// policy asked for the on-demand TPU and gave up the Spot request; the cooldown ended while
+/// the on-demand TPU was still being created, so it went back to Spot and deleted the granted
+/// on-demand request, and so on every minute. A granted TPU is now kept for the job.
+#[test]
+fn dstack_offers_keeps_a_granted_tpu_for_its_job() {
+    let rel = "scenarios/chaos/mixed.yaml";
+    let s = load(rel);
+    let seed = 252;
+    if let Err(v) = harness::run(&s, "dstack-offers", seed, chaos(&s), Hooks::default()) {
+        panic!(
+            "{rel} dstack-offers seed {seed}: {} at {} s\nreplay: tpu-runner simulate {rel} --policy dstack-offers --chaos --seed {seed}",
+            v.message, v.at_s
+        );
+    }
+}
+
 /// The controller's state kept in SQLite (every pass reads what changed and commits to it; a
 /// crashed controller knows only what the store holds) gives the same run as in memory:
 /// the same events, metrics and final state, with crashes before commit, before acting and

@@ -390,7 +390,7 @@ proptest! {
         let busy: Vec<u32> = index.fleet.tpus.iter().enumerate().map(|(e, entry)| busy[e].min(entry.ceiling())).collect();
         let none_cooling = vec![false; index.fleet.tpus.len()];
         let cooling = &cooling[..index.fleet.tpus.len()];
-        let input = |cooling| CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[], cooling, paused: cooling, now: support::at(100) };
+        let input = |cooling| CapacityInput { index: &index, demand: &demand, waiting: &waiting, busy: &busy, idle_adopted: &[], cooling, paused: cooling, granted: &[], now: support::at(100) };
         let desired = Classic.desired_counts(&input(&none_cooling));
         // The original's loop: jobs in order add one to every compatible managed entry with room.
         let mut add = vec![0u32; index.fleet.tpus.len()];
@@ -559,6 +559,7 @@ fn frugal_races_after_waiting() {
             idle_adopted: &[],
             cooling: &[false, false],
             paused: &[false, false],
+            granted: &[],
             now,
         })
     };
@@ -572,6 +573,55 @@ fn frugal_races_after_waiting() {
         vec![1, 1],
         "racing after 15 minutes"
     );
+}
+
+/// The peers keep to a TPU the cloud granted: with one on its way in the second of two
+/// equally priced entries, a waiting job is counted there, not in the first (asked again the
+/// moment its pool stops cooling, which traded the two back and forth: chaos-mixed seed 252).
+#[test]
+fn peers_keep_a_granted_tpu() {
+    let index = FleetIndex::new(support::fleet(
+        "  - {id: a, type: v6e-8, zone: us-east1-d, count: 1, runtime: r, chip_limit: 8}\n  - {id: b, type: v6e-8, zone: us-east1-c, count: 1, runtime: r, chip_limit: 8}\n",
+    ));
+    let spec = support::job_spec("j", "v6e-8", None, None, Priority::Normal, true);
+    let job = Job::new(
+        spec,
+        support::at(0),
+        vec![BucketRegion {
+            region: "us-east1".into(),
+            bucket: "gs://b".into(),
+        }],
+    );
+    let demand = Demand::build(&index, [&job], support::at(0));
+    for name in [
+        tpu_runner::spec::PolicyName::DstackOffers,
+        tpu_runner::spec::PolicyName::SkypilotFailover,
+        tpu_runner::spec::PolicyName::KueueFlavors,
+    ] {
+        let policy =
+            tpu_runner::engine::policy::of_spec(&tpu_runner::spec::PolicySpec::named(name));
+        assert!(policy.reads_granted(), "{name:?}");
+        let desired = |granted: &[u32]| {
+            policy.desired_counts(&CapacityInput {
+                index: &index,
+                demand: &demand,
+                waiting: &[true],
+                busy: &[0, 0],
+                idle_adopted: &[],
+                cooling: &[false, false],
+                paused: &[false, false],
+                granted,
+                now: support::at(60),
+            })
+        };
+        assert_eq!(
+            desired(&[]),
+            vec![1, 0],
+            "{name:?}: the first entry in order"
+        );
+        assert_eq!(desired(&[0, 0]), vec![1, 0], "{name:?}: nothing granted");
+        assert_eq!(desired(&[0, 1]), vec![0, 1], "{name:?}: the granted TPU");
+    }
 }
 
 /// The inventory scope: every zone of a managed entry or of a live managed record (an entry

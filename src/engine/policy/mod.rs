@@ -51,6 +51,10 @@ pub struct CapacityInput<'a> {
     pub cooling: &'a [bool],
     /// Per entry: its capacity requests are paused after a refusal.
     pub paused: &'a [bool],
+    /// Per entry: TPUs whose request the cloud granted, not yet running a job (their node
+    /// on its way or idle); only for policies that ask (`Policy::reads_granted`), else
+    /// empty.
+    pub granted: &'a [u32],
     /// The pass's time (for policies that change behaviour as jobs wait).
     pub now: Timestamp,
 }
@@ -111,6 +115,10 @@ pub trait Policy: fmt::Debug + Send + Sync {
     fn changes_at(&self, input: &CapacityInput<'_>) -> Option<Timestamp> {
         let _ = input;
         None
+    }
+    /// Whether `desired_counts` reads `CapacityInput::granted` (counted only then).
+    fn reads_granted(&self) -> bool {
+        false
     }
 }
 

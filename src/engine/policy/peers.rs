@@ -6,7 +6,11 @@
 //! queued resource waits: the stockout memory with a one-minute wait, see
 //! `StockoutMemory::fail_fast`); `kueue-flavors` goes in fleet order (the flavor order) and
 //! leaves a flavor only when it has no room, never on a stockout (Kueue #2560). When every
-//! entry is ruled out, the first in order is asked again. Assignment is `classic`'s. Pure.
+//! entry is ruled out, the first in order is asked again. A TPU the cloud granted is kept
+//! for a waiting job before any entry is asked anew, as the peers use the instance a
+//! request got: leaving an on-demand TPU still being created for a cheaper Spot entry whose
+//! one-minute cooldown ended would trade them back and forth while the job waits for ever.
+//! Assignment is `classic`'s. Pure.
 
 use super::classic::{self, desired_from, priority_order};
 use super::{AssignInput, CapacityInput, Pair, Policy};
@@ -76,6 +80,8 @@ impl Policy for Sequential {
         let room = input.room();
         let price: Vec<f64> = index.fleet.tpus.iter().map(hourly_price).collect();
         let mut placed = vec![0u64; room.len()];
+        // TPUs granted and not yet running a job: a job keeps to one before asking anew.
+        let mut granted = input.granted.to_vec();
         // Each class's entries in the peer's order, worked out once.
         let mut ordered: Vec<Option<Vec<usize>>> = vec![None; demand.classes.len()];
         for j in priority_order(demand, |j| input.waiting[j]) {
@@ -93,15 +99,22 @@ impl Policy for Sequential {
             });
             let free = |e: usize| room[e] - placed[e] as i64 > 0;
             let open = |e: usize| !self.moves_on_stockout || !(input.cooling[e] || input.paused[e]);
-            let pick = entries
-                .iter()
-                .copied()
-                .find(|&e| free(e) && open(e))
+            let on_its_way = |e: usize| granted.get(e).is_some_and(|g| *g > 0);
+            let pick = (entries.iter().copied())
+                .find(|&e| free(e) && on_its_way(e))
+                .or_else(|| entries.iter().copied().find(|&e| free(e) && open(e)))
                 .or_else(|| entries.iter().copied().find(|&e| free(e)));
             if let Some(e) = pick {
                 placed[e] += 1;
+                if let Some(g) = granted.get_mut(e) {
+                    *g = g.saturating_sub(1);
+                }
             }
         }
         desired_from(index, input.busy, &placed)
+    }
+
+    fn reads_granted(&self) -> bool {
+        true
     }
 }

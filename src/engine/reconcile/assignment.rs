@@ -5,6 +5,7 @@
 use super::{Pass, launch_request};
 use crate::engine::demand::Demand;
 use crate::engine::memo::{is_candidate, is_pending};
+use crate::engine::observe::QrState;
 use crate::engine::policy::{AssignInput, CapacityInput};
 use crate::engine::state::{Attempt, JobStatus, Placement, Resource, ResourceStatus, State};
 use crate::engine::time::Timestamp;
@@ -31,6 +32,11 @@ impl<'a> Pass<'a> {
                     .is_some_and(|b| b.until > now)
             })
             .collect();
+        let granted = if self.policy.reads_granted() {
+            self.granted_per_entry()
+        } else {
+            Vec::new()
+        };
         let kept = self
             .memo
             .assign
@@ -93,6 +99,7 @@ impl<'a> Pass<'a> {
                 idle_adopted: &idle_adopted,
                 cooling: &cooling,
                 paused: &paused,
+                granted: &granted,
                 now,
             };
             let desired = self.policy.desired_counts(&capacity);
@@ -157,6 +164,26 @@ impl<'a> Pass<'a> {
     }
 
     /// assign_job (§2.1): re-checks everything, pins the placement, creates the attempt.
+    /// Per entry: its listed queued resources the cloud granted (provisioning or active)
+    /// whose TPU runs no job and is not being deleted by this pass.
+    fn granted_per_entry(&self) -> Vec<u32> {
+        let mut granted = vec![0; self.index.fleet.tpus.len()];
+        for (qr, facts) in self.obs.queued_resources.iter().zip(self.qr_facts) {
+            let Some(e) = facts.entry else {
+                continue;
+            };
+            let runs_a_job =
+                (self.state.resources.get(&qr.node_id)).is_some_and(|r| r.owner.is_some());
+            if matches!(qr.state, QrState::Provisioning | QrState::Active)
+                && !runs_a_job
+                && !self.deleted.contains(&qr.name)
+            {
+                granted[e as usize] += 1;
+            }
+        }
+        granted
+    }
+
     pub(super) fn assign_job(&mut self, job_id: &Name, resource_id: &Name) {
         let now = self.now;
         let policy = self.policy.name();
