@@ -529,11 +529,8 @@ proptest! {
 
 const VARIANTS: usize = 4;
 
-/// Regression (chaos sweep, chaos-trc-adopted seed 2451 with `frugal`): a job whose one chosen
-/// zone was stocked out waited forever although another zone had capacity. After 15 minutes
-/// of waiting its demand now races every compatible entry.
-#[test]
-fn frugal_races_after_waiting() {
+/// Two equal Spot entries in two zones of us-east1, and a job that may run in either.
+fn two_zones_one_job() -> (FleetIndex, Job) {
     let index = FleetIndex::new(support::fleet(
         "  - {id: a, type: v6e-8, zone: us-east1-d, count: 2, runtime: r, chip_limit: 16}\n  - {id: b, type: v6e-8, zone: us-east1-c, count: 2, runtime: r, chip_limit: 16}\n",
     ));
@@ -546,6 +543,15 @@ fn frugal_races_after_waiting() {
             bucket: "gs://b".into(),
         }],
     );
+    (index, job)
+}
+
+/// Regression (chaos sweep, chaos-trc-adopted seed 2451 with `frugal`): a job whose one chosen
+/// zone was stocked out waited forever although another zone had capacity. After 15 minutes
+/// of waiting its demand now races every compatible entry.
+#[test]
+fn frugal_races_after_waiting() {
+    let (index, job) = two_zones_one_job();
     let demand = Demand::build(&index, [&job], support::at(0));
     let frugal = tpu_runner::engine::policy::of_spec(&tpu_runner::spec::PolicySpec::named(
         tpu_runner::spec::PolicyName::Frugal,
@@ -580,18 +586,7 @@ fn frugal_races_after_waiting() {
 /// moment its pool stops cooling, which traded the two back and forth: chaos-mixed seed 252).
 #[test]
 fn peers_keep_a_granted_tpu() {
-    let index = FleetIndex::new(support::fleet(
-        "  - {id: a, type: v6e-8, zone: us-east1-d, count: 1, runtime: r, chip_limit: 8}\n  - {id: b, type: v6e-8, zone: us-east1-c, count: 1, runtime: r, chip_limit: 8}\n",
-    ));
-    let spec = support::job_spec("j", "v6e-8", None, None, Priority::Normal, true);
-    let job = Job::new(
-        spec,
-        support::at(0),
-        vec![BucketRegion {
-            region: "us-east1".into(),
-            bucket: "gs://b".into(),
-        }],
-    );
+    let (index, job) = two_zones_one_job();
     let demand = Demand::build(&index, [&job], support::at(0));
     for name in [
         tpu_runner::spec::PolicyName::DstackOffers,
