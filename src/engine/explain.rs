@@ -67,10 +67,8 @@ impl Explanation {
     /// When every reason is its class's: a key it shares with the explanations of its class
     /// alike, which then differ only in `job_id` (while they are all alive).
     pub fn class_only(&self) -> Option<usize> {
-        self.own
-            .codes
-            .is_empty()
-            .then(|| std::sync::Arc::as_ptr(&self.class) as usize)
+        let class = std::sync::Arc::as_ptr(&self.class) as usize;
+        self.own.codes.is_empty().then_some(class)
     }
 }
 

@@ -150,7 +150,7 @@ pub fn pending_jobs(n_jobs: usize, epoch: Timestamp) -> Vec<Job> {
 pub fn varied_pending_jobs(fleet: &FleetSpec, n_jobs: usize, epoch: Timestamp) -> Vec<Job> {
     let mut jobs = pending_jobs(n_jobs, epoch);
     for (i, job) in jobs.iter_mut().enumerate() {
-        let h = mix(i as u64 ^ 0x5eed_c1a5_5e5);
+        let h = mix(i as u64 ^ 0x05ee_dc1a_55e5);
         let entry = &fleet.tpus[(h >> 8) as usize % fleet.tpus.len()];
         let (zone, region) = (
             entry.zone.as_str(),

@@ -308,7 +308,7 @@ fn matches(
                 .get(name)
                 .is_none_or(|pattern| pattern_fits(pattern, &value));
     }
-    t.len() == p.len() && segments_fit(&t, &p)
+    t.len() == p.len() && segments_fit(&t, p)
 }
 
 fn segments_fit(template: &[&str], path: &[&str]) -> bool {

@@ -68,7 +68,7 @@ mod tests {
             for repeated in 0..distinct {
                 for after in repeated..distinct {
                     let mut seen = FirstSeen::default();
-                    let mut record = |seen: &mut FirstSeen<usize, usize>, k: usize| {
+                    let record = |seen: &mut FirstSeen<usize, usize>, k: usize| {
                         assert_eq!(seen.get(&k), None, "{distinct} keys, {k} new");
                         seen.insert(k, k * 10);
                     };
