@@ -169,8 +169,7 @@ impl<'a> Pass<'a> {
     /// `RefreshMemo`), with the entries' backoffs checked apart. The names are kept for the
     /// ready refresh that follows.
     pub(super) fn refresh_from_queued_resources(&mut self) {
-        self.refresh_due = self.memo.refresh.due(&self.state.resources, self.observed);
-        match self.refresh_due.take() {
+        match self.memo.refresh.due(&self.state.resources, self.observed) {
             None => {
                 let qrs: &'a [Arc<QueuedResourceInfo>] = &self.obs.queued_resources;
                 for (qr, facts) in qrs.iter().zip(self.qr_facts) {
