@@ -357,6 +357,11 @@ impl InZone for Qr {
     }
 }
 
+/// Whether `labels` set label `key` to `value` (what a listing filters on).
+pub fn labelled(labels: &Labels, (key, value): (&str, &str)) -> bool {
+    labels.get(key).is_some_and(|v| v == value)
+}
+
 /// A listing's label filter: label `key` must be `value`. Label sets are immutable and
 /// shared (`Arc`) by the objects created with them, and a zone lists them in name order,
 /// which groups them by set: each run of one set is checked once.
@@ -382,7 +387,7 @@ impl<'a> LabelFilter<'a> {
         {
             return matched;
         }
-        let matched = labels.get(self.key).is_some_and(|v| v == self.value);
+        let matched = labelled(labels, (self.key, self.value));
         self.last = Some((set, matched));
         matched
     }
@@ -1679,6 +1684,28 @@ impl SimCloud {
             .in_zone(zone)
             .filter(move |(_, q)| filter.matches(&q.labels) == labelled)
             .map(|(_, q)| q.view())
+    }
+
+    /// The names of `zone`'s nodes changed since version `known` of its listing (an earlier
+    /// `list_nodes` answer's), without making a call: a caller that keeps that listing may
+    /// read just these (with `peek_node`) to bring it up to date. In order of change, possibly
+    /// repeated; `None` when the cloud no longer knows (then list the zone whole).
+    pub fn nodes_changed_since(
+        &self,
+        zone: Ustr,
+        known: u64,
+    ) -> Option<impl Iterator<Item = Ustr> + '_> {
+        self.nodes.changed_since(zone, known)
+    }
+
+    /// The names of `zone`'s queued resources changed since version `known` of its listing
+    /// (see `nodes_changed_since`).
+    pub fn queued_resources_changed_since(
+        &self,
+        zone: Ustr,
+        known: u64,
+    ) -> Option<impl Iterator<Item = Ustr> + '_> {
+        self.qrs.changed_since(zone, known)
     }
 
     /// What `get_node` would return, without making a call (for checks).

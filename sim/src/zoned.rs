@@ -2,7 +2,8 @@
 //! each zone in name order, kept in step (a zone is listed, and a capacity pool scanned,
 //! without visiting every object). Only inserting and removing change membership, so the
 //! indexes cannot drift from the table. Not for iteration in an order that matters: `values`
-//! follows the storage slots.
+//! follows the storage slots. Each zone also keeps a bounded log of the names it changed,
+//! so that a reader holding an older listing can bring it up to date object by object.
 
 use std::collections::BTreeMap;
 
@@ -37,6 +38,26 @@ struct Zone {
     names: BTreeMap<Ustr, usize>,
     /// The table's clock at the last change to an object of the zone.
     changed: u64,
+    /// The names changed, with the clock of each change, oldest first: every change after
+    /// `log_from` (older entries are dropped as the log outgrows the zone).
+    log: Vec<(u64, Ustr)>,
+    log_from: u64,
+}
+
+/// Log entries a zone keeps at least (beyond twice its size, half the log is dropped).
+const LOG_KEPT: usize = 64;
+
+impl Zone {
+    /// Notes a change of `name` at `clock`.
+    fn note(&mut self, clock: u64, name: Ustr) {
+        self.changed = clock;
+        self.log.push((clock, name));
+        if self.log.len() > LOG_KEPT.max(2 * self.names.len()) {
+            let cut = self.log.len() / 2;
+            self.log_from = self.log[cut - 1].0;
+            self.log.drain(..cut);
+        }
+    }
 }
 
 impl<T> Default for ZonedTable<T> {
@@ -64,8 +85,8 @@ impl<T: InZone> ZonedTable<T> {
         };
         self.clock += 1;
         let zone = self.by_zone.entry(object.zone()).or_default();
-        zone.changed = self.clock;
         zone.names.insert(name, slot);
+        zone.note(self.clock, name);
         self.slots[slot] = Some(object);
         self.by_name.insert(name, slot);
     }
@@ -76,8 +97,8 @@ impl<T: InZone> ZonedTable<T> {
         self.free.push(slot);
         self.clock += 1;
         if let Some(zone) = self.by_zone.get_mut(&object.zone()) {
-            zone.changed = self.clock;
             zone.names.remove(&name);
+            zone.note(self.clock, name);
         }
         Some(object)
     }
@@ -103,7 +124,7 @@ impl<T: InZone> ZonedTable<T> {
         let object = self.slots[slot].as_mut()?;
         self.clock += 1;
         if let Some(zone) = self.by_zone.get_mut(&object.zone()) {
-            zone.changed = self.clock;
+            zone.note(self.clock, name);
         }
         Some(object)
     }
@@ -111,6 +132,18 @@ impl<T: InZone> ZonedTable<T> {
     /// When an object of `zone` last changed (0: never): equal values mean an equal listing.
     pub(crate) fn zone_version(&self, zone: Ustr) -> u64 {
         self.by_zone.get(&zone).map_or(0, |z| z.changed)
+    }
+
+    /// The names of `zone` changed since its version `since` (inserted, removed or accessed
+    /// mutably; in order of change, possibly repeated); `None` when the zone's log no longer
+    /// reaches back that far.
+    pub(crate) fn changed_since(&self, zone: Ustr, since: u64) -> Option<impl Iterator<Item = Ustr>> {
+        let log = match self.by_zone.get(&zone) {
+            Some(z) if since >= z.log_from => &z.log[z.log.partition_point(|&(c, _)| c <= since)..],
+            Some(_) => return None,
+            None => &[][..],
+        };
+        Some(log.iter().map(|&(_, name)| name))
     }
 
     pub(crate) fn contains_key(&self, name: Ustr) -> bool {
@@ -142,5 +175,67 @@ impl<T> std::ops::Index<Ustr> for ZonedTable<T> {
     type Output = T;
     fn index(&self, name: Ustr) -> &T {
         self.full(self.by_name[&name])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Object(Ustr);
+
+    impl InZone for Object {
+        fn zone(&self) -> Ustr {
+            self.0
+        }
+    }
+
+    fn changed(table: &ZonedTable<Object>, zone: Ustr, since: u64) -> Option<Vec<&'static str>> {
+        Some(table.changed_since(zone, since)?.map(|n| n.as_str()).collect())
+    }
+
+    #[test]
+    fn the_log_names_what_changed_since_a_version() {
+        let (a, b) = (Ustr::from("zone-a"), Ustr::from("zone-b"));
+        let mut table = ZonedTable::default();
+        table.insert(Ustr::from("x"), Object(a));
+        let v1 = table.zone_version(a);
+        table.insert(Ustr::from("y"), Object(a));
+        table.insert(Ustr::from("z"), Object(b));
+        table.get_mut(Ustr::from("x"));
+        let v2 = table.zone_version(a);
+        table.remove(Ustr::from("y"));
+        assert_eq!(changed(&table, a, 0), Some(vec!["x", "y", "x", "y"]));
+        assert_eq!(changed(&table, a, v1), Some(vec!["y", "x", "y"]));
+        assert_eq!(changed(&table, a, v2), Some(vec!["y"]));
+        assert_eq!(changed(&table, a, table.zone_version(a)), Some(vec![]));
+        assert_eq!(changed(&table, b, 0), Some(vec!["z"]));
+        assert_eq!(changed(&table, Ustr::from("zone-c"), 0), Some(vec![]));
+    }
+
+    #[test]
+    fn a_log_that_outgrew_its_zone_answers_only_recent_versions() {
+        let zone = Ustr::from("zone-a");
+        let name = Ustr::from("x");
+        let mut table = ZonedTable::default();
+        table.insert(name, Object(zone));
+        let first = table.zone_version(zone);
+        let mut versions = vec![first];
+        for _ in 0..1000 {
+            table.get_mut(name);
+            versions.push(table.zone_version(zone));
+        }
+        assert_eq!(changed(&table, zone, first), None);
+        // Whatever it still answers is every change since, and it answers the recent ones.
+        let answered: Vec<usize> = (versions.iter().enumerate())
+            .filter_map(|(i, v)| Some((i, table.changed_since(zone, *v)?.count())))
+            .map(|(i, count)| {
+                assert_eq!(count, versions.len() - 1 - i);
+                i
+            })
+            .collect();
+        assert!(answered.len() >= LOG_KEPT / 2 && answered.len() <= LOG_KEPT + 1);
+        assert_eq!(answered.last(), Some(&1000));
     }
 }

@@ -49,6 +49,15 @@ fn version<S, T>(kept: &Option<(u64, Vec<Converted<S, T>>)>) -> Option<u64> {
     kept.as_ref().map(|(version, _)| *version)
 }
 
+/// The version of a listing that answered with the zone's objects (`None`: unchanged since
+/// the version the caller keeps).
+fn listed_version<I>(listing: Result<Listing<I>, ApiError>) -> Result<Option<u64>, ApiError> {
+    Ok(match listing? {
+        Listing::Unchanged => None,
+        Listing::Changed { version, .. } => Some(version),
+    })
+}
+
 /// The lists the last successful inventory read left: over which zones, and their lengths.
 #[derive(Debug)]
 struct Produced {
@@ -118,16 +127,31 @@ fn convert<S: Copy + Eq, T>(
     })
 }
 
-/// A zone's kept listing (version and conversions) brought up to date with `listing`: kept
-/// when unchanged, else replaced by its objects, each converted by `make` unless the kept
-/// listing holds it in the same incarnation and state (see `convert`). Its objects are then
-/// in `out` from `*at` on (written over the kept listing's run when `in_place`, where an
-/// unchanged zone costs nothing; else appended), and `*at` moves past them.
+/// How a zone's kept listing is to be brought up to date.
+enum Update<W, D> {
+    /// Nothing in the zone changed.
+    Unchanged,
+    /// The listing's version and the zone's objects, whole, in name order.
+    Whole(u64, W),
+    /// The listing's version and the names the cloud changed since the kept version, each
+    /// with what the listing holds under it now (none: gone or not listed).
+    Delta(u64, D),
+}
+
+/// A zone's kept listing (version and conversions) brought up to date by `update`: whole
+/// listings replace it, each object converted by `make` unless the kept listing holds it
+/// in the same incarnation and state (see `convert`); deltas replace just the objects they
+/// name (found by `name_of`, the kept listing being in name order), on the same rule. Its
+/// objects are then in `out` from `*at` on (edited in place over the kept listing's run
+/// when `in_place`, where an unchanged zone costs nothing; else appended), and `*at` moves
+/// past them.
+#[allow(clippy::too_many_arguments)]
 fn keep<S: Copy + Eq, T, V>(
     kept: &mut Option<(u64, Vec<Converted<S, T>>)>,
-    listing: Listing<impl Iterator<Item = V>>,
+    update: Update<impl Iterator<Item = V>, impl Iterator<Item = (Ustr, Option<V>)>>,
     incarnation: impl Fn(&V) -> (u64, S),
     make: impl Fn(&V) -> Option<T>,
+    name_of: impl Fn(&T) -> Name,
     in_place: bool,
     out: &mut Vec<Arc<T>>,
     at: &mut usize,
@@ -136,20 +160,68 @@ fn keep<S: Copy + Eq, T, V>(
         .as_ref()
         .filter(|_| in_place)
         .map_or(0, |(_, l)| l.len());
-    let changed = !in_place || matches!(listing, Listing::Changed { .. });
-    if let Listing::Changed { version, objects } = listing {
-        let old = previous(kept.take().map(|(_, old)| old).unwrap_or_default());
-        let new = objects
-            .filter_map(|o| {
-                let (serial, state) = incarnation(&o);
-                convert(&old, serial, state, || make(&o))
-            })
-            .collect();
-        *kept = Some((version, new));
+    let start = *at;
+    // Whether the zone's run in `out` is written whole (else edited in place, if at all).
+    let whole = !in_place || matches!(update, Update::Whole(..));
+    match update {
+        Update::Unchanged => {}
+        Update::Whole(version, objects) => {
+            let old = previous(kept.take().map(|(_, old)| old).unwrap_or_default());
+            let new = objects
+                .filter_map(|o| {
+                    let (serial, state) = incarnation(&o);
+                    convert(&old, serial, state, || make(&o))
+                })
+                .collect();
+            *kept = Some((version, new));
+        }
+        Update::Delta(version, changed) => {
+            let (kept_version, listed) = kept.as_mut().expect("a delta is of a kept listing");
+            *kept_version = version;
+            let edit = !whole;
+            for (name, object) in changed {
+                let found = listed.binary_search_by(|c| name_of(&c.info).as_str().cmp(name.as_str()));
+                let now = object.as_ref().map(&incarnation);
+                if let (Ok(i), Some((serial, state))) = (found, now)
+                    && listed[i].serial == serial
+                    && listed[i].state == state
+                {
+                    continue;
+                }
+                let converted = object.zip(now).and_then(|(o, (serial, state))| {
+                    Some(Converted {
+                        serial,
+                        state,
+                        info: Arc::new(make(&o)?),
+                    })
+                });
+                match (found, converted) {
+                    (Ok(i), Some(c)) => {
+                        if edit {
+                            out[start + i] = c.info.clone();
+                        }
+                        listed[i] = c;
+                    }
+                    (Ok(i), None) => {
+                        listed.remove(i);
+                        if edit {
+                            out.remove(start + i);
+                        }
+                    }
+                    (Err(i), Some(c)) => {
+                        if edit {
+                            out.insert(start + i, c.info.clone());
+                        }
+                        listed.insert(i, c);
+                    }
+                    (Err(_), None) => {}
+                }
+            }
+        }
     }
     let listed = kept.as_ref().map_or(&[][..], |(_, listed)| listed);
-    if changed {
-        out.splice(*at..*at + held, listed.iter().map(|c| c.info.clone()));
+    if whole {
+        out.splice(start..start + held, listed.iter().map(|c| c.info.clone()));
     }
     *at += listed.len();
 }
@@ -427,13 +499,23 @@ impl CloudBackend for SimBackend {
         let mut at = 0;
         for zone in &scope.zones {
             let kept = &mut listings.zones.entry(*zone).or_default().nodes;
-            let listing = self
-                .cloud
-                .list_nodes(zone.ustr(), label, version(kept))
-                .map_err(|e| read_error(e, zone))?;
+            let known = version(kept);
+            let listing = self.cloud.list_nodes(zone.ustr(), label, known);
+            let listed = listed_version(listing).map_err(|e| read_error(e, zone))?;
+            let cloud = &self.cloud;
+            let z = zone.ustr();
+            let update = match (listed, known) {
+                (None, _) => Update::Unchanged,
+                (Some(v), Some(known)) if let Some(names) = cloud.nodes_changed_since(z, known) => {
+                    let now = |name| cloud.peek_node(z, name).filter(|n| simc::labelled(n.labels, label));
+                    Update::Delta(v, names.map(move |name| (name, now(name))))
+                }
+                (Some(v), _) => Update::Whole(v, cloud.peek_nodes(z, label)),
+            };
             let incarnation = |n: &simc::NodeView<'_>| (n.serial, n.state);
             let make = |n: &simc::NodeView<'_>| node_info(n, public_ip);
-            keep(kept, listing, incarnation, make, in_place, nodes, &mut at);
+            let name_of = |n: &NodeInfo| n.name;
+            keep(kept, update, incarnation, make, name_of, in_place, nodes, &mut at);
         }
         // Listed zone by zone, each in name order: sorted already unless adopted TPUs join.
         if !scope.adopted.is_empty() {
@@ -456,12 +538,27 @@ impl CloudBackend for SimBackend {
         let mut at = 0;
         for zone in &scope.zones {
             let kept = &mut listings.zones.entry(*zone).or_default().qrs;
-            let listing = self
-                .cloud
-                .list_queued_resources(zone.ustr(), label, version(kept))
-                .map_err(|e| read_error(e, zone))?;
+            let known = version(kept);
+            let listing = self.cloud.list_queued_resources(zone.ustr(), label, known);
+            let listed = listed_version(listing).map_err(|e| read_error(e, zone))?;
+            let cloud = &self.cloud;
+            let z = zone.ustr();
+            let update = match (listed, known) {
+                (None, _) => Update::Unchanged,
+                (Some(v), Some(known))
+                    if let Some(names) = cloud.queued_resources_changed_since(z, known) =>
+                {
+                    let now = |name| {
+                        (cloud.peek_queued_resource(z, name))
+                            .filter(|q| simc::labelled(q.labels, label))
+                    };
+                    Update::Delta(v, names.map(move |name| (name, now(name))))
+                }
+                (Some(v), _) => Update::Whole(v, cloud.peek_queued_resources(z, label)),
+            };
             let incarnation = |q: &simc::QrView<'_>| (q.serial, q.state);
-            keep(kept, listing, incarnation, qr_info, in_place, qrs, &mut at);
+            let name_of = |q: &QueuedResourceInfo| q.name;
+            keep(kept, update, incarnation, qr_info, name_of, in_place, qrs, &mut at);
         }
         // Someone else's objects: read again only in zones whose listings changed (in a
         // simulation nobody else creates anything, so this finds nothing).
