@@ -529,6 +529,49 @@ fn someone_elses_tpus_are_listed_apart_alike() {
     assert!(inv.nodes.iter().all(|n| n.name != "theirs"), "{inv:?}");
     let theirs: Vec<_> = inv.others.nodes.iter().map(|n| n.name).collect();
     assert_eq!(theirs, [Name::new("theirs")], "{inv:?}");
+    // The runner's own objects come and go in the zone (the simulator reads only what
+    // changed, and keeps what it read of the others); then theirs go.
+    let ours = |name: &'static str| {
+        let labels: tpu_runner_sim::cloud::Labels = std::sync::Arc::new(
+            [("managed-by".to_owned(), RUNNER.to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        let node = format!("{name}-node");
+        move |c: &mut tpu_runner_sim::SimCloud| {
+            c.create_queued_resource(
+                ustr::ustr(EAST),
+                ustr::ustr(name),
+                ustr::ustr(&node),
+                "v6e-8",
+                tpu_runner_sim::PoolModel::Spot,
+                None,
+                labels.clone(),
+            )
+            .expect("our request");
+        }
+    };
+    s.both(ours("ours-a"));
+    s.both(ours("zz-ours"));
+    let inv = s.observe("ours requested");
+    assert_eq!(inv.queued_resources.len(), 2, "{inv:?}");
+    assert_eq!(inv.others.queued_resources.len(), 1, "{inv:?}");
+    s.both(|c| {
+        c.delete_queued_resource(ustr::ustr(EAST), ustr::ustr("ours-a"))
+            .expect("deleted");
+    });
+    s.advance(4000);
+    s.observe("ours deleted");
+    s.both(|c| {
+        c.delete_queued_resource(ustr::ustr(EAST), ustr::ustr("theirs-qr"))
+            .expect("deleted");
+    });
+    for t in [4600, 9000] {
+        s.advance(t);
+        s.observe(&format!("theirs deleted, at {t} s"));
+    }
+    let inv = s.observe("theirs gone");
+    assert!(inv.others.queued_resources.is_empty(), "{inv:?}");
 }
 
 #[test]

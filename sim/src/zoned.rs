@@ -137,7 +137,11 @@ impl<T: InZone> ZonedTable<T> {
     /// The names of `zone` changed since its version `since` (inserted, removed or accessed
     /// mutably; in order of change, possibly repeated); `None` when the zone's log no longer
     /// reaches back that far.
-    pub(crate) fn changed_since(&self, zone: Ustr, since: u64) -> Option<impl Iterator<Item = Ustr>> {
+    pub(crate) fn changed_since(
+        &self,
+        zone: Ustr,
+        since: u64,
+    ) -> Option<impl Iterator<Item = Ustr>> {
         let log = match self.by_zone.get(&zone) {
             Some(z) if since >= z.log_from => &z.log[z.log.partition_point(|&(c, _)| c <= since)..],
             Some(_) => return None,
@@ -192,7 +196,12 @@ mod tests {
     }
 
     fn changed(table: &ZonedTable<Object>, zone: Ustr, since: u64) -> Option<Vec<&'static str>> {
-        Some(table.changed_since(zone, since)?.map(|n| n.as_str()).collect())
+        Some(
+            table
+                .changed_since(zone, since)?
+                .map(|n| n.as_str())
+                .collect(),
+        )
     }
 
     #[test]

@@ -180,7 +180,8 @@ fn keep<S: Copy + Eq, T, V>(
             *kept_version = version;
             let edit = !whole;
             for (name, object) in changed {
-                let found = listed.binary_search_by(|c| name_of(&c.info).as_str().cmp(name.as_str()));
+                let found =
+                    listed.binary_search_by(|c| name_of(&c.info).as_str().cmp(name.as_str()));
                 let now = object.as_ref().map(&incarnation);
                 if let (Ok(i), Some((serial, state))) = (found, now)
                     && listed[i].serial == serial
@@ -309,6 +310,38 @@ impl SimBackend {
             queued_resources: qrs,
             others,
         }
+    }
+
+    /// Whether `found`, someone else's objects in `zone` as of its listings' versions `at`,
+    /// still holds: each object the cloud changed since is listed under `label` (this
+    /// runner's) or gone, and none of them is in `found`. `false` when the cloud cannot tell.
+    fn others_unchanged(
+        &self,
+        zone: Ustr,
+        at: ListingVersions,
+        found: &Others,
+        label: (&str, &str),
+    ) -> bool {
+        let cloud = &self.cloud;
+        let (Some(nodes_at), Some(qrs_at)) = at else {
+            return false;
+        };
+        let (Some(mut nodes), Some(mut qrs)) = (
+            cloud.nodes_changed_since(zone, nodes_at),
+            cloud.queued_resources_changed_since(zone, qrs_at),
+        ) else {
+            return false;
+        };
+        let node_kept = |name: Ustr| {
+            !found.nodes.iter().any(|n| n.name.ustr() == name)
+                && (cloud.peek_node(zone, name)).is_none_or(|n| simc::labelled(n.labels, label))
+        };
+        let qr_kept = |name: Ustr| {
+            !found.queued_resources.iter().any(|q| q.name.ustr() == name)
+                && (cloud.peek_queued_resource(zone, name))
+                    .is_none_or(|q| simc::labelled(q.labels, label))
+        };
+        nodes.all(node_kept) && qrs.all(qr_kept)
     }
 
     /// Appends the objects of `zone` that are neither this runner's nor adopted to `others`.
@@ -507,7 +540,11 @@ impl CloudBackend for SimBackend {
             let update = match (listed, known) {
                 (None, _) => Update::Unchanged,
                 (Some(v), Some(known)) if let Some(names) = cloud.nodes_changed_since(z, known) => {
-                    let now = |name| cloud.peek_node(z, name).filter(|n| simc::labelled(n.labels, label));
+                    let now = |name| {
+                        cloud
+                            .peek_node(z, name)
+                            .filter(|n| simc::labelled(n.labels, label))
+                    };
                     Update::Delta(v, names.map(move |name| (name, now(name))))
                 }
                 (Some(v), _) => Update::Whole(v, cloud.peek_nodes(z, label)),
@@ -515,7 +552,16 @@ impl CloudBackend for SimBackend {
             let incarnation = |n: &simc::NodeView<'_>| (n.serial, n.state);
             let make = |n: &simc::NodeView<'_>| node_info(n, public_ip);
             let name_of = |n: &NodeInfo| n.name;
-            keep(kept, update, incarnation, make, name_of, in_place, nodes, &mut at);
+            keep(
+                kept,
+                update,
+                incarnation,
+                make,
+                name_of,
+                in_place,
+                nodes,
+                &mut at,
+            );
         }
         // Listed zone by zone, each in name order: sorted already unless adopted TPUs join.
         if !scope.adopted.is_empty() {
@@ -558,25 +604,38 @@ impl CloudBackend for SimBackend {
             };
             let incarnation = |q: &simc::QrView<'_>| (q.serial, q.state);
             let name_of = |q: &QueuedResourceInfo| q.name;
-            keep(kept, update, incarnation, qr_info, name_of, in_place, qrs, &mut at);
+            keep(
+                kept,
+                update,
+                incarnation,
+                qr_info,
+                name_of,
+                in_place,
+                qrs,
+                &mut at,
+            );
         }
-        // Someone else's objects: read again only in zones whose listings changed (in a
-        // simulation nobody else creates anything, so this finds nothing).
+        // Someone else's objects: read again only in zones where one of them may have
+        // changed (in a simulation nobody else creates anything, so this finds nothing).
         others.clear();
         for zone in &scope.zones {
             let Some(listing) = self.listings.zones.get(zone) else {
                 continue;
             };
             let versions = (version(&listing.nodes), version(&listing.qrs));
-            if listing
-                .others
-                .as_ref()
-                .is_none_or(|(at, _)| *at != versions)
-            {
+            let stale = match &listing.others {
+                None => true,
+                Some((at, _)) if *at == versions => false,
+                Some((at, found)) => !self.others_unchanged(zone.ustr(), *at, found, label),
+            };
+            if stale {
                 let mut found = Others::default();
                 self.others_in(*zone, scope, &mut found);
                 let listing = self.listings.zones.get_mut(zone).expect("looked up");
                 listing.others = Some((versions, found));
+            } else {
+                let listing = self.listings.zones.get_mut(zone).expect("looked up");
+                listing.others.as_mut().expect("kept").0 = versions;
             }
             let (_, found) = self.listings.zones[zone].others.as_ref().expect("set");
             others.nodes.extend(found.nodes.iter().cloned());
