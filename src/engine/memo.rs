@@ -48,6 +48,8 @@ pub(crate) struct Memo {
 #[derive(Debug, Default)]
 pub(crate) struct RefreshMemo {
     seen: Option<Revision>,
+    /// The names gathered by the last call (kept for its allocation only).
+    gathered: NameSet,
 }
 
 impl RefreshMemo {
@@ -70,8 +72,11 @@ impl RefreshMemo {
             names.push(*id);
             names.extend(Resource::tpu_name_in_id(id));
         }
+        // Repeats dropped first (hashed on the interned name), so that only distinct names
+        // are ordered by their text.
+        self.gathered.clear();
+        names.retain(|name| self.gathered.insert(*name));
         names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
-        names.dedup();
         Some(names)
     }
 }
