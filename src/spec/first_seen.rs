@@ -13,7 +13,8 @@ const FEW: usize = 16;
 #[derive(Debug)]
 pub struct FirstSeen<K, V> {
     few: [Option<(K, V)>; FEW],
-    /// Keys in `few` (all of them when `many` is empty).
+    /// Keys put in `few` while `many` was empty (then `few` holds all of them; once `many`
+    /// takes over, `few` is emptied and `n` is no longer read).
     n: usize,
     many: HashMap<K, V>,
 }
