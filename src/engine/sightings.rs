@@ -5,7 +5,6 @@
 //! Pure: it compares two listings handed to it and reads no clock; the driver calls it once
 //! per observation. It decides nothing.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -175,7 +174,8 @@ impl Detail {
         }
         d.0.push_str("zone=");
         d.0.push_str(zone.as_str());
-        let _ = write!(d.0, " type={tpu_type}");
+        d.0.push_str(" type=");
+        tpu_type.push_onto(&mut d.0);
         d.field("spot", if spot { "true" } else { "false" });
         if reserved {
             d.field("reserved", "true");

@@ -224,6 +224,16 @@ impl fmt::Display for TpuType {
     }
 }
 
+impl TpuType {
+    /// Appends the type as `Display` writes it, without the formatting machinery (for
+    /// texts written once per object seen to change).
+    pub fn push_onto(&self, out: &mut String) {
+        out.push_str(self.family.as_str());
+        out.push('-');
+        out.push_str(itoa::Buffer::new().format(self.size));
+    }
+}
+
 impl Serialize for TpuType {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)
@@ -325,6 +335,17 @@ pub fn check_reservation_name(name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_type_pushed_onto_text_is_written_as_displayed() {
+        for text in ["v6e-8", "v5litepod-16", "v4-64", "v5p-4096", "v2-8"] {
+            let t = TpuType::parse(text).expect("valid");
+            let mut out = String::from("type=");
+            t.push_onto(&mut out);
+            assert_eq!(out, format!("type={t}"));
+            assert_eq!(t.to_string(), text);
+        }
+    }
 
     #[test]
     fn chip_arithmetic() {
