@@ -38,6 +38,9 @@ pub fn changes(
     events
 }
 
+/// How far ahead the walk of two listings looks for the pair that brings it back in step.
+const AHEAD: usize = 8;
+
 /// Appends an event per object of `after` that is new or differs from its namesake in
 /// `before` (`event(Some(old), new)` / `event(None, new)`), then one per vanished object
 /// (`event(Some(old), None)`). The backends keep an unchanged object in place, the very
@@ -58,13 +61,24 @@ fn diff<T: PartialEq>(
     while i < after.len() && j < before.len() {
         if Arc::ptr_eq(&after[i], &before[j]) {
             (i, j) = (i + 1, j + 1);
-        } else if j + 1 < before.len() && Arc::ptr_eq(&after[i], &before[j + 1]) {
-            rest_before.push(&before[j]);
-            j += 1;
-        } else {
-            rest_after.push(&after[i]);
-            i += 1;
+            continue;
         }
+        // Out of step (objects added, changed or gone here): the nearest pair a few places
+        // ahead on either side brings the walk back in step; without one, `after[i]` is
+        // left to the match by name.
+        let ahead = (1..=AHEAD).find_map(|d| {
+            if before.get(j + d).is_some_and(|b| Arc::ptr_eq(&after[i], b)) {
+                Some((0, d))
+            } else if after.get(i + d).is_some_and(|a| Arc::ptr_eq(a, &before[j])) {
+                Some((d, 0))
+            } else {
+                None
+            }
+        });
+        let (skip_after, skip_before) = ahead.unwrap_or((1, 0));
+        rest_after.extend(&after[i..i + skip_after]);
+        rest_before.extend(&before[j..j + skip_before]);
+        (i, j) = (i + skip_after, j + skip_before);
     }
     rest_after.extend(&after[i..]);
     rest_before.extend(&before[j..]);
