@@ -337,7 +337,7 @@ mod tests {
         let q = qr("q", QrState::WaitingForResources, None);
         let first = changes(
             (&[], &[]),
-            (&[a.clone(), b.clone()], &[q.clone()]),
+            (&[a.clone(), b.clone()], std::slice::from_ref(&q)),
             Timestamp(10),
         );
         assert_eq!(
@@ -353,8 +353,8 @@ mod tests {
         let before = [a.clone(), b.clone()];
         assert!(
             changes(
-                (&before, &[q.clone()]),
-                (&before, &[q.clone()]),
+                (&before, std::slice::from_ref(&q)),
+                (&before, std::slice::from_ref(&q)),
                 Timestamp(20)
             )
             .is_empty()
@@ -363,8 +363,8 @@ mod tests {
         let copies = [node("a", NodeState::Creating), node("b", NodeState::Ready)];
         assert!(
             changes(
-                (&before, &[q.clone()]),
-                (&copies, &[q.clone()]),
+                (&before, std::slice::from_ref(&q)),
+                (&copies, std::slice::from_ref(&q)),
                 Timestamp(20)
             )
             .is_empty()
@@ -373,8 +373,8 @@ mod tests {
         let later = [node("a", NodeState::Ready), node("b", NodeState::Preempted)];
         let failed = qr("q", QrState::Failed, Some("no capacity\nin zone"));
         let second = changes(
-            (&before, &[q.clone()]),
-            (&later, &[failed.clone()]),
+            (&before, std::slice::from_ref(&q)),
+            (&later, std::slice::from_ref(&failed)),
             Timestamp(30),
         );
         assert_eq!(
