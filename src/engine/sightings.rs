@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
+use super::in_step::{self, Step};
 use super::observe::{Event, NodeInfo, QueuedResourceInfo};
 use super::time::Timestamp;
 use crate::spec::{Name, TpuType};
@@ -38,9 +39,6 @@ pub fn changes(
     events
 }
 
-/// How far ahead the walk of two listings looks for the pair that brings it back in step.
-const AHEAD: usize = 8;
-
 /// Appends an event per object of `after` that is new or differs from its namesake in
 /// `before` (`event(Some(old), new)` / `event(None, new)`), then one per vanished object
 /// (`event(Some(old), None)`). The backends keep an unchanged object in place, the very
@@ -54,34 +52,14 @@ fn diff<T: PartialEq>(
     out: &mut Vec<Event>,
     event: fn(Option<&T>, Option<&T>, Timestamp) -> Option<Event>,
 ) {
-    // An object is listed once, so a pair of the same object is a match however the walk
-    // went; an object it passes unpaired is left to the match by name.
-    let (mut i, mut j) = (0, 0);
+    // The objects listed again in place pair off (see `in_step`); only the rest are matched
+    // by name, each rest in its list's order.
     let (mut rest_after, mut rest_before) = (Vec::new(), Vec::new());
-    while i < after.len() && j < before.len() {
-        if Arc::ptr_eq(&after[i], &before[j]) {
-            (i, j) = (i + 1, j + 1);
-            continue;
-        }
-        // Out of step (objects added, changed or gone here): the nearest pair a few places
-        // ahead on either side brings the walk back in step; without one, `after[i]` is
-        // left to the match by name.
-        let ahead = (1..=AHEAD).find_map(|d| {
-            if before.get(j + d).is_some_and(|b| Arc::ptr_eq(&after[i], b)) {
-                Some((0, d))
-            } else if after.get(i + d).is_some_and(|a| Arc::ptr_eq(a, &before[j])) {
-                Some((d, 0))
-            } else {
-                None
-            }
-        });
-        let (skip_after, skip_before) = ahead.unwrap_or((1, 0));
-        rest_after.extend(&after[i..i + skip_after]);
-        rest_before.extend(&before[j..j + skip_before]);
-        (i, j) = (i + skip_after, j + skip_before);
-    }
-    rest_after.extend(&after[i..]);
-    rest_before.extend(&before[j..]);
+    in_step::walk(before, after, |step| match step {
+        Step::Pair(..) => {}
+        Step::After(i) => rest_after.push(&after[i]),
+        Step::Before(j) => rest_before.push(&before[j]),
+    });
     if rest_after.is_empty() && rest_before.is_empty() {
         return;
     }

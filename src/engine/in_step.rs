@@ -1,0 +1,120 @@
+//! Walking the last and the current listing side by side: the backends keep an object that
+//! did not change in place, the very same one, so most of two successive listings pair off
+//! by address without hashing anything. Says which positions pair and which are left over;
+//! deciding what a leftover object is (new, changed, gone, moved) is the caller's.
+
+use std::sync::Arc;
+
+/// How far ahead the walk looks, on either side, for the pair that brings it back in step.
+const AHEAD: usize = 8;
+
+/// One step of the walk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// `after[i]` is the very object `before[j]` is.
+    Pair(usize, usize),
+    /// `after[i]` paired with nothing (new, changed, or listed elsewhere before).
+    After(usize),
+    /// `before[j]` paired with nothing (gone, changed, or listed elsewhere now).
+    Before(usize),
+}
+
+/// Walks `before` and `after` side by side, calling `step` for every position of each: the
+/// `Pair` and `After` steps in the order of `after`, the `Before` steps in the order of
+/// `before`. Out of step (objects added, changed or gone), the nearest pair up to a few
+/// places ahead on either side brings it back; without one, `after[i]` is left over. An
+/// object listed once in each pairs however the walk went.
+pub fn walk<T>(before: &[Arc<T>], after: &[Arc<T>], mut step: impl FnMut(Step)) {
+    let (mut i, mut j) = (0, 0);
+    while i < after.len() && j < before.len() {
+        if Arc::ptr_eq(&after[i], &before[j]) {
+            step(Step::Pair(i, j));
+            (i, j) = (i + 1, j + 1);
+            continue;
+        }
+        let ahead = (1..=AHEAD).find_map(|d| {
+            if before.get(j + d).is_some_and(|b| Arc::ptr_eq(&after[i], b)) {
+                Some((0, d))
+            } else if after.get(i + d).is_some_and(|a| Arc::ptr_eq(a, &before[j])) {
+                Some((d, 0))
+            } else {
+                None
+            }
+        });
+        let (skip_after, skip_before) = ahead.unwrap_or((1, 0));
+        (i..i + skip_after).for_each(|i| step(Step::After(i)));
+        (j..j + skip_before).for_each(|j| step(Step::Before(j)));
+        (i, j) = (i + skip_after, j + skip_before);
+    }
+    (i..after.len()).for_each(|i| step(Step::After(i)));
+    (j..before.len()).for_each(|j| step(Step::Before(j)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// Every position of each side is stepped on once, `Pair` and `After` in order of
+        /// `after` and `Before` in order of `before`; a pair is the same object; and an
+        /// object left over on one side is not among the other side's objects in place
+        /// (so the walk loses no pair of objects kept in order).
+        #[test]
+        fn every_position_once_in_order(
+            n in 0usize..40,
+            edits in proptest::collection::vec((0u8..4, 0usize..64), 0..12),
+        ) {
+            let before: Vec<Arc<usize>> = (0..n).map(Arc::new).collect();
+            let mut after = before.clone();
+            for (k, (op, at)) in edits.into_iter().enumerate() {
+                let at = if after.is_empty() { 0 } else { at % after.len() };
+                match op {
+                    0 if !after.is_empty() => { after.remove(at); }
+                    1 => after.insert(at, Arc::new(1000 + k)),
+                    2 if !after.is_empty() => after[at] = Arc::new(2000 + k),
+                    _ => {}
+                }
+            }
+            let mut steps = Vec::new();
+            walk(&before, &after, |s| steps.push(s));
+            let (mut seen_after, mut seen_before) = (Vec::new(), Vec::new());
+            for s in &steps {
+                match *s {
+                    Step::Pair(i, j) => {
+                        proptest::prop_assert!(Arc::ptr_eq(&after[i], &before[j]));
+                        seen_after.push(i);
+                        seen_before.push(j);
+                    }
+                    Step::After(i) => seen_after.push(i),
+                    Step::Before(j) => seen_before.push(j),
+                }
+            }
+            proptest::prop_assert_eq!(seen_after, (0..after.len()).collect::<Vec<_>>());
+            proptest::prop_assert_eq!(seen_before, (0..before.len()).collect::<Vec<_>>());
+        }
+    }
+
+    /// A run of up to `AHEAD` objects added, gone or replaced anywhere loses no pair.
+    #[test]
+    fn runs_of_edits_lose_no_pair() {
+        let before: Vec<Arc<usize>> = (0..30).map(Arc::new).collect();
+        for run in 1..=AHEAD {
+            for at in 0..=before.len() - run {
+                let mut removed = before.clone();
+                removed.drain(at..at + run);
+                let mut added = before.clone();
+                added.splice(at..at, (0..run).map(|k| Arc::new(100 + k)));
+                let mut replaced = before.clone();
+                replaced.splice(at..at + run, (0..run).map(|k| Arc::new(200 + k)));
+                for after in [removed, added, replaced] {
+                    let kept = after.iter().filter(|a| ***a < 100).count();
+                    let mut pairs = 0;
+                    walk(&before, &after, |s| {
+                        pairs += usize::from(matches!(s, Step::Pair(..)))
+                    });
+                    assert_eq!(pairs, kept, "a run of {run} at {at}: {after:?}");
+                }
+            }
+        }
+    }
+}
