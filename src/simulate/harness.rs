@@ -409,29 +409,45 @@ fn last_events(earlier: &std::collections::VecDeque<Event>, now: &[Event]) -> Ve
         .collect()
 }
 
-/// Folds an engine event into the run's FNV-1a event hash: its time, kind, ids and detail,
-/// each field ended by a marker so that no two different events hash the same bytes.
-fn hash_event(hash: &mut u64, e: &Event) {
-    let mut fnv = |bytes: &[u8]| {
-        for b in bytes {
-            *hash ^= u64::from(*b);
-            *hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    };
-    fnv(&e.at.0.to_le_bytes());
-    fnv(e.kind.as_bytes());
-    fnv(&[0xff]);
-    for id in [e.job_id, e.resource_id, e.attempt_id] {
-        match id {
-            Some(id) => {
-                fnv(id.as_bytes());
-                fnv(&[0xfe]);
-            }
-            None => fnv(&[0xfd]),
+/// The run's event hash: XXH3-64 over every committed engine event's bytes (its time, kind,
+/// ids and detail, each field ended by a marker so that no two different events give the same
+/// bytes), one streaming update per event.
+struct EventHash {
+    hasher: xxhash_rust::xxh3::Xxh3Default,
+    bytes: Vec<u8>,
+}
+
+impl EventHash {
+    fn new() -> EventHash {
+        EventHash {
+            hasher: xxhash_rust::xxh3::Xxh3Default::new(),
+            bytes: Vec::new(),
         }
     }
-    fnv(e.detail.as_bytes());
-    fnv(&[0xff]);
+
+    fn add(&mut self, e: &Event) {
+        let b = &mut self.bytes;
+        b.clear();
+        b.extend_from_slice(&e.at.0.to_le_bytes());
+        b.extend_from_slice(e.kind.as_bytes());
+        b.push(0xff);
+        for id in [e.job_id, e.resource_id, e.attempt_id] {
+            match id {
+                Some(id) => {
+                    b.extend_from_slice(id.as_bytes());
+                    b.push(0xfe);
+                }
+                None => b.push(0xfd),
+            }
+        }
+        b.extend_from_slice(e.detail.as_bytes());
+        b.push(0xff);
+        self.hasher.update(b);
+    }
+
+    fn value(&self) -> u64 {
+        self.hasher.digest()
+    }
 }
 
 /// Per pool: slices the fleet could hold there (managed counts; chip limits applied later).
@@ -542,7 +558,7 @@ pub fn run(
     let mut last_fingerprint = 0u64;
     let mut metrics = Metrics::default();
     let mut series = Vec::new();
-    let mut event_hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut event_hash = EventHash::new();
     let mut recent: std::collections::VecDeque<Event> = std::collections::VecDeque::new();
     let mut t_ms = 0u64;
     let mut next_sample_ms = 0u64;
@@ -835,7 +851,7 @@ pub fn run(
                     // A crash before commit loses the whole pass: its decisions and events.
                     let committed_pass = crash != Some(0);
                     for e in out.events.iter().filter(|_| committed_pass) {
-                        hash_event(&mut event_hash, e);
+                        event_hash.add(e);
                     }
                     metrics.engine_events += out.events.len() as u64;
                     if committed_pass && !out.violations.is_empty() {
@@ -979,7 +995,7 @@ pub fn run(
         seed,
         metrics,
         series,
-        event_hash,
+        event_hash: event_hash.value(),
         state,
         recent_events: recent.into_iter().collect(),
     })
