@@ -36,6 +36,8 @@ pub struct SimBackend {
     listings: Listings,
     /// The label set of each fleet entry's objects (only looked up).
     labels: NameMap<simc::Labels>,
+    /// The cloud's TPU types, parsed.
+    types: TpuTypes,
     /// The size of the report map the last `refresh_reports` left (`None`: none kept, read
     /// every attempt next time), and the attempts in flight then.
     reports_kept: Option<usize>,
@@ -227,9 +229,34 @@ fn keep<S: Copy + Eq, T, V>(
     *at += listed.len();
 }
 
-fn node_info(n: &simc::NodeView<'_>, public_ip: bool) -> Option<NodeInfo> {
+/// TPU types by the simulated cloud's accelerator text: its pools' types, parsed once (a
+/// parse interns the family: a lock on a table shared by the whole process); any other text
+/// is parsed when seen.
+#[derive(Debug, Default)]
+struct TpuTypes(rustc_hash::FxHashMap<String, TpuType>);
+
+impl TpuTypes {
+    fn of(cloud: &SimCloud) -> TpuTypes {
+        let pools = &cloud.config().pools;
+        TpuTypes(
+            pools
+                .iter()
+                .filter_map(|p| Some((p.accelerator.clone(), TpuType::parse(&p.accelerator).ok()?)))
+                .collect(),
+        )
+    }
+
+    fn get(&self, text: &str) -> Option<TpuType> {
+        match self.0.get(text) {
+            Some(t) => Some(t.clone()),
+            None => TpuType::parse(text).ok(),
+        }
+    }
+}
+
+fn node_info(n: &simc::NodeView<'_>, public_ip: bool, types: &TpuTypes) -> Option<NodeInfo> {
     Some(NodeInfo {
-        tpu_type: TpuType::parse(n.accelerator).ok()?,
+        tpu_type: types.get(n.accelerator)?,
         name: Name::from_ustr(n.name),
         zone: Name::from_ustr(n.zone),
         state: match n.state {
@@ -257,9 +284,9 @@ pub fn pool_model(model: ProvisioningModel) -> tpu_runner_sim::PoolModel {
     }
 }
 
-fn qr_info(q: &simc::QrView<'_>) -> Option<QueuedResourceInfo> {
+fn qr_info(q: &simc::QrView<'_>, types: &TpuTypes) -> Option<QueuedResourceInfo> {
     Some(QueuedResourceInfo {
-        tpu_type: TpuType::parse(q.accelerator).ok()?,
+        tpu_type: types.get(q.accelerator)?,
         name: Name::from_ustr(q.name),
         zone: Name::from_ustr(q.zone),
         node_id: Name::from_ustr(q.node_id),
@@ -295,7 +322,7 @@ impl SimBackend {
             .chain(scope.adopted.iter().filter_map(|(zone, name)| {
                 self.cloud.peek_node(Ustr::from(zone), Ustr::from(name))
             }))
-            .filter_map(|n| node_info(&n, self.public_ip).map(Arc::new))
+            .filter_map(|n| node_info(&n, self.public_ip, &self.types).map(Arc::new))
             .collect();
         nodes.sort_by(|a, b| (&a.zone, &a.name).cmp(&(&b.zone, &b.name)));
         nodes.dedup_by(|a, b| a.name == b.name);
@@ -303,7 +330,7 @@ impl SimBackend {
             .zones
             .iter()
             .flat_map(|zone| self.cloud.peek_queued_resources(zone.ustr(), label))
-            .filter_map(|q| qr_info(&q).map(Arc::new))
+            .filter_map(|q| qr_info(&q, &self.types).map(Arc::new))
             .collect();
         Inventory {
             nodes,
@@ -353,13 +380,13 @@ impl SimBackend {
             self.cloud
                 .peek_other_nodes(zone.ustr(), label)
                 .filter(|n| !adopted(n))
-                .filter_map(|n| node_info(&n, self.public_ip)),
+                .filter_map(|n| node_info(&n, self.public_ip, &self.types)),
         );
         // The request behind an adopted TPU: its chips are the TPU's, counted once.
         others.queued_resources.extend(
             self.cloud
                 .peek_other_queued_resources(zone.ustr(), label)
-                .filter_map(|q| qr_info(&q))
+                .filter_map(|q| qr_info(&q, &self.types))
                 .filter(|q| {
                     !scope
                         .adopted
@@ -416,6 +443,7 @@ impl SimBackend {
     /// nodes get public addresses.
     pub fn new(cloud: SimCloud, epoch: Timestamp, runner: &str, public_ip: bool) -> SimBackend {
         SimBackend {
+            types: TpuTypes::of(&cloud),
             cloud,
             epoch,
             runner: runner.to_owned(),
@@ -518,6 +546,7 @@ impl CloudBackend for SimBackend {
         } = inventory;
         let label = (LABEL_MANAGED_BY, scope.runner);
         let public_ip = self.public_ip;
+        let types = &self.types;
         // The lists left last time, over the same zones and without adopted nodes: only the
         // zones that changed are replaced in them (each zone's objects are one run).
         let in_place = scope.adopted.is_empty()
@@ -550,7 +579,7 @@ impl CloudBackend for SimBackend {
                 (Some(v), _) => Update::Whole(v, cloud.peek_nodes(z, label)),
             };
             let incarnation = |n: &simc::NodeView<'_>| (n.serial, n.state);
-            let make = |n: &simc::NodeView<'_>| node_info(n, public_ip);
+            let make = |n: &simc::NodeView<'_>| node_info(n, public_ip, types);
             let name_of = |n: &NodeInfo| n.name;
             keep(
                 kept,
@@ -571,8 +600,9 @@ impl CloudBackend for SimBackend {
                     .cloud
                     .get_node(Ustr::from(zone), Ustr::from(name))
                     .map_err(|e| read_error(e, name))?;
-                let converted = found
-                    .and_then(|n| convert(&old, n.serial, n.state, || node_info(&n, public_ip)));
+                let converted = found.and_then(|n| {
+                    convert(&old, n.serial, n.state, || node_info(&n, public_ip, types))
+                });
                 if let Some(c) = converted {
                     nodes.push(c.info.clone());
                     listings.adopted.push(c);
@@ -608,7 +638,7 @@ impl CloudBackend for SimBackend {
                 kept,
                 update,
                 incarnation,
-                qr_info,
+                |q: &simc::QrView<'_>| qr_info(q, types),
                 name_of,
                 in_place,
                 qrs,

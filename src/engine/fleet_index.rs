@@ -41,6 +41,9 @@ pub struct FleetIndex {
     declared_qr: NameMap<Declared>,
     /// Entry index by id (hashed: only looked up, never iterated).
     by_id: NameMap<usize>,
+    /// The same by the id's text: a label's value is looked up without the interner (whose
+    /// table is shared and locked, and large in a long simulation).
+    by_id_text: rustc_hash::FxHashMap<&'static str, usize>,
     /// Every quota key of the fleet with its chip limit, in key order.
     pub quotas: Vec<(QuotaKey, u32)>,
     /// Each entry's position in `quotas`.
@@ -103,6 +106,12 @@ impl FleetIndex {
             .iter()
             .enumerate()
             .map(|(i, e)| (e.id, i))
+            .collect();
+        let by_id_text = fleet
+            .tpus
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.id.as_str(), i))
             .collect();
         let qr_names: Vec<Vec<Name>> = ordinals
             .iter()
@@ -188,6 +197,7 @@ impl FleetIndex {
             ordinal_start,
             declared_qr,
             by_id,
+            by_id_text,
             quotas,
             entry_quota,
             quota_by_zone,
@@ -316,7 +326,8 @@ impl FleetIndex {
         if labels.get(LABEL_MANAGED_BY).map(String::as_str) != Some(self.runner()) {
             return None;
         }
-        self.entry_index(&Name::existing(labels.get(LABEL_FLEET_ENTRY)?)?)
+        let id = labels.get(LABEL_FLEET_ENTRY)?;
+        self.by_id_text.get(id.as_str()).copied()
     }
 
     /// The managed entry an object is labelled for, any ordinal (including ones above
