@@ -22,7 +22,24 @@ use ustr::IdentityHasher;
 
 use crate::spec::Name;
 
-type Table<V> = IndexMap<Name, Box<V>, BuildHasherDefault<IdentityHasher>>;
+type Table<V> = IndexMap<Name, Entry<V>, BuildHasherDefault<IdentityHasher>>;
+
+/// A value with the clock at its last logged access (so that a key logged many times is
+/// reported once, from its last access, without sorting the log).
+#[derive(Clone)]
+struct Entry<V> {
+    stamp: u64,
+    value: Box<V>,
+}
+
+impl<V> Entry<V> {
+    fn new(value: V) -> Self {
+        Entry {
+            stamp: 0,
+            value: Box::new(value),
+        }
+    }
+}
 
 /// A map from [`Name`] to `V` kept in key order (see the module doc). Values are boxed so
 /// that shifting entries moves pointers, not records (a 100k-job queue stays cheap to
@@ -95,7 +112,7 @@ impl<V: Clone> Clone for SortedMap<V> {
 
 impl<V: PartialEq> PartialEq for SortedMap<V> {
     fn eq(&self, other: &Self) -> bool {
-        self.map == other.map
+        self.len() == other.len() && self.iter().eq(other.iter())
     }
 }
 
@@ -127,8 +144,9 @@ impl<V> SortedMap<V> {
             self.touched_floor = self.touched[forget - 1].0;
             self.touched.drain(..forget);
         }
-        let key = *self.map.get_index(at).expect("in range").0;
-        self.touched.push((self.clock, key));
+        let (key, entry) = self.map.get_index_mut(at).expect("in range");
+        entry.stamp = self.clock;
+        self.touched.push((self.clock, *key));
     }
 
     /// Where this map is in its history.
@@ -150,11 +168,13 @@ impl<V> SortedMap<V> {
             return None;
         }
         let from = self.touched.partition_point(|(at, _)| *at <= since.clock);
-        // Deduplicated by sorting on the names' kept hashes (cheaper than building a set).
-        let mut touched: Vec<Name> = self.touched[from..].iter().map(|(_, k)| *k).collect();
-        touched.sort_unstable_by_key(|k| (k.ustr().precomputed_hash(), k.ustr().as_ptr()));
-        touched.dedup();
-        touched.retain(|k| self.map.contains_key(k));
+        // Each present key once: from its last access (its entry carries that access's
+        // clock), in the order of last accesses.
+        let touched = self.touched[from..]
+            .iter()
+            .filter(|(at, k)| self.map.get(k).is_some_and(|e| e.stamp == *at))
+            .map(|(_, k)| *k)
+            .collect();
         let from = self.removed.partition_point(|(at, _)| *at <= since.clock);
         let removed = self.removed[from..].iter().map(|(_, k)| *k).collect();
         Some(Changes { touched, removed })
@@ -162,14 +182,14 @@ impl<V> SortedMap<V> {
 
     /// The value of `key`.
     pub fn get(&self, key: &Name) -> Option<&V> {
-        self.map.get(key).map(|v| &**v)
+        self.map.get(key).map(|e| &*e.value)
     }
 
     /// The value of `key`, mutably.
     pub fn get_mut(&mut self, key: &Name) -> Option<&mut V> {
         let (at, _, _) = self.map.get_full(key)?;
         self.stamp(at);
-        Some(&mut *self.map[at])
+        Some(&mut *self.map[at].value)
     }
 
     /// Whether `key` is present.
@@ -183,7 +203,7 @@ impl<V> SortedMap<V> {
             return Some(std::mem::replace(old, value));
         }
         let at = self.map.binary_search_keys(&key).expect_err("absent key");
-        self.map.shift_insert(at, key, Box::new(value));
+        self.map.shift_insert(at, key, Entry::new(value));
         self.stamp(at);
         None
     }
@@ -194,12 +214,12 @@ impl<V> SortedMap<V> {
             Some(at) => at,
             None => {
                 let at = self.map.binary_search_keys(key).expect_err("absent key");
-                self.map.shift_insert(at, *key, Box::new(make()));
+                self.map.shift_insert(at, *key, Entry::new(make()));
                 at
             }
         };
         self.stamp(at);
-        &mut self.map[at]
+        &mut self.map[at].value
     }
 
     /// Removes `key`, keeping the order of the rest.
@@ -212,12 +232,12 @@ impl<V> SortedMap<V> {
             self.removed.drain(..forget);
         }
         self.removed.push((self.clock, key));
-        Some(*value)
+        Some(*value.value)
     }
 
     /// Entries in key order.
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&Name, &V)> + ExactSizeIterator {
-        self.map.iter().map(|(k, v)| (k, &**v))
+        self.map.iter().map(|(k, e)| (k, &*e.value))
     }
 
     /// Keys in order.
@@ -227,7 +247,7 @@ impl<V> SortedMap<V> {
 
     /// Values in key order.
     pub fn values(&self) -> impl DoubleEndedIterator<Item = &V> + ExactSizeIterator {
-        self.map.values().map(|v| &**v)
+        self.map.values().map(|e| &*e.value)
     }
 
     /// Values in key order, mutably.
@@ -236,7 +256,7 @@ impl<V> SortedMap<V> {
         self.clock += 1;
         self.touched.clear();
         self.touched_floor = self.clock;
-        self.map.values_mut().map(|v| &mut **v)
+        self.map.values_mut().map(|e| &mut *e.value)
     }
 
     /// The entries of those of `keys` present, in key order (found by hash and ordered by
@@ -250,8 +270,8 @@ impl<V> SortedMap<V> {
         at.dedup();
         at.into_iter()
             .map(|i| {
-                let (k, v) = self.map.get_index(i).expect("in range");
-                (k, &**v)
+                let (k, e) = self.map.get_index(i).expect("in range");
+                (k, &*e.value)
             })
             .collect()
     }
@@ -270,13 +290,13 @@ impl<V> SortedMap<V> {
 impl<V> std::ops::Index<&Name> for SortedMap<V> {
     type Output = V;
     fn index(&self, key: &Name) -> &V {
-        &self.map[key]
+        &self.map[key].value
     }
 }
 
 impl<V> FromIterator<(Name, V)> for SortedMap<V> {
     fn from_iter<I: IntoIterator<Item = (Name, V)>>(iter: I) -> Self {
-        let mut map: Table<V> = iter.into_iter().map(|(k, v)| (k, Box::new(v))).collect();
+        let mut map: Table<V> = iter.into_iter().map(|(k, v)| (k, Entry::new(v))).collect();
         map.sort_unstable_keys();
         Self::from_map(map)
     }
