@@ -1380,7 +1380,13 @@ impl SimCloud {
             timeout,
             lost_reply,
         } = self.config.api;
-        let u = self.rng_api.uniform();
+        // The draw only picks the fault a call meets, and the stream is this function's alone:
+        // with every fault probability 0 (fixed for the run) it is skipped.
+        let u = if rate_limited + unavailable + timeout + lost_reply > 0.0 {
+            self.rng_api.uniform()
+        } else {
+            1.0
+        };
         if !self.within_quota(mutation) {
             *self
                 .accounting
