@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::fleet_index::{Declared, EntryFacts};
 use super::memo::SizingInputs;
 use super::observe::{Action, NodeInfo, Others, QueuedResourceInfo};
-use super::observed::Listed;
+use super::observed::{Listed, node_holds, qr_holds};
 use super::reconcile::Pass;
 use super::state::{OthersTpus, Resource, ResourceStatus};
 use crate::spec::{Name, NameSet, ProvisioningModel, TpuType};
@@ -254,36 +254,10 @@ impl<'a> Pass<'a> {
     /// live inventory, whoever created it.
     fn remaining_chips(&self) -> Vec<i64> {
         let index = self.index;
-        let mut reserved = vec![0i64; index.quotas.len()];
-        // A node holds chips unless it is terminal or its queued resource is; a live queued
-        // resource holds them unless its node already counts.
-        let node_counts = |node: &NodeInfo| {
-            !node.state.is_terminal()
-                && self
-                    .observed
-                    .tpu(&node.name)
-                    .and_then(|t| t.qr.as_ref())
-                    .is_none_or(|q| q.info.state.is_live())
+        let mut reserved = match self.observed.held_chips() {
+            Some(held) => held.to_vec(),
+            None => self.held_by_listing(),
         };
-        for (node, facts) in self.obs.nodes.iter().zip(self.node_facts) {
-            if let Some(k) = facts.quota
-                && node_counts(node)
-            {
-                reserved[k] += node.tpu_type.chips() as i64;
-            }
-        }
-        for (qr, facts) in self.obs.queued_resources.iter().zip(self.qr_facts) {
-            if let Some(k) = facts.quota
-                && qr.state.is_live()
-                && !self
-                    .observed
-                    .tpu(&qr.node_id)
-                    .and_then(|t| t.node.as_ref())
-                    .is_some_and(|n| node_counts(&n.info))
-            {
-                reserved[k] += qr.tpu_type.chips() as i64;
-            }
-        }
         // Someone else's TPUs in a fleet zone hold the same quota.
         for held in &self.state.others {
             if let Some(k) = index.quota_at(held.model, &held.tpu_type, held.zone) {
@@ -296,6 +270,35 @@ impl<'a> Pass<'a> {
             .zip(reserved)
             .map(|((_, limit), used)| (i64::from(*limit) - used).max(0))
             .collect()
+    }
+
+    /// Chips held per quota key, counted over the listing object by object (when two
+    /// listed objects share a name, so the observation index keeps no count).
+    fn held_by_listing(&self) -> Vec<i64> {
+        let mut held = vec![0i64; self.index.quotas.len()];
+        let node_counts = |node: &NodeInfo| {
+            let tpu = self.observed.tpu(&node.name);
+            node_holds(node, tpu.and_then(|t| t.qr.as_ref()).map(|q| &*q.info))
+        };
+        for (node, facts) in self.obs.nodes.iter().zip(self.node_facts) {
+            if let Some(k) = facts.quota
+                && node_counts(node)
+            {
+                held[k] += node.tpu_type.chips() as i64;
+            }
+        }
+        for (qr, facts) in self.obs.queued_resources.iter().zip(self.qr_facts) {
+            let tpu = self.observed.tpu(&qr.node_id);
+            let node_held = tpu
+                .and_then(|t| t.node.as_ref())
+                .is_some_and(|n| node_counts(&n.info));
+            if let Some(k) = facts.quota
+                && qr_holds(qr, node_held)
+            {
+                held[k] += qr.tpu_type.chips() as i64;
+            }
+        }
+        held
     }
 
     fn idle_timeout_elapsed(&mut self, resource_id: &Name) -> bool {

@@ -4,7 +4,8 @@
 //! to the next and patched where the inventory changed: a listed object that is the very
 //! `Arc` of the previous pass is found by its address (no name is hashed or compared) and
 //! keeps its facts (they depend only on the object and the fleet, fixed for the engine's
-//! life); only new and vanished objects touch the by-name tables. A cache only: patched or
+//! life); only new and vanished objects touch the by-name tables, and the chips held per
+//! quota key are recounted only for the TPU names they carry. A cache only: patched or
 //! built fresh, the index of an observation is the same (a property test checks it), so no
 //! pass depends on which observation came before. Its hash maps are only looked up, never
 //! iterated in an order that matters.
@@ -74,6 +75,45 @@ pub(crate) struct ObservedIndex {
     changed: Option<Vec<Name>>,
     /// The entries those objects name or are labelled for (see `changed_entries`).
     changed_entries: Vec<u32>,
+    /// Chips held per quota key (as `FleetIndex::quotas`) by the listed objects, and what
+    /// each TPU name contributes to them: kept from the changed names while `distinct`.
+    held: Vec<i64>,
+    held_by: NameMap<Held>,
+}
+
+/// The chips a TPU name's node and queued resource hold: (quota key, chips) of each.
+type Held = [Option<(usize, i64)>; 2];
+
+/// Whether a node holds its chips: it is not terminal, and the queued resource listed under
+/// its name, if any, is live.
+pub(crate) fn node_holds(node: &NodeInfo, qr: Option<&QueuedResourceInfo>) -> bool {
+    !node.state.is_terminal() && qr.is_none_or(|q| q.state.is_live())
+}
+
+/// Whether a queued resource holds its chips: it is live and the node listed under its node
+/// id does not already hold them (`node_held`).
+pub(crate) fn qr_holds(qr: &QueuedResourceInfo, node_held: bool) -> bool {
+    qr.state.is_live() && !node_held
+}
+
+impl Tpu {
+    /// The chips this TPU's node and queued resource hold, by quota key.
+    fn held(&self) -> Held {
+        let qr = self.qr.as_ref();
+        let node_held = self
+            .node
+            .as_ref()
+            .is_some_and(|n| node_holds(&n.info, qr.map(|q| &*q.info)));
+        let node = self
+            .node
+            .as_ref()
+            .filter(|_| node_held)
+            .and_then(|n| Some((n.facts.quota?, n.info.tpu_type.chips() as i64)));
+        let qr = qr
+            .filter(|q| qr_holds(&q.info, node_held))
+            .and_then(|q| Some((q.facts.quota?, q.info.tpu_type.chips() as i64)));
+        [node, qr]
+    }
 }
 
 impl ObservedIndex {
@@ -85,6 +125,46 @@ impl ObservedIndex {
         if !(self.distinct && self.patch(index, obs)) {
             self.changed = None;
             self.rebuild(index, obs);
+        }
+        self.count_held(index);
+    }
+
+    /// Brings the chips held up to date: from the changed names' TPUs after a patch, from
+    /// every TPU after a rebuild.
+    fn count_held(&mut self, index: &FleetIndex) {
+        if !self.distinct {
+            return;
+        }
+        let add = |held: &mut [i64], h: &Held, sign: i64| {
+            for (k, chips) in h.iter().flatten() {
+                held[*k] += sign * chips;
+            }
+        };
+        match &self.changed {
+            Some(names) => {
+                for name in names {
+                    if let Some(old) = self.held_by.remove(name) {
+                        add(&mut self.held, &old, -1);
+                    }
+                    if let Some(new) = self.tpus.get(name).map(Tpu::held)
+                        && new != [None, None]
+                    {
+                        add(&mut self.held, &new, 1);
+                        self.held_by.insert(*name, new);
+                    }
+                }
+            }
+            None => {
+                self.held = vec![0; index.quotas.len()];
+                self.held_by.clear();
+                for (name, tpu) in &self.tpus {
+                    let h = tpu.held();
+                    if h != [None, None] {
+                        add(&mut self.held, &h, 1);
+                        self.held_by.insert(*name, h);
+                    }
+                }
+            }
         }
     }
 
@@ -203,6 +283,13 @@ impl ObservedIndex {
     /// `changed` is known.
     pub fn changed_entries(&self) -> &[u32] {
         &self.changed_entries
+    }
+
+    /// Chips held per quota key (as `FleetIndex::quotas`) by the listed nodes and queued
+    /// resources (`node_holds`, `qr_holds`); `None` when two listed objects share a name
+    /// (the caller counts the listing itself).
+    pub fn held_chips(&self) -> Option<&[i64]> {
+        self.distinct.then_some(&self.held[..])
     }
 
     /// What is listed under TPU name `name`.
