@@ -15,7 +15,7 @@ pub const DATA_LIMIT: u64 = 1 << 30;
 /// The most a state snapshot may hold. Its records are built whole in memory, at about
 /// three times the text's size besides the text itself: 512 MiB keeps that near 2 GiB (a
 /// 1 GiB document took 4.2 GiB), and holds about 500,000 pending jobs (1 KB each as `state
-/// export` writes them; `spec::state_file`'s test measures it).
+/// export` writes them; `engine::state_file`'s test measures it).
 pub const STATE_LIMIT: u64 = 512 << 20;
 
 /// Why a file could not be read.

@@ -1,6 +1,8 @@
 //! Code invariants checked as tests: the engine and the specs stay pure (no clock, no IO, no
 //! unseeded randomness, no async runtime, HTTP client or storage), every module states its
-//! purpose in a `//!` line, and the simulator crate knows nothing of the engine.
+//! purpose in a `//!` line, the simulator crate knows nothing of the engine, the crate's
+//! top-level modules depend on each other without a circle, and no source file outgrows a
+//! reader.
 
 use std::path::{Path, PathBuf};
 
@@ -161,4 +163,90 @@ fn the_simulator_does_not_know_the_engine() {
         !manifest.contains("tpu-runner ="),
         "sim must not depend on the main crate"
     );
+}
+
+/// The text of a source file before its unit tests (tests may reach across modules).
+fn code_of(file: &Path) -> String {
+    let text = std::fs::read_to_string(file).unwrap();
+    match text.find("#[cfg(test)]") {
+        Some(at) => text[..at].to_owned(),
+        None => text,
+    }
+}
+
+#[test]
+fn top_level_modules_depend_without_a_circle() {
+    use std::collections::{BTreeMap, BTreeSet};
+    let src = root().join("src");
+    // Each top-level module (`src/x.rs` or `src/x/`) and the modules its code names as
+    // `crate::y`.
+    let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in rust_files(&src) {
+        let rel = file.strip_prefix(&src).unwrap();
+        let first = rel.iter().next().unwrap().to_str().unwrap();
+        let module = first.trim_end_matches(".rs").to_owned();
+        if module == "main" || module == "lib" {
+            continue;
+        }
+        let code = code_of(&file);
+        let named = deps.entry(module.clone()).or_default();
+        for (at, _) in code.match_indices("crate::") {
+            let rest = &code[at + "crate::".len()..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let target = &rest[..end];
+            assert!(
+                !target.is_empty(),
+                "{}: `crate::{{` imports are not read here",
+                file.display()
+            );
+            if target != module {
+                named.insert(target.to_owned());
+            }
+        }
+    }
+    // Depth-first search for a path that comes back to where it started.
+    fn visit(
+        m: &str,
+        deps: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) {
+        if let Some(i) = path.iter().position(|p| p == m) {
+            panic!("import circle: {} → {m}", path[i..].join(" → "));
+        }
+        if done.contains(m) {
+            return;
+        }
+        path.push(m.to_owned());
+        for next in deps.get(m).into_iter().flatten() {
+            if deps.contains_key(next) {
+                visit(next, deps, path, done);
+            }
+        }
+        path.pop();
+        done.insert(m.to_owned());
+    }
+    let mut done = BTreeSet::new();
+    for m in deps.keys() {
+        visit(m, &deps, &mut Vec::new(), &mut done);
+    }
+}
+
+/// Split a file before a reader can no longer hold it.
+const MAX_LINES: usize = 1_600;
+
+#[test]
+fn no_source_file_outgrows_a_reader() {
+    for dir in ["src", "sim/src"] {
+        for file in rust_files(&root().join(dir)) {
+            let lines = std::fs::read_to_string(&file).unwrap().lines().count();
+            assert!(
+                lines <= MAX_LINES,
+                "{} has {lines} lines (at most {MAX_LINES}): split it by what its parts do",
+                file.display()
+            );
+        }
+    }
 }

@@ -44,9 +44,11 @@ struct PlanReport<'a> {
 /// Reads and checks a state snapshot.
 pub(crate) fn load_state(path: &Path) -> Result<State, Failure> {
     let text = read_text(path, crate::files::STATE_LIMIT, None)?;
-    crate::spec::state_file::parse(&path.display().to_string(), &text).map_err(|message| Failure {
-        message,
-        status: ExitStatus::Invalid,
+    crate::engine::state_file::parse(&path.display().to_string(), &text).map_err(|message| {
+        Failure {
+            message,
+            status: ExitStatus::Invalid,
+        }
     })
 }
 
@@ -108,7 +110,7 @@ pub(crate) fn run(args: PlanArgs<'_>) -> Result<ExitStatus, Failure> {
         Some(path) => {
             let text = read_text(path, crate::files::DATA_LIMIT, None)?;
             serde_json::from_str(&text).map_err(|e| Failure {
-                message: crate::spec::state_file::json_error(
+                message: crate::engine::state_file::json_error(
                     &path.display().to_string(),
                     "invalid observation",
                     &e,

@@ -28,6 +28,7 @@ pub mod sightings;
 pub mod snapshot;
 pub mod sorted_map;
 pub mod state;
+pub mod state_file;
 pub mod synthetic;
 pub mod time;
 

@@ -10,7 +10,6 @@ pub mod job;
 pub mod names;
 pub mod policy;
 pub mod prices;
-pub mod state_file;
 pub mod value_tree;
 pub mod yaml;
 

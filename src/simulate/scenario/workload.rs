@@ -50,7 +50,7 @@ pub(super) fn read_initial_state(
             return None;
         }
     };
-    let state = match crate::spec::state_file::parse(&full.display().to_string(), &text) {
+    let state = match crate::engine::state_file::parse(&full.display().to_string(), &text) {
         Ok(state) => state,
         Err(message) => {
             c.error(

@@ -78,7 +78,7 @@ pub fn parse(file: &str, text: &str) -> Result<State, String> {
     }
     // Positions come from the text read as YAML (JSON is YAML): only when there are
     // problems to show.
-    let Ok(tree) = super::yaml::parse(file, text) else {
+    let Ok(tree) = crate::spec::yaml::parse(file, text) else {
         // Valid JSON the YAML reader refuses (a surrogate escape): the problems without
         // positions rather than none.
         let mut message = String::new();
@@ -91,9 +91,9 @@ pub fn parse(file: &str, text: &str) -> Result<State, String> {
         message.push_str(NOTHING_DONE);
         return Err(message);
     };
-    let mut checker = super::yaml::Checker::new(text);
+    let mut checker = crate::spec::yaml::Checker::new(text);
     for p in &problems {
-        let node = super::yaml::node_at(&tree, &p.path);
+        let node = crate::spec::yaml::node_at(&tree, &p.path);
         match &p.hint {
             Some(hint) => checker.error_hint(node, &p.path, p.message.clone(), hint.clone()),
             None => checker.error(node, &p.path, p.message.clone()),
@@ -156,7 +156,7 @@ impl<'de> serde::de::Visitor<'de> for NoDuplicateKeys {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         // Most objects hold a few keys, compared without hashing; a large one (a queue's
         // jobs) costs linear time all the same.
-        let mut seen = super::first_seen::FirstSeen::<Cow<'de, str>, ()>::default();
+        let mut seen = crate::spec::first_seen::FirstSeen::<Cow<'de, str>, ()>::default();
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
             if seen.get(&key).is_some() {
                 return Err(serde::de::Error::custom(format!(
@@ -177,7 +177,7 @@ fn field_path(path: &serde_ignored::Path<'_>) -> String {
         Path::Root => String::new(),
         Path::Seq { parent, index } => format!("{}[{index}]", field_path(parent)),
         Path::Map { parent, key } => {
-            super::yaml::join(field_path(parent).as_str(), key).to_string()
+            crate::spec::yaml::join(field_path(parent).as_str(), key).to_string()
         }
         Path::Some { parent }
         | Path::NewtypeStruct { parent }
