@@ -1,8 +1,9 @@
-//! The driver: one controller pass against any `CloudBackend`. It builds the observation
-//! (inventory of the runner's zones and adopted TPUs, worker reports, and the results of the
-//! previous pass's actions), runs the engine, then carries out the actions and keeps their
-//! results for the next pass.
-//! The same code runs in the simulator and in production.
+//! The driver: the two halves of a controller pass around the engine, against any
+//! `CloudBackend`. `observe` builds the observation (inventory of the runner's zones and
+//! adopted TPUs, worker reports, and the results of the previous pass's actions); `execute`
+//! carries out the actions and keeps their results for the next pass. The caller runs the
+//! engine in between (the controller commits before it executes). The same code runs in the
+//! simulator and in production.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use crate::engine::observe::{
 };
 use crate::engine::sightings;
 use crate::engine::state::JobStatus;
-use crate::engine::{Action, Engine, Observation, PassOutput, State, Timestamp};
+use crate::engine::{Action, Engine, Observation, State, Timestamp};
 use crate::spec::{Name, NameMap};
 
 /// Results of actions waiting to be reported to the next pass.
@@ -190,22 +191,4 @@ pub fn execute<B: CloudBackend + ?Sized>(
         }
     }
     feedback
-}
-
-/// One full pass: observe, reconcile, act. `observation` is kept by the caller from pass to
-/// pass (the backend refreshes it). `Err` when the observation could not be made (the pass
-/// is skipped; nothing changed).
-pub fn pass<B: CloudBackend + ?Sized>(
-    engine: &Engine,
-    state: &mut State,
-    backend: &mut B,
-    feedback: &mut Feedback,
-    observation: &mut Observation,
-    now: Timestamp,
-) -> Result<PassOutput, BackendError> {
-    let seen = observe(engine, state, backend, feedback, now, observation)?;
-    let mut out = engine.reconcile(state, observation, now);
-    out.events.splice(0..0, seen);
-    *feedback = execute(backend, &out.actions, now);
-    Ok(out)
 }

@@ -1,7 +1,8 @@
-//! The job commands of a user's day (§6): `submit`, `status`, `cancel`, `set-priority`,
-//! `watch` and `logs`. Each reads its configuration through `stack`, works through the
-//! store, the object store and `submit`, and prints human text by default or JSON lines
-//! (`--json`). No decision is made here: the store applies the engine's rules.
+//! The job commands of a user's day that write (§6): `submit`, `cancel`, `set-priority` and
+//! `interrupt-spot` (`status` is in `queue`, `watch` and `logs` in `follow`), and the rule
+//! that turns a name into its latest run. Each reads its configuration through `stack`,
+//! works through the store, the object store and `submit`, and prints human text by default
+//! or JSON lines (`--json`). No decision is made here: the store applies the engine's rules.
 
 use std::path::Path;
 
