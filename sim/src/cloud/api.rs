@@ -1,6 +1,7 @@
 //! The TPU API as `SimCloud` answers it: call latency, quota and injected faults, queued
-//! resources and nodes created, deleted, read and listed (with each zone's change log).
-//! Changes the world only as the calls it models would.
+//! resources and nodes created, deleted, read and listed (with each zone's change log), and
+//! the hand-made changes of tests and the emulator's control routes (adopted nodes added,
+//! stockouts, preemptions now). Decides nothing a scheduler would.
 
 use std::collections::BTreeSet;
 

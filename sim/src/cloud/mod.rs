@@ -4,8 +4,9 @@
 //! every collection that affects behaviour is ordered. It executes requests and answers
 //! questions; it never decides anything a scheduler would.
 //!
-//! Here: the objects, the clock and the event queue; `api` answers the TPU API, `pools` keeps
-//! capacity and the nodes' lifecycle, `workers` the runs on them.
+//! Here: the objects, the clock, the event queue and each pool's capacity over time; `api`
+//! answers the TPU API, `pools` holds the pools to their capacity and moves nodes through
+//! their lifecycle, `workers` runs the attempts on them.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};

@@ -1,6 +1,6 @@
 //! The workers inside `SimCloud`: jobs' behaviour, launches, set-up, runs ending, failing,
-//! dying with their TPU or cancelled, and the reports a controller reads. Decides nothing
-//! a scheduler would.
+//! dying with their TPU or cancelled, and the reports a controller reads; with the counts of
+//! live runs and nodes the harness checks. Decides nothing a scheduler would.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -12,7 +12,7 @@ use crate::engine::time::Timestamp;
 use crate::spec::{Name, NameSet, names};
 
 impl<'a> Pass<'a> {
-    // ----- step 7: assignment -------------------------------------------------------------
+    // ----- step 8: assignment -------------------------------------------------------------
 
     /// Assignment, and the capacity plan for the state right after it: the demand is built
     /// once per pass, before any job changes, and capacity sees it with the chosen pairs

@@ -13,7 +13,7 @@ use crate::engine::time::Timestamp;
 use crate::spec::Name;
 
 impl<'a> Pass<'a> {
-    // ----- step 7b: priority preemption ----------------------------------------------------
+    // ----- step 9: priority preemption -----------------------------------------------------
 
     pub(super) fn priority_preemption(&mut self) {
         let rule = self.index.fleet.policy.priority_preemption;

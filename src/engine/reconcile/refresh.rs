@@ -108,7 +108,7 @@ impl<'a> Pass<'a> {
         }
     }
 
-    // ----- step 0: refusals of the previous pass ---------------------------------------
+    // ----- step 1: refusals of the previous pass ---------------------------------------
 
     pub(super) fn action_failures(&mut self) {
         let failures: &'a [ActionFailure] = &self.obs.failures;

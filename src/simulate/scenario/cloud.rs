@@ -1,6 +1,6 @@
-//! The cloud model of a scenario file (`cloud:`): pools, capacity, latencies, API faults
-//! and prices, each field checked by the scenario's strict reader. Reads only the spot-trace
-//! files a pool names; decides nothing about the workload.
+//! The cloud model of a scenario file (`cloud:`: pools, capacity, latencies, API faults) and
+//! its `prices:`, each field checked by the scenario's strict reader. Reads only the
+//! spot-trace files a pool names; decides nothing about the workload.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -33,7 +33,7 @@ const API_LATENCY: ApiLatency = ApiLatency {
     },
 };
 
-pub(super) fn read_latency(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Latency> {
+fn read_latency(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Latency> {
     let f = c.mapping(
         node,
         path,
@@ -109,14 +109,14 @@ pub(super) fn default_cloud(fleet: &FleetSpec) -> CloudSpec {
     }
 }
 
-pub(super) struct PoolDefaults {
+struct PoolDefaults {
     capacity: Capacity,
     preemption_per_hour: f64,
 }
 
 /// True when `pool` serves `entry`: a managed entry of the same zone, type, model and
 /// reservation.
-pub(super) fn serves(pool: &PoolSpec, entry: &TpuEntry) -> bool {
+fn serves(pool: &PoolSpec, entry: &TpuEntry) -> bool {
     !matches!(entry.kind, EntryKind::Adopted { .. })
         && pool.zone == entry.zone.as_str()
         && pool.tpu_type == entry.tpu_type
@@ -127,11 +127,7 @@ pub(super) fn serves(pool: &PoolSpec, entry: &TpuEntry) -> bool {
 /// One pool per managed (zone, type, model, reservation) of the fleet: listed ones as given,
 /// the others from the defaults (Spot), unlimited and never preempted (on-demand), or as
 /// large as the entries it serves (a reservation).
-pub(super) fn fleet_pools(
-    fleet: &FleetSpec,
-    listed: &[PoolSpec],
-    defaults: &PoolDefaults,
-) -> Vec<PoolSpec> {
+fn fleet_pools(fleet: &FleetSpec, listed: &[PoolSpec], defaults: &PoolDefaults) -> Vec<PoolSpec> {
     let mut pools: Vec<PoolSpec> = listed.to_vec();
     for entry in &fleet.tpus {
         if matches!(entry.kind, EntryKind::Adopted { .. }) || pools.iter().any(|p| serves(p, entry))
@@ -411,7 +407,7 @@ pub(super) fn read_cloud(
     })
 }
 
-pub(super) fn read_pool_defaults(
+fn read_pool_defaults(
     c: &mut Checker<'_>,
     node: &Node,
     dir: &Dirs,
@@ -442,7 +438,7 @@ pub(super) fn read_pool_defaults(
     })
 }
 
-pub(super) fn read_pool(
+fn read_pool(
     c: &mut Checker<'_>,
     node: &Node,
     path: impl Place,
@@ -588,7 +584,7 @@ pub(super) fn read_pool(
     })
 }
 
-pub(super) fn read_capacity(
+fn read_capacity(
     c: &mut Checker<'_>,
     node: &Node,
     path: impl Place,
@@ -701,11 +697,7 @@ pub(super) fn read_capacity(
 
 /// `[[seconds, slices or unlimited], ...]`, in increasing time: each step holds until the
 /// next (what a capture saw of a pool).
-pub(super) fn read_schedule(
-    c: &mut Checker<'_>,
-    node: &Node,
-    path: impl Place,
-) -> Option<Capacity> {
+fn read_schedule(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Capacity> {
     const STEP: &str = "a step `[seconds, slices]` (slices a number or `unlimited`)";
     let items = c.list(node, path, "a non-empty list of steps", false)?;
     let mut steps: Vec<(u64, u32)> = Vec::with_capacity(items.len());

@@ -1,6 +1,7 @@
 //! The workloads of a scenario file (`workload:`, `initial_state:`): synthetic arrivals,
 //! trace replays and captured jobs, read with the scenario's strict reader; files they name
-//! are read relative to the scenario's folder. Decides nothing about the cloud.
+//! are read from the scenario's folder, or from the traces folder for `$TRACES/…`. Decides
+//! nothing about the cloud.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -110,7 +111,7 @@ pub(super) fn read_initial_state(
     Some(LiveQueue { jobs, duration })
 }
 
-pub(super) fn read_dist(
+fn read_dist(
     c: &mut Checker<'_>,
     node: &Node,
     path: impl Place,
@@ -193,7 +194,7 @@ pub(super) fn read_dist(
     None
 }
 
-pub(super) fn read_csv_column(
+fn read_csv_column(
     c: &mut Checker<'_>,
     node: &Node,
     path: impl Place,
@@ -222,11 +223,7 @@ pub(super) fn read_csv_column(
     }
 }
 
-pub(super) fn read_weights(
-    c: &mut Checker<'_>,
-    node: &Node,
-    path: impl Place,
-) -> Option<Vec<(u32, f64)>> {
+fn read_weights(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Vec<(u32, f64)>> {
     let Value::Map(pairs) = &node.value else {
         c.expected(
             node,
@@ -252,11 +249,7 @@ pub(super) fn read_weights(
     Some(out)
 }
 
-pub(super) fn read_regions(
-    c: &mut Checker<'_>,
-    node: &Node,
-    path: impl Place,
-) -> Option<Vec<(Regions, f64)>> {
+fn read_regions(c: &mut Checker<'_>, node: &Node, path: impl Place) -> Option<Vec<(Regions, f64)>> {
     let items = c.list(node, path, "a list of `{regions: [...], weight: N}`", false)?;
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
@@ -291,7 +284,7 @@ pub(super) fn read_regions(
 }
 
 /// Fields every workload reads (see also the kind-specific ones below).
-pub(super) const WORKLOAD_FIELDS: &[&str] = &[
+const WORKLOAD_FIELDS: &[&str] = &[
     "kind",
     "name",
     "start_hours",
@@ -308,10 +301,10 @@ pub(super) const WORKLOAD_FIELDS: &[&str] = &[
 ];
 
 /// Fields only a synthetic workload reads.
-pub(super) const SYNTHETIC_ONLY_FIELDS: &[&str] = &["count", "interarrival", "widths"];
+const SYNTHETIC_ONLY_FIELDS: &[&str] = &["count", "interarrival", "widths"];
 
 /// Fields only a trace replay reads.
-pub(super) const TRACE_ONLY_FIELDS: &[&str] = &[
+const TRACE_ONLY_FIELDS: &[&str] = &[
     "file",
     "arrival_column",
     "width_column",
@@ -525,7 +518,7 @@ pub(super) fn read_workloads(
 }
 
 /// The arrivals of a `kind: jobs` workload's file (`simulate::captured`'s format).
-pub(super) fn read_captured_jobs(
+fn read_captured_jobs(
     c: &mut Checker<'_>,
     f: &Fields<'_>,
     dir: &Dirs,
@@ -567,7 +560,7 @@ pub(super) fn read_captured_jobs(
     }
 }
 
-pub(super) fn read_template(
+fn read_template(
     c: &mut Checker<'_>,
     f: &Fields<'_>,
     name: &str,
@@ -674,7 +667,7 @@ pub(super) fn read_template(
 }
 
 /// The duration limits, or an error at the one given when the minimum exceeds the maximum.
-pub(super) fn duration_limits(
+fn duration_limits(
     c: &mut Checker<'_>,
     f: &yaml::Fields<'_>,
     min: Option<f64>,
