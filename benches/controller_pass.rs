@@ -57,16 +57,13 @@ impl CloudBackend for Steady {
         let live: tpu_runner::spec::NameSet = in_flight.iter().map(|f| f.attempt).collect();
         reports.retain(|id, _| live.contains(id));
         for f in in_flight {
-            if !reports.contains_key(&f.attempt) {
-                reports.insert(
-                    f.attempt,
-                    AttemptReport {
-                        launched: true,
-                        heartbeat_at: Some(T0),
-                        beating: true,
-                        ..AttemptReport::default()
-                    },
-                );
+            if let std::collections::hash_map::Entry::Vacant(slot) = reports.entry(f.attempt) {
+                slot.insert(AttemptReport {
+                    launched: true,
+                    heartbeat_at: Some(T0),
+                    beating: true,
+                    ..AttemptReport::default()
+                });
                 changed.push(f.attempt);
             }
         }
@@ -120,7 +117,7 @@ fn pass(controller: &mut Controller, now: Timestamp) -> Io {
 /// Changes the priority of 100 pending jobs through `commands` (a second store handle, as
 /// `tpu-runner set-priority` would), alternating between high and low each round.
 fn command_writes(commands: &mut dyn StateStore, ids: &[Name], round: u64) {
-    let priority = if round % 2 == 0 {
+    let priority = if round.is_multiple_of(2) {
         Priority::High
     } else {
         Priority::Low

@@ -90,6 +90,15 @@ impl Window {
     }
 }
 
+/// The store's state, its events in a window (with their sequence numbers) and the window's
+/// ends.
+pub(crate) type Recorded = (
+    crate::engine::State,
+    Vec<(u64, Event)>,
+    Timestamp,
+    Timestamp,
+);
+
 /// What `capture` and `report` read: the store's state and its events in `window`, and the
 /// window's ends (an open end is where the record starts or stops: the first submission or
 /// event, just after the last submission, end or event). `what` names the command's goal
@@ -98,15 +107,7 @@ pub(crate) fn recorded(
     store: &mut dyn StateStore,
     window: Window,
     what: &str,
-) -> Result<
-    (
-        crate::engine::State,
-        Vec<(u64, Event)>,
-        Timestamp,
-        Timestamp,
-    ),
-    Failure,
-> {
+) -> Result<Recorded, Failure> {
     let state = store.export().map_err(|e| store_failure(&e))?;
     let log = read(store, window)?;
     let first = state

@@ -122,7 +122,7 @@ pub fn metrics(
                         to_capacity.push(e.at.secs_since(from));
                     }
                 }
-                Some(_) if f.get("from").is_none() && !first_seen.contains_key(&id) => {
+                Some(_) if !f.contains_key("from") && !first_seen.contains_key(&id) => {
                     first_seen.insert(id, e.at);
                 }
                 None => {

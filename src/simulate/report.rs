@@ -578,8 +578,11 @@ pub fn paired_comparisons(results: &[RunResult]) -> String {
     out
 }
 
-/// What `simulate --compare` shows of each policy: header, value, digits.
-const COMPARED: [(&str, fn(&Metrics) -> f64, usize); 7] = [
+/// A column of `simulate --compare`: header, value, digits.
+type Compared = (&'static str, fn(&Metrics) -> f64, usize);
+
+/// What `simulate --compare` shows of each policy.
+const COMPARED: [Compared; 7] = [
     ("goodput chip-h", |m| m.goodput_chip_hours, 0),
     ("goodput ratio", |m| m.goodput_ratio, 2),
     ("efficiency", |m| m.efficiency, 2),
@@ -589,8 +592,8 @@ const COMPARED: [(&str, fn(&Metrics) -> f64, usize); 7] = [
     ("wait p95 (min)", |m| m.queue_wait_s.p95 / 60.0, 1),
 ];
 
-/// The paired differences `simulate --compare` shows: header, value, digits.
-const COMPARED_PAIRED: [(&str, fn(&Metrics) -> f64, usize); 2] = [
+/// The paired differences `simulate --compare` shows.
+const COMPARED_PAIRED: [Compared; 2] = [
     ("goodput chip-h", |m| m.goodput_chip_hours, 2),
     ("goodput ratio", |m| m.goodput_ratio, 3),
 ];
