@@ -6,16 +6,15 @@
 //! simulator and in production.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use crate::backend::{BackendError, CloudBackend, InFlight, Inventory, Outcome};
 use crate::engine::observe::Event;
 use crate::engine::observe::{
     ActionFailure, AttemptReport, CancelOutcome, DiskRecovery, RemoteError, ReportChanges,
 };
-use crate::engine::sightings;
 use crate::engine::state::JobStatus;
 use crate::engine::{Action, Engine, Observation, State, Timestamp};
+use crate::engine::{in_step, sightings};
 use crate::spec::{Name, NameMap};
 
 /// Results of actions waiting to be reported to the next pass.
@@ -76,8 +75,8 @@ pub fn observe<B: CloudBackend + ?Sized>(
         (&observation.nodes, &observation.queued_resources),
         now,
     );
-    keep_listing(&mut observation.listed.0, &observation.nodes);
-    keep_listing(&mut observation.listed.1, &observation.queued_resources);
+    in_step::keep(&mut observation.listed.0, &observation.nodes);
+    in_step::keep(&mut observation.listed.1, &observation.queued_resources);
     let in_flight = in_flight(state);
     let read = backend.refresh_reports(&in_flight, &mut observation.attempts, now)?;
     observation.read_at = Some(read.read_at);
@@ -91,19 +90,6 @@ pub fn observe<B: CloudBackend + ?Sized>(
         .disk_recoveries
         .clone_from(&feedback.disk_recoveries);
     Ok(seen)
-}
-
-/// Makes `kept` a copy of `listing`, touching only the places that changed (a listing keeps
-/// an unchanged object in place: the very same one).
-fn keep_listing<T>(kept: &mut Vec<Arc<T>>, listing: &[Arc<T>]) {
-    kept.truncate(listing.len());
-    for (k, l) in kept.iter_mut().zip(listing) {
-        if !Arc::ptr_eq(k, l) {
-            k.clone_from(l);
-        }
-    }
-    let have = kept.len();
-    kept.extend_from_slice(&listing[have..]);
 }
 
 /// The attempts whose workers may report: the current attempt of every running or

@@ -1,7 +1,8 @@
 //! Walking the last and the current listing side by side: the backends keep an object that
 //! did not change in place, the very same one, so most of two successive listings pair off
 //! by address without hashing anything. Says which positions pair and which are left over;
-//! deciding what a leftover object is (new, changed, gone, moved) is the caller's.
+//! deciding what a leftover object is (new, changed, gone, moved) is the caller's. Also keeps
+//! a copy of a listing for the next walk, touching only what changed.
 
 use std::sync::Arc;
 
@@ -11,26 +12,31 @@ const AHEAD: usize = 8;
 /// One step of the walk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// `after[i]` is the very object `before[j]` is.
-    Pair(usize, usize),
+    /// `after[i..i + n]` are the very objects `before[j..j + n]` are: `Pairs(i, j, n)`.
+    Pairs(usize, usize, usize),
     /// `after[i]` paired with nothing (new, changed, or listed elsewhere before).
     After(usize),
     /// `before[j]` paired with nothing (gone, changed, or listed elsewhere now).
     Before(usize),
 }
 
-/// Walks `before` and `after` side by side, calling `step` for every position of each: the
-/// `Pair` and `After` steps in the order of `after`, the `Before` steps in the order of
-/// `before`. Out of step (objects added, changed or gone), the nearest pair up to a few
+/// Walks `before` and `after` side by side, calling `step` for every position of each (a run
+/// of pairs at once): the `Pairs` and `After` steps in the order of `after`, the `Before`
+/// steps in the order of `before`. Out of step (objects added, changed or gone), the nearest pair up to a few
 /// places ahead on either side brings it back; without one, `after[i]` is left over. A pair
 /// is always one object; an object the walk passes by is left over on both sides, for the
 /// caller's own match to find.
 pub fn walk<T>(before: &[Arc<T>], after: &[Arc<T>], mut step: impl FnMut(Step)) {
     let (mut i, mut j) = (0, 0);
     while i < after.len() && j < before.len() {
-        if Arc::ptr_eq(&after[i], &before[j]) {
-            step(Step::Pair(i, j));
-            (i, j) = (i + 1, j + 1);
+        let n = after[i..]
+            .iter()
+            .zip(&before[j..])
+            .take_while(|(a, b)| Arc::ptr_eq(a, b))
+            .count();
+        if n > 0 {
+            step(Step::Pairs(i, j, n));
+            (i, j) = (i + n, j + n);
             continue;
         }
         let ahead = (1..=AHEAD).find_map(|d| {
@@ -51,12 +57,25 @@ pub fn walk<T>(before: &[Arc<T>], after: &[Arc<T>], mut step: impl FnMut(Step)) 
     (j..before.len()).for_each(|j| step(Step::Before(j)));
 }
 
+/// Makes `kept` a copy of `listing`, touching only the places that changed (a listing keeps
+/// an unchanged object in place: the very same one).
+pub fn keep<T>(kept: &mut Vec<Arc<T>>, listing: &[Arc<T>]) {
+    kept.truncate(listing.len());
+    for (k, l) in kept.iter_mut().zip(listing) {
+        if !Arc::ptr_eq(k, l) {
+            k.clone_from(l);
+        }
+    }
+    let have = kept.len();
+    kept.extend_from_slice(&listing[have..]);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     proptest::proptest! {
-        /// Every position of each side is stepped on once, `Pair` and `After` in order of
+        /// Every position of each side is stepped on once, `Pairs` and `After` in order of
         /// `after` and `Before` in order of `before`; a pair is the same object; and an
         /// object left over on one side is not among the other side's objects in place
         /// (so the walk loses no pair of objects kept in order).
@@ -81,10 +100,13 @@ mod tests {
             let (mut seen_after, mut seen_before) = (Vec::new(), Vec::new());
             for s in &steps {
                 match *s {
-                    Step::Pair(i, j) => {
-                        proptest::prop_assert!(Arc::ptr_eq(&after[i], &before[j]));
-                        seen_after.push(i);
-                        seen_before.push(j);
+                    Step::Pairs(i, j, n) => {
+                        proptest::prop_assert!(n > 0);
+                        for k in 0..n {
+                            proptest::prop_assert!(Arc::ptr_eq(&after[i + k], &before[j + k]));
+                            seen_after.push(i + k);
+                            seen_before.push(j + k);
+                        }
                     }
                     Step::After(i) => seen_after.push(i),
                     Step::Before(j) => seen_before.push(j),
@@ -111,7 +133,9 @@ mod tests {
                     let kept = after.iter().filter(|a| ***a < 100).count();
                     let mut pairs = 0;
                     walk(&before, &after, |s| {
-                        pairs += usize::from(matches!(s, Step::Pair(..)))
+                        if let Step::Pairs(_, _, n) = s {
+                            pairs += n
+                        }
                     });
                     assert_eq!(pairs, kept, "a run of {run} at {at}: {after:?}");
                 }

@@ -17,7 +17,7 @@ pub mod config;
 pub mod demand;
 pub mod explain;
 pub mod fleet_index;
-mod in_step;
+pub(crate) mod in_step;
 pub mod lease;
 mod memo;
 pub mod observe;

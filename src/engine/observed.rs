@@ -1,13 +1,14 @@
 //! The observation indexed for a pass: the entry facts of every listed node and queued
 //! resource, queued resources by name, and per TPU name the node of that name and the queued
 //! resource whose node id it is (one lookup finds both). Carried by the engine from one pass
-//! to the next and patched where the inventory changed: a listed object that is the very
-//! `Arc` of the previous pass is found by its address (no name is hashed or compared) and
-//! keeps its facts (they depend only on the object and the fleet, fixed for the engine's
-//! life); only new and vanished objects touch the by-name tables, and the chips held per
-//! quota key are recounted only for the TPU names they carry. A cache only: patched or
-//! built fresh, the index of an observation is the same (a property test checks it), so no
-//! pass depends on which observation came before. Its hash maps are only looked up, never
+//! to the next and patched where the inventory changed: the listing is walked side by side
+//! with the last one (`in_step`), so an object that is the very `Arc` listed before pairs off
+//! by position (no name or address is hashed) and keeps its facts (they depend only on the
+//! object and the fleet, fixed for the engine's life); only new and vanished objects touch
+//! the by-name tables, and the chips held per quota key are recounted only for the TPU names
+//! they carry. A cache only: patched or built fresh, the index of an observation is the same
+//! (the passes with empty caches the tests and chaos checks run compare it), so no pass
+//! depends on which observation came before. Its hash maps are only looked up, never
 //! iterated in an order that matters.
 
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use super::fleet_index::{EntryFacts, FleetIndex};
+use super::in_step::{self, Step};
 use super::observe::{NodeInfo, Observation, QueuedResourceInfo};
 use crate::spec::{Name, NameMap};
 
@@ -43,19 +45,9 @@ impl<T> Listed<T> {
     }
 }
 
-/// A listed object, by address: its facts and the last update that listed it. Holding the
-/// `Arc` keeps the address from being reused while it is a key.
-#[derive(Debug)]
-struct Known<T> {
-    info: Arc<T>,
-    facts: EntryFacts,
-    seen: u64,
-}
-
 /// See the module doc.
 #[derive(Debug, Default)]
 pub(crate) struct ObservedIndex {
-    stamp: u64,
     /// Entry facts of `Observation::nodes`, same order.
     pub node_facts: Vec<EntryFacts>,
     /// Entry facts of `Observation::queued_resources`, same order.
@@ -64,9 +56,12 @@ pub(crate) struct ObservedIndex {
     tpus: NameMap<Tpu>,
     /// Queued resources by name (of two with one name, the later listed).
     qrs: NameMap<Listed<QueuedResourceInfo>>,
-    /// Listed nodes and queued resources by address.
-    known_nodes: FxHashMap<usize, Known<NodeInfo>>,
-    known_qrs: FxHashMap<usize, Known<QueuedResourceInfo>>,
+    /// The listing the facts are of (the last update's), walked against the next one.
+    listed_nodes: Vec<Arc<NodeInfo>>,
+    listed_qrs: Vec<Arc<QueuedResourceInfo>>,
+    /// The next update's facts while it carries them over (kept for their buffers).
+    next_node_facts: Vec<EntryFacts>,
+    next_qr_facts: Vec<EntryFacts>,
     /// The last update listed no two objects under one name (so each name holds the only
     /// object listed under it, and patching needs no order).
     distinct: bool,
@@ -119,13 +114,28 @@ impl Tpu {
 impl ObservedIndex {
     /// Makes this the index of `obs`, deriving facts only for objects it did not list last.
     pub fn update(&mut self, index: &FleetIndex, obs: &Observation) {
-        self.stamp += 1;
         self.changed = Some(Vec::new());
         self.changed_entries.clear();
-        if !(self.distinct && self.patch(index, obs)) {
+        let nodes = carry(
+            (&self.listed_nodes, &self.node_facts),
+            &obs.nodes,
+            &mut self.next_node_facts,
+            |n| index.node_facts(n),
+        );
+        let qrs = carry(
+            (&self.listed_qrs, &self.qr_facts),
+            &obs.queued_resources,
+            &mut self.next_qr_facts,
+            |q| index.qr_facts(q),
+        );
+        std::mem::swap(&mut self.node_facts, &mut self.next_node_facts);
+        std::mem::swap(&mut self.qr_facts, &mut self.next_qr_facts);
+        if !(self.distinct && self.patch(index, obs, &nodes, &qrs)) {
             self.changed = None;
-            self.rebuild(index, obs);
+            self.rebuild(obs);
         }
+        in_step::keep(&mut self.listed_nodes, &obs.nodes);
+        in_step::keep(&mut self.listed_qrs, &obs.queued_resources);
         self.count_held(index);
     }
 
@@ -168,48 +178,40 @@ impl ObservedIndex {
         }
     }
 
-    /// Patches the tables where `obs` differs from the last observation; false (tables left
-    /// for `rebuild`) if two objects now share a name, where only listing order decides.
-    fn patch(&mut self, index: &FleetIndex, obs: &Observation) -> bool {
-        let stamp = self.stamp;
-        let new_nodes = seen_or_new(
-            &mut self.known_nodes,
-            &obs.nodes,
-            stamp,
-            &mut self.node_facts,
-        );
-        let new_qrs = seen_or_new(
-            &mut self.known_qrs,
-            &obs.queued_resources,
-            stamp,
-            &mut self.qr_facts,
-        );
+    /// Patches the tables where `obs` differs from the last observation (`nodes`, `qrs`:
+    /// what the walk found new and gone); false (tables left for `rebuild`) if two objects
+    /// now share a name, where only listing order decides.
+    fn patch(
+        &mut self,
+        index: &FleetIndex,
+        obs: &Observation,
+        nodes: &Carried<NodeInfo>,
+        qrs: &Carried<QueuedResourceInfo>,
+    ) -> bool {
         // Vanished objects leave their names first: every name then holds only objects
         // listed now, so a new object finding its slot taken shares its name.
         let changed = self.changed.get_or_insert_default();
         let entries = &mut self.changed_entries;
-        for (gone, facts) in forget_unseen(&mut self.known_nodes, stamp) {
+        for (gone, facts) in &nodes.gone {
             changed.push(gone.name);
             entries.extend(facts.entries());
-            clear_tpu(&mut self.tpus, &gone.name, |t| &mut t.node, &gone);
+            clear_tpu(&mut self.tpus, &gone.name, |t| &mut t.node, gone);
         }
-        for (gone, facts) in forget_unseen(&mut self.known_qrs, stamp) {
+        for (gone, facts) in &qrs.gone {
             changed.push(gone.node_id);
             entries.extend(facts.entries());
             entries.extend(index.declared_qr(&gone.name).map(|d| d.entry as u32));
-            clear_tpu(&mut self.tpus, &gone.node_id, |t| &mut t.qr, &gone);
+            clear_tpu(&mut self.tpus, &gone.node_id, |t| &mut t.qr, gone);
             if self
                 .qrs
                 .get(&gone.name)
-                .is_some_and(|l| Arc::ptr_eq(&l.info, &gone))
+                .is_some_and(|l| Arc::ptr_eq(&l.info, gone))
             {
                 self.qrs.remove(&gone.name);
             }
         }
-        for i in new_nodes {
-            let n = &obs.nodes[i];
-            let facts = index.node_facts(n);
-            self.node_facts[i] = facts;
+        for &i in &nodes.new {
+            let (n, facts) = (&obs.nodes[i], self.node_facts[i]);
             changed.push(n.name);
             entries.extend(facts.entries());
             let slot = &mut self.tpus.entry(n.name).or_default().node;
@@ -217,12 +219,9 @@ impl ObservedIndex {
                 return false;
             }
             *slot = Some(Listed::new(n, facts));
-            remember(&mut self.known_nodes, n, facts, stamp);
         }
-        for i in new_qrs {
-            let q = &obs.queued_resources[i];
-            let facts = index.qr_facts(q);
-            self.qr_facts[i] = facts;
+        for &i in &qrs.new {
+            let (q, facts) = (&obs.queued_resources[i], self.qr_facts[i]);
             changed.push(q.node_id);
             entries.extend(facts.entries());
             entries.extend(index.declared_qr(&q.name).map(|d| d.entry as u32));
@@ -232,42 +231,26 @@ impl ObservedIndex {
             }
             *slot = Some(Listed::new(q, facts));
             self.qrs.insert(q.name, Listed::new(q, facts));
-            remember(&mut self.known_qrs, q, facts, stamp);
         }
         true
     }
 
-    /// Builds the tables afresh (facts of objects listed before are kept).
-    fn rebuild(&mut self, index: &FleetIndex, obs: &Observation) {
-        let stamp = self.stamp;
-        let old_nodes = std::mem::take(&mut self.known_nodes);
-        let old_qrs = std::mem::take(&mut self.known_qrs);
+    /// Builds the tables afresh from `obs` and the facts carried for it.
+    fn rebuild(&mut self, obs: &Observation) {
         self.tpus.clear();
         self.qrs.clear();
         self.distinct = true;
-        self.node_facts.clear();
-        for n in &obs.nodes {
-            let facts = old_nodes
-                .get(&addr(n))
-                .map_or_else(|| index.node_facts(n), |k| k.facts);
+        for (n, &facts) in obs.nodes.iter().zip(&self.node_facts) {
             let slot = &mut self.tpus.entry(n.name).or_default().node;
             self.distinct &= slot.is_none();
             *slot = Some(Listed::new(n, facts));
-            remember(&mut self.known_nodes, n, facts, stamp);
-            self.node_facts.push(facts);
         }
-        self.qr_facts.clear();
-        for q in &obs.queued_resources {
-            let facts = old_qrs
-                .get(&addr(q))
-                .map_or_else(|| index.qr_facts(q), |k| k.facts);
+        for (q, &facts) in obs.queued_resources.iter().zip(&self.qr_facts) {
             let slot = &mut self.tpus.entry(q.node_id).or_default().qr;
             self.distinct &= slot.is_none();
             *slot = Some(Listed::new(q, facts));
             let by_name = Listed::new(q, facts);
             self.distinct &= self.qrs.insert(q.name, by_name).is_none();
-            remember(&mut self.known_qrs, q, facts, stamp);
-            self.qr_facts.push(facts);
         }
     }
 
@@ -303,69 +286,59 @@ impl ObservedIndex {
     }
 }
 
-/// Records `info`, with its facts, as listed by update `seen`.
-fn remember<T>(
-    known: &mut FxHashMap<usize, Known<T>>,
-    info: &Arc<T>,
-    facts: EntryFacts,
-    seen: u64,
-) {
-    let known_info = Known {
-        info: info.clone(),
-        facts,
-        seen,
-    };
-    known.insert(addr(info), known_info);
+/// What walking a listing against the last one found: the positions of objects not listed
+/// last time (their facts derived afresh), and the objects listed last time and no longer,
+/// with their facts (in the last listing's order).
+struct Carried<T> {
+    new: Vec<usize>,
+    gone: Vec<(Arc<T>, EntryFacts)>,
 }
 
 fn addr<T>(object: &Arc<T>) -> usize {
     Arc::as_ptr(object) as usize
 }
 
-/// Marks the objects of `listed` seen by update `stamp` and sets `facts` to theirs, in order;
-/// returns the positions of objects not known yet (their facts still to derive).
-fn seen_or_new<T>(
-    known: &mut FxHashMap<usize, Known<T>>,
-    listed: &[Arc<T>],
-    stamp: u64,
+/// Sets `facts` to the facts of `after`'s objects, in order: carried over from `before` (the
+/// last listing, with its facts) for an object listed there, the very same `Arc`; derived by
+/// `derive` for any other. The walk pairs the objects kept in place; the few it leaves over
+/// on both sides are matched by address.
+fn carry<T>(
+    before: (&[Arc<T>], &[EntryFacts]),
+    after: &[Arc<T>],
     facts: &mut Vec<EntryFacts>,
-) -> Vec<usize> {
+    derive: impl Fn(&T) -> EntryFacts,
+) -> Carried<T> {
+    let (before, before_facts) = before;
     facts.clear();
+    facts.resize(after.len(), EntryFacts::default());
+    let (mut rest_after, mut rest_before) = (Vec::new(), Vec::new());
+    in_step::walk(before, after, |step| match step {
+        Step::Pairs(i, j, n) => facts[i..i + n].copy_from_slice(&before_facts[j..j + n]),
+        Step::After(i) => rest_after.push(i),
+        Step::Before(j) => rest_before.push(j),
+    });
+    // Left over on both sides: the same object, listed elsewhere than last time.
+    let matched = !rest_after.is_empty() && !rest_before.is_empty();
+    let mut left: FxHashMap<usize, usize> = FxHashMap::default();
+    if matched {
+        left.extend(rest_before.iter().map(|&j| (addr(&before[j]), j)));
+    }
     let mut new = Vec::new();
-    for (i, object) in listed.iter().enumerate() {
-        match known.get_mut(&addr(object)) {
-            // Listed twice in one observation: the tables cannot say which came later.
-            Some(k) if k.seen == stamp => {
-                new.push(i);
-                facts.push(k.facts);
-            }
-            Some(k) => {
-                k.seen = stamp;
-                facts.push(k.facts);
-            }
+    for i in rest_after {
+        match left.remove(&addr(&after[i])) {
+            Some(j) => facts[i] = before_facts[j],
             None => {
+                facts[i] = derive(&after[i]);
                 new.push(i);
-                facts.push(EntryFacts::default());
             }
         }
     }
-    new
-}
-
-/// Removes the objects update `stamp` did not list, returning them with their facts.
-fn forget_unseen<T>(
-    known: &mut FxHashMap<usize, Known<T>>,
-    stamp: u64,
-) -> Vec<(Arc<T>, EntryFacts)> {
-    let mut gone = Vec::new();
-    known.retain(|_, k| {
-        let keep = k.seen == stamp;
-        if !keep {
-            gone.push((k.info.clone(), k.facts));
-        }
-        keep
-    });
-    gone
+    let gone = rest_before
+        .into_iter()
+        .filter(|&j| !matched || left.contains_key(&addr(&before[j])))
+        .map(|j| (before[j].clone(), before_facts[j]))
+        .collect();
+    Carried { new, gone }
 }
 
 /// Empties the `part` of TPU `name` if it holds `object`, and drops the TPU once empty.

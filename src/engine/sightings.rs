@@ -56,7 +56,7 @@ fn diff<T: PartialEq>(
     // by name, each rest in its list's order.
     let (mut rest_after, mut rest_before) = (Vec::new(), Vec::new());
     in_step::walk(before, after, |step| match step {
-        Step::Pair(..) => {}
+        Step::Pairs(..) => {}
         Step::After(i) => rest_after.push(&after[i]),
         Step::Before(j) => rest_before.push(&before[j]),
     });
