@@ -221,7 +221,7 @@ impl Sides {
         let adopted = [(EAST, "adopted-1"), (EAST, "never-existed")];
         let scope = InventoryScope {
             runner: RUNNER,
-            zones: zones.iter().copied().collect(),
+            zones: std::borrow::Cow::Owned(zones.iter().copied().collect()),
             adopted: adopted.iter().copied().collect(),
         };
         let now = self.now();

@@ -520,7 +520,7 @@ fn a_controller_on_the_emulator_sends_and_receives_only_what_the_document_define
     };
     let scope = InventoryScope {
         runner: "conf",
-        zones: [Name::new(EAST)].into_iter().collect(),
+        zones: std::borrow::Cow::Owned([Name::new(EAST)].into_iter().collect()),
         adopted: [(EAST, "adopted-tpu")].into_iter().collect(),
     };
     backend.execute(&[create(1), create(2)], now);

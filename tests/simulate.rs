@@ -641,9 +641,11 @@ fn the_inventory_lists_the_runners_objects_per_zone_and_rereads_only_changes() {
     let mut backend = SimBackend::new(cloud, Timestamp(0), "me", false);
     let scope = InventoryScope {
         runner: "me",
-        zones: [tpu_runner::spec::Name::new("us-west1-a")]
-            .into_iter()
-            .collect(),
+        zones: std::borrow::Cow::Owned(
+            [tpu_runner::spec::Name::new("us-west1-a")]
+                .into_iter()
+                .collect(),
+        ),
         adopted: Default::default(),
     };
     // Read into the lists the previous read left, as the driver does.

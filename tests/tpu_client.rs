@@ -554,9 +554,11 @@ fn the_inventory_keeps_the_runners_objects_and_fetches_adopted_tpus_by_name() {
     let c = client(&addr);
     let scope = InventoryScope {
         runner: "lab",
-        zones: [Name::new("us-east1-d"), Name::new("us-west1-a")]
-            .into_iter()
-            .collect(),
+        zones: std::borrow::Cow::Owned(
+            [Name::new("us-east1-d"), Name::new("us-west1-a")]
+                .into_iter()
+                .collect(),
+        ),
         adopted: [("us-central2-b", "trc")].into_iter().collect(),
     };
     let mut inventory = Default::default();

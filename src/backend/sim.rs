@@ -311,7 +311,7 @@ impl SimBackend {
     /// `inventory` must agree with; the chaos runs check it on every pass).
     pub fn read_inventory(&self, scope: &InventoryScope<'_>) -> Inventory {
         let mut others = Others::default();
-        for zone in &scope.zones {
+        for zone in scope.zones.iter() {
             self.others_in(*zone, scope, &mut others);
         }
         let label = (LABEL_MANAGED_BY, scope.runner);
@@ -551,7 +551,9 @@ impl CloudBackend for SimBackend {
         // zones that changed are replaced in them (each zone's objects are one run).
         let in_place = scope.adopted.is_empty()
             && self.produced.take().is_some_and(|p| {
-                p.nodes == nodes.len() && p.qrs == qrs.len() && p.zones.iter().eq(&scope.zones)
+                p.nodes == nodes.len()
+                    && p.qrs == qrs.len()
+                    && p.zones.iter().eq(scope.zones.iter())
             });
         if !in_place {
             nodes.clear();
@@ -559,7 +561,7 @@ impl CloudBackend for SimBackend {
         }
         let listings = &mut self.listings;
         let mut at = 0;
-        for zone in &scope.zones {
+        for zone in scope.zones.iter() {
             let kept = &mut listings.zones.entry(*zone).or_default().nodes;
             let known = version(kept);
             let listing = self.cloud.list_nodes(zone.ustr(), label, known);
@@ -612,7 +614,7 @@ impl CloudBackend for SimBackend {
             nodes.dedup_by(|a, b| a.name == b.name);
         }
         let mut at = 0;
-        for zone in &scope.zones {
+        for zone in scope.zones.iter() {
             let kept = &mut listings.zones.entry(*zone).or_default().qrs;
             let known = version(kept);
             let listing = self.cloud.list_queued_resources(zone.ustr(), label, known);
@@ -648,7 +650,7 @@ impl CloudBackend for SimBackend {
         // Someone else's objects: read again only in zones where one of them may have
         // changed (in a simulation nobody else creates anything, so this finds nothing).
         others.clear();
-        for zone in &scope.zones {
+        for zone in scope.zones.iter() {
             let Some(listing) = self.listings.zones.get(zone) else {
                 continue;
             };

@@ -2,6 +2,7 @@
 //! queued resource belongs to (§3.2 entry match), chip quotas, and the inventory scope the
 //! drivers read (zones to list, adopted TPUs to fetch by name). Pure and cheap to query.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::observe::{LABEL_FLEET_ENTRY, LABEL_MANAGED_BY, NodeInfo, QueuedResourceInfo};
@@ -371,7 +372,8 @@ impl FleetIndex {
     /// ordinals), plus adopted TPUs by exact name (they carry no labels of ours). Records whose
     /// entry was removed keep their zone listed, so their TPUs are cleaned up, not orphaned.
     pub fn inventory_scope<'s>(&'s self, state: &'s State) -> InventoryScope<'s> {
-        let mut zones = self.managed_zones.clone();
+        // The managed zones, copied only when a record adds one.
+        let mut zones = Cow::Borrowed(&self.managed_zones);
         let mut adopted: BTreeSet<(&str, &str)> = self
             .fleet
             .tpus
@@ -386,7 +388,7 @@ impl FleetIndex {
                 adopted.insert((&r.zone, &r.tpu_name));
             } else if !self.managed_zone_set.contains(&r.zone) {
                 // A record whose entry was removed or changed, in a zone no entry lists.
-                zones.insert(r.zone);
+                zones.to_mut().insert(r.zone);
             }
         }
         InventoryScope {
@@ -460,8 +462,8 @@ fn entry_owns(entry: &TpuEntry, resource: &Resource) -> bool {
 pub struct InventoryScope<'a> {
     /// Runner name: list objects whose `managed-by` label is this.
     pub runner: &'a str,
-    /// Zones to list.
-    pub zones: BTreeSet<Name>,
+    /// Zones to list (the fleet's managed zones, borrowed, unless a record adds one).
+    pub zones: Cow<'a, BTreeSet<Name>>,
     /// Adopted TPUs to fetch by exact name, as `(zone, name)`.
     pub adopted: BTreeSet<(&'a str, &'a str)>,
 }
