@@ -202,7 +202,8 @@ impl<'a> Pass<'a> {
         if !swept {
             return tables;
         }
-        let ordinal_at = |d: Declared| index.ordinal_start[d.entry] + d.ordinal as usize - 1;
+        let ordinal_at =
+            |d: Declared| index.ordinal_start[d.entry as usize] + d.ordinal as usize - 1;
         for (n, seen) in self.obs.nodes.iter().zip(self.node_facts) {
             if let Some(d) = seen.declared.filter(|d| d.ordinal > 0) {
                 tables.slots[ordinal_at(d)].node = Some((n, *seen));
@@ -284,7 +285,7 @@ impl<'a> Pass<'a> {
             if let Some(k) = facts.quota
                 && node_counts(node)
             {
-                held[k] += node.tpu_type.chips() as i64;
+                held[k as usize] += node.tpu_type.chips() as i64;
             }
         }
         for (qr, facts) in self.obs.queued_resources.iter().zip(self.qr_facts) {
@@ -295,7 +296,7 @@ impl<'a> Pass<'a> {
             if let Some(k) = facts.quota
                 && qr_holds(qr, node_held)
             {
-                held[k] += qr.tpu_type.chips() as i64;
+                held[k as usize] += qr.tpu_type.chips() as i64;
             }
         }
         held
@@ -421,7 +422,7 @@ impl<'a> Pass<'a> {
         // in the desired set.
         let desired_has = |seen: &EntryFacts| {
             seen.declared.is_some_and(|d| {
-                d.entry == e && d.ordinal > 0 && in_desired[d.ordinal as usize - 1]
+                d.entry as usize == e && d.ordinal > 0 && in_desired[d.ordinal as usize - 1]
             })
         };
 

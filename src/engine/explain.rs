@@ -371,14 +371,14 @@ pub fn explain_jobs<'j>(
         // A declared record is its entry's, of its type and zone.
         if let Some(owner) = &r.owner
             && let Some(d) = index.declared(&r.tpu_name)
-            && index.declares(index.entry(d.entry), r)
+            && index.declares(index.entry(d.entry as usize), r)
         {
             let when = if assigned_now.contains(&(owner.job_id.as_str(), r.id.as_str())) {
                 "assigned this pass"
             } else {
                 "running"
             };
-            held[d.entry].push(Held {
+            held[d.entry as usize].push(Held {
                 job: owner.job_id.as_str(),
                 when,
                 tpu_name: r.tpu_name,
@@ -582,9 +582,9 @@ fn class_reasons(facts: &Facts<'_>, req: &Requirement<'_>) -> Vec<Reason> {
     }
     // Who holds the TPUs of compatible entries: only candidates in the required zone, and
     // the entry declaring the required name, hold TPUs the job accepts.
-    let named = req
-        .tpu_name
-        .map(|n| crate::spec::Name::existing(n).and_then(|n| Some(index.declared(&n)?.entry)));
+    let named = req.tpu_name.map(|n| {
+        crate::spec::Name::existing(n).and_then(|n| Some(index.declared(&n)?.entry as usize))
+    });
     let mut holders = Vec::new();
     for e in candidates.iter().map(|&e| e as usize) {
         let entry = index.entry(e);

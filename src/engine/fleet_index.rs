@@ -15,8 +15,8 @@ use crate::spec::{
 /// Where a declared node name comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Declared {
-    /// Index of the entry in `fleet.tpus`.
-    pub entry: usize,
+    /// Index of the entry in `fleet.tpus` (32 bits, as the facts' other entry indexes).
+    pub entry: u32,
     /// Managed ordinal (1-based); 0 for an adopted TPU.
     pub ordinal: u32,
 }
@@ -79,7 +79,7 @@ impl FleetIndex {
                     declared.insert(
                         Name::new(existing),
                         Declared {
-                            entry: i,
+                            entry: i as u32,
                             ordinal: 0,
                         },
                     );
@@ -93,7 +93,7 @@ impl FleetIndex {
                         declared.insert(
                             *name,
                             Declared {
-                                entry: i,
+                                entry: i as u32,
                                 ordinal: k as u32 + 1,
                             },
                         );
@@ -283,18 +283,20 @@ impl FleetIndex {
         let label_entry = self.label_entry(&node.labels);
         let same_place = |e: &TpuEntry| e.zone == node.zone && e.tpu_type == node.tpu_type;
         let entry = declared.and_then(|d| {
-            let entry = self.entry(d.entry);
+            let entry = self.entry(d.entry as usize);
             let model_ok = entry.provisioning_model == node.model();
             // Entry ids are unique: the `fleet-entry` label names this entry exactly when it
             // resolves to its index.
-            let labels_ok = entry.is_adopted() || label_entry == Some(d.entry);
-            (same_place(entry) && model_ok && labels_ok).then_some(d.entry as u32)
+            let labels_ok = entry.is_adopted() || label_entry == Some(d.entry as usize);
+            (same_place(entry) && model_ok && labels_ok).then_some(d.entry)
         });
         EntryFacts {
             declared,
             entry,
             labelled: self.labelled(label_entry, same_place),
-            quota: self.quota_at(node.model(), &node.tpu_type, node.zone),
+            quota: self
+                .quota_at(node.model(), &node.tpu_type, node.zone)
+                .map(|k| k as u32),
         }
     }
 
@@ -304,20 +306,22 @@ impl FleetIndex {
         let label_entry = self.label_entry(&qr.labels);
         let same_place = |e: &TpuEntry| e.zone == qr.zone && e.tpu_type == qr.tpu_type;
         let entry = declared.and_then(|d| {
-            let entry = self.entry(d.entry);
+            let entry = self.entry(d.entry as usize);
             let ok = !entry.is_adopted()
                 && d.ordinal > 0
                 && qr.name.strip_prefix(names::QR_PREFIX) == Some(qr.node_id.as_str())
                 && same_place(entry)
                 && qr.model() == entry.provisioning_model
-                && label_entry == Some(d.entry);
-            ok.then_some(d.entry as u32)
+                && label_entry == Some(d.entry as usize);
+            ok.then_some(d.entry)
         });
         EntryFacts {
             declared,
             entry,
             labelled: self.labelled(label_entry, same_place),
-            quota: self.quota_at(qr.model(), &qr.tpu_type, qr.zone),
+            quota: self
+                .quota_at(qr.model(), &qr.tpu_type, qr.zone)
+                .map(|k| k as u32),
         }
     }
 
@@ -358,7 +362,7 @@ impl FleetIndex {
     pub fn is_declared(&self, resource: &Resource) -> bool {
         self.declared
             .get(&resource.tpu_name)
-            .is_some_and(|d| self.declares(self.entry(d.entry), resource))
+            .is_some_and(|d| self.declares(self.entry(d.entry as usize), resource))
     }
 
     /// Whether `entry`, the one declaring the record's name, declares the record itself.
@@ -434,13 +438,17 @@ pub struct EntryFacts {
     pub labelled: Option<u32>,
     /// The position in `FleetIndex::quotas` of the quota key whose chips it holds, if the
     /// fleet has that key (whoever created it).
-    pub quota: Option<usize>,
+    pub quota: Option<u32>,
 }
+
+// Every pass copies the facts of the whole listing (`observed`) and sweeps them (sizing):
+// indexes of 32 bits keep them at 36 bytes (with `usize` ones they took 56).
+const _: () = assert!(std::mem::size_of::<EntryFacts>() <= 36);
 
 impl EntryFacts {
     /// Every entry the facts name (a matched `entry` is always the declaring one).
     pub fn entries(self) -> impl Iterator<Item = u32> {
-        let declared = self.declared.map(|d| d.entry as u32);
+        let declared = self.declared.map(|d| d.entry);
         declared.into_iter().chain(self.labelled)
     }
 }

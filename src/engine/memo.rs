@@ -489,7 +489,7 @@ impl SizingMemo {
             for name in named.symmetric_difference(&self.named) {
                 index
                     .declared(name)
-                    .map(|d| d.entry as u32)
+                    .map(|d| d.entry)
                     .into_iter()
                     .for_each(&mut mark);
             }
@@ -572,7 +572,7 @@ fn reading_record<'i>(
     });
     index
         .declared(name)
-        .map(|d| d.entry as u32)
+        .map(|d| d.entry)
         .into_iter()
         .chain(labelled)
 }
@@ -590,7 +590,7 @@ fn reading_deleted(
     declared
         .into_iter()
         .flatten()
-        .map(|d| d.entry as u32)
+        .map(|d| d.entry)
         .chain(labelled)
 }
 

@@ -103,10 +103,10 @@ impl Tpu {
             .node
             .as_ref()
             .filter(|_| node_held)
-            .and_then(|n| Some((n.facts.quota?, n.info.tpu_type.chips() as i64)));
+            .and_then(|n| Some((n.facts.quota? as usize, n.info.tpu_type.chips() as i64)));
         let qr = qr
             .filter(|q| qr_holds(&q.info, node_held))
-            .and_then(|q| Some((q.facts.quota?, q.info.tpu_type.chips() as i64)));
+            .and_then(|q| Some((q.facts.quota? as usize, q.info.tpu_type.chips() as i64)));
         [node, qr]
     }
 }
@@ -200,7 +200,7 @@ impl ObservedIndex {
         for (gone, facts) in &qrs.gone {
             changed.push(gone.node_id);
             entries.extend(facts.entries());
-            entries.extend(index.declared_qr(&gone.name).map(|d| d.entry as u32));
+            entries.extend(index.declared_qr(&gone.name).map(|d| d.entry));
             clear_tpu(&mut self.tpus, &gone.node_id, |t| &mut t.qr, gone);
             if self
                 .qrs
@@ -224,7 +224,7 @@ impl ObservedIndex {
             let (q, facts) = (&obs.queued_resources[i], self.qr_facts[i]);
             changed.push(q.node_id);
             entries.extend(facts.entries());
-            entries.extend(index.declared_qr(&q.name).map(|d| d.entry as u32));
+            entries.extend(index.declared_qr(&q.name).map(|d| d.entry));
             let slot = &mut self.tpus.entry(q.node_id).or_default().qr;
             if slot.is_some() || self.qrs.contains_key(&q.name) {
                 return false;
