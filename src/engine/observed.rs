@@ -359,3 +359,119 @@ fn clear_tpu<T>(
         tpus.remove(name);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::engine::observe::{NodeState, QrState};
+    use crate::engine::{Timestamp, synthetic};
+
+    /// An object's address and facts, as a table holds them.
+    type Held = Option<(usize, EntryFacts)>;
+
+    fn held<T>(listed: &Option<Listed<T>>) -> Held {
+        listed.as_ref().map(|l| (addr(&l.info), l.facts))
+    }
+
+    /// The tables of `ix`: per TPU name its node and queued resource, and the queued
+    /// resources by name.
+    type Tables = (
+        BTreeMap<Name, (Held, Held)>,
+        BTreeMap<Name, (usize, EntryFacts)>,
+    );
+
+    fn tables(ix: &ObservedIndex) -> Tables {
+        let tpus = ix
+            .tpus
+            .iter()
+            .map(|(n, t)| (*n, (held(&t.node), held(&t.qr))));
+        let qrs = ix.qrs.iter().map(|(n, l)| (*n, (addr(&l.info), l.facts)));
+        (tpus.collect(), qrs.collect())
+    }
+
+    /// One edit of a listing: `op` at position `at` (and `to`), `pick` choosing from the pool.
+    fn edit<T: Clone>(
+        list: &mut Vec<Arc<T>>,
+        pool: &[Arc<T>],
+        changed: impl Fn(&T) -> T,
+        (op, at, to, pick): (u8, usize, usize, usize),
+    ) {
+        let n = list.len();
+        let (at, to) = (at % n.max(1), to % (n + 1));
+        match op {
+            // Gone.
+            0 if n > 0 => {
+                list.remove(at);
+            }
+            // New: a fresh object (maybe one listed before, in a new allocation).
+            1 => list.insert(to, Arc::new((*pool[pick % pool.len()]).clone())),
+            // Changed: the same name in a new state.
+            2 if n > 0 => list[at] = Arc::new(changed(&list[at])),
+            // Moved: the very same object elsewhere in the listing.
+            3 if n > 0 => {
+                let object = list.remove(at);
+                list.insert(to.min(n - 1), object);
+            }
+            // Listed twice: the very same object again.
+            4 if n > 0 => list.insert(to, list[at].clone()),
+            // Two objects under one name.
+            5 if n > 0 => list.insert(to, Arc::new((*list[at]).clone())),
+            _ => {}
+        }
+    }
+
+    proptest::proptest! {
+        /// Patched from one observation to the next, the index is the index built afresh
+        /// for the observation: the same facts in listing order, tables and chips held; and
+        /// every TPU name whose node or queued resource changed is among those it reports.
+        #[test]
+        fn patched_is_built_afresh(
+            steps in proptest::collection::vec(
+                (proptest::bool::ANY, 0u8..8, 0usize..64, 0usize..64, 0usize..64),
+                1..40,
+            ),
+        ) {
+            let epoch = Timestamp::from_secs(1_767_225_600);
+            let fleet = synthetic::fleet(6, 2);
+            let (_, mut obs) = synthetic::planning_instance(&fleet, 0, 12, epoch);
+            let index = FleetIndex::new(fleet);
+            let pool = (obs.nodes.clone(), obs.queued_resources.clone());
+            let mut kept = ObservedIndex::default();
+            kept.update(&index, &obs);
+            let mut before = tables(&kept);
+            for (nodes, op, at, to, pick) in steps {
+                let step = (op, at, to, pick);
+                if nodes {
+                    let preempted = |n: &NodeInfo| NodeInfo {
+                        state: NodeState::Preempted,
+                        ..n.clone()
+                    };
+                    edit(&mut obs.nodes, &pool.0, preempted, step);
+                } else {
+                    let failed = |q: &QueuedResourceInfo| QueuedResourceInfo {
+                        state: QrState::Failed,
+                        ..q.clone()
+                    };
+                    edit(&mut obs.queued_resources, &pool.1, failed, step);
+                }
+                kept.update(&index, &obs);
+                let mut fresh = ObservedIndex::default();
+                fresh.update(&index, &obs);
+                proptest::prop_assert_eq!(&kept.node_facts, &fresh.node_facts);
+                proptest::prop_assert_eq!(&kept.qr_facts, &fresh.qr_facts);
+                proptest::prop_assert_eq!(kept.held_chips(), fresh.held_chips());
+                let after = tables(&fresh);
+                proptest::prop_assert_eq!(&tables(&kept), &after);
+                if let Some(changed) = kept.changed() {
+                    let names = before.0.keys().chain(after.0.keys());
+                    for name in names.filter(|n| before.0.get(n) != after.0.get(n)) {
+                        proptest::prop_assert!(changed.contains(name), "{} not reported", name);
+                    }
+                }
+                before = after;
+            }
+        }
+    }
+}
