@@ -7,8 +7,8 @@
 //! object and the fleet, fixed for the engine's life); only new and vanished objects touch
 //! the by-name tables, and the chips held per quota key are recounted only for the TPU names
 //! they carry. A cache only: patched or built fresh, the index of an observation is the same
-//! (the passes with empty caches the tests and chaos checks run compare it), so no pass
-//! depends on which observation came before. Its hash maps are only looked up, never
+//! (a property test checks it, and so does every chaos step's pass with empty caches), so no
+//! pass depends on which observation came before. Its hash maps are only looked up, never
 //! iterated in an order that matters.
 
 use std::sync::Arc;
