@@ -13,8 +13,7 @@ use crate::engine::observe::{
     ActionFailure, AttemptReport, CancelOutcome, DiskRecovery, RemoteError, ReportChanges,
 };
 use crate::engine::state::JobStatus;
-use crate::engine::{Action, Engine, Observation, State, Timestamp};
-use crate::engine::{in_step, sightings};
+use crate::engine::{Action, Engine, Observation, State, Timestamp, in_step, sightings};
 use crate::spec::{Name, NameMap};
 
 /// Results of actions waiting to be reported to the next pass.
