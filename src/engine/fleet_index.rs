@@ -424,7 +424,8 @@ impl FleetIndex {
     }
 }
 
-/// Which fleet entry an observed node or queued resource belongs to, derived once per pass.
+/// Which fleet entry an observed node or queued resource belongs to, derived once per listed
+/// object (the observation index carries them from pass to pass).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EntryFacts {
     /// Where its node name (a queued resource's node id) is declared.

@@ -22,10 +22,10 @@ pub enum Step {
 
 /// Walks `before` and `after` side by side, calling `step` for every position of each (a run
 /// of pairs at once): the `Pairs` and `After` steps in the order of `after`, the `Before`
-/// steps in the order of `before`. Out of step (objects added, changed or gone), the nearest pair up to a few
-/// places ahead on either side brings it back; without one, `after[i]` is left over. A pair
-/// is always one object; an object the walk passes by is left over on both sides, for the
-/// caller's own match to find.
+/// steps in the order of `before`. Out of step (objects added, changed or gone), the nearest
+/// pair up to a few places ahead on either side brings it back; without one, `after[i]` is
+/// left over. A pair is always one object; an object the walk passes by is left over on both
+/// sides, for the caller's own match to find.
 pub fn walk<T>(before: &[Arc<T>], after: &[Arc<T>], mut step: impl FnMut(Step)) {
     let (mut i, mut j) = (0, 0);
     while i < after.len() && j < before.len() {

@@ -3,8 +3,9 @@
 //! resource whose node id it is (one lookup finds both). Carried by the engine from one pass
 //! to the next and patched where the inventory changed: the listing is walked side by side
 //! with the last one (`in_step`), so an object that is the very `Arc` listed before pairs off
-//! by position (no name or address is hashed) and keeps its facts (they depend only on the
-//! object and the fleet, fixed for the engine's life); only new and vanished objects touch
+//! by position (or, listed elsewhere this time, by its address in a small map of what the
+//! walk left over) and keeps its facts (they depend only on the object and the fleet, fixed
+//! for the engine's life); only new and vanished objects touch
 //! the by-name tables, and the chips held per quota key are recounted only for the TPU names
 //! they carry. A cache only: patched or built fresh, the index of an observation is the same
 //! (a property test checks it, and so does every chaos step's pass with empty caches), so no
@@ -287,8 +288,9 @@ impl ObservedIndex {
 }
 
 /// What walking a listing against the last one found: the positions of objects not listed
-/// last time (their facts derived afresh), and the objects listed last time and no longer,
-/// with their facts (in the last listing's order).
+/// last time, and of the second listing of an object listed twice (their facts derived
+/// afresh; `patch` finds the second one's slot taken and leaves the tables to `rebuild`), and
+/// the objects listed last time and no longer, with their facts (in the last listing's order).
 struct Carried<T> {
     new: Vec<usize>,
     gone: Vec<(Arc<T>, EntryFacts)>,
@@ -300,8 +302,9 @@ fn addr<T>(object: &Arc<T>) -> usize {
 
 /// Sets `facts` to the facts of `after`'s objects, in order: carried over from `before` (the
 /// last listing, with its facts) for an object listed there, the very same `Arc`; derived by
-/// `derive` for any other. The walk pairs the objects kept in place; the few it leaves over
-/// on both sides are matched by address.
+/// `derive` for any other, and for the second listing of an object `after` lists twice. The
+/// walk pairs the objects kept in place; the few it leaves over on both sides are matched by
+/// address.
 fn carry<T>(
     before: (&[Arc<T>], &[EntryFacts]),
     after: &[Arc<T>],
@@ -325,6 +328,8 @@ fn carry<T>(
     }
     let mut new = Vec::new();
     for i in rest_after {
+        // An object listed twice now finds its address taken (paired, or removed here) the
+        // second time: it counts as new, as `Carried` says.
         match left.remove(&addr(&after[i])) {
             Some(j) => facts[i] = before_facts[j],
             None => {
@@ -369,16 +374,16 @@ mod tests {
     use crate::engine::{Timestamp, synthetic};
 
     /// An object's address and facts, as a table holds them.
-    type Held = Option<(usize, EntryFacts)>;
+    type Seen = Option<(usize, EntryFacts)>;
 
-    fn held<T>(listed: &Option<Listed<T>>) -> Held {
+    fn seen<T>(listed: &Option<Listed<T>>) -> Seen {
         listed.as_ref().map(|l| (addr(&l.info), l.facts))
     }
 
     /// The tables of `ix`: per TPU name its node and queued resource, and the queued
     /// resources by name.
     type Tables = (
-        BTreeMap<Name, (Held, Held)>,
+        BTreeMap<Name, (Seen, Seen)>,
         BTreeMap<Name, (usize, EntryFacts)>,
     );
 
@@ -386,7 +391,7 @@ mod tests {
         let tpus = ix
             .tpus
             .iter()
-            .map(|(n, t)| (*n, (held(&t.node), held(&t.qr))));
+            .map(|(n, t)| (*n, (seen(&t.node), seen(&t.qr))));
         let qrs = ix.qrs.iter().map(|(n, l)| (*n, (addr(&l.info), l.facts)));
         (tpus.collect(), qrs.collect())
     }
@@ -422,14 +427,29 @@ mod tests {
         }
     }
 
+    /// What may change between two indexes' tables, by TPU name and by queued-resource name.
+    fn differing<'t, K: Ord, V: PartialEq>(
+        before: &'t BTreeMap<K, V>,
+        after: &'t BTreeMap<K, V>,
+    ) -> impl Iterator<Item = (&'t K, [Option<&'t V>; 2])> {
+        let keys = before.keys().chain(after.keys());
+        keys.map(|k| (k, [before.get(k), after.get(k)]))
+            .filter(|(_, [b, a])| b != a)
+    }
+
     proptest::proptest! {
         /// Patched from one observation to the next, the index is the index built afresh
-        /// for the observation: the same facts in listing order, tables and chips held; and
-        /// every TPU name whose node or queued resource changed is among those it reports.
+        /// for the observation: the same facts in listing order, tables and chips held. It
+        /// patches whenever neither observation lists two objects under one name, and then
+        /// reports every TPU name whose node or queued resource changed, and every entry
+        /// those objects name.
         #[test]
         fn patched_is_built_afresh(
             steps in proptest::collection::vec(
-                (proptest::bool::ANY, 0u8..8, 0usize..64, 0usize..64, 0usize..64),
+                proptest::collection::vec(
+                    (proptest::bool::ANY, 0u8..8, 0usize..64, 0usize..64, 0usize..64),
+                    1..4,
+                ),
                 1..40,
             ),
         ) {
@@ -441,21 +461,24 @@ mod tests {
             let mut kept = ObservedIndex::default();
             kept.update(&index, &obs);
             let mut before = tables(&kept);
-            for (nodes, op, at, to, pick) in steps {
-                let step = (op, at, to, pick);
-                if nodes {
-                    let preempted = |n: &NodeInfo| NodeInfo {
-                        state: NodeState::Preempted,
-                        ..n.clone()
-                    };
-                    edit(&mut obs.nodes, &pool.0, preempted, step);
-                } else {
-                    let failed = |q: &QueuedResourceInfo| QueuedResourceInfo {
-                        state: QrState::Failed,
-                        ..q.clone()
-                    };
-                    edit(&mut obs.queued_resources, &pool.1, failed, step);
+            for edits in steps {
+                for (nodes, op, at, to, pick) in edits {
+                    let step = (op, at, to, pick);
+                    if nodes {
+                        let preempted = |n: &NodeInfo| NodeInfo {
+                            state: NodeState::Preempted,
+                            ..n.clone()
+                        };
+                        edit(&mut obs.nodes, &pool.0, preempted, step);
+                    } else {
+                        let failed = |q: &QueuedResourceInfo| QueuedResourceInfo {
+                            state: QrState::Failed,
+                            ..q.clone()
+                        };
+                        edit(&mut obs.queued_resources, &pool.1, failed, step);
+                    }
                 }
+                let was_distinct = kept.distinct;
                 kept.update(&index, &obs);
                 let mut fresh = ObservedIndex::default();
                 fresh.update(&index, &obs);
@@ -464,10 +487,23 @@ mod tests {
                 proptest::prop_assert_eq!(kept.held_chips(), fresh.held_chips());
                 let after = tables(&fresh);
                 proptest::prop_assert_eq!(&tables(&kept), &after);
+                proptest::prop_assert_eq!(kept.changed().is_some(), was_distinct && fresh.distinct);
                 if let Some(changed) = kept.changed() {
-                    let names = before.0.keys().chain(after.0.keys());
-                    for name in names.filter(|n| before.0.get(n) != after.0.get(n)) {
+                    let entries = kept.changed_entries();
+                    for (name, sides) in differing(&before.0, &after.0) {
                         proptest::prop_assert!(changed.contains(name), "{} not reported", name);
+                        let objects = sides.into_iter().flatten().flat_map(|(n, q)| [n, q]);
+                        for (_, facts) in objects.flatten() {
+                            for e in facts.entries() {
+                                let reported = entries.contains(&e);
+                                proptest::prop_assert!(reported, "entry {} of {}", e, name);
+                            }
+                        }
+                    }
+                    for (name, _) in differing(&before.1, &after.1) {
+                        if let Some(d) = index.declared_qr(name) {
+                            proptest::prop_assert!(entries.contains(&d.entry), "entry of {}", name);
+                        }
                     }
                 }
                 before = after;
