@@ -56,6 +56,8 @@ pub struct FleetIndex {
     managed_zones: BTreeSet<Name>,
     /// The same zones, hashed (only looked up).
     managed_zone_set: NameSet,
+    /// The adopted entries (their TPUs are fetched by name on every pass).
+    adopted_entries: Vec<u32>,
     /// Each entry's stockout-memory pool (`zone/type/model`), formatted once.
     pool_keys: Vec<String>,
     /// Some managed entry is on-demand or reserved: jobs take those only after waiting for
@@ -166,6 +168,9 @@ impl FleetIndex {
             .filter(|e| !e.is_adopted())
             .map(|e| e.zone)
             .collect();
+        let adopted_entries = (0..fleet.tpus.len() as u32)
+            .filter(|&e| fleet.tpus[e as usize].is_adopted())
+            .collect();
         let fleet_pools = fleet
             .tpus
             .iter()
@@ -203,6 +208,7 @@ impl FleetIndex {
             entry_quota,
             quota_by_zone,
             managed_zone_set: managed_zones.iter().copied().collect(),
+            adopted_entries,
             managed_zones,
             pool_keys: fleet_pools,
         }
@@ -375,24 +381,53 @@ impl FleetIndex {
     /// records (one list per zone and kind, so the cost of a read grows with zones, not with
     /// ordinals), plus adopted TPUs by exact name (they carry no labels of ours). Records whose
     /// entry was removed keep their zone listed, so their TPUs are cleaned up, not orphaned.
+    /// Sweeps every record; the engine keeps what they add from pass to pass instead
+    /// (`Engine::inventory_scope`).
     pub fn inventory_scope<'s>(&'s self, state: &'s State) -> InventoryScope<'s> {
+        let adds = state.resources.values().filter_map(|r| self.scope_add(r));
+        self.scope_with(adds)
+    }
+
+    /// What record `r` adds to the fleet's own inventory scope, if anything: a live adopted
+    /// TPU to fetch by name, or the zone of a live managed record that no entry lists (its
+    /// entry was removed or changed).
+    pub(crate) fn scope_add(&self, r: &Resource) -> Option<ScopeAdd> {
+        if r.status.is_gone() {
+            None
+        } else if r.adopted {
+            Some(ScopeAdd::Adopted(r.zone, r.tpu_name))
+        } else if !self.managed_zone_set.contains(&r.zone) {
+            Some(ScopeAdd::Zone(r.zone))
+        } else {
+            None
+        }
+    }
+
+    /// The fleet's inventory scope widened by what records add (repeats allowed).
+    pub(crate) fn scope_with(
+        &self,
+        adds: impl IntoIterator<Item = ScopeAdd>,
+    ) -> InventoryScope<'_> {
         // The managed zones, copied only when a record adds one.
         let mut zones = Cow::Borrowed(&self.managed_zones);
-        let mut adopted: BTreeSet<(&str, &str)> = self
-            .fleet
-            .tpus
-            .iter()
-            .filter_map(|e| match &e.kind {
-                EntryKind::Adopted { existing } => Some((e.zone.as_str(), existing.as_str())),
-                EntryKind::Managed { .. } => None,
+        let mut adopted: BTreeSet<(&str, &str)> = (self.adopted_entries.iter())
+            .filter_map(|&e| match &self.fleet.tpus[e as usize] {
+                TpuEntry {
+                    zone,
+                    kind: EntryKind::Adopted { existing },
+                    ..
+                } => Some((zone.as_str(), existing.as_str())),
+                _ => None,
             })
             .collect();
-        for r in state.resources.values().filter(|r| !r.status.is_gone()) {
-            if r.adopted {
-                adopted.insert((&r.zone, &r.tpu_name));
-            } else if !self.managed_zone_set.contains(&r.zone) {
-                // A record whose entry was removed or changed, in a zone no entry lists.
-                zones.to_mut().insert(r.zone);
+        for add in adds {
+            match add {
+                ScopeAdd::Adopted(zone, name) => {
+                    adopted.insert((zone.as_str(), name.as_str()));
+                }
+                ScopeAdd::Zone(zone) => {
+                    zones.to_mut().insert(zone);
+                }
             }
         }
         InventoryScope {
@@ -475,6 +510,15 @@ pub struct InventoryScope<'a> {
     pub zones: Cow<'a, BTreeSet<Name>>,
     /// Adopted TPUs to fetch by exact name, as `(zone, name)`.
     pub adopted: BTreeSet<(&'a str, &'a str)>,
+}
+
+/// What a record adds to the fleet's own inventory scope (`FleetIndex::scope_add`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum ScopeAdd {
+    /// An adopted TPU to fetch by name: `(zone, name)`.
+    Adopted(Name, Name),
+    /// A zone to list that no managed entry lists.
+    Zone(Name),
 }
 
 /// A zone's region: everything before its last `-` (zones are validated on input).

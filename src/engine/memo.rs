@@ -1,7 +1,8 @@
 //! What the engine remembers from one pass to the next so that a step can skip the items
 //! whose judgement cannot have changed: running attempts found still running, the TPU
 //! records the unusable-resource step found with nothing to do, the assignment's inputs, and
-//! the fleet entries whose sizing decided nothing. An item is judged again as soon as
+//! the fleet entries whose sizing decided nothing, and what the records add to the inventory
+//! scope. An item is judged again as soon as
 //! anything its judgement read may have changed: its job or record was accessed mutably (the
 //! tables' change tracking), a node or queued resource under its TPU name was listed anew or
 //! vanished (the observation index), its workers' final statuses differ, or a time it waits
@@ -14,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use super::demand::ClassEntries;
-use super::fleet_index::FleetIndex;
+use super::fleet_index::{FleetIndex, ScopeAdd};
 use super::observe::Observation;
 use super::observed::ObservedIndex;
 use super::sorted_map::{Changes, Revision, SortedMap};
@@ -37,6 +38,64 @@ pub(crate) struct Memo {
     pub sizing: SizingMemo,
     /// When the refresh steps last looked.
     pub refresh: RefreshMemo,
+    /// What the records add to the inventory scope.
+    pub scope: ScopeMemo,
+}
+
+/// What the records add to the fleet's own inventory scope (`FleetIndex::scope_add`), kept
+/// up to date with the record table's changes instead of found by sweeping every record
+/// before each pass.
+#[derive(Debug, Default)]
+pub(crate) struct ScopeMemo {
+    seen: Option<Revision>,
+    /// What each record adds.
+    by_record: NameMap<ScopeAdd>,
+    /// How many records add each.
+    counts: BTreeMap<ScopeAdd, u32>,
+}
+
+impl ScopeMemo {
+    /// What the records of `records` add, each once (looking only at the records accessed
+    /// mutably or removed since the last call, or at all of them when that is unknown).
+    pub fn adds(
+        &mut self,
+        records: &SortedMap<Resource>,
+        index: &FleetIndex,
+    ) -> impl Iterator<Item = ScopeAdd> + '_ {
+        let changes = self.seen.and_then(|then| records.changes_since(then));
+        self.seen = Some(records.revision());
+        let now = |id: &Name| records.get(id).and_then(|r| index.scope_add(r));
+        match changes {
+            Some(changes) => {
+                for id in changes.touched.iter().chain(&changes.removed) {
+                    self.set(*id, now(id));
+                }
+            }
+            None => {
+                self.by_record.clear();
+                self.counts.clear();
+                for (id, r) in records.iter() {
+                    self.set(*id, index.scope_add(r));
+                }
+            }
+        }
+        self.counts.keys().copied()
+    }
+
+    fn set(&mut self, id: Name, add: Option<ScopeAdd>) {
+        if let Some(old) = self.by_record.remove(&id)
+            && let Some(n) = self.counts.get_mut(&old)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.counts.remove(&old);
+            }
+        }
+        if let Some(add) = add {
+            self.by_record.insert(id, add);
+            *self.counts.entry(add).or_default() += 1;
+        }
+    }
 }
 
 /// When the refresh steps (records brought up to date with the listed nodes and queued
@@ -614,4 +673,101 @@ pub(crate) fn is_pending(job: &Job) -> bool {
 /// A record the assignment may give a job: idle, unowned, declared.
 pub(crate) fn is_candidate(r: &Resource, index: &FleetIndex) -> bool {
     r.status == ResourceStatus::Idle && !r.is_busy() && index.is_declared(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::synthetic;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// A record for ordinal `.1` of entry `.0`, in the given status.
+        Insert(usize, usize, ResourceStatus),
+        /// The `n`th record moved to a zone no entry lists, or back to its entry's.
+        Move(usize, bool),
+        Adopt(usize, bool),
+        SetStatus(usize, ResourceStatus),
+        Remove(usize),
+        /// Every value reached mutably (readers from before must look at everything).
+        TouchAll,
+        /// The table copied (another map: the memo starts again).
+        Copy,
+    }
+
+    fn status() -> impl proptest::strategy::Strategy<Value = ResourceStatus> {
+        proptest::sample::select(vec![
+            ResourceStatus::Provisioning,
+            ResourceStatus::Idle,
+            ResourceStatus::Busy,
+            ResourceStatus::Preempted,
+            ResourceStatus::Deleted,
+        ])
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0..6usize, 0..3usize, status()).prop_map(|(e, o, s)| Op::Insert(e, o, s)),
+            2 => (0..20usize, any::<bool>()).prop_map(|(n, b)| Op::Move(n, b)),
+            2 => (0..20usize, any::<bool>()).prop_map(|(n, b)| Op::Adopt(n, b)),
+            2 => (0..20usize, status()).prop_map(|(n, s)| Op::SetStatus(n, s)),
+            2 => (0..20usize).prop_map(Op::Remove),
+            1 => Just(Op::TouchAll),
+            1 => Just(Op::Copy),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The scope the memo keeps is, after any run of record edits, the scope a sweep of
+        /// every record finds.
+        #[test]
+        fn kept_scope_is_the_swept_scope(ops in proptest::collection::vec(op(), 1..60)) {
+            let index = FleetIndex::new(synthetic::fleet(6, 3));
+            let mut records: SortedMap<Resource> = SortedMap::new();
+            let mut memo = ScopeMemo::default();
+            let nth = |records: &SortedMap<Resource>, n: usize| {
+                (!records.is_empty()).then(|| *records.keys().nth(n % records.len()).unwrap())
+            };
+            for op in ops {
+                match op {
+                    Op::Insert(e, o, s) => {
+                        let entry = &index.fleet.tpus[e];
+                        let name = index.ordinals[e][o];
+                        records.insert(name, Resource::new(name, entry, s, 1));
+                    }
+                    Op::Move(n, away) => {
+                        if let Some(id) = nth(&records, n) {
+                            let r = records.get_mut(&id).unwrap();
+                            r.zone = if away {
+                                Name::new("mars-north1-a")
+                            } else {
+                                index.entry(index.entry_index(&r.entry_id).unwrap()).zone
+                            };
+                        }
+                    }
+                    Op::Adopt(n, adopted) => {
+                        if let Some(id) = nth(&records, n) {
+                            records.get_mut(&id).unwrap().adopted = adopted;
+                        }
+                    }
+                    Op::SetStatus(n, s) => {
+                        if let Some(id) = nth(&records, n) {
+                            records.get_mut(&id).unwrap().status = s;
+                        }
+                    }
+                    Op::Remove(n) => {
+                        if let Some(id) = nth(&records, n) {
+                            records.remove(&id);
+                        }
+                    }
+                    Op::TouchAll => records.values_mut().for_each(|_| ()),
+                    Op::Copy => records = records.clone(),
+                }
+                let kept: Vec<ScopeAdd> = memo.adds(&records, &index).collect();
+                let state = State { resources: records.clone(), ..State::default() };
+                proptest::prop_assert_eq!(index.scope_with(kept), index.inventory_scope(&state));
+            }
+        }
+    }
 }

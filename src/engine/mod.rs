@@ -100,9 +100,28 @@ impl Engine {
         &*self.policy
     }
 
-    /// What the driver must read for the next observation.
+    /// What the driver must read for the next observation: `FleetIndex::inventory_scope`,
+    /// with what the records add kept from call to call (only records changed since are
+    /// looked at).
     pub fn inventory_scope<'s>(&'s self, state: &'s State) -> InventoryScope<'s> {
-        self.index.inventory_scope(state)
+        let mut caches = self.caches();
+        let adds: Vec<_> = caches
+            .memo
+            .scope
+            .adds(&state.resources, &self.index)
+            .collect();
+        drop(caches);
+        self.index.scope_with(adds)
+    }
+
+    /// The caches, locked. A pass that panicked may have left them half-patched: they are
+    /// then started afresh.
+    fn caches(&self) -> std::sync::MutexGuard<'_, Caches> {
+        self.caches.lock().unwrap_or_else(|poisoned| {
+            let mut guard = poisoned.into_inner();
+            *guard = Default::default();
+            guard
+        })
     }
 
     /// One reconcile pass.
@@ -112,12 +131,7 @@ impl Engine {
         observation: &Observation,
         now: Timestamp,
     ) -> PassOutput {
-        // A pass that panicked may have left the cache half-patched: start it afresh.
-        let mut caches = self.caches.lock().unwrap_or_else(|poisoned| {
-            let mut guard = poisoned.into_inner();
-            *guard = Default::default();
-            guard
-        });
+        let mut caches = self.caches();
         let Caches { observed, memo } = &mut *caches;
         observed.update(&self.index, observation);
         self.pass(state, observation, observed, memo, now)
