@@ -75,6 +75,16 @@ pub(crate) struct ObservedIndex {
     /// each TPU name contributes to them: kept from the changed names while `distinct`.
     held: Vec<i64>,
     held_by: NameMap<Held>,
+    /// What `carry` leaves over (kept for its buffers).
+    leftovers: Leftovers,
+}
+
+/// The positions a walk leaves over on each side, and the leftovers before by address.
+#[derive(Debug, Default)]
+struct Leftovers {
+    after: Vec<usize>,
+    before: Vec<usize>,
+    by_addr: FxHashMap<usize, usize>,
 }
 
 /// The chips a TPU name's node and queued resource hold: (quota key, chips) of each.
@@ -121,12 +131,14 @@ impl ObservedIndex {
             (&self.listed_nodes, &self.node_facts),
             &obs.nodes,
             &mut self.next_node_facts,
+            &mut self.leftovers,
             |n| index.node_facts(n),
         );
         let qrs = carry(
             (&self.listed_qrs, &self.qr_facts),
             &obs.queued_resources,
             &mut self.next_qr_facts,
+            &mut self.leftovers,
             |q| index.qr_facts(q),
         );
         std::mem::swap(&mut self.node_facts, &mut self.next_node_facts);
@@ -309,12 +321,20 @@ fn carry<T>(
     before: (&[Arc<T>], &[EntryFacts]),
     after: &[Arc<T>],
     facts: &mut Vec<EntryFacts>,
+    leftovers: &mut Leftovers,
     derive: impl Fn(&T) -> EntryFacts,
 ) -> Carried<T> {
     let (before, before_facts) = before;
     facts.clear();
     facts.resize(after.len(), EntryFacts::default());
-    let (mut rest_after, mut rest_before) = (Vec::new(), Vec::new());
+    let Leftovers {
+        after: rest_after,
+        before: rest_before,
+        by_addr: left,
+    } = leftovers;
+    rest_after.clear();
+    rest_before.clear();
+    left.clear();
     in_step::walk(before, after, |step| match step {
         Step::Pairs(i, j, n) => facts[i..i + n].copy_from_slice(&before_facts[j..j + n]),
         Step::After(i) => rest_after.push(i),
@@ -322,12 +342,11 @@ fn carry<T>(
     });
     // Left over on both sides: the same object, listed elsewhere than last time.
     let matched = !rest_after.is_empty() && !rest_before.is_empty();
-    let mut left: FxHashMap<usize, usize> = FxHashMap::default();
     if matched {
         left.extend(rest_before.iter().map(|&j| (addr(&before[j]), j)));
     }
     let mut new = Vec::new();
-    for i in rest_after {
+    for &i in rest_after.iter() {
         // An object listed twice now finds its address taken (paired, or removed here) the
         // second time: it counts as new, as `Carried` says.
         match left.remove(&addr(&after[i])) {
@@ -339,7 +358,8 @@ fn carry<T>(
         }
     }
     let gone = rest_before
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|&j| !matched || left.contains_key(&addr(&before[j])))
         .map(|j| (before[j].clone(), before_facts[j]))
         .collect();
