@@ -24,11 +24,15 @@ use crate::spec::Name;
 
 type Table<V> = IndexMap<Name, Entry<V>, BuildHasherDefault<IdentityHasher>>;
 
-/// A value with the clock at its last logged access (so that a key logged many times is
-/// reported once, from its last access, without sorting the log).
+/// A value with where its last logged access is in the log (so that the access before it
+/// is marked stale when it is logged again or removed, and a reader finds each key once,
+/// from its last access, without looking it up).
 #[derive(Clone)]
 struct Entry<V> {
+    /// The clock at the last logged access (0: none).
     stamp: u64,
+    /// That access's place in the log, counted from the log's first entry ever.
+    logged_at: u64,
     value: Box<V>,
 }
 
@@ -36,9 +40,19 @@ impl<V> Entry<V> {
     fn new(value: V) -> Self {
         Entry {
             stamp: 0,
+            logged_at: 0,
             value: Box::new(value),
         }
     }
+}
+
+/// A logged mutable access: the clock then, the key, and whether it is still the key's last
+/// access (false once the key is accessed again or removed).
+#[derive(Clone, Copy, Debug)]
+struct Access {
+    at: u64,
+    key: Name,
+    last: bool,
 }
 
 /// A map from [`Name`] to `V` kept in key order (see the module doc). Values are boxed so
@@ -49,10 +63,13 @@ pub struct SortedMap<V> {
     /// Ticks at every mutable access and removal.
     clock: u64,
     /// Keys accessed mutably (or inserted) with the clock then, oldest first (at most
-    /// `TOUCHED_KEPT`; a key accessed twice is there twice).
-    touched: Vec<(u64, Name)>,
+    /// `TOUCHED_KEPT`; a key accessed twice is there twice, the first marked not last).
+    touched: Vec<Access>,
     /// Accesses at or before this clock value are no longer in `touched`.
     touched_floor: u64,
+    /// How many accesses were dropped from the front of `touched` (the place of
+    /// `touched[0]` counted from the first access ever logged).
+    touched_dropped: u64,
     /// Removed keys with the clock at their removal, oldest first (at most `REMOVED_KEPT`).
     removed: Vec<(u64, Name)>,
     /// Removals at or before this clock value are no longer in `removed`.
@@ -103,6 +120,7 @@ impl<V: Clone> Clone for SortedMap<V> {
             clock: self.clock,
             touched: self.touched.clone(),
             touched_floor: self.touched_floor,
+            touched_dropped: self.touched_dropped,
             removed: self.removed.clone(),
             removed_floor: self.removed_floor,
             origin: new_origin(),
@@ -130,6 +148,7 @@ impl<V> SortedMap<V> {
             clock: 0,
             touched: Vec::new(),
             touched_floor: 0,
+            touched_dropped: 0,
             removed: Vec::new(),
             removed_floor: 0,
             origin: new_origin(),
@@ -141,12 +160,30 @@ impl<V> SortedMap<V> {
         self.clock += 1;
         if self.touched.len() == TOUCHED_KEPT {
             let forget = TOUCHED_KEPT / 2;
-            self.touched_floor = self.touched[forget - 1].0;
+            self.touched_floor = self.touched[forget - 1].at;
             self.touched.drain(..forget);
+            self.touched_dropped += forget as u64;
         }
         let (key, entry) = self.map.get_index_mut(at).expect("in range");
+        let (key, before) = (*key, (entry.stamp, entry.logged_at));
         entry.stamp = self.clock;
-        self.touched.push((self.clock, *key));
+        entry.logged_at = self.touched_dropped + self.touched.len() as u64;
+        self.unmark(before);
+        self.touched.push(Access {
+            at: self.clock,
+            key,
+            last: true,
+        });
+    }
+
+    /// Marks the access logged at `(stamp, logged_at)` (an entry's last) as no longer its
+    /// key's last, if the log still holds it.
+    fn unmark(&mut self, (stamp, logged_at): (u64, u64)) {
+        let place = logged_at.checked_sub(self.touched_dropped);
+        let access = place.and_then(|p| self.touched.get_mut(usize::try_from(p).ok()?));
+        if let Some(access) = access.filter(|a| stamp != 0 && a.at == stamp) {
+            access.last = false;
+        }
     }
 
     /// Where this map is in its history.
@@ -167,13 +204,12 @@ impl<V> SortedMap<V> {
         {
             return None;
         }
-        let from = self.touched.partition_point(|(at, _)| *at <= since.clock);
-        // Each present key once: from its last access (its entry carries that access's
-        // clock), in the order of last accesses.
+        let from = self.touched.partition_point(|a| a.at <= since.clock);
+        // Each present key once: from its last access, in the order of last accesses.
         let touched = self.touched[from..]
             .iter()
-            .filter(|(at, k)| self.map.get(k).is_some_and(|e| e.stamp == *at))
-            .map(|(_, k)| *k)
+            .filter(|a| a.last)
+            .map(|a| a.key)
             .collect();
         let from = self.removed.partition_point(|(at, _)| *at <= since.clock);
         let removed = self.removed[from..].iter().map(|(_, k)| *k).collect();
@@ -224,7 +260,8 @@ impl<V> SortedMap<V> {
 
     /// Removes `key`, keeping the order of the rest.
     pub fn remove(&mut self, key: &Name) -> Option<V> {
-        let (_, key, value) = self.map.shift_remove_full(key)?;
+        let (_, key, entry) = self.map.shift_remove_full(key)?;
+        self.unmark((entry.stamp, entry.logged_at));
         self.clock += 1;
         if self.removed.len() == REMOVED_KEPT {
             let forget = REMOVED_KEPT / 2;
@@ -232,7 +269,7 @@ impl<V> SortedMap<V> {
             self.removed.drain(..forget);
         }
         self.removed.push((self.clock, key));
-        Some(*value.value)
+        Some(*entry.value)
     }
 
     /// Entries in key order.
@@ -254,6 +291,7 @@ impl<V> SortedMap<V> {
     pub fn values_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut V> + ExactSizeIterator {
         // Every entry may change: readers from before must look at everything.
         self.clock += 1;
+        self.touched_dropped += self.touched.len() as u64;
         self.touched.clear();
         self.touched_floor = self.clock;
         self.map.values_mut().map(|e| &mut *e.value)
@@ -356,6 +394,8 @@ mod tests {
         Touch(u8),
         GetOrInsert(u8),
         Remove(u8),
+        /// Every value reached mutably.
+        TouchAll,
         Mark,
     }
 
@@ -367,6 +407,7 @@ mod tests {
             (0..12u8).prop_map(Op::Touch),
             (0..12u8).prop_map(Op::GetOrInsert),
             (0..12u8).prop_map(Op::Remove),
+            Just(Op::TouchAll),
             Just(Op::Mark),
         ]
     }
@@ -378,6 +419,8 @@ mod tests {
             use std::collections::{BTreeMap, BTreeSet};
             let mut m: SortedMap<u32> = SortedMap::new();
             let mut marks: Vec<(super::Revision, BTreeMap<Name, u32>)> = Vec::new();
+            // Marks before the last `values_mut` must look at everything.
+            let mut all_touched_after = 0;
             for op in ops {
                 let key = |k: u8| n(&format!("k{k:02}"));
                 match op {
@@ -386,12 +429,16 @@ mod tests {
                     Op::Touch(k) => { let _ = m.get_mut(&key(k)); }
                     Op::GetOrInsert(k) => { *m.get_or_insert_with(&key(k), || 5) += 1; }
                     Op::Remove(k) => { m.remove(&key(k)); }
+                    Op::TouchAll => { m.values_mut().for_each(|_| ()); all_touched_after = marks.len(); }
                     Op::Mark => marks.push((m.revision(), m.iter().map(|(k, v)| (*k, *v)).collect())),
                 }
             }
             let now: BTreeMap<Name, u32> = m.iter().map(|(k, v)| (*k, *v)).collect();
-            for (rev, then) in &marks {
-                let changes = m.changes_since(*rev).expect("same map, few removals");
+            for (i, (rev, then)) in marks.iter().enumerate() {
+                let Some(changes) = m.changes_since(*rev) else {
+                    proptest::prop_assert!(i < all_touched_after, "same map, few removals");
+                    continue;
+                };
                 let touched: BTreeSet<Name> = changes.touched.iter().copied().collect();
                 let removed: BTreeSet<Name> = changes.removed.iter().copied().collect();
                 for (k, v) in &now {
@@ -409,6 +456,39 @@ mod tests {
             let unchanged = m.changes_since(m.revision()).expect("same map");
             proptest::prop_assert!(unchanged.touched.is_empty() && unchanged.removed.is_empty());
         }
+    }
+
+    /// Past the accesses the log keeps, a recent reader still finds each changed key once,
+    /// and an older one must look at everything.
+    #[test]
+    fn a_long_log_keeps_the_last_access_of_each_key() {
+        let mut m = SortedMap::new();
+        let keys: Vec<Name> = (0..50).map(|i| n(&format!("k{i}"))).collect();
+        for (i, k) in keys.iter().enumerate() {
+            m.insert(*k, i);
+        }
+        let start = m.revision();
+        let mut recent = start;
+        for round in 0..super::TOUCHED_KEPT / 10 {
+            if round == super::TOUCHED_KEPT / 10 - 3 {
+                recent = m.revision();
+            }
+            for k in &keys[..10] {
+                *m.get_mut(k).unwrap() += 1;
+            }
+        }
+        m.remove(&keys[3]);
+        *m.get_mut(&keys[20]).unwrap() += 1;
+        assert!(m.changes_since(start).is_none());
+        let changes = m.changes_since(recent).expect("recent");
+        let mut expected: Vec<Name> = keys[..10]
+            .iter()
+            .copied()
+            .filter(|k| *k != keys[3])
+            .collect();
+        expected.push(keys[20]);
+        assert_eq!(changes.touched, expected);
+        assert_eq!(changes.removed, [keys[3]]);
     }
 
     #[test]
