@@ -732,11 +732,13 @@ pub fn run(
                     next_wake = Some(now);
                 }
                 Ok(seen) => {
-                    // Under checks, what the backend keeps from pass to pass must be what
-                    // reading everything afresh gives.
+                    // Under checks, what the backend keeps from pass to pass, read over the
+                    // scope the engine keeps, must be what reading everything afresh over a
+                    // scope swept from every record gives.
                     if invariants.is_some() {
                         let w = lock(&world);
-                        let fresh = w.sim.read_inventory(&engine.inventory_scope(&state));
+                        let scope = engine.index().inventory_scope(&state);
+                        let fresh = w.sim.read_inventory(&scope);
                         let in_flight = driver::in_flight(&state);
                         let mut reports = w.sim.read_reports(&in_flight);
                         drop(w);
