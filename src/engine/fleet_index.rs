@@ -56,8 +56,8 @@ pub struct FleetIndex {
     managed_zones: BTreeSet<Name>,
     /// The same zones, hashed (only looked up).
     managed_zone_set: NameSet,
-    /// The adopted entries (their TPUs are fetched by name on every pass).
-    adopted_entries: Vec<u32>,
+    /// The adopted entries' TPUs as `(zone, name)` (fetched by name on every pass).
+    adopted_tpus: Vec<(Name, Name)>,
     /// Each entry's stockout-memory pool (`zone/type/model`), formatted once.
     pool_keys: Vec<String>,
     /// Some managed entry is on-demand or reserved: jobs take those only after waiting for
@@ -168,8 +168,11 @@ impl FleetIndex {
             .filter(|e| !e.is_adopted())
             .map(|e| e.zone)
             .collect();
-        let adopted_entries = (0..fleet.tpus.len() as u32)
-            .filter(|&e| fleet.tpus[e as usize].is_adopted())
+        let adopted_tpus = (fleet.tpus.iter())
+            .filter_map(|e| match &e.kind {
+                EntryKind::Adopted { existing } => Some((e.zone, Name::new(existing))),
+                EntryKind::Managed { .. } => None,
+            })
             .collect();
         let fleet_pools = fleet
             .tpus
@@ -208,7 +211,7 @@ impl FleetIndex {
             entry_quota,
             quota_by_zone,
             managed_zone_set: managed_zones.iter().copied().collect(),
-            adopted_entries,
+            adopted_tpus,
             managed_zones,
             pool_keys: fleet_pools,
         }
@@ -410,15 +413,8 @@ impl FleetIndex {
     ) -> InventoryScope<'_> {
         // The managed zones, copied only when a record adds one.
         let mut zones = Cow::Borrowed(&self.managed_zones);
-        let mut adopted: BTreeSet<(&str, &str)> = (self.adopted_entries.iter())
-            .filter_map(|&e| match &self.fleet.tpus[e as usize] {
-                TpuEntry {
-                    zone,
-                    kind: EntryKind::Adopted { existing },
-                    ..
-                } => Some((zone.as_str(), existing.as_str())),
-                _ => None,
-            })
+        let mut adopted: BTreeSet<(&str, &str)> = (self.adopted_tpus.iter())
+            .map(|(zone, name)| (zone.as_str(), name.as_str()))
             .collect();
         for add in adds {
             match add {

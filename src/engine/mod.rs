@@ -120,6 +120,7 @@ impl Engine {
         self.caches.lock().unwrap_or_else(|poisoned| {
             let mut guard = poisoned.into_inner();
             *guard = Default::default();
+            self.caches.clear_poison();
             guard
         })
     }
