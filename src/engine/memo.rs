@@ -1,16 +1,17 @@
 //! What the engine remembers from one pass to the next so that a step can skip the items
 //! whose judgement cannot have changed: running attempts found still running, the TPU
-//! records the unusable-resource step found with nothing to do, the assignment's inputs, and
-//! the fleet entries whose sizing decided nothing, and what the records add to the inventory
-//! scope. An item is judged again as soon as
+//! records the unusable-resource step found with nothing to do, the assignment's inputs and
+//! the fleet entries whose sizing decided nothing. An item is judged again as soon as
 //! anything its judgement read may have changed: its job or record was accessed mutably (the
 //! tables' change tracking), a node or queued resource under its TPU name was listed anew or
 //! vanished (the observation index), its workers' final statuses differ, or a time it waits
-//! for has come. A cache only: a pass with an empty memo leaves the same state
-//! and returns the same actions, events and violations (the harness checks it on every step
-//! of every chaos run); only its wake-up may come later, as a kept heartbeat deadline may be
-//! older than the heartbeat. Must not hold anything that is not derived from the passes'
-//! inputs, and must never be an input to a decision.
+//! for has come. A cache only: a pass with an empty memo leaves the same state and returns
+//! the same actions, events and violations (the harness checks it on every step of every
+//! chaos run); only its wake-up may come later, as a kept heartbeat deadline may be older
+//! than the heartbeat. Also keeps what the records add to the inventory scope, always what a
+//! sweep of every record finds (the harness reads afresh over the swept scope on every chaos
+//! step). Must not hold anything that is not derived from the passes' inputs, and must never
+//! be an input to a decision.
 
 use std::collections::BTreeMap;
 
@@ -57,6 +58,7 @@ pub(crate) struct ScopeMemo {
 impl ScopeMemo {
     /// What the records of `records` add, each once (looking only at the records accessed
     /// mutably or removed since the last call, or at all of them when that is unknown).
+    /// `index` must be the same on every call (the engine's).
     pub fn adds(
         &mut self,
         records: &SortedMap<Resource>,
@@ -689,10 +691,14 @@ mod tests {
         Adopt(usize, bool),
         SetStatus(usize, ResourceStatus),
         Remove(usize),
-        /// Every value reached mutably (readers from before must look at everything).
-        TouchAll,
-        /// The table copied (another map: the memo starts again).
-        Copy,
+        /// Every record reached mutably and adopted or not (readers from before must look
+        /// at everything).
+        AdoptAll(bool),
+        /// The table kept aside, or the one kept aside taken back (another map, whose
+        /// records may differ: the memo starts again).
+        Swap,
+        /// The memo asked for the scope (edits between two looks land together).
+        Look,
     }
 
     fn status() -> impl proptest::strategy::Strategy<Value = ResourceStatus> {
@@ -713,8 +719,9 @@ mod tests {
             2 => (0..20usize, any::<bool>()).prop_map(|(n, b)| Op::Adopt(n, b)),
             2 => (0..20usize, status()).prop_map(|(n, s)| Op::SetStatus(n, s)),
             2 => (0..20usize).prop_map(Op::Remove),
-            1 => Just(Op::TouchAll),
-            1 => Just(Op::Copy),
+            1 => any::<bool>().prop_map(Op::AdoptAll),
+            1 => Just(Op::Swap),
+            4 => Just(Op::Look),
         ]
     }
 
@@ -725,6 +732,7 @@ mod tests {
         fn kept_scope_is_the_swept_scope(ops in proptest::collection::vec(op(), 1..60)) {
             let index = FleetIndex::new(synthetic::fleet(6, 3));
             let mut records: SortedMap<Resource> = SortedMap::new();
+            let mut aside: SortedMap<Resource> = SortedMap::new();
             let mut memo = ScopeMemo::default();
             let nth = |records: &SortedMap<Resource>, n: usize| {
                 (!records.is_empty()).then(|| *records.keys().nth(n % records.len()).unwrap())
@@ -761,12 +769,15 @@ mod tests {
                             records.remove(&id);
                         }
                     }
-                    Op::TouchAll => records.values_mut().for_each(|_| ()),
-                    Op::Copy => records = records.clone(),
+                    Op::AdoptAll(adopted) => records.values_mut().for_each(|r| r.adopted = adopted),
+                    Op::Swap => std::mem::swap(&mut records, &mut aside),
+                    Op::Look => {
+                        let kept: Vec<ScopeAdd> = memo.adds(&records, &index).collect();
+                        let state = State { resources: records.clone(), ..State::default() };
+                        let swept = index.inventory_scope(&state);
+                        proptest::prop_assert_eq!(index.scope_with(kept), swept);
+                    }
                 }
-                let kept: Vec<ScopeAdd> = memo.adds(&records, &index).collect();
-                let state = State { resources: records.clone(), ..State::default() };
-                proptest::prop_assert_eq!(index.scope_with(kept), index.inventory_scope(&state));
             }
         }
     }

@@ -9,8 +9,8 @@
 //! Change tracking: every mutable access and every removal is logged with the map's clock,
 //! so a reader that kept a [`Revision`] learns which keys may have changed since (a superset:
 //! a mutable access that changed nothing still counts) in time proportional to the changes,
-//! without visiting the others. A copy or a deserialised map is a new origin: revisions of another map never
-//! apply to it.
+//! without visiting the others. A copy or a deserialised map is a new origin: revisions of
+//! another map never apply to it.
 
 use std::fmt;
 use std::hash::BuildHasherDefault;
@@ -24,14 +24,15 @@ use crate::spec::Name;
 
 type Table<V> = IndexMap<Name, Entry<V>, BuildHasherDefault<IdentityHasher>>;
 
-/// A value with where its last logged access is in the log (so that the access before it
-/// is marked stale when it is logged again or removed, and a reader finds each key once,
-/// from its last access, without looking it up).
+/// A value with its last access in the log, which is marked stale when the key is accessed
+/// again or removed (so a reader finds each key once, from its last access, without looking
+/// it up).
 #[derive(Clone)]
 struct Entry<V> {
     /// The clock at the last logged access (0: none).
     stamp: u64,
-    /// That access's place in the log, counted from the log's first entry ever.
+    /// That access's place in the log, counted from the log's first entry ever (meaningless
+    /// while `stamp` is 0).
     logged_at: u64,
     value: Box<V>,
 }
@@ -181,6 +182,7 @@ impl<V> SortedMap<V> {
     fn unmark(&mut self, (stamp, logged_at): (u64, u64)) {
         let place = logged_at.checked_sub(self.touched_dropped);
         let access = place.and_then(|p| self.touched.get_mut(usize::try_from(p).ok()?));
+        // A new entry's `(0, 0)` names no access: the clock starts at 1.
         if let Some(access) = access.filter(|a| stamp != 0 && a.at == stamp) {
             access.last = false;
         }
@@ -394,8 +396,10 @@ mod tests {
         Touch(u8),
         GetOrInsert(u8),
         Remove(u8),
-        /// Every value reached mutably.
+        /// Every value reached mutably and changed.
         TouchAll,
+        /// The map copied (another origin).
+        Copy,
         Mark,
     }
 
@@ -408,6 +412,7 @@ mod tests {
             (0..12u8).prop_map(Op::GetOrInsert),
             (0..12u8).prop_map(Op::Remove),
             Just(Op::TouchAll),
+            Just(Op::Copy),
             Just(Op::Mark),
         ]
     }
@@ -419,18 +424,34 @@ mod tests {
             use std::collections::{BTreeMap, BTreeSet};
             let mut m: SortedMap<u32> = SortedMap::new();
             let mut marks: Vec<(super::Revision, BTreeMap<Name, u32>)> = Vec::new();
-            // Marks before the last `values_mut` must look at everything.
+            // Marks before the last `values_mut` or copy must look at everything.
             let mut all_touched_after = 0;
             for op in ops {
                 let key = |k: u8| n(&format!("k{k:02}"));
                 match op {
                     Op::Insert(k, v) => { m.insert(key(k), v); }
-                    Op::Bump(k) => { if let Some(v) = m.get_mut(&key(k)) { *v = v.wrapping_add(1); } }
+                    Op::Bump(k) => {
+                        if let Some(v) = m.get_mut(&key(k)) {
+                            *v = v.wrapping_add(1);
+                        }
+                    }
                     Op::Touch(k) => { let _ = m.get_mut(&key(k)); }
                     Op::GetOrInsert(k) => { *m.get_or_insert_with(&key(k), || 5) += 1; }
                     Op::Remove(k) => { m.remove(&key(k)); }
-                    Op::TouchAll => { m.values_mut().for_each(|_| ()); all_touched_after = marks.len(); }
-                    Op::Mark => marks.push((m.revision(), m.iter().map(|(k, v)| (*k, *v)).collect())),
+                    Op::TouchAll => {
+                        m.values_mut().for_each(|v| *v = v.wrapping_add(1));
+                        all_touched_after = marks.len();
+                    }
+                    Op::Copy => { m = m.clone(); all_touched_after = marks.len(); }
+                    Op::Mark => {
+                        marks.push((m.revision(), m.iter().map(|(k, v)| (*k, *v)).collect()))
+                    }
+                }
+                // An access is marked its key's last exactly when the key is present with
+                // that access's stamp (the rule readers once checked by looking keys up).
+                for a in &m.touched {
+                    let last = m.map.get(&a.key).is_some_and(|e| e.stamp == a.at);
+                    proptest::prop_assert_eq!(a.last, last, "{:?}", a);
                 }
             }
             let now: BTreeMap<Name, u32> = m.iter().map(|(k, v)| (*k, *v)).collect();
