@@ -117,6 +117,42 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// `keep` makes an exact copy of the listing and holds nothing else: every object of
+        /// the old copy is held exactly as often as the two lists name it.
+        #[test]
+        fn keep_copies_the_listing(
+            n in 0usize..40,
+            edits in proptest::collection::vec((0u8..5, 0usize..64), 0..12),
+        ) {
+            let before: Vec<Arc<usize>> = (0..n).map(Arc::new).collect();
+            let mut after = before.clone();
+            for (k, (op, at)) in edits.into_iter().enumerate() {
+                let at = if after.is_empty() { 0 } else { at % after.len() };
+                match op {
+                    0 if !after.is_empty() => { after.remove(at); }
+                    1 => after.insert(at, Arc::new(1000 + k)),
+                    2 if !after.is_empty() => after[at] = Arc::new(2000 + k),
+                    3 if !after.is_empty() => { let o = after.remove(at); after.push(o); }
+                    4 if !after.is_empty() => after.push(after[at].clone()),
+                    _ => {}
+                }
+            }
+            let mut kept = before.clone();
+            let weak: Vec<_> = before.iter().map(Arc::downgrade).collect();
+            drop(before);
+            keep(&mut kept, &after);
+            proptest::prop_assert_eq!(kept.len(), after.len());
+            for (k, a) in kept.iter().zip(&after) {
+                proptest::prop_assert!(Arc::ptr_eq(k, a));
+            }
+            for w in weak {
+                let named = after.iter().filter(|a| std::ptr::eq(Arc::as_ptr(a), w.as_ptr()));
+                proptest::prop_assert_eq!(w.strong_count(), 2 * named.count());
+            }
+        }
+    }
+
     /// A run of up to `AHEAD` objects added, gone or replaced anywhere loses no pair.
     #[test]
     fn runs_of_edits_lose_no_pair() {
